@@ -1,0 +1,889 @@
+/*
+ * test_gpt.c — proves the numbers of train_gpt.c.
+ *
+ *   make test                 # builds and runs this against the committed tiny fixture
+ *   ./test_gpt --ref MODEL REF  # also check a reference written by scripts/gpt2_reference.py
+ *
+ * What is checked, and against what:
+ *   - logits, loss, every parameter gradient and 10 AdamW steps against a
+ *     PyTorch reference computed in float64 (scripts/gpt2_reference.py);
+ *   - every parameter tensor's gradient against central finite differences
+ *     of a second, independent float64 forward pass written below;
+ *   - the GEMM against a float64 triple loop, for awkward sizes and all
+ *     transposes; results bitwise independent of the thread count;
+ *   - save/load round trips, bf16 checkpoints, the data loader, schedules,
+ *     the random init, the CLI, and every kind of bad input (each must give
+ *     its error, not a crash; run `make test-asan` for the sanitizers);
+ *   - the checker itself, with one planted wrong value it must reject.
+ * Exits non-zero on any failure; the last line is "N passed, N failed".
+ */
+#define TESTING
+#include "train_gpt.c"
+
+static int tests_passed = 0, tests_failed = 0;
+
+static void check(int ok, const char* what, const char* detail) {
+    if (ok) tests_passed++;
+    else tests_failed++;
+    printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what, detail[0] ? "  " : "", detail);
+}
+
+/* Compare a tensor to its reference: the worst element's error relative to
+ * the reference tensor's largest magnitude must be <= tol. Fills `detail`
+ * with the worst element. Returns 1 if within tolerance. */
+static int tensor_close(const float* got, const float* want, size_t n, double tol, char* detail, size_t cap) {
+    double maxref = 0.0, worst = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)want[i]));
+    if (maxref == 0.0) maxref = 1.0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) finite = 0;
+        double e = fabs((double)got[i] - (double)want[i]) / maxref;
+        if (e > worst || !isfinite(got[i])) { worst = isfinite(got[i]) ? e : INFINITY; at = i; }
+    }
+    snprintf(detail, cap, "worst rel err %.2e (tol %.0e) at [%zu]: got %.9g want %.9g (max|ref| %.3g)",
+             worst, tol, at, n ? got[at] : 0.0f, n ? want[at] : 0.0f, maxref);
+    return finite && worst <= tol;
+}
+
+static void check_close(const char* what, const float* got, const float* want, size_t n, double tol) {
+    char detail[256];
+    int ok = tensor_close(got, want, n, tol, detail, sizeof(detail));
+    check(ok, what, detail);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The PyTorch reference file (see scripts/gpt2_reference.py)             */
+/* ---------------------------------------------------------------------- */
+#define REF_MAGIC 20261101
+typedef struct {
+    int B, T, steps, V, Vp, warmup, schedule;
+    long long P;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip, final_lr_frac;
+    int* x;          /* (B, T) */
+    int* y;          /* (B, T) */
+    float* logits;   /* (B, T, Vp) */
+    float loss;
+    float* grads;    /* (P) */
+    float* losses;   /* (steps) */
+    float* norms;    /* (steps) */
+    float* final_params; /* (P) */
+} Reference;
+
+static float float_from_bits(int32_t bits) {
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static int reference_read(Reference* r, const char* path) {
+    memset(r, 0, sizeof(*r));
+    FILE* f = fopen(path, "rb");
+    if (!f) { FILE_ERROR(path, "cannot open reference: %s", strerror(errno)); return -1; }
+    int32_t h[256];
+    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
+    if (h[0] != REF_MAGIC || h[1] != 1) {
+        FILE_ERROR(path, "not a reference file (magic %d version %d)", h[0], h[1]);
+        fclose(f);
+        return -1;
+    }
+    r->B = h[2]; r->T = h[3]; r->steps = h[4]; r->V = h[5]; r->Vp = h[6]; r->P = h[7];
+    r->warmup = h[8]; r->schedule = h[9];
+    r->lr = float_from_bits(h[16]); r->beta1 = float_from_bits(h[17]); r->beta2 = float_from_bits(h[18]);
+    r->eps = float_from_bits(h[19]); r->weight_decay = float_from_bits(h[20]);
+    r->grad_clip = float_from_bits(h[21]); r->final_lr_frac = float_from_bits(h[22]);
+    size_t BT = (size_t)r->B * r->T;
+    long long expect = 1024 + 8LL * BT + 4LL * (long long)BT * r->Vp + 4 + 4LL * r->P * 2 + 8LL * r->steps;
+    if (file_size(f) != expect || r->B < 1 || r->T < 1 || r->steps < 1 || r->P < 1) {
+        FILE_ERROR(path, "size %lld does not match its header (expected %lld)", file_size(f), expect);
+        fclose(f);
+        return -1;
+    }
+    r->x = (int*)xmalloc(4 * BT);
+    r->y = (int*)xmalloc(4 * BT);
+    r->logits = xmalloc_floats(BT * r->Vp);
+    r->grads = xmalloc_floats((size_t)r->P);
+    r->losses = xmalloc_floats((size_t)r->steps);
+    r->norms = xmalloc_floats((size_t)r->steps);
+    r->final_params = xmalloc_floats((size_t)r->P);
+    int rc = read_exact(f, r->x, 4 * BT, path) || read_exact(f, r->y, 4 * BT, path) ||
+             read_exact(f, r->logits, 4 * BT * r->Vp, path) || read_exact(f, &r->loss, 4, path) ||
+             read_exact(f, r->grads, 4 * (size_t)r->P, path) || read_exact(f, r->losses, 4 * (size_t)r->steps, path) ||
+             read_exact(f, r->norms, 4 * (size_t)r->steps, path) ||
+             read_exact(f, r->final_params, 4 * (size_t)r->P, path);
+    fclose(f);
+    return rc ? -1 : 0;
+}
+
+static void reference_free(Reference* r) {
+    free(r->x); free(r->y); free(r->logits); free(r->grads); free(r->losses); free(r->norms);
+    free(r->final_params);
+}
+
+/* Everything the PyTorch reference pins down. `quick` skips the steps
+ * beyond `max_steps` (for the large model). */
+static void test_against_reference(const char* model_path, const char* ref_path, const char* label, int max_steps) {
+    char what[256];
+    GPT2 model;
+    Reference ref;
+    if (gpt2_load(&model, model_path) != 0 || reference_read(&ref, ref_path) != 0) {
+        snprintf(what, sizeof(what), "%s: load model and reference", label);
+        check(0, what, model_path);
+        return;
+    }
+    int B = ref.B, T = ref.T, Vp = model.config.padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    snprintf(what, sizeof(what), "%s: reference matches the model (P=%lld, Vp=%d)", label, ref.P, ref.Vp);
+    check(ref.P == (long long)model.num_parameters && ref.Vp == Vp && ref.V == model.config.vocab_size, what, "");
+    if (ref.P != (long long)model.num_parameters) { reference_free(&ref); gpt2_free(&model); return; }
+    gpt2_alloc_training(&model, B, T);
+
+    /* logits: forward without targets keeps them raw */
+    gpt2_forward(&model, ref.x, NULL, B, T);
+    snprintf(what, sizeof(what), "%s: logits (B=%d T=%d Vp=%d)", label, B, T, Vp);
+    check_close(what, model.acts.logits, ref.logits, BT * Vp, 1e-5);
+
+    /* loss and gradients */
+    float loss = gpt2_forward(&model, ref.x, ref.y, B, T);
+    snprintf(what, sizeof(what), "%s: loss %.7f vs %.7f", label, loss, ref.loss);
+    check(fabs(loss - ref.loss) <= 1e-5 * fabs(ref.loss), what, "");
+    gpt2_zero_grad(&model);
+    gpt2_backward(&model, 1.0f);
+    size_t off = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        snprintf(what, sizeof(what), "%s: gradient %s", label, PARAMETER_NAMES[i]);
+        check_close(what, model.grads_memory + off, ref.grads + off, model.param_sizes[i], 1e-4);
+        off += model.param_sizes[i];
+    }
+
+    /* AdamW steps with clipping, weight decay and the warmup + cosine schedule */
+    int steps = ref.steps < max_steps ? ref.steps : max_steps;
+    LRSchedule sched;
+    sched.kind = SCHEDULE_COSINE;
+    sched.max_lr = ref.lr;
+    sched.warmup_steps = ref.warmup;
+    sched.total_steps = ref.steps;
+    sched.final_frac = ref.final_lr_frac;
+    sched.decay_frac = 0.0;
+    AdamWConfig opt;
+    opt.beta1 = ref.beta1; opt.beta2 = ref.beta2; opt.eps = ref.eps;
+    opt.weight_decay = ref.weight_decay; opt.decay_all = 0;
+    float* losses = xmalloc_floats((size_t)steps);
+    float* norms = xmalloc_floats((size_t)steps);
+    for (int s = 0; s < steps; s++) {
+        losses[s] = gpt2_forward(&model, ref.x, ref.y, B, T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model, 1.0f);
+        norms[s] = (float)gradients_clip(&model, ref.grad_clip);
+        adamw_update(&model, &opt, (float)lr_at(&sched, s), s + 1);
+    }
+    snprintf(what, sizeof(what), "%s: losses of %d AdamW steps", label, steps);
+    check_close(what, losses, ref.losses, (size_t)steps, 1e-5);
+    snprintf(what, sizeof(what), "%s: gradient norms of %d AdamW steps", label, steps);
+    check_close(what, norms, ref.norms, (size_t)steps, 1e-5);
+    if (steps == ref.steps) {
+        /* The key bias (qkvb[l, C:2C]) has a gradient of exactly zero in exact
+         * arithmetic: softmax is unchanged when a constant is added to every
+         * score of a row. In fp32 its gradient is pure round-off (~1e-9), which
+         * AdamW's normalisation m / sqrt(v) turns into moves up to ~lr per step,
+         * where the float64 reference moves ~1e-12. Those entries are checked
+         * against that bound instead; everything else to 1e-5. */
+        int C = model.config.channels, L = model.config.num_layers;
+        float* key_bias_got = xmalloc_floats((size_t)L * C);
+        size_t qkvb_off = 0;
+        for (int i = 0; i < 5; i++) qkvb_off += model.param_sizes[i];
+        for (int l = 0; l < L; l++)
+            for (int c = 0; c < C; c++) {
+                size_t at = qkvb_off + (size_t)l * 3 * C + C + c;
+                key_bias_got[l * C + c] = model.params_memory[at] - ref.final_params[at];
+                model.params_memory[at] = ref.final_params[at];
+            }
+        double key_bias_worst = 0.0;
+        for (int i = 0; i < L * C; i++) key_bias_worst = fmax(key_bias_worst, fabs(key_bias_got[i]));
+        char detail[256] = "", worst_detail[300] = "";
+        snprintf(detail, sizeof(detail), "max |error| %.2e, bound lr x steps = %.2e", key_bias_worst,
+                 (double)ref.lr * ref.steps);
+        snprintf(what, sizeof(what), "%s: key bias after %d steps (zero gradient: round-off only)", label, steps);
+        check(key_bias_worst <= ref.lr * ref.steps, what, detail);
+        free(key_bias_got);
+        off = 0;
+        double worst = -1.0;
+        int all_ok = 1;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            int ok = tensor_close(model.params_memory + off, ref.final_params + off, model.param_sizes[i], 1e-5,
+                                  detail, sizeof(detail));
+            if (!ok) all_ok = 0;
+            double e = atof(strstr(detail, "err ") + 4);
+            if (e > worst || !ok) { worst = e; snprintf(worst_detail, sizeof(worst_detail), "%s: %s", PARAMETER_NAMES[i], detail); }
+            off += model.param_sizes[i];
+        }
+        snprintf(what, sizeof(what), "%s: parameters after %d AdamW steps", label, steps);
+        check(all_ok, what, worst_detail);
+    }
+    free(losses);
+    free(norms);
+    reference_free(&ref);
+    gpt2_free(&model);
+}
+
+/* ---------------------------------------------------------------------- */
+/* A second forward pass, in double, for finite differences               */
+/* ---------------------------------------------------------------------- */
+/* Written independently of the layers in train_gpt.c: plain loops, one
+ * position at a time, no GEMM, no stored activations. */
+static double ref_layernorm(double* out, const double* x, const double* w, const double* b, int C) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    double s = 1.0 / sqrt(v + 1e-5);
+    for (int c = 0; c < C; c++) out[c] = (x[c] - m) * s * w[c] + b[c];
+    return s;
+}
+
+/* y(OC) = W(OC, IN) x(IN) + b */
+static void ref_linear(double* y, const double* x, const double* W, const double* b, int IN, int OC) {
+    for (int o = 0; o < OC; o++) {
+        double s = b ? b[o] : 0.0;
+        for (int i = 0; i < IN; i++) s += W[(size_t)o * IN + i] * x[i];
+        y[o] = s;
+    }
+}
+
+/* Mean cross-entropy of the model `p` (all params as doubles, file order). */
+static double ref_loss(const GPT2Config* cfg, const double* p, const int* x, const int* y, int B, int T) {
+    int C = cfg->channels, L = cfg->num_layers, NH = cfg->num_heads, V = cfg->vocab_size;
+    int hs = C / NH, maxT = cfg->max_seq_len, Vp = cfg->padded_vocab_size;
+    const double* wte = p;
+    const double* wpe = wte + (size_t)Vp * C;
+    const double* ln1w = wpe + (size_t)maxT * C;
+    const double* ln1b = ln1w + (size_t)L * C;
+    const double* qkvw = ln1b + (size_t)L * C;
+    const double* qkvb = qkvw + (size_t)L * 3 * C * C;
+    const double* apw = qkvb + (size_t)L * 3 * C;
+    const double* apb = apw + (size_t)L * C * C;
+    const double* ln2w = apb + (size_t)L * C;
+    const double* ln2b = ln2w + (size_t)L * C;
+    const double* fcw = ln2b + (size_t)L * C;
+    const double* fcb = fcw + (size_t)L * 4 * C * C;
+    const double* fpw = fcb + (size_t)L * 4 * C;
+    const double* fpb = fpw + (size_t)L * C * 4 * C;
+    const double* lnfw = fpb + (size_t)L * C;
+    const double* lnfb = lnfw + C;
+    double* h = (double*)xmalloc(sizeof(double) * (size_t)T * C);      /* residual stream of one sequence */
+    double* qkv = (double*)xmalloc(sizeof(double) * (size_t)T * 3 * C);
+    double* buf = (double*)xmalloc(sizeof(double) * (size_t)4 * C);
+    double* buf2 = (double*)xmalloc(sizeof(double) * (size_t)4 * C);
+    double* logit = (double*)xmalloc(sizeof(double) * (size_t)V);
+    double* attv = (double*)xmalloc(sizeof(double) * (size_t)T * C);
+    double total = 0.0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                h[t * C + c] = wte[(size_t)x[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+        for (int l = 0; l < L; l++) {
+            for (int t = 0; t < T; t++) {
+                ref_layernorm(buf, h + t * C, ln1w + l * C, ln1b + l * C, C);
+                ref_linear(qkv + (size_t)t * 3 * C, buf, qkvw + (size_t)l * 3 * C * C, qkvb + l * 3 * C, C, 3 * C);
+            }
+            for (int t = 0; t < T; t++) {
+                for (int hh = 0; hh < NH; hh++) {
+                    const double* q = qkv + (size_t)t * 3 * C + hh * hs;
+                    double w[4096];
+                    double mx = -1e300, sum = 0.0;
+                    ALWAYS(T <= 4096);
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const double* k = qkv + (size_t)t2 * 3 * C + C + hh * hs;
+                        double d = 0;
+                        for (int i = 0; i < hs; i++) d += q[i] * k[i];
+                        w[t2] = d / sqrt((double)hs);
+                        mx = fmax(mx, w[t2]);
+                    }
+                    for (int t2 = 0; t2 <= t; t2++) { w[t2] = exp(w[t2] - mx); sum += w[t2]; }
+                    for (int i = 0; i < hs; i++) {
+                        double s = 0;
+                        for (int t2 = 0; t2 <= t; t2++) s += w[t2] / sum * qkv[(size_t)t2 * 3 * C + 2 * C + hh * hs + i];
+                        attv[t * C + hh * hs + i] = s;
+                    }
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                ref_linear(buf, attv + t * C, apw + (size_t)l * C * C, apb + l * C, C, C);
+                for (int c = 0; c < C; c++) h[t * C + c] += buf[c];
+                ref_layernorm(buf, h + t * C, ln2w + l * C, ln2b + l * C, C);
+                ref_linear(buf2, buf, fcw + (size_t)l * 4 * C * C, fcb + l * 4 * C, C, 4 * C);
+                for (int i = 0; i < 4 * C; i++) {
+                    double u = buf2[i];
+                    buf2[i] = 0.5 * u * (1.0 + tanh(sqrt(2.0 / M_PI) * (u + 0.044715 * u * u * u)));
+                }
+                ref_linear(buf, buf2, fpw + (size_t)l * C * 4 * C, fpb + l * C, 4 * C, C);
+                for (int c = 0; c < C; c++) h[t * C + c] += buf[c];
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            ref_layernorm(buf, h + t * C, lnfw, lnfb, C);
+            ref_linear(logit, buf, wte, NULL, C, V); /* only the V real rows */
+            double mx = -1e300, sum = 0.0;
+            for (int v = 0; v < V; v++) mx = fmax(mx, logit[v]);
+            for (int v = 0; v < V; v++) sum += exp(logit[v] - mx);
+            total += mx + log(sum) - logit[y[b * T + t]];
+        }
+    }
+    free(h); free(qkv); free(buf); free(buf2); free(logit); free(attv);
+    return total / (B * T);
+}
+
+static void test_finite_differences(const char* model_path) {
+    GPT2 model;
+    if (gpt2_load(&model, model_path) != 0) { check(0, "finite differences: load", model_path); return; }
+    const GPT2Config* cfg = &model.config;
+    int B = 2, T = 5, V = cfg->vocab_size;
+    int x[10], y[10];
+    Rng rng;
+    rng_init(&rng, 7);
+    for (int i = 0; i < B * T; i++) { x[i] = (int)(rng_u32(&rng) % V); y[i] = (int)(rng_u32(&rng) % V); }
+    gpt2_alloc_training(&model, B, T);
+    float loss = gpt2_forward(&model, x, y, B, T);
+    gpt2_zero_grad(&model);
+    gpt2_backward(&model, 1.0f);
+    size_t n = model.num_parameters;
+    double* p = (double*)xmalloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) p[i] = model.params_memory[i];
+    double ref = ref_loss(cfg, p, x, y, B, T);
+    char what[256], detail[256];
+    snprintf(detail, sizeof(detail), "fp32 %.9f vs float64 %.9f", loss, ref);
+    check(fabs(loss - ref) <= 1e-5 * fabs(ref), "finite differences: the float64 forward agrees on the loss", detail);
+    /* For each tensor: its largest-gradient element and 3 random ones.
+     * Central differences with h = 1e-4 in double: truncation error ~h^2,
+     * round-off ~1e-16/h, both far below the 1e-4 tolerance. */
+    size_t off = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+        size_t sz = model.param_sizes[k];
+        const float* g = model.grads_memory + off;
+        double gmax = 0.0;
+        size_t imax = 0;
+        for (size_t i = 0; i < sz; i++) if (fabs(g[i]) > gmax) { gmax = fabs(g[i]); imax = i; }
+        if (k == 0) sz = (size_t)V * cfg->channels; /* never probe pad rows with random picks */
+        size_t picks[4] = {imax, rng_u32(&rng) % sz, rng_u32(&rng) % sz, rng_u32(&rng) % sz};
+        double worst = 0.0;
+        size_t worst_i = 0;
+        double worst_fd = 0.0;
+        for (int j = 0; j < 4; j++) {
+            size_t i = off + picks[j];
+            double h = 1e-4, save = p[i];
+            p[i] = save + h;
+            double lp = ref_loss(cfg, p, x, y, B, T);
+            p[i] = save - h;
+            double lm = ref_loss(cfg, p, x, y, B, T);
+            p[i] = save;
+            double fd = (lp - lm) / (2 * h);
+            double e = fabs(fd - model.grads_memory[i]) / fmax(gmax, 1e-12);
+            if (e >= worst) { worst = e; worst_i = picks[j]; worst_fd = fd; }
+        }
+        snprintf(what, sizeof(what), "finite differences: %s", PARAMETER_NAMES[k]);
+        snprintf(detail, sizeof(detail), "worst err %.2e of max|grad| %.3g at [%zu]: analytic %.9g, fd %.9g",
+                 worst, gmax, worst_i, g[worst_i], worst_fd);
+        check(gmax > 0.0 && worst <= 1e-4, what, detail);
+        off += model.param_sizes[k];
+    }
+    free(p);
+    gpt2_free(&model);
+}
+
+/* ---------------------------------------------------------------------- */
+/* GEMM                                                                   */
+/* ---------------------------------------------------------------------- */
+static void test_gemm(void) {
+    const int sizes[] = {1, 3, 7, 16, 17, 33, 64, 65, 130};
+    const int ns = (int)(sizeof(sizes) / sizeof(sizes[0]));
+    Rng rng;
+    rng_init(&rng, 3);
+    double worst = 0.0;
+    char detail[256] = "";
+    int cases = 0;
+    for (int mi = 0; mi < ns; mi++)
+        for (int ni = 0; ni < ns; ni += 2)
+            for (int ki = 0; ki < ns; ki += 3)
+                for (int ta = 0; ta < 2; ta++)
+                    for (int tb = 0; tb < 2; tb++) {
+                        int M = sizes[mi], N = sizes[(ni + mi) % ns], K = sizes[(ki + 2 * mi) % ns];
+                        int acc = (mi + ni + ki) & 1, threaded = (mi + ki) & 1;
+                        float* A = xmalloc_floats((size_t)M * K);
+                        float* Bm = xmalloc_floats((size_t)K * N);
+                        float* Cm = xmalloc_floats((size_t)M * (N + 3));
+                        for (int i = 0; i < M * K; i++) A[i] = rng_uniform(&rng) - 0.5f;
+                        for (int i = 0; i < K * N; i++) Bm[i] = rng_uniform(&rng) - 0.5f;
+                        for (int i = 0; i < M * (N + 3); i++) Cm[i] = rng_uniform(&rng) - 0.5f;
+                        long ldc = N + 3; /* a stride wider than the row */
+                        long a_rs = ta ? 1 : K, a_cs = ta ? M : 1;
+                        long b_rs = tb ? 1 : N, b_cs = tb ? K : 1;
+                        double* want = (double*)xmalloc(sizeof(double) * (size_t)M * N);
+                        for (int i = 0; i < M; i++)
+                            for (int j = 0; j < N; j++) {
+                                double s = acc ? Cm[i * ldc + j] : 0.0;
+                                for (int k = 0; k < K; k++) s += (double)A[i * a_rs + k * a_cs] * Bm[k * b_rs + j * b_cs];
+                                want[(size_t)i * N + j] = s;
+                            }
+                        float pad = Cm[N]; /* element just past row 0: must be untouched */
+                        gemm(M, N, K, A, a_rs, a_cs, Bm, b_rs, b_cs, Cm, ldc, acc, threaded);
+                        for (int i = 0; i < M; i++)
+                            for (int j = 0; j < N; j++) {
+                                double e = fabs(Cm[i * ldc + j] - want[(size_t)i * N + j]) / sqrt((double)K + 1);
+                                if (e > worst || !isfinite(Cm[i * ldc + j])) {
+                                    worst = isfinite(Cm[i * ldc + j]) ? e : INFINITY;
+                                    snprintf(detail, sizeof(detail), "worst %.2e at M=%d N=%d K=%d ta=%d tb=%d acc=%d", worst, M, N, K, ta, tb, acc);
+                                }
+                            }
+                        if (Cm[N] != pad) { worst = INFINITY; snprintf(detail, sizeof(detail), "wrote past the row at M=%d N=%d", M, N); }
+                        cases++;
+                        free(A); free(Bm); free(Cm); free(want);
+                    }
+    char what[128];
+    snprintf(what, sizeof(what), "gemm: %d shapes x transposes x accumulate vs float64", cases);
+    check(worst <= 1e-6, what, detail);
+}
+
+/* Forward and backward give bitwise the same results on 1 and on all threads. */
+static void test_thread_invariance(const char* model_path) {
+#ifdef _OPENMP
+    int nt = omp_get_max_threads();
+    GPT2 model;
+    if (gpt2_load(&model, model_path) != 0) { check(0, "thread invariance: load", model_path); return; }
+    int B = 2, T = 9, V = model.config.vocab_size;
+    int x[18], y[18];
+    for (int i = 0; i < B * T; i++) { x[i] = (i * 37 + 11) % V; y[i] = (i * 53 + 5) % V; }
+    gpt2_alloc_training(&model, B, T);
+    float* g1 = xmalloc_floats(model.num_parameters);
+    float l[2];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run == 0 ? 1 : (nt > 1 ? nt : 2));
+        l[run] = gpt2_forward(&model, x, y, B, T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model, 1.0f);
+        if (run == 0) memcpy(g1, model.grads_memory, model.num_parameters * sizeof(float));
+    }
+    omp_set_num_threads(nt);
+    int same = l[0] == l[1] && memcmp(g1, model.grads_memory, model.num_parameters * sizeof(float)) == 0;
+    check(same, "forward+backward bitwise identical on 1 thread and on several", "");
+    free(g1);
+    gpt2_free(&model);
+#else
+    (void)model_path;
+#endif
+}
+
+/* ---------------------------------------------------------------------- */
+/* Files: round trips and bad input                                       */
+/* ---------------------------------------------------------------------- */
+static char tmpdir[256];
+
+static const char* tmp_path(const char* name) {
+    static char buf[8][512];
+    static int next = 0;
+    char* p = buf[next++ % 8];
+    snprintf(p, 512, "%s/%s", tmpdir, name);
+    return p;
+}
+
+static int write_bytes(const char* path, const void* data, size_t n) {
+    FILE* f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+static unsigned char* read_all(const char* path, size_t* n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return NULL;
+    long long sz = file_size(f);
+    unsigned char* buf = (unsigned char*)xmalloc((size_t)sz);
+    *n = fread(buf, 1, (size_t)sz, f);
+    fclose(f);
+    return buf;
+}
+
+static void test_model_files(const char* model_path) {
+    GPT2 a, b;
+    if (gpt2_load(&a, model_path) != 0) { check(0, "model files: load", model_path); return; }
+    const char* out = tmp_path("roundtrip.bin");
+    check(gpt2_save(&a, out) == 0, "save a checkpoint", out);
+    size_t n1, n2;
+    unsigned char* f1 = read_all(model_path, &n1);
+    unsigned char* f2 = read_all(out, &n2);
+    check(f1 && f2 && n1 == n2 && memcmp(f1, f2, n1) == 0, "load -> save reproduces the file byte for byte", "");
+    check(gpt2_load(&b, out) == 0 && memcmp(&a.config, &b.config, sizeof(GPT2Config)) == 0 &&
+              memcmp(a.params_memory, b.params_memory, a.num_parameters * 4) == 0,
+          "save -> load gives bit-identical parameters", "");
+    gpt2_free(&b);
+
+    /* bf16 (version 5): round-to-nearest-even of each weight, then load */
+    size_t n = a.num_parameters;
+    uint16_t* half = (uint16_t*)xmalloc(2 * n);
+    float* expect = xmalloc_floats(n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &a.params_memory[i], 4);
+        bits += 0x7FFF + ((bits >> 16) & 1);
+        half[i] = (uint16_t)(bits >> 16);
+        expect[i] = bf16_to_float(half[i]);
+    }
+    int32_t h[256];
+    memcpy(h, f1, sizeof(h));
+    h[1] = MODEL_VERSION_BF16;
+    const char* bf = tmp_path("bf16.bin");
+    FILE* f = fopen(bf, "wb");
+    CHECK(f != NULL, "cannot write %s", bf);
+    CHECK(fwrite(h, 4, 256, f) == 256 && fwrite(half, 2, n, f) == n && fclose(f) == 0, "write %s", bf);
+    int ok = gpt2_load(&b, bf) == 0 && memcmp(b.params_memory, expect, n * 4) == 0;
+    check(ok, "bf16 (version 5) checkpoint loads as the exact bf16 values", "");
+    if (ok) gpt2_free(&b);
+    free(half);
+    free(expect);
+
+    /* bad inputs: each must be refused with -1, not crash */
+    struct { const char* name; int word; int32_t value; long long truncate; } bad[] = {
+        {"wrong magic", 0, 12345, 0},
+        {"unknown version", 1, 4, 0},
+        {"heads not dividing channels", 5, 5, 0},
+        {"zero layers", 4, 0, 0},
+        {"negative vocabulary", 3, -1, 0},
+        {"padded vocabulary smaller than vocabulary", 7, 100, 0},
+        {"huge layer count", 4, 1 << 30, 0},
+        {"truncated weights", -1, 0, 1000},
+        {"header only", -1, 0, (long long)n1 - 1024},
+        {"half a header", -1, 0, (long long)n1 - 512},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        unsigned char* copy = (unsigned char*)xmalloc(n1);
+        memcpy(copy, f1, n1);
+        if (bad[i].word >= 0) memcpy(copy + 4 * bad[i].word, &bad[i].value, 4);
+        const char* p = tmp_path("bad_model.bin");
+        CHECK(write_bytes(p, copy, n1 - (size_t)bad[i].truncate) == 0, "write %s", p);
+        char what[128];
+        snprintf(what, sizeof(what), "bad model file refused: %s", bad[i].name);
+        GPT2 m;
+        int rc = gpt2_load(&m, p);
+        if (rc == 0) gpt2_free(&m);
+        check(rc == -1, what, "");
+        free(copy);
+    }
+    /* a NaN weight */
+    {
+        unsigned char* copy = (unsigned char*)xmalloc(n1);
+        memcpy(copy, f1, n1);
+        float nan_value = NAN;
+        memcpy(copy + 1024 + 4 * 10, &nan_value, 4);
+        const char* p = tmp_path("nan_model.bin");
+        CHECK(write_bytes(p, copy, n1) == 0, "write %s", p);
+        GPT2 m;
+        int rc = gpt2_load(&m, p);
+        if (rc == 0) gpt2_free(&m);
+        check(rc == -1, "bad model file refused: NaN weight", "");
+        free(copy);
+    }
+    GPT2 m;
+    check(gpt2_load(&m, tmp_path("does_not_exist.bin")) == -1, "bad model file refused: missing file", "");
+    /* a good checkpoint is not overwritten by a failed save */
+    const char* dir_as_file = tmp_path("is_a_dir");
+    mkdir(dir_as_file, 0755);
+    char target[600];
+    snprintf(target, sizeof(target), "%s/sub/none.bin", dir_as_file);
+    check(gpt2_save(&a, target) == -1, "save into a missing directory fails cleanly", "");
+    free(f1);
+    free(f2);
+    gpt2_free(&a);
+}
+
+/* Write a shard of `n` tokens: token i = (i * 7 + seed) % V */
+static void write_shard(const char* path, int n, int V, int seed, int32_t magic, int version, int claimed) {
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = magic;
+    h[1] = version;
+    h[2] = claimed;
+    uint16_t* tok = (uint16_t*)xmalloc(2 * (size_t)n);
+    for (int i = 0; i < n; i++) tok[i] = (uint16_t)((i * 7 + seed) % V);
+    FILE* f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot write %s", path);
+    CHECK(fwrite(h, 4, 256, f) == 256 && fwrite(tok, 2, (size_t)n, f) == (size_t)n && fclose(f) == 0, "write %s", path);
+    free(tok);
+}
+
+static void test_dataloader(void) {
+    int V = 50, T = 4;
+    write_shard(tmp_path("d_train_000.bin"), 101, V, 0, SHARD_MAGIC, 1, 101);
+    write_shard(tmp_path("d_train_001.bin"), 61, V, 3, SHARD_MAGIC, 1, 61);
+    char pattern[600];
+    snprintf(pattern, sizeof(pattern), "%s/d_train_*.bin", tmpdir);
+    DataLoader one, r0, r1;
+    /* world 1, B = 4 against world 2 with B = 2 each: same tokens */
+    int ok = dataloader_init(&one, pattern, 4, T, 0, 1, V, 0, 0) == 0 &&
+             dataloader_init(&r0, pattern, 2, T, 0, 2, V, 0, 0) == 0 &&
+             dataloader_init(&r1, pattern, 2, T, 1, 2, V, 0, 0) == 0;
+    check(ok, "data loader opens two shards", "");
+    if (!ok) return;
+    int same = 1, targets_shifted = 1;
+    for (int step = 0; step < 12; step++) {
+        dataloader_next(&one);
+        dataloader_next(&r0);
+        dataloader_next(&r1);
+        for (int i = 0; i < 2 * T; i++) {
+            same &= one.inputs[i] == r0.inputs[i] && one.targets[i] == r0.targets[i];
+            same &= one.inputs[2 * T + i] == r1.inputs[i] && one.targets[2 * T + i] == r1.targets[i];
+        }
+        /* without shuffling a batch is contiguous text: target t = input t+1 */
+        for (int i = 0; i + 1 < 4 * T; i++) targets_shifted &= one.targets[i] == one.inputs[i + 1];
+    }
+    check(same, "2 ranks x B/2 read exactly what 1 rank x B reads, over shard and epoch boundaries", "");
+    check(targets_shifted, "targets are the inputs shifted by one token", "");
+    /* 100 samples of T=4 in shard 0 -> 25 samples, 6 batches of 4; shard 1: 60/4 = 15 -> 3 */
+    check(dataloader_batches_per_epoch(&one) == 6 + 3, "batches per epoch counted per shard", "");
+    /* the first batch of shard 0 is tokens 0..16 of the formula */
+    int first_ok = 1;
+    dataloader_reset(&one);
+    dataloader_next(&one);
+    for (int i = 0; i < 4 * T; i++) first_ok &= one.inputs[i] == (i * 7) % V && one.targets[i] == ((i + 1) * 7) % V;
+    check(first_ok, "first batch holds the shard's first tokens", "");
+    dataloader_free(&one);
+    dataloader_free(&r0);
+    dataloader_free(&r1);
+
+    /* shuffling: deterministic for a seed, a permutation of the same samples */
+    DataLoader s1, s2, plain;
+    dataloader_init(&s1, pattern, 1, T, 0, 1, V, 1, 42);
+    dataloader_init(&s2, pattern, 1, T, 0, 1, V, 1, 42);
+    dataloader_init(&plain, pattern, 1, T, 0, 1, V, 0, 0);
+    int det = 1, differs = 0;
+    long long sum_s = 0, sum_p = 0;
+    for (int i = 0; i < 40; i++) { /* one epoch: 25 + 15 samples */
+        dataloader_next(&s1);
+        dataloader_next(&s2);
+        dataloader_next(&plain);
+        for (int t = 0; t < T; t++) {
+            det &= s1.inputs[t] == s2.inputs[t];
+            differs |= s1.inputs[t] != plain.inputs[t];
+            sum_s += s1.inputs[t] * 131 + s1.targets[t];
+            sum_p += plain.inputs[t] * 131 + plain.targets[t];
+        }
+    }
+    check(det && differs && sum_s == sum_p, "shuffle: seeded, reproducible, a permutation of the epoch's samples", "");
+    dataloader_free(&s1);
+    dataloader_free(&s2);
+    dataloader_free(&plain);
+
+    /* bad shards */
+    struct { const char* name; int n; int32_t magic; int version; int claimed; int V; } bad[] = {
+        {"wrong magic", 100, 20240326, 1, 100, 50},
+        {"wrong version", 100, SHARD_MAGIC, 2, 100, 50},
+        {"header claims more tokens than the file holds", 100, SHARD_MAGIC, 1, 101, 50},
+        {"header claims fewer tokens", 100, SHARD_MAGIC, 1, 99, 50},
+        {"negative token count", 100, SHARD_MAGIC, 1, -5, 50},
+        {"token out of the model's vocabulary", 100, SHARD_MAGIC, 1, 100, 60},
+        {"too few tokens for one batch", 8, SHARD_MAGIC, 1, 8, 50},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char* p = tmp_path("bad_shard.bin");
+        write_shard(p, bad[i].n, bad[i].V, 0, bad[i].magic, bad[i].version, bad[i].claimed);
+        DataLoader d;
+        int rc = dataloader_init(&d, p, 2, T, 0, 1, 50, 0, 0);
+        if (rc == 0) dataloader_free(&d);
+        char what[128];
+        snprintf(what, sizeof(what), "bad shard refused: %s", bad[i].name);
+        check(rc == -1, what, "");
+    }
+    const char* empty = tmp_path("empty_shard.bin");
+    write_bytes(empty, "", 0);
+    DataLoader d;
+    check(dataloader_init(&d, empty, 2, T, 0, 1, 50, 0, 0) == -1, "bad shard refused: empty file", "");
+    check(dataloader_init(&d, tmp_path("nothing_*.bin"), 2, T, 0, 1, 50, 0, 0) == -1,
+          "bad shard refused: pattern matching no file", "");
+}
+
+static void test_tokenizer_file(void) {
+    /* a 3-token vocabulary: "a", "bc", "<eot>" */
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = TOKENIZER_MAGIC; h[1] = TOKENIZER_VERSION; h[2] = 3; h[3] = 2;
+    unsigned char body[] = {1, 'a', 2, 'b', 'c', 5, '<', 'e', 'o', 't', '>'};
+    unsigned char file[1024 + sizeof(body)];
+    memcpy(file, h, 1024);
+    memcpy(file + 1024, body, sizeof(body));
+    const char* p = tmp_path("tok.bin");
+    write_bytes(p, file, sizeof(file));
+    Tokenizer t;
+    int ok = tokenizer_init(&t, p) == 0 && t.vocab_size == 3 && t.eot_token == 2 && !strcmp(t.tokens[1], "bc") &&
+             t.lengths[2] == 5;
+    check(ok, "tokenizer file decodes", "");
+    if (ok) tokenizer_free(&t);
+    write_bytes(p, file, sizeof(file) - 2);
+    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: truncated", "");
+    unsigned char extra[sizeof(file) + 1];
+    memcpy(extra, file, sizeof(file));
+    extra[sizeof(file)] = 0;
+    write_bytes(p, extra, sizeof(extra));
+    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: trailing bytes", "");
+    h[2] = 1 << 30;
+    memcpy(file, h, 1024);
+    write_bytes(p, file, sizeof(file));
+    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: impossible token count", "");
+    h[2] = 3; h[0] = 1;
+    memcpy(file, h, 1024);
+    write_bytes(p, file, sizeof(file));
+    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: wrong magic", "");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Init, schedules, CLI                                                   */
+/* ---------------------------------------------------------------------- */
+static void test_init(void) {
+    GPT2Config c = config_from_depth(4);
+    c.vocab_size = 1000; c.padded_vocab_size = 1024; c.max_seq_len = 128;
+    GPT2 a, b;
+    gpt2_init_random(&a, &c, 5);
+    gpt2_init_random(&b, &c, 5);
+    check(memcmp(a.params_memory, b.params_memory, a.num_parameters * 4) == 0, "random init reproducible for a seed", "");
+    gpt2_free(&b);
+    gpt2_init_random(&b, &c, 6);
+    check(memcmp(a.params_memory, b.params_memory, a.num_parameters * 4) != 0, "a different seed gives different weights", "");
+    gpt2_free(&b);
+    double want_std[NUM_PARAMETER_TENSORS];
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) want_std[i] = PARAMETER_IS_MATRIX[i] ? 0.02 : 0.0;
+    want_std[6] = want_std[12] = 0.02 / sqrt(2.0 * c.num_layers);
+    float** ptrs = (float**)&a.params;
+    int ok = 1;
+    char detail[256] = "";
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t n = i == 0 ? (size_t)c.vocab_size * c.channels : a.param_sizes[i];
+        double s = 0, s2 = 0;
+        for (size_t j = 0; j < n; j++) { s += ptrs[i][j]; s2 += (double)ptrs[i][j] * ptrs[i][j]; }
+        double mean = s / n, sd = sqrt(s2 / n - mean * mean);
+        const char* nm = PARAMETER_NAMES[i];
+        double want_mean = (!strcmp(nm, "ln1w") || !strcmp(nm, "ln2w") || !strcmp(nm, "lnfw")) ? 1.0 : 0.0;
+        /* the std of n normals is within ~4/sqrt(2n) relative of the truth */
+        int good = fabs(mean - want_mean) < 4 * want_std[i] / sqrt((double)n) + 1e-12 &&
+                   fabs(sd - want_std[i]) <= want_std[i] * 4 / sqrt(2.0 * n) + 1e-12;
+        if (!good) { ok = 0; snprintf(detail, sizeof(detail), "%s: mean %.5g std %.5g (want %.5g)", nm, mean, sd, want_std[i]); }
+    }
+    int pad_zero = 1;
+    for (size_t j = (size_t)c.vocab_size * c.channels; j < a.param_sizes[0]; j++) pad_zero &= a.params.wte[j] == 0.0f;
+    check(ok, "init: N(0, 0.02), projections 0.02/sqrt(2L), biases 0, LayerNorm weights 1", detail);
+    check(pad_zero, "init: padded vocabulary rows are zero", "");
+    c = config_from_depth(12);
+    check(parameter_count(&c) == 124475904ull, "d12 has 124,475,904 parameters (Vp = 50304)", "");
+    gpt2_free(&a);
+}
+
+static void test_schedules(void) {
+    LRSchedule s;
+    s.max_lr = 1.0; s.warmup_steps = 10; s.total_steps = 110; s.final_frac = 0.1; s.decay_frac = 0.2;
+    int ok = 1;
+    s.kind = SCHEDULE_COSINE;
+    ok &= fabs(lr_at(&s, 0) - 0.1) < 1e-12 && fabs(lr_at(&s, 9) - 1.0) < 1e-12;
+    ok &= fabs(lr_at(&s, 10) - 1.0) < 1e-12 && fabs(lr_at(&s, 60) - 0.55) < 1e-12 && fabs(lr_at(&s, 110) - 0.1) < 1e-12;
+    check(ok, "cosine schedule: warmup (s+1)/W, midpoint halfway, ends at final fraction", "");
+    s.kind = SCHEDULE_LINEAR;
+    check(fabs(lr_at(&s, 35) - (1.0 - 0.25 * 0.9)) < 1e-12, "linear schedule", "");
+    s.kind = SCHEDULE_CONSTANT;
+    check(lr_at(&s, 100) == 1.0, "constant schedule", "");
+    s.kind = SCHEDULE_WSD; /* decay over the last 22 steps: 88..110 */
+    check(lr_at(&s, 87) == 1.0 && fabs(lr_at(&s, 99) - (1.0 - 0.9 * 11.0 / 22.0)) < 1e-12,
+          "warmup-stable-decay schedule", "");
+}
+
+static int parse_args(Options* o, const char* line) {
+    char buf[512];
+    char* argv[32];
+    int argc = 0;
+    snprintf(buf, sizeof(buf), "%s", line);
+    argv[argc++] = (char*)"train_gpt";
+    for (char* tok = strtok(buf, " "); tok && argc < 32; tok = strtok(NULL, " ")) argv[argc++] = tok;
+    int rc = options_parse(o, argc, argv);
+    if (rc != 0) return rc;
+    return options_problem(o) ? -2 : 0;
+}
+
+static void test_cli(void) {
+    Options o;
+    check(parse_args(&o, "") == 0 && o.batch_size == 4 && o.seq_len == 64 && o.lr == 3e-4f, "defaults parse", "");
+    check(parse_args(&o, "-b 8 -t 32 --lr=1e-3 --lr-schedule wsd -g 16") == 0 && o.batch_size == 8 && o.seq_len == 32 &&
+              o.lr == 1e-3f && o.sample_length == 16, "long flags, llm.c aliases and --flag=value", "");
+    check(parse_args(&o, "--help") == 1, "--help", "");
+    struct { const char* args; int rc; const char* name; } bad[] = {
+        {"--bogus 1", -1, "unknown flag"},
+        {"-b", -1, "missing value"},
+        {"-b four", -1, "not a number"},
+        {"-b 4x", -1, "trailing junk"},
+        {"--lr nan", -1, "non-finite number"},
+        {"-b 3 -t 5 -d 100", -2, "total batch not a multiple of B*T"},
+        {"--steps 0", -2, "zero steps"},
+        {"--lr-schedule cosh", -2, "unknown schedule"},
+        {"--sample-length 100 -t 64", -2, "sample longer than T"},
+        {"--model gpt2.bin --num-layers 4", -2, "shape override with a checkpoint"},
+        {"--top-p 0", -2, "top-p of zero"},
+        {"--beta2 1.0", -2, "beta2 of one"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char what[128];
+        snprintf(what, sizeof(what), "CLI refuses: %s (%s)", bad[i].name, bad[i].args);
+        check(parse_args(&o, bad[i].args) == bad[i].rc, what, "");
+    }
+}
+
+/* The tester is tested: a comparison that let a planted error through
+ * would make every pass above meaningless. */
+static void test_the_tester(void) {
+    float want[100], got[100];
+    for (int i = 0; i < 100; i++) want[i] = got[i] = sinf((float)i);
+    char detail[256];
+    got[37] += 1e-4f; /* a 1e-4 error in one element of a 1e-5 check */
+    int rejected = !tensor_close(got, want, 100, 1e-5, detail, sizeof(detail));
+    got[37] = want[37];
+    got[50] = NAN;
+    rejected &= !tensor_close(got, want, 100, 1e-5, detail, sizeof(detail));
+    got[50] = want[50];
+    int accepted = tensor_close(got, want, 100, 1e-5, detail, sizeof(detail));
+    check(rejected && accepted, "the checker rejects a planted wrong value and a NaN, accepts the truth", "");
+}
+
+int main(int argc, char** argv) {
+    const char* model = "dev/fixtures/tiny_model.bin";
+    const char* ref = "dev/fixtures/tiny_ref.bin";
+    const char* extra_model = NULL;
+    const char* extra_ref = NULL;
+    int extra_steps = 1 << 30;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ref") && i + 2 < argc) {
+            extra_model = argv[++i];
+            extra_ref = argv[++i];
+        } else if (!strcmp(argv[i], "--ref-steps") && i + 1 < argc) {
+            extra_steps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]]\n", argv[0]);
+            return EXIT_FAILURE;
+        }
+    }
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_gpt.XXXXXX");
+    CHECK(mkdtemp(tmpdir) != NULL, "cannot make a temporary directory: %s", strerror(errno));
+    printf("threads: %d; scratch files in %s\n", num_threads(), tmpdir);
+
+    test_the_tester();
+    test_gemm();
+    test_against_reference(model, ref, "tiny", 1 << 30);
+    test_finite_differences(model);
+    test_thread_invariance(model);
+    test_model_files(model);
+    test_dataloader();
+    test_tokenizer_file();
+    test_init();
+    test_schedules();
+    test_cli();
+    if (extra_model) test_against_reference(extra_model, extra_ref, extra_model, extra_steps);
+
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,2039 @@
+/*
+ * train_gpt.c — GPT-2 pretraining on the CPU, in one file.
+ *
+ * fp32 throughout, OpenMP for the cores. The file reads top to bottom as the
+ * story of a training step: load weights and data, run the layers forward,
+ * run them backward, update with AdamW, print what the model writes.
+ *
+ * Build and run (see the Makefile for every flag):
+ *   make train_gpt
+ *   ./train_gpt --model d12 --train-data data/tiny_train.bin --steps 20
+ *   ./train_gpt --help            # every flag with its default
+ * It also compiles as C++17 (g++ -x c++), so that train_gpt.cu can #include
+ * it for all host-side code.
+ *
+ * Left out on purpose: mixed precision (fp32 only here; bf16 lives in the
+ * CUDA twin), flash-style attention (the T x T attention matrix is
+ * materialised: at the sequence lengths a CPU trains on it is small next to
+ * the logits), and any BLAS (the matmul below is our own).
+ *
+ * Banners, in order:
+ *   1. Utilities         checked calls, timing, random numbers
+ *   2. Model files       the llm.c checkpoint format, read and write
+ *   3. Tokenizer         decode (token id -> bytes)
+ *   4. Data              token shards, the data loader
+ *   5. Matmul            the packed, register-blocked GEMM every layer uses
+ *   6. Layers            forward/backward pairs
+ *   7. Model             parameters, activations, forward, backward
+ *   8. Optimizer         gradient norm and clipping, AdamW, schedules
+ *   9. Sampler           temperature / top-k sampling
+ *  10. CLI               flags, usage, validation
+ *  11. main
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+#include <assert.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <errno.h>
+#include <float.h>
+#include <glob.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef __cplusplus
+#define RESTRICT __restrict__
+#else
+#define RESTRICT restrict
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* 1. Utilities                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Fatal check for things that must not fail (memory, internal invariants):
+ * prints the failed expression, where, and a hint, then exits. */
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "error: %s:%d: check failed: %s\n", __FILE__,       \
+                    __LINE__, #cond);                                           \
+            fprintf(stderr, "  " __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                              \
+            exit(EXIT_FAILURE);                                                 \
+        }                                                                       \
+    } while (0)
+
+/* "Cannot happen" conditions, named so a reader knows they are invariants. */
+#define ALWAYS(cond) CHECK(cond, "internal invariant violated")
+
+/* Recoverable errors in file handling: print "error: <file>: <message>" and
+ * return -1 from the enclosing function (which cleans up via goto-free code
+ * paths: every reader below frees what it owns before failing). */
+#define FILE_ERROR(path, ...)                                                   \
+    do {                                                                        \
+        fprintf(stderr, "error: %s: ", (path));                                 \
+        fprintf(stderr, __VA_ARGS__);                                           \
+        fprintf(stderr, "\n");                                                  \
+    } while (0)
+
+static void* xmalloc(size_t bytes) {
+    void* p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+static void* xcalloc(size_t n, size_t size) {
+    void* p = calloc(n ? n : 1, size ? size : 1);
+    CHECK(p != NULL, "out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+/* 64-byte aligned allocation (one cache line, one AVX-512 vector). */
+static float* xmalloc_floats(size_t n) {
+    void* p = NULL;
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    bytes = (bytes + 63) & ~(size_t)63;
+    int rc = posix_memalign(&p, 64, bytes);
+    CHECK(rc == 0 && p != NULL, "out of memory allocating %zu floats", n);
+    return (float*)p;
+}
+
+static double time_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Size of an open file in bytes, or -1. */
+static long long file_size(FILE* f) {
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) return -1;
+    return (long long)st.st_size;
+}
+
+/* Read exactly n bytes or report which file came up short. */
+static int read_exact(FILE* f, void* dst, size_t n, const char* path) {
+    if (fread(dst, 1, n, f) != n) {
+        FILE_ERROR(path, "read failed after %ld bytes (wanted %zu more): %s",
+                   ftell(f), n, ferror(f) ? strerror(errno) : "unexpected end of file");
+        return -1;
+    }
+    return 0;
+}
+
+/* Write a whole file atomically: to "<path>.tmp", fsync, then rename over
+ * <path>. A crash or a full disk leaves the previous <path> untouched. */
+typedef struct {
+    const void* data;
+    size_t bytes;
+} WriteChunk;
+
+static int write_file_atomic(const char* path, const WriteChunk* chunks, int nchunks) {
+    size_t len = strlen(path);
+    char* tmp = (char*)xmalloc(len + 5);
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    FILE* f = fopen(tmp, "wb");
+    if (!f) {
+        FILE_ERROR(tmp, "cannot create: %s", strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; i < nchunks && ok; i++) {
+        if (fwrite(chunks[i].data, 1, chunks[i].bytes, f) != chunks[i].bytes) ok = 0;
+    }
+    if (ok && fflush(f) != 0) ok = 0;
+    if (ok && fsync(fileno(f)) != 0) ok = 0;
+    int saved_errno = errno;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) {
+        FILE_ERROR(path, "write failed (%s); the previous file, if any, is untouched",
+                   strerror(saved_errno ? saved_errno : errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        FILE_ERROR(path, "cannot rename %s into place: %s", tmp, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+/* Random numbers: xorshift64* for bits, Box-Muller for normals. Seeded, so a
+ * run is reproducible; the state is one uint64 (easy to checkpoint). */
+typedef struct {
+    uint64_t state;
+} Rng;
+
+static void rng_init(Rng* rng, uint64_t seed) {
+    /* splitmix64 of the seed, so nearby seeds give unrelated streams and the
+     * state is never zero (xorshift's fixed point). */
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    rng->state = z ? z : 0x2545F4914F6CDD1Dull;
+}
+
+static uint32_t rng_u32(Rng* rng) {
+    uint64_t x = rng->state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng->state = x;
+    return (uint32_t)((x * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+/* uniform in [0, 1) with 24 random bits */
+static float rng_uniform(Rng* rng) { return (rng_u32(rng) >> 8) / 16777216.0f; }
+
+/* standard normal, computed in double */
+static double rng_normal(Rng* rng) {
+    double u1 = ((rng_u32(rng) >> 8) + 1.0) / 16777217.0; /* (0, 1] */
+    double u2 = (rng_u32(rng) >> 8) / 16777216.0;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 2. Model files (llm.c format)                                            */
+/* ------------------------------------------------------------------------ */
+/* Header: 256 little-endian int32. [0] magic 20240326, [1] version (3 = fp32
+ * params, 5 = bf16 params), [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp.
+ * Then the 16 parameter tensors below, in this order, each concatenated over
+ * layers. Weights are (out, in), row-major. */
+
+#define MODEL_MAGIC 20240326
+#define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5
+#define HEADER_INTS 256
+
+typedef struct {
+    int max_seq_len;       /* maxT: longest sequence the position table holds */
+    int vocab_size;        /* V: real tokens (50257 for GPT-2) */
+    int padded_vocab_size; /* Vp: V rounded up to a multiple of 128 (50304) */
+    int num_layers;        /* L */
+    int num_heads;         /* NH */
+    int channels;          /* C */
+} GPT2Config;
+
+#define NUM_PARAMETER_TENSORS 16
+static const char* const PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+/* Which tensors are 2-D matmul/embedding weights: the ones weight decay
+ * applies to by default (biases and LayerNorm parameters are not decayed,
+ * as in GPT-2/nanoGPT practice). */
+static const int PARAMETER_IS_MATRIX[NUM_PARAMETER_TENSORS] = {
+    1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0};
+
+typedef struct {
+    float* wte;      /* (Vp, C) token embedding, also the LM head */
+    float* wpe;      /* (maxT, C) position embedding */
+    float* ln1w;     /* (L, C) */
+    float* ln1b;     /* (L, C) */
+    float* qkvw;     /* (L, 3C, C) */
+    float* qkvb;     /* (L, 3C) */
+    float* attprojw; /* (L, C, C) */
+    float* attprojb; /* (L, C) */
+    float* ln2w;     /* (L, C) */
+    float* ln2b;     /* (L, C) */
+    float* fcw;      /* (L, 4C, C) */
+    float* fcb;      /* (L, 4C) */
+    float* fcprojw;  /* (L, C, 4C) */
+    float* fcprojb;  /* (L, C) */
+    float* lnfw;     /* (C) */
+    float* lnfb;     /* (C) */
+} ParameterTensors;
+/* The struct is carved from one buffer by walking it as an array of
+ * pointers, in the table's order. */
+static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(float*),
+              "ParameterTensors must hold exactly the 16 tensors of the table");
+
+static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* c) {
+    size_t Vp = c->padded_vocab_size, C = c->channels, maxT = c->max_seq_len, L = c->num_layers;
+    sizes[0] = Vp * C;          /* wte */
+    sizes[1] = maxT * C;        /* wpe */
+    sizes[2] = L * C;           /* ln1w */
+    sizes[3] = L * C;           /* ln1b */
+    sizes[4] = L * 3 * C * C;   /* qkvw */
+    sizes[5] = L * 3 * C;       /* qkvb */
+    sizes[6] = L * C * C;       /* attprojw */
+    sizes[7] = L * C;           /* attprojb */
+    sizes[8] = L * C;           /* ln2w */
+    sizes[9] = L * C;           /* ln2b */
+    sizes[10] = L * 4 * C * C;  /* fcw */
+    sizes[11] = L * 4 * C;      /* fcb */
+    sizes[12] = L * C * 4 * C;  /* fcprojw */
+    sizes[13] = L * C;          /* fcprojb */
+    sizes[14] = C;              /* lnfw */
+    sizes[15] = C;              /* lnfb */
+}
+
+static size_t parameter_count(const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    parameter_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
+/* Point the 16 tensor pointers into one flat buffer, in file order. */
+static void parameters_point(ParameterTensors* p, float* mem, const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    float** ptrs = (float**)p;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        ptrs[i] = mem;
+        mem += sizes[i];
+    }
+}
+
+static int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+/* Bounds a config must satisfy before anything is allocated from it. They
+ * are generous (a 1.5B model is L=48, C=1600) but stop a corrupt header from
+ * asking for terabytes. Returns NULL when valid, else what is wrong. */
+static const char* config_problem(const GPT2Config* c) {
+    if (c->num_layers < 1 || c->num_layers > 1024) return "num_layers must be in 1..1024";
+    if (c->channels < 1 || c->channels > 65536) return "channels must be in 1..65536";
+    if (c->num_heads < 1 || c->num_heads > c->channels) return "num_heads must be in 1..channels";
+    if (c->channels % c->num_heads != 0) return "channels must be a multiple of num_heads";
+    if (c->max_seq_len < 1 || c->max_seq_len > 1 << 20) return "max_seq_len must be in 1..1048576";
+    if (c->vocab_size < 1 || c->vocab_size > 1 << 24) return "vocab_size must be in 1..16777216";
+    if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 24) + 128)
+        return "padded_vocab_size must be >= vocab_size";
+    double P = (double)parameter_count(c);
+    if (P > 64e9) return "the model would have more than 64 billion parameters";
+    return NULL;
+}
+
+/* Architectures by depth, as GPT-2 published them: d12 = 124M, d24 = 350M,
+ * d36 = 774M, d48 = 1.5B. Any other depth dN gets C = 64 N, NH = N. */
+static GPT2Config config_from_depth(int depth) {
+    GPT2Config c;
+    c.num_layers = depth;
+    c.max_seq_len = 1024;
+    c.vocab_size = 50257;
+    c.padded_vocab_size = 50304;
+    switch (depth) {
+        case 12: c.channels = 768; c.num_heads = 12; break;
+        case 24: c.channels = 1024; c.num_heads = 16; break;
+        case 36: c.channels = 1280; c.num_heads = 20; break;
+        case 48: c.channels = 1600; c.num_heads = 25; break;
+        default: c.channels = 64 * depth; c.num_heads = depth; break;
+    }
+    return c;
+}
+
+/* bf16 -> fp32 is exact: bf16 is the top half of an fp32. */
+static float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Read an llm.c checkpoint. On success fills *config and returns a freshly
+ * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
+ * On any problem prints what is wrong with which file and returns -1. */
+static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
+    *params_out = NULL;
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open model file: %s", strerror(errno));
+        return -1;
+    }
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    if (fsize < (long long)sizeof(h)) {
+        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
+        fclose(f);
+        return -1;
+    }
+    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
+    if (h[0] != MODEL_MAGIC) {
+        FILE_ERROR(path, "bad magic %d, expected %d: this is not an llm.c model file "
+                   "(a data shard or tokenizer file passed as --model?)", h[0], MODEL_MAGIC);
+        fclose(f);
+        return -1;
+    }
+    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
+        FILE_ERROR(path, "model file version %d; this build reads %d (fp32) and %d (bf16)",
+                   h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+        fclose(f);
+        return -1;
+    }
+    GPT2Config c;
+    c.max_seq_len = h[2];
+    c.vocab_size = h[3];
+    c.num_layers = h[4];
+    c.num_heads = h[5];
+    c.channels = h[6];
+    c.padded_vocab_size = h[7];
+    const char* problem = config_problem(&c);
+    if (problem) {
+        FILE_ERROR(path, "header describes an impossible model (L=%d C=%d NH=%d maxT=%d V=%d Vp=%d): %s",
+                   c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size,
+                   c.padded_vocab_size, problem);
+        fclose(f);
+        return -1;
+    }
+    size_t n = parameter_count(&c);
+    size_t elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
+    long long expected = (long long)sizeof(h) + (long long)(n * elem);
+    if (fsize != expected) {
+        FILE_ERROR(path, "file is %lld bytes but its header (L=%d C=%d Vp=%d maxT=%d, %s) implies %lld: "
+                   "truncated or not written completely",
+                   fsize, c.num_layers, c.channels, c.padded_vocab_size, c.max_seq_len,
+                   elem == 4 ? "fp32" : "bf16", expected);
+        fclose(f);
+        return -1;
+    }
+    float* params = xmalloc_floats(n);
+    if (elem == 4) {
+        if (read_exact(f, params, n * 4, path) != 0) { free(params); fclose(f); return -1; }
+    } else {
+        /* bf16: read in chunks and widen */
+        size_t chunk = 1 << 20;
+        uint16_t* buf = (uint16_t*)xmalloc(chunk * 2);
+        for (size_t i = 0; i < n; i += chunk) {
+            size_t m = n - i < chunk ? n - i : chunk;
+            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); fclose(f); return -1; }
+            for (size_t j = 0; j < m; j++) params[i + j] = bf16_to_float(buf[j]);
+        }
+        free(buf);
+    }
+    fclose(f);
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(params[i])) {
+            FILE_ERROR(path, "parameter %zu is %f: the checkpoint holds non-finite weights", i, params[i]);
+            free(params);
+            return -1;
+        }
+    }
+    *config = c;
+    *params_out = params;
+    return 0;
+}
+
+/* Write an fp32 (version 3) llm.c checkpoint, atomically. */
+static int model_file_write(const char* path, const GPT2Config* c, const float* params) {
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = MODEL_MAGIC;
+    h[1] = MODEL_VERSION_FP32;
+    h[2] = c->max_seq_len;
+    h[3] = c->vocab_size;
+    h[4] = c->num_layers;
+    h[5] = c->num_heads;
+    h[6] = c->channels;
+    h[7] = c->padded_vocab_size;
+    WriteChunk chunks[2];
+    chunks[0].data = h;
+    chunks[0].bytes = sizeof(h);
+    chunks[1].data = params;
+    chunks[1].bytes = parameter_count(c) * sizeof(float);
+    return write_file_atomic(path, chunks, 2);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 3. Tokenizer (decode)                                                    */
+/* ------------------------------------------------------------------------ */
+/* llm.c tokenizer file: 256 int32 header ([0] magic 20240328, [1] version 2,
+ * [2] number of tokens, [3] end-of-text id), then per token one uint8 length
+ * and that many bytes. */
+
+#define TOKENIZER_MAGIC 20240328
+#define TOKENIZER_VERSION 2
+
+typedef struct {
+    int vocab_size;
+    int eot_token;
+    char** tokens;   /* (vocab_size) NUL-terminated byte strings */
+    uint8_t* lengths; /* (vocab_size) */
+} Tokenizer;
+
+static void tokenizer_free(Tokenizer* t) {
+    if (t->tokens) {
+        for (int i = 0; i < t->vocab_size; i++) free(t->tokens[i]);
+        free(t->tokens);
+    }
+    free(t->lengths);
+    memset(t, 0, sizeof(*t));
+}
+
+static int tokenizer_init(Tokenizer* t, const char* path) {
+    memset(t, 0, sizeof(*t));
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open tokenizer file: %s", strerror(errno));
+        return -1;
+    }
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    if (fsize < (long long)sizeof(h) || read_exact(f, h, sizeof(h), path) != 0) {
+        FILE_ERROR(path, "shorter than the 1024-byte header: not a tokenizer file");
+        fclose(f);
+        return -1;
+    }
+    if (h[0] != TOKENIZER_MAGIC || h[1] != TOKENIZER_VERSION) {
+        FILE_ERROR(path, "magic %d version %d, expected magic %d version %d: not an llm.c tokenizer file",
+                   h[0], h[1], TOKENIZER_MAGIC, TOKENIZER_VERSION);
+        fclose(f);
+        return -1;
+    }
+    /* each token takes at least one length byte */
+    if (h[2] < 1 || h[2] > fsize - (long long)sizeof(h) || h[3] < 0 || h[3] >= h[2]) {
+        FILE_ERROR(path, "header says %d tokens with end-of-text id %d, impossible for a %lld-byte file",
+                   h[2], h[3], fsize);
+        fclose(f);
+        return -1;
+    }
+    t->vocab_size = h[2];
+    t->eot_token = h[3];
+    t->tokens = (char**)xcalloc((size_t)t->vocab_size, sizeof(char*));
+    t->lengths = (uint8_t*)xcalloc((size_t)t->vocab_size, 1);
+    for (int i = 0; i < t->vocab_size; i++) {
+        uint8_t len;
+        if (read_exact(f, &len, 1, path) != 0) { tokenizer_free(t); fclose(f); return -1; }
+        t->tokens[i] = (char*)xmalloc((size_t)len + 1);
+        if (read_exact(f, t->tokens[i], len, path) != 0) { tokenizer_free(t); fclose(f); return -1; }
+        t->tokens[i][len] = '\0';
+        t->lengths[i] = len;
+    }
+    if (ftell(f) != fsize) {
+        FILE_ERROR(path, "%lld bytes left over after %d tokens: file and header disagree",
+                   fsize - ftell(f), t->vocab_size);
+        tokenizer_free(t);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    return 0;
+}
+
+/* Print a token's bytes, replacing control bytes (except whitespace) so a
+ * random model cannot garble the terminal. */
+static void tokenizer_print(const Tokenizer* t, int id) {
+    if (id < 0 || id >= t->vocab_size) {
+        printf("<%d>", id);
+        return;
+    }
+    for (int i = 0; i < t->lengths[id]; i++) {
+        unsigned char ch = (unsigned char)t->tokens[id][i];
+        if (ch < 32 && ch != '\n' && ch != '\t' && ch != '\r') putchar('?');
+        else putchar(ch);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 4. Data                                                                  */
+/* ------------------------------------------------------------------------ */
+/* Token shard (llm.c format): 256 int32 header ([0] magic 20240520, [1]
+ * version 1, [2] number of tokens n), then n uint16 tokens; the file is
+ * exactly 1024 + 2n bytes. Documents are separated by end-of-text tokens.
+ *
+ * The loader cuts each shard into samples of T+1 tokens that overlap by one
+ * (sample i covers tokens [iT, iT+T], inputs are its first T, targets its
+ * last T). A micro-batch is B consecutive samples of the shard's sample order
+ * (identity, or a seeded permutation per epoch with --shuffle). With several
+ * processes, rank r of W takes samples [cursor + rB, cursor + rB + B) and the
+ * cursor advances by W·B, so the ranks together read exactly what one
+ * process with batch W·B would. When a shard has fewer than W·B samples left
+ * the loader moves to the next shard; after the last, a new epoch begins. */
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+
+typedef struct {
+    /* configuration */
+    int B, T;
+    int rank, world;
+    int shuffle;
+    uint64_t seed;
+    int vocab_size;      /* tokens must be < this */
+    /* files */
+    glob_t files;
+    int num_shards;
+    long long* shard_tokens; /* (num_shards) tokens per shard, from headers */
+    /* position: everything needed to resume exactly */
+    int epoch;
+    int shard_pos;       /* index into shard_order */
+    long long cursor;    /* next sample, index into sample_order */
+    /* the loaded shard */
+    int loaded_shard;    /* file index, -1 if none */
+    uint16_t* tokens;    /* (n) */
+    long long num_tokens;
+    long long num_samples;
+    int* shard_order;    /* (num_shards) */
+    long long* sample_order; /* (num_samples) */
+    /* output of the last load */
+    int* inputs;         /* (B, T) */
+    int* targets;        /* (B, T) */
+} DataLoader;
+
+/* Read and check a shard header against its file size. */
+static int shard_header(const char* path, long long* num_tokens) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open data shard: %s", strerror(errno));
+        return -1;
+    }
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    if (fsize < (long long)sizeof(h) || read_exact(f, h, sizeof(h), path) != 0) {
+        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a token shard", fsize);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    if (h[0] != SHARD_MAGIC) {
+        FILE_ERROR(path, "bad magic %d, expected %d: not an llm.c token shard", h[0], SHARD_MAGIC);
+        return -1;
+    }
+    if (h[1] != SHARD_VERSION) {
+        FILE_ERROR(path, "shard version %d, this build reads version %d (uint16 tokens)", h[1], SHARD_VERSION);
+        return -1;
+    }
+    if (h[2] < 0 || fsize != (long long)sizeof(h) + 2LL * h[2]) {
+        FILE_ERROR(path, "header says %d tokens, so the file should be %lld bytes, but it is %lld: "
+                   "truncated or corrupt; re-create it", h[2], (long long)sizeof(h) + 2LL * h[2], fsize);
+        return -1;
+    }
+    *num_tokens = h[2];
+    return 0;
+}
+
+static void dataloader_free(DataLoader* d) {
+    if (d->num_shards > 0) globfree(&d->files);
+    free(d->shard_tokens);
+    free(d->tokens);
+    free(d->shard_order);
+    free(d->sample_order);
+    free(d->inputs);
+    free(d->targets);
+    memset(d, 0, sizeof(*d));
+}
+
+static void shuffle_ints(int* a, int n, Rng* rng) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_u32(rng) % (uint32_t)(i + 1));
+        int t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+static void shuffle_longs(long long* a, long long n, Rng* rng) {
+    for (long long i = n - 1; i > 0; i--) {
+        uint64_t r = ((uint64_t)rng_u32(rng) << 32) | rng_u32(rng);
+        long long j = (long long)(r % (uint64_t)(i + 1));
+        long long t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+/* Order of shards for the current epoch. */
+static void dataloader_order_shards(DataLoader* d) {
+    for (int i = 0; i < d->num_shards; i++) d->shard_order[i] = i;
+    if (d->shuffle) {
+        Rng rng;
+        rng_init(&rng, d->seed * 1000003ull + (uint64_t)d->epoch);
+        shuffle_ints(d->shard_order, d->num_shards, &rng);
+    }
+}
+
+/* Load the shard at shard_pos into memory (validating every token) and set
+ * its sample order. */
+static int dataloader_load_shard(DataLoader* d) {
+    int file = d->shard_order[d->shard_pos];
+    if (file == d->loaded_shard) return 0;
+    const char* path = d->files.gl_pathv[file];
+    long long n = d->shard_tokens[file];
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open data shard: %s", strerror(errno));
+        return -1;
+    }
+    free(d->tokens);
+    d->tokens = (uint16_t*)xmalloc((size_t)n * 2);
+    if (fseek(f, HEADER_INTS * 4, SEEK_SET) != 0 || read_exact(f, d->tokens, (size_t)n * 2, path) != 0) {
+        fclose(f);
+        d->loaded_shard = -1;
+        return -1;
+    }
+    fclose(f);
+    for (long long i = 0; i < n; i++) {
+        if (d->tokens[i] >= d->vocab_size) {
+            FILE_ERROR(path, "token %u at position %lld is out of range for a vocabulary of %d: "
+                       "the shard was made with a different tokenizer than the model's",
+                       d->tokens[i], i, d->vocab_size);
+            d->loaded_shard = -1;
+            return -1;
+        }
+    }
+    d->loaded_shard = file;
+    d->num_tokens = n;
+    d->num_samples = (n - 1) / d->T;
+    free(d->sample_order);
+    d->sample_order = (long long*)xmalloc(sizeof(long long) * (size_t)(d->num_samples > 0 ? d->num_samples : 1));
+    for (long long i = 0; i < d->num_samples; i++) d->sample_order[i] = i;
+    if (d->shuffle) {
+        Rng rng;
+        rng_init(&rng, d->seed * 1000003ull + (uint64_t)d->epoch * 7919ull + (uint64_t)file + 1);
+        shuffle_longs(d->sample_order, d->num_samples, &rng);
+    }
+    return 0;
+}
+
+/* Open every file matching `pattern` and check their headers. A shard must
+ * hold at least one full global micro-batch (W·B samples). */
+static int dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
+                           int vocab_size, int shuffle, uint64_t seed) {
+    memset(d, 0, sizeof(*d));
+    d->B = B; d->T = T; d->rank = rank; d->world = world;
+    d->vocab_size = vocab_size; d->shuffle = shuffle; d->seed = seed;
+    d->loaded_shard = -1;
+    int rc = glob(pattern, 0, NULL, &d->files);
+    if (rc != 0 || d->files.gl_pathc == 0) {
+        if (rc == 0) globfree(&d->files);
+        FILE_ERROR(pattern, "no data files match this pattern (quote it so the shell does not expand it)");
+        return -1;
+    }
+    CHECK(d->files.gl_pathc < (1u << 30), "too many shards");
+    d->num_shards = (int)d->files.gl_pathc;
+    d->shard_tokens = (long long*)xmalloc(sizeof(long long) * (size_t)d->num_shards);
+    long long need = (long long)world * B * T + 1;
+    for (int i = 0; i < d->num_shards; i++) {
+        if (shard_header(d->files.gl_pathv[i], &d->shard_tokens[i]) != 0) { dataloader_free(d); return -1; }
+        if (d->shard_tokens[i] < need) {
+            FILE_ERROR(d->files.gl_pathv[i], "has %lld tokens, fewer than one batch needs "
+                       "(world %d x B %d x T %d + 1 = %lld): use a smaller --batch-size/--seq-len or more data",
+                       d->shard_tokens[i], world, B, T, need);
+            dataloader_free(d);
+            return -1;
+        }
+    }
+    d->shard_order = (int*)xmalloc(sizeof(int) * (size_t)d->num_shards);
+    d->inputs = (int*)xmalloc(sizeof(int) * (size_t)B * T);
+    d->targets = (int*)xmalloc(sizeof(int) * (size_t)B * T);
+    dataloader_order_shards(d);
+    return dataloader_load_shard(d);
+}
+
+/* Go back to the first batch of epoch 0 (used for validation). */
+static int dataloader_reset(DataLoader* d) {
+    d->epoch = 0;
+    d->shard_pos = 0;
+    d->cursor = 0;
+    dataloader_order_shards(d);
+    return dataloader_load_shard(d);
+}
+
+/* Fill inputs/targets (B, T) with this rank's next micro-batch. */
+static int dataloader_next(DataLoader* d) {
+    long long per_step = (long long)d->world * d->B;
+    if (d->cursor + per_step > d->num_samples) {
+        d->cursor = 0;
+        d->shard_pos++;
+        if (d->shard_pos == d->num_shards) {
+            d->shard_pos = 0;
+            d->epoch++;
+            dataloader_order_shards(d);
+        }
+        if (dataloader_load_shard(d) != 0) return -1;
+    }
+    int T = d->T;
+    for (int b = 0; b < d->B; b++) {
+        long long sample = d->sample_order[d->cursor + (long long)d->rank * d->B + b];
+        const uint16_t* src = d->tokens + sample * T;
+        for (int t = 0; t < T; t++) {
+            d->inputs[b * T + t] = src[t];
+            d->targets[b * T + t] = src[t + 1];
+        }
+    }
+    d->cursor += per_step;
+    return 0;
+}
+
+/* Micro-batches in one pass over all shards (for a default of one epoch). */
+static long long dataloader_batches_per_epoch(const DataLoader* d) {
+    long long n = 0, per_step = (long long)d->world * d->B;
+    for (int i = 0; i < d->num_shards; i++) n += ((d->shard_tokens[i] - 1) / d->T) / per_step;
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 5. Matmul                                                                */
+/* ------------------------------------------------------------------------ */
+/* MATMUL_PLACEHOLDER: a simple GEMM, replaced by the packed one. */
+static void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B,
+                 long b_rs, long b_cs, float* C, long ldc, int accumulate, int threaded) {
+#pragma omp parallel for if (threaded)
+    for (int i = 0; i < M; i++) {
+        float* c = C + (long)i * ldc;
+        if (!accumulate)
+            for (int j = 0; j < N; j++) c[j] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            float a = A[i * a_rs + k * a_cs];
+            const float* b = B + k * b_rs;
+            for (int j = 0; j < N; j++) c[j] += a * b[j * b_cs];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 6. Layers                                                                */
+/* ------------------------------------------------------------------------ */
+/* Each layer is a forward/backward pair with the same name stem and argument
+ * order: outputs, then inputs, then sizes. Backward functions accumulate (+=)
+ * into parameter gradients, so micro-batches add up; activation gradients
+ * are written or accumulated as each comment says. Loops that reduce over
+ * rows (bias and LayerNorm parameter gradients, embedding gradients) are
+ * parallel over columns instead, so every sum is taken in the same order
+ * whatever the thread count: results are bitwise reproducible. */
+
+/* Columns are handed to threads in blocks of this many floats (one cache
+ * line of 16 floats times 4), so threads never share a line. */
+#define COLUMN_BLOCK 64
+
+/* dst(N) += sum over rows of src(M, N) */
+static void column_sums_accumulate(float* RESTRICT dst, const float* RESTRICT src, int M, int N) {
+    int nblocks = (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        int j0 = blk * COLUMN_BLOCK, j1 = j0 + COLUMN_BLOCK < N ? j0 + COLUMN_BLOCK : N;
+        float acc[COLUMN_BLOCK];
+        for (int j = j0; j < j1; j++) acc[j - j0] = 0.0f;
+        for (int i = 0; i < M; i++) {
+            const float* row = src + (size_t)i * N;
+            for (int j = j0; j < j1; j++) acc[j - j0] += row[j];
+        }
+        for (int j = j0; j < j1; j++) dst[j] += acc[j - j0];
+    }
+}
+
+/* out(B,T,C) = wte[inp(B,T)] + wpe[t] */
+static void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
+                            int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int t = bt % T;
+        const float* te = wte + (size_t)inp[bt] * C;
+        const float* pe = wpe + (size_t)t * C;
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+/* dwte[inp] += dout, dwpe[t] += dout. Parallel over channel blocks so that
+ * two positions holding the same token never race. */
+static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
+                             int B, int T, int C) {
+    int nblocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        int c0 = blk * COLUMN_BLOCK, c1 = c0 + COLUMN_BLOCK < C ? c0 + COLUMN_BLOCK : C;
+        for (int bt = 0; bt < B * T; bt++) {
+            const float* d = dout + (size_t)bt * C;
+            float* te = dwte + (size_t)inp[bt] * C;
+            float* pe = dwpe + (size_t)(bt % T) * C;
+            for (int c = c0; c < c1; c++) {
+                te[c] += d[c];
+                pe[c] += d[c];
+            }
+        }
+    }
+}
+
+/* out(N,C) = (inp - mean) * rstd * weight + bias, per row; eps = 1e-5 as in
+ * GPT-2 (torch.nn.LayerNorm default). mean, rstd (N) are kept for backward. */
+static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C) {
+    const float eps = 1e-5f;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float* x = inp + (size_t)i * C;
+        float* o = out + (size_t)i * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            v += d * d;
+        }
+        v /= C;
+        float s = 1.0f / sqrtf(v + eps);
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+/* With n = (x - mean) * rstd and y = n * w + b:
+ *   dx += rstd * (dn - mean(dn) - n * mean(dn * n)),  dn = dy * w
+ *   dw += sum_rows dy * n,  db += sum_rows dy
+ * dinp is accumulated (it is the residual stream's gradient). */
+static void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean,
+                               const float* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float* dy = dout + (size_t)i * C;
+        const float* x = inp + (size_t)i * C;
+        float* dx = dinp + (size_t)i * C;
+        float m = mean[i], s = rstd[i];
+        float dn_mean = 0.0f, dn_n_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float n = (x[c] - m) * s;
+            float dn = dy[c] * weight[c];
+            dn_mean += dn;
+            dn_n_mean += dn * n;
+        }
+        dn_mean /= C;
+        dn_n_mean /= C;
+        for (int c = 0; c < C; c++) {
+            float n = (x[c] - m) * s;
+            float dn = dy[c] * weight[c];
+            dx[c] += s * (dn - dn_mean - n * dn_n_mean);
+        }
+    }
+    int nblocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        int c0 = blk * COLUMN_BLOCK, c1 = c0 + COLUMN_BLOCK < C ? c0 + COLUMN_BLOCK : C;
+        float dw[COLUMN_BLOCK], db[COLUMN_BLOCK];
+        for (int c = c0; c < c1; c++) dw[c - c0] = db[c - c0] = 0.0f;
+        for (int i = 0; i < N; i++) {
+            const float* dy = dout + (size_t)i * C;
+            const float* x = inp + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            for (int c = c0; c < c1; c++) {
+                dw[c - c0] += dy[c] * ((x[c] - m) * s);
+                db[c - c0] += dy[c];
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            dweight[c] += dw[c - c0];
+            dbias[c] += db[c - c0];
+        }
+    }
+}
+
+/* out(N,OC) = inp(N,C) . weight(OC,C)^T + bias(OC); bias may be NULL. */
+static void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                           int N, int C, int OC) {
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < N; i++) memcpy(out + (size_t)i * OC, bias, sizeof(float) * (size_t)OC);
+    }
+    gemm(N, OC, C, inp, C, 1, weight, 1, C, out, OC, bias != NULL, 1);
+}
+
+/* dinp(N,C) = dout(N,OC) . weight(OC,C)   (written, or added if accumulate)
+ * dweight(OC,C) += dout^T . inp(N,C);  dbias(OC) += sum_rows dout */
+static void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, int N, int C, int OC,
+                            int accumulate) {
+    gemm(N, C, OC, dout, OC, 1, weight, C, 1, dinp, C, accumulate, 1);
+    gemm(OC, C, N, dout, 1, OC, inp, C, 1, dweight, C, 1, 1);
+    if (dbias) column_sums_accumulate(dbias, dout, N, OC);
+}
+
+/* Causal self-attention, per (b, h) with hs = C / NH:
+ *   S = Q K^T / sqrt(hs)   (T, T), masked to t2 <= t
+ *   A = softmax_rows(S)    kept in att for backward
+ *   Y = A V                (T, hs), written into out's head slice
+ * q, k, v are the three C-wide slices of qkv (B, T, 3C). Each (b, h) is one
+ * task: its small GEMMs run on the calling thread. */
+static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    long C3 = 3L * C;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float* q = qkv + (size_t)b * T * C3 + (size_t)h * hs; /* q(t, d) = q[t*3C + d] */
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* a = att + (size_t)bh * T * T; /* (T, T) */
+        /* S = Q K^T: K^T(d, t2) = k[t2*3C + d] */
+        gemm(T, T, hs, q, C3, 1, k, 1, C3, a, T, 0, 0);
+        for (int t = 0; t < T; t++) {
+            float* row = a + (size_t)t * T;
+            float maxv = -FLT_MAX;
+            for (int t2 = 0; t2 <= t; t2++) {
+                row[t2] *= scale;
+                if (row[t2] > maxv) maxv = row[t2];
+            }
+            float sum = 0.0f;
+            for (int t2 = 0; t2 <= t; t2++) {
+                row[t2] = expf(row[t2] - maxv);
+                sum += row[t2];
+            }
+            float inv = 1.0f / sum;
+            for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+            for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f; /* masked: exactly zero */
+        }
+        /* Y = A V */
+        gemm(T, hs, T, a, T, 1, v, C3, 1, out + (size_t)b * T * C + (size_t)h * hs, C, 0, 0);
+    }
+}
+
+/* Backward of the above; dqkv is written (not accumulated). datt is scratch
+ * of the same shape as att (B, NH, T, T).
+ *   dA = dY V^T,  dV = A^T dY
+ *   dS = A * (dA - rowsum(A * dA)) * scale     (softmax backward)
+ *   dQ = dS K,    dK = dS^T Q */
+static void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                               const float* att, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    long C3 = 3L * C;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        size_t off = (size_t)b * T * C3 + (size_t)h * hs;
+        const float* q = qkv + off;
+        const float* k = q + C;
+        const float* v = q + 2 * C;
+        float* dq = dqkv + off;
+        float* dk = dq + C;
+        float* dv = dq + 2 * C;
+        const float* a = att + (size_t)bh * T * T;
+        float* da = datt + (size_t)bh * T * T;
+        const float* dy = dout + (size_t)b * T * C + (size_t)h * hs; /* dy(t, d) = dy[t*C + d] */
+        gemm(T, T, hs, dy, C, 1, v, 1, C3, da, T, 0, 0); /* dA = dY V^T */
+        gemm(T, hs, T, a, 1, T, dy, C, 1, dv, C3, 0, 0); /* dV = A^T dY */
+        for (int t = 0; t < T; t++) {
+            const float* arow = a + (size_t)t * T;
+            float* drow = da + (size_t)t * T;
+            float dot = 0.0f;
+            for (int t2 = 0; t2 <= t; t2++) dot += arow[t2] * drow[t2];
+            for (int t2 = 0; t2 <= t; t2++) drow[t2] = arow[t2] * (drow[t2] - dot) * scale;
+            for (int t2 = t + 1; t2 < T; t2++) drow[t2] = 0.0f;
+        }
+        gemm(T, hs, T, da, T, 1, k, C3, 1, dq, C3, 0, 0); /* dQ = dS K */
+        gemm(T, hs, T, da, 1, T, q, C3, 1, dk, C3, 0, 0); /* dK = dS^T Q */
+    }
+}
+
+/* GELU, tanh form (Hendrycks & Gimpel 2016, eq. in sec. 2; PyTorch
+ * approximate='tanh'): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+static void gelu_forward(float* out, const float* inp, size_t N) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+/* dinp = dout * gelu'(inp); written, and may alias dout (elementwise). */
+static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+    }
+}
+
+/* out = a + b (the residual connection); its backward is the identity,
+ * folded into the callers. */
+static void residual_forward(float* out, const float* a, const float* b, size_t N) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+/* In place over logits (N, Vp): probabilities over the first V columns (the
+ * pad columns are set to 0: they are never predicted), and
+ * losses(N) = logsumexp(logits[:V]) - logits[target]. */
+static void crossentropy_softmax_forward(float* logits, float* losses, const int* targets,
+                                         int N, int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float* row = logits + (size_t)i * Vp;
+        float maxv = -FLT_MAX;
+        for (int v = 0; v < V; v++) maxv = row[v] > maxv ? row[v] : maxv;
+        float target_logit = row[targets[i]];
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) {
+            row[v] = expf(row[v] - maxv);
+            sum += row[v];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int v = 0; v < V; v++) row[v] *= inv;
+        for (int v = V; v < Vp; v++) row[v] = 0.0f;
+        losses[i] = (float)((double)maxv + log(sum) - (double)target_logit);
+    }
+}
+
+/* In place over probs: dlogits = (probs - onehot(target)) * dloss, with
+ * dloss = d(mean loss)/d(loss_i) times any accumulation scale. */
+static void crossentropy_softmax_backward(float* probs, const int* targets, int N, int Vp, float dloss) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float* row = probs + (size_t)i * Vp;
+        for (int v = 0; v < Vp; v++) row[v] *= dloss;
+        row[targets[i]] -= dloss;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* 7. Model                                                                 */
+/* ------------------------------------------------------------------------ */
+
+#define NUM_ACTIVATION_TENSORS 19
+typedef struct {
+    float* encoded;   /* (B, T, C) embeddings: the residual stream entering layer 0 */
+    float* ln1;       /* (L, B, T, C) */
+    float* ln1_mean;  /* (L, B, T) */
+    float* ln1_rstd;  /* (L, B, T) */
+    float* qkv;       /* (L, B, T, 3C) */
+    float* atty;      /* (L, B, T, C) attention output, before the projection */
+    float* att;       /* (L, B, NH, T, T) softmax probabilities */
+    float* residual2; /* (L, B, T, C) residual + attention projection */
+    float* ln2;       /* (L, B, T, C) */
+    float* ln2_mean;  /* (L, B, T) */
+    float* ln2_rstd;  /* (L, B, T) */
+    float* fch;       /* (L, B, T, 4C) */
+    float* fch_gelu;  /* (L, B, T, 4C) */
+    float* residual3; /* (L, B, T, C) residual2 + MLP projection: the block's output */
+    float* lnf;       /* (B, T, C) */
+    float* lnf_mean;  /* (B, T) */
+    float* lnf_rstd;  /* (B, T) */
+    float* logits;    /* (B, T, Vp) logits; probabilities after the loss; then dlogits */
+    float* losses;    /* (B, T) */
+} ActivationTensors;
+static_assert(sizeof(ActivationTensors) == NUM_ACTIVATION_TENSORS * sizeof(float*),
+              "ActivationTensors must match its size table");
+
+static void activation_sizes(size_t s[NUM_ACTIVATION_TENSORS], const GPT2Config* c, int B, int T) {
+    size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    s[0] = BT * C;            /* encoded */
+    s[1] = L * BT * C;        /* ln1 */
+    s[2] = L * BT;            /* ln1_mean */
+    s[3] = L * BT;            /* ln1_rstd */
+    s[4] = L * BT * 3 * C;    /* qkv */
+    s[5] = L * BT * C;        /* atty */
+    s[6] = L * B * NH * T * T; /* att */
+    s[7] = L * BT * C;        /* residual2 */
+    s[8] = L * BT * C;        /* ln2 */
+    s[9] = L * BT;            /* ln2_mean */
+    s[10] = L * BT;           /* ln2_rstd */
+    s[11] = L * BT * 4 * C;   /* fch */
+    s[12] = L * BT * 4 * C;   /* fch_gelu */
+    s[13] = L * BT * C;       /* residual3 */
+    s[14] = BT * C;           /* lnf */
+    s[15] = BT;               /* lnf_mean */
+    s[16] = BT;               /* lnf_rstd */
+    s[17] = BT * Vp;          /* logits */
+    s[18] = BT;               /* losses */
+}
+
+/* Gradients of activations are needed one layer at a time, so backward
+ * keeps only these, reused by every layer (llm.c keeps a full copy of the
+ * activations instead; this is L times smaller). */
+#define NUM_BACKWARD_TENSORS 5
+typedef struct {
+    float* dresidual; /* (B, T, C) gradient of the residual stream */
+    float* dbt_c;     /* (B, T, C) dln1, dln2, datty, dlnf in turn */
+    float* dqkv;      /* (B, T, 3C) */
+    float* dfch;      /* (B, T, 4C) d(fch_gelu), then d(fch) in place */
+    float* datt;      /* (B, NH, T, T) */
+} BackwardScratch;
+static_assert(sizeof(BackwardScratch) == NUM_BACKWARD_TENSORS * sizeof(float*),
+              "BackwardScratch must match its size table");
+
+static void backward_sizes(size_t s[NUM_BACKWARD_TENSORS], const GPT2Config* c, int B, int T) {
+    size_t C = c->channels, NH = c->num_heads, BT = (size_t)B * T;
+    s[0] = BT * C;
+    s[1] = BT * C;
+    s[2] = BT * 3 * C;
+    s[3] = BT * 4 * C;
+    s[4] = (size_t)B * NH * T * T;
+}
+
+/* Carve `n` pointers (a struct of float*) out of one allocation. */
+static float* tensors_alloc(float** ptrs, const size_t* sizes, int n, size_t* total_out) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15; /* keep each 64B aligned */
+    float* mem = xmalloc_floats(total);
+    float* p = mem;
+    for (int i = 0; i < n; i++) {
+        ptrs[i] = p;
+        p += (sizes[i] + 15) & ~(size_t)15;
+    }
+    if (total_out) *total_out = total;
+    return mem;
+}
+
+typedef struct {
+    GPT2Config config;
+    /* weights and their gradients, each one flat buffer in file order */
+    ParameterTensors params;
+    ParameterTensors grads;
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t num_parameters;
+    float* params_memory;
+    float* grads_memory;    /* NULL until training is set up */
+    /* AdamW moments */
+    float* m_memory;
+    float* v_memory;
+    /* activations for a batch of up to B x T */
+    int batch_size, seq_len;
+    ActivationTensors acts;
+    float* acts_memory;
+    size_t num_activations;
+    BackwardScratch scratch;
+    float* scratch_memory;
+    size_t num_scratch;
+    /* the last forward pass */
+    int last_B, last_T;
+    const int* last_inputs;
+    const int* last_targets;
+    float mean_loss;
+} GPT2;
+
+/* Take ownership of `params` (parameter_count floats) for `config`. */
+static void gpt2_init_with(GPT2* model, const GPT2Config* config, float* params) {
+    memset(model, 0, sizeof(*model));
+    model->config = *config;
+    parameter_sizes(model->param_sizes, config);
+    model->num_parameters = parameter_count(config);
+    model->params_memory = params;
+    parameters_point(&model->params, params, config);
+}
+
+/* GPT-2's initialisation (Radford et al. 2019, sec. 2.3, and its released
+ * code): weights N(0, 0.02); the two projections that write into the
+ * residual stream (attprojw, fcprojw) scaled by 1/sqrt(2L); biases 0;
+ * LayerNorm weights 1, biases 0. The pad rows of wte are zero, so the pad
+ * logits are exactly 0 and never matter. Deterministic for a given seed. */
+static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t seed) {
+    float* params = xmalloc_floats(parameter_count(config));
+    gpt2_init_with(model, config, params);
+    Rng rng;
+    rng_init(&rng, seed);
+    float** ptrs = (float**)&model->params;
+    double residual_std = 0.02 / sqrt(2.0 * config->num_layers);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        float* p = ptrs[i];
+        size_t n = model->param_sizes[i];
+        const char* name = PARAMETER_NAMES[i];
+        int is_ln_weight = !strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw");
+        if (PARAMETER_IS_MATRIX[i]) {
+            double std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? residual_std : 0.02;
+            for (size_t j = 0; j < n; j++) p[j] = (float)(std * rng_normal(&rng));
+        } else {
+            for (size_t j = 0; j < n; j++) p[j] = is_ln_weight ? 1.0f : 0.0f;
+        }
+    }
+    size_t C = config->channels;
+    memset(model->params.wte + (size_t)config->vocab_size * C, 0,
+           sizeof(float) * (size_t)(config->padded_vocab_size - config->vocab_size) * C);
+}
+
+static int gpt2_load(GPT2* model, const char* path) {
+    GPT2Config config;
+    float* params;
+    if (model_file_read(path, &config, &params) != 0) return -1;
+    gpt2_init_with(model, &config, params);
+    return 0;
+}
+
+static int gpt2_save(const GPT2* model, const char* path) {
+    return model_file_write(path, &model->config, model->params_memory);
+}
+
+/* Allocate activations for batches up to B x T, gradients and AdamW state. */
+static void gpt2_alloc_training(GPT2* model, int B, int T) {
+    ALWAYS(model->acts_memory == NULL);
+    ALWAYS(T <= model->config.max_seq_len);
+    model->batch_size = B;
+    model->seq_len = T;
+    size_t sizes[NUM_ACTIVATION_TENSORS > NUM_BACKWARD_TENSORS ? NUM_ACTIVATION_TENSORS : NUM_BACKWARD_TENSORS];
+    activation_sizes(sizes, &model->config, B, T);
+    model->acts_memory = tensors_alloc((float**)&model->acts, sizes, NUM_ACTIVATION_TENSORS, &model->num_activations);
+    backward_sizes(sizes, &model->config, B, T);
+    model->scratch_memory = tensors_alloc((float**)&model->scratch, sizes, NUM_BACKWARD_TENSORS, &model->num_scratch);
+    size_t n = model->num_parameters;
+    model->grads_memory = xmalloc_floats(n);
+    model->m_memory = xmalloc_floats(n);
+    model->v_memory = xmalloc_floats(n);
+    memset(model->grads_memory, 0, n * sizeof(float));
+    memset(model->m_memory, 0, n * sizeof(float));
+    memset(model->v_memory, 0, n * sizeof(float));
+    parameters_point(&model->grads, model->grads_memory, &model->config);
+}
+
+static void gpt2_free(GPT2* model) {
+    free(model->params_memory);
+    free(model->grads_memory);
+    free(model->m_memory);
+    free(model->v_memory);
+    free(model->acts_memory);
+    free(model->scratch_memory);
+    memset(model, 0, sizeof(*model));
+}
+
+/* Forward pass over inputs (B, T) with B, T no larger than allocated. With
+ * targets, returns the mean loss and leaves probabilities in acts.logits;
+ * without (targets == NULL), leaves the raw logits and returns -1. The
+ * activations of a smaller batch use a prefix of each buffer with the
+ * smaller strides. */
+static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
+    const GPT2Config* cfg = &model->config;
+    ALWAYS(model->acts_memory != NULL && B <= model->batch_size && T <= model->seq_len);
+    int C = cfg->channels, L = cfg->num_layers, NH = cfg->num_heads, V = cfg->vocab_size;
+    int Vp = cfg->padded_vocab_size;
+    for (int i = 0; i < B * T; i++) {
+        CHECK(inputs[i] >= 0 && inputs[i] < V, "input token %d at %d out of range [0, %d)", inputs[i], i, V);
+        if (targets)
+            CHECK(targets[i] >= 0 && targets[i] < V, "target token %d at %d out of range [0, %d)", targets[i], i, V);
+    }
+    ParameterTensors p = model->params;
+    ActivationTensors a = model->acts;
+    size_t BT = (size_t)B * T;
+    encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
+    for (int l = 0; l < L; l++) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+        float* ln1 = a.ln1 + l * BT * C;
+        float* ln1_mean = a.ln1_mean + l * BT;
+        float* ln1_rstd = a.ln1_rstd + l * BT;
+        float* qkv = a.qkv + l * BT * 3 * C;
+        float* atty = a.atty + l * BT * C;
+        float* att = a.att + (size_t)l * B * NH * T * T;
+        float* residual2 = a.residual2 + l * BT * C;
+        float* ln2 = a.ln2 + l * BT * C;
+        float* ln2_mean = a.ln2_mean + l * BT;
+        float* ln2_rstd = a.ln2_rstd + l * BT;
+        float* fch = a.fch + l * BT * 4 * C;
+        float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+        float* residual3 = a.residual3 + l * BT * C;
+        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, BT, C);
+        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
+        attention_forward(atty, att, qkv, B, T, C, NH);
+        /* residual2 = residual + atty . attprojw^T + attprojb */
+        matmul_forward(residual2, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, BT, C, C);
+        residual_forward(residual2, residual2, residual, BT * C);
+        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
+        gelu_forward(fch_gelu, fch, BT * 4 * C);
+        /* residual3 = residual2 + fch_gelu . fcprojw^T + fcprojb */
+        matmul_forward(residual3, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, BT, 4 * C, C);
+        residual_forward(residual3, residual3, residual2, BT * C);
+    }
+    const float* last = a.residual3 + (L - 1) * BT * C;
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
+    /* the LM head is the token embedding, transposed: logits = lnf . wte^T */
+    matmul_forward(a.logits, a.lnf, p.wte, NULL, BT, C, Vp);
+    model->last_B = B;
+    model->last_T = T;
+    model->last_inputs = inputs;
+    model->last_targets = targets;
+    if (!targets) {
+        model->mean_loss = -1.0f;
+        return -1.0f;
+    }
+    crossentropy_softmax_forward(a.logits, a.losses, targets, BT, V, Vp);
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += a.losses[i];
+    model->mean_loss = (float)(sum / BT);
+    return model->mean_loss;
+}
+
+static void gpt2_zero_grad(GPT2* model) {
+    memset(model->grads_memory, 0, model->num_parameters * sizeof(float));
+}
+
+/* Backward pass of the last forward (which must have had targets): adds
+ * d(loss_scale * mean loss)/d(params) into the gradients. loss_scale is
+ * 1 / (micro-batches per step) when gradients are accumulated. */
+static void gpt2_backward(GPT2* model, float loss_scale) {
+    const GPT2Config* cfg = &model->config;
+    ALWAYS(model->grads_memory != NULL && model->last_targets != NULL);
+    int B = model->last_B, T = model->last_T;
+    int C = cfg->channels, L = cfg->num_layers, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    ParameterTensors p = model->params, g = model->grads;
+    ActivationTensors a = model->acts;
+    BackwardScratch s = model->scratch;
+
+    crossentropy_softmax_backward(a.logits, model->last_targets, BT, Vp, loss_scale / BT);
+    /* dlnf = dlogits . wte; dwte += dlogits^T . lnf */
+    matmul_backward(s.dbt_c, g.wte, NULL, a.logits, a.lnf, p.wte, BT, C, Vp, 0);
+    memset(s.dresidual, 0, BT * C * sizeof(float));
+    const float* last = a.residual3 + (L - 1) * BT * C;
+    layernorm_backward(s.dresidual, g.lnfw, g.lnfb, s.dbt_c, last, p.lnfw, a.lnf_mean, a.lnf_rstd, BT, C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+        const float* ln1 = a.ln1 + l * BT * C;
+        const float* qkv = a.qkv + l * BT * 3 * C;
+        const float* atty = a.atty + l * BT * C;
+        const float* att = a.att + (size_t)l * B * NH * T * T;
+        const float* residual2 = a.residual2 + l * BT * C;
+        const float* ln2 = a.ln2 + l * BT * C;
+        const float* fch = a.fch + l * BT * 4 * C;
+        const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+        /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
+        matmul_backward(s.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, s.dresidual,
+                        fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, BT, 4 * C, C, 0);
+        gelu_backward(s.dfch, fch, s.dfch, BT * 4 * C);
+        matmul_backward(s.dbt_c, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.dfch, ln2,
+                        p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C, 0);
+        layernorm_backward(s.dresidual, g.ln2w + l * C, g.ln2b + l * C, s.dbt_c, residual2,
+                           p.ln2w + l * C, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, BT, C);
+        /* attention: residual2 = residual + attproj(attn(ln1(residual))) */
+        matmul_backward(s.dbt_c, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.dresidual, atty,
+                        p.attprojw + (size_t)l * C * C, BT, C, C, 0);
+        attention_backward(s.dqkv, s.datt, s.dbt_c, qkv, att, B, T, C, NH);
+        matmul_backward(s.dbt_c, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.dqkv, ln1,
+                        p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C, 0);
+        layernorm_backward(s.dresidual, g.ln1w + l * C, g.ln1b + l * C, s.dbt_c, residual,
+                           p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
+    }
+    encoder_backward(g.wte, g.wpe, s.dresidual, model->last_inputs, B, T, C);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 8. Optimizer and schedules                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Sums over large arrays are taken in fixed chunks (partial sums in double,
+ * added in chunk order), so the result does not depend on the thread count. */
+#define REDUCE_CHUNK 65536
+
+/* sqrt(sum g^2) over n floats */
+static double l2_norm(const float* g, size_t n) {
+    size_t nchunks = (n + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
+    double* partial = (double*)xmalloc(sizeof(double) * (nchunks ? nchunks : 1));
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t i0 = c * REDUCE_CHUNK, i1 = i0 + REDUCE_CHUNK < n ? i0 + REDUCE_CHUNK : n;
+        double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+        for (size_t i = i0; i < i1; i++) acc += (double)g[i] * g[i];
+        partial[c] = acc;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < nchunks; c++) total += partial[c];
+    free(partial);
+    return sqrt(total);
+}
+
+static void scale_floats(float* x, size_t n, float s) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* Clip by global norm (as torch.nn.utils.clip_grad_norm_): if the norm
+ * exceeds max_norm, scale every gradient by max_norm / (norm + 1e-6).
+ * Returns the norm before clipping. max_norm <= 0 disables clipping. */
+static double gradients_clip(GPT2* model, double max_norm) {
+    double norm = l2_norm(model->grads_memory, model->num_parameters);
+    if (max_norm > 0.0 && isfinite(norm)) {
+        double coef = max_norm / (norm + 1e-6);
+        if (coef < 1.0) scale_floats(model->grads_memory, model->num_parameters, (float)coef);
+    }
+    return norm;
+}
+
+typedef struct {
+    float beta1, beta2, eps;
+    float weight_decay;
+    int decay_all; /* 1: decay every tensor; 0: only the 2-D weights */
+} AdamWConfig;
+
+/* AdamW (Loshchilov & Hutter 2019, Alg. 2; PyTorch's torch.optim.AdamW),
+ * step t counted from 1:
+ *   p -= lr * wd * p                      (decoupled weight decay)
+ *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+ *   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
+static void adamw_update(GPT2* model, const AdamWConfig* opt, float lr, int t) {
+    float bc1 = 1.0f - (float)pow(opt->beta1, t);
+    float bc2 = 1.0f - (float)pow(opt->beta2, t);
+    float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
+    size_t offset = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+        size_t n = model->param_sizes[k];
+        float wd = (opt->decay_all || PARAMETER_IS_MATRIX[k]) ? opt->weight_decay : 0.0f;
+        float* RESTRICT p = model->params_memory + offset;
+        const float* RESTRICT g = model->grads_memory + offset;
+        float* RESTRICT m = model->m_memory + offset;
+        float* RESTRICT v = model->v_memory + offset;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i];
+            float mi = b1 * m[i] + (1.0f - b1) * gi;
+            float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            float pi = p[i] - lr * wd * p[i];
+            p[i] = pi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        }
+        offset += n;
+    }
+}
+
+typedef enum { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT, SCHEDULE_WSD } ScheduleKind;
+static const char* const SCHEDULE_NAMES[] = {"cosine", "linear", "constant", "wsd"};
+
+typedef struct {
+    ScheduleKind kind;
+    double max_lr;
+    int warmup_steps;
+    int total_steps;
+    double final_frac; /* the lr decays to max_lr * final_frac */
+    double decay_frac; /* wsd: the last decay_frac of steps decay linearly */
+} LRSchedule;
+
+/* Learning rate at step (0-based): linear warmup over warmup_steps (step s
+ * gets max_lr (s+1)/warmup), then cosine / linear / constant / warmup-stable-
+ * decay down to max_lr * final_frac at the last step. */
+static double lr_at(const LRSchedule* s, int step) {
+    double max_lr = s->max_lr, min_lr = s->max_lr * s->final_frac;
+    if (step < s->warmup_steps) return max_lr * (step + 1) / s->warmup_steps;
+    int span = s->total_steps - s->warmup_steps;
+    double r = span > 0 ? (double)(step - s->warmup_steps) / span : 0.0;
+    if (r > 1.0) r = 1.0;
+    switch (s->kind) {
+        case SCHEDULE_COSINE: return min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (max_lr - min_lr);
+        case SCHEDULE_LINEAR: return max_lr - r * (max_lr - min_lr);
+        case SCHEDULE_CONSTANT: return max_lr;
+        case SCHEDULE_WSD: {
+            int decay_steps = (int)(s->decay_frac * s->total_steps + 0.5);
+            int decay_start = s->total_steps - decay_steps;
+            if (step < decay_start || decay_steps <= 0) return max_lr;
+            double d = (double)(step - decay_start) / decay_steps;
+            return max_lr - d * (max_lr - min_lr);
+        }
+    }
+    return max_lr;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 9. Sampler                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    float value;
+    int index;
+} ScoredToken;
+
+static int scored_desc(const void* a, const void* b) {
+    float x = ((const ScoredToken*)a)->value, y = ((const ScoredToken*)b)->value;
+    return (x < y) - (x > y);
+}
+
+/* Draw a token from raw logits (the first V of them): softmax(logits / T),
+ * keep the top_k most likely (0 = all) and the smallest set whose mass
+ * reaches top_p (1 = all), renormalise, sample with `coin` in [0, 1).
+ * temperature 0 means greedy. `work` holds V ScoredTokens. */
+static int sample_token(const float* logits, int V, float temperature, int top_k, float top_p,
+                        float coin, ScoredToken* work) {
+    int best = 0;
+    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
+    if (temperature <= 0.0f) return best;
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) {
+        work[v].value = expf((logits[v] - logits[best]) / temperature);
+        work[v].index = v;
+        sum += work[v].value;
+    }
+    int n = V;
+    if ((top_k > 0 && top_k < V) || top_p < 1.0f) {
+        qsort(work, (size_t)V, sizeof(ScoredToken), scored_desc);
+        if (top_k > 0 && top_k < n) n = top_k;
+        double kept = 0.0;
+        for (int i = 0; i < n; i++) kept += work[i].value;
+        if (top_p < 1.0f) {
+            double mass = 0.0;
+            for (int i = 0; i < n; i++) {
+                mass += work[i].value;
+                if (mass >= top_p * kept) { n = i + 1; break; }
+            }
+        }
+        sum = 0.0;
+        for (int i = 0; i < n; i++) sum += work[i].value;
+    }
+    double target = coin * sum, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += work[i].value;
+        if (target < acc) return work[i].index;
+    }
+    return work[n - 1].index; /* rounding: the last kept token */
+}
+
+/* ------------------------------------------------------------------------ */
+/* 10. CLI                                                                  */
+/* ------------------------------------------------------------------------ */
+/* One table drives the parser, the defaults and the usage text, so they
+ * cannot drift apart. Each flag has a long name; llm.c's one-letter flags
+ * are accepted as aliases where llm.c has them. */
+
+typedef struct {
+    /* files */
+    const char* train_data;
+    const char* val_data;
+    const char* model;
+    const char* output_dir;
+    const char* tokenizer;
+    const char* log_file;
+    /* model shape overrides for a random init from a depth */
+    int num_layers, channels, num_heads, max_seq_len, vocab_size;
+    /* batch */
+    int batch_size, seq_len, total_batch_size, steps;
+    /* schedule and optimizer */
+    float lr;
+    int warmup_steps;
+    float final_lr_frac;
+    const char* lr_schedule;
+    float decay_frac;
+    float weight_decay;
+    int decay_all;
+    float beta1, beta2, eps, grad_clip;
+    /* evaluation and sampling */
+    int val_every, val_batches;
+    int sample_every, sample_length;
+    float temperature;
+    int top_k;
+    float top_p;
+    /* run */
+    int save_every, seed, shuffle, threads;
+} Options;
+
+typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
+typedef struct {
+    const char* name;  /* --long-name */
+    const char* alias; /* llm.c's -x, or NULL */
+    OptType type;
+    size_t offset;
+    const char* def;
+    const char* help;
+} OptSpec;
+
+#define OPT(name, alias, type, field, def, help) {name, alias, type, offsetof(Options, field), def, help}
+static const OptSpec OPTION_SPECS[] = {
+    OPT("--train-data", "-i", OPT_STRING, train_data, "data/*_train_*.bin", "training token shards (a file or a quoted glob)"),
+    OPT("--val-data", "-j", OPT_STRING, val_data, "", "validation token shards; empty = no validation"),
+    OPT("--model", "-e", OPT_STRING, model, "d12", "llm.c checkpoint to load, or dN for a random GPT-2 of depth N (d12 = 124M, d24, d36, d48)"),
+    OPT("--output-dir", "-o", OPT_STRING, output_dir, "", "where checkpoints go (created if missing); empty = save nothing"),
+    OPT("--tokenizer", NULL, OPT_STRING, tokenizer, "data/gpt2_tokenizer.bin", "llm.c tokenizer file for printing samples"),
+    OPT("--log-file", NULL, OPT_STRING, log_file, "", "JSONL log: one line per step and per evaluation; empty = none"),
+    OPT("--num-layers", NULL, OPT_INT, num_layers, "0", "random init: override L of the dN config (0 = keep)"),
+    OPT("--channels", NULL, OPT_INT, channels, "0", "random init: override C (0 = keep)"),
+    OPT("--num-heads", NULL, OPT_INT, num_heads, "0", "random init: override NH (0 = keep)"),
+    OPT("--max-seq-len", NULL, OPT_INT, max_seq_len, "0", "random init: override maxT (0 = keep, 1024)"),
+    OPT("--vocab-size", NULL, OPT_INT, vocab_size, "0", "random init: override V (0 = keep, 50257); Vp = V rounded up to 128"),
+    OPT("--batch-size", "-b", OPT_INT, batch_size, "4", "B: sequences per micro-batch (per process)"),
+    OPT("--seq-len", "-t", OPT_INT, seq_len, "64", "T: tokens per sequence (<= the model's maxT)"),
+    OPT("--total-batch-size", "-d", OPT_INT, total_batch_size, "-1", "tokens per optimizer step; a multiple of B*T (gradient accumulation); -1 = B*T"),
+    OPT("--steps", "-x", OPT_INT, steps, "-1", "optimizer steps; -1 = one epoch of the training data"),
+    OPT("--lr", "-l", OPT_FLOAT, lr, "3e-4", "peak learning rate"),
+    OPT("--warmup-steps", "-u", OPT_INT, warmup_steps, "0", "linear warmup steps"),
+    OPT("--final-lr-frac", "-q", OPT_FLOAT, final_lr_frac, "1.0", "final learning rate as a fraction of the peak"),
+    OPT("--lr-schedule", NULL, OPT_STRING, lr_schedule, "cosine", "after warmup: cosine, linear, constant or wsd (warmup-stable-decay)"),
+    OPT("--decay-frac", NULL, OPT_FLOAT, decay_frac, "0.2", "wsd: fraction of all steps spent decaying at the end"),
+    OPT("--weight-decay", "-c", OPT_FLOAT, weight_decay, "0.0", "AdamW weight decay"),
+    OPT("--decay-all", NULL, OPT_INT, decay_all, "0", "1 = decay every tensor; 0 = only 2-D weights (not biases, LayerNorms)"),
+    OPT("--beta1", NULL, OPT_FLOAT, beta1, "0.9", "AdamW beta1"),
+    OPT("--beta2", NULL, OPT_FLOAT, beta2, "0.95", "AdamW beta2"),
+    OPT("--eps", NULL, OPT_FLOAT, eps, "1e-8", "AdamW epsilon"),
+    OPT("--grad-clip", NULL, OPT_FLOAT, grad_clip, "1.0", "clip gradients to this global norm; 0 = off"),
+    OPT("--val-every", "-v", OPT_INT, val_every, "20", "validate every this many steps (and at the end); 0 = never"),
+    OPT("--val-batches", "-m", OPT_INT, val_batches, "20", "micro-batches per validation"),
+    OPT("--sample-every", "-s", OPT_INT, sample_every, "20", "print a sample every this many steps; 0 = never"),
+    OPT("--sample-length", "-g", OPT_INT, sample_length, "0", "tokens per sample (<= --seq-len); 0 = --seq-len"),
+    OPT("--temperature", NULL, OPT_FLOAT, temperature, "1.0", "sampling temperature; 0 = greedy"),
+    OPT("--top-k", NULL, OPT_INT, top_k, "0", "sample among the k most likely tokens; 0 = all"),
+    OPT("--top-p", NULL, OPT_FLOAT, top_p, "1.0", "nucleus sampling mass; 1 = off"),
+    OPT("--save-every", "-n", OPT_INT, save_every, "0", "write a checkpoint every this many steps (and at the end) to --output-dir; 0 = only at the end"),
+    OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
+    OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
+    OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
+};
+#undef OPT
+#define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
+
+static void usage(FILE* out, const char* prog) {
+    fprintf(out, "usage: %s [flags]\n\nTrain GPT-2 on the CPU. Flags (default in brackets):\n", prog);
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptSpec* s = &OPTION_SPECS[i];
+        char names[64];
+        snprintf(names, sizeof(names), "%s%s%s", s->name, s->alias ? ", " : "", s->alias ? s->alias : "");
+        fprintf(out, "  %-24s %s [%s]\n", names, s->help, s->def[0] ? s->def : "\"\"");
+    }
+    fprintf(out, "  %-24s %s\n", "--help, -h", "print this text");
+}
+
+/* Store `value` into the field of `spec`. Returns 0, or -1 with a message. */
+static int option_set(Options* o, const OptSpec* spec, const char* value) {
+    char* field = (char*)o + spec->offset;
+    char* end = NULL;
+    errno = 0;
+    if (spec->type == OPT_INT) {
+        long v = strtol(value, &end, 10);
+        if (end == value || *end != '\0' || errno != 0 || v < -2147483647L || v > 2147483647L) {
+            fprintf(stderr, "error: %s expects an integer, got \"%s\"\n", spec->name, value);
+            return -1;
+        }
+        int iv = (int)v;
+        memcpy(field, &iv, sizeof(int));
+    } else if (spec->type == OPT_FLOAT) {
+        float v = strtof(value, &end);
+        if (end == value || *end != '\0' || errno != 0 || !isfinite(v)) {
+            fprintf(stderr, "error: %s expects a number, got \"%s\"\n", spec->name, value);
+            return -1;
+        }
+        memcpy(field, &v, sizeof(float));
+    } else {
+        memcpy(field, &value, sizeof(const char*));
+    }
+    return 0;
+}
+
+static const OptSpec* option_find(const char* arg) {
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptSpec* s = &OPTION_SPECS[i];
+        if (!strcmp(arg, s->name) || (s->alias && !strcmp(arg, s->alias))) return s;
+    }
+    return NULL;
+}
+
+/* Parse argv into *o (defaults first). Returns 0 to run, 1 for --help,
+ * -1 on an error (already printed). Accepts "--flag value" and "--flag=value". */
+static int options_parse(Options* o, int argc, char** argv) {
+    memset(o, 0, sizeof(*o));
+    for (int i = 0; i < NUM_OPTIONS; i++) ALWAYS(option_set(o, &OPTION_SPECS[i], OPTION_SPECS[i].def) == 0);
+    for (int i = 1; i < argc; i++) {
+        const char* arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return 1;
+        const char* value = NULL;
+        char name[64];
+        const char* eq = strchr(arg, '=');
+        if (eq && arg[0] == '-' && arg[1] == '-' && (size_t)(eq - arg) < sizeof(name)) {
+            memcpy(name, arg, (size_t)(eq - arg));
+            name[eq - arg] = '\0';
+            value = eq + 1;
+            arg = name;
+        }
+        const OptSpec* spec = option_find(arg);
+        if (!spec) {
+            fprintf(stderr, "error: unknown flag \"%s\"; run with --help for the list\n", argv[i]);
+            return -1;
+        }
+        if (!value) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "error: %s needs a value\n", spec->name);
+                return -1;
+            }
+            value = argv[++i];
+        }
+        if (option_set(o, spec, value) != 0) return -1;
+    }
+    return 0;
+}
+
+static int schedule_parse(const char* name, ScheduleKind* kind) {
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(name, SCHEDULE_NAMES[i])) {
+            *kind = (ScheduleKind)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* "d12" -> 12; anything else -> 0 (a file path). */
+static int depth_from_name(const char* name) {
+    if (name[0] != 'd' || name[1] < '1' || name[1] > '9') return 0;
+    char* end;
+    long d = strtol(name + 1, &end, 10);
+    return (*end == '\0' && d > 0 && d <= 1024) ? (int)d : 0;
+}
+
+/* Checks that need no files: ranges and combinations of flags. Returns NULL
+ * if all is well, else a message naming the flags involved. */
+#define OPTIONS_PROBLEM(cond, msg) do { if (cond) return (msg); } while (0)
+static const char* options_problem(const Options* o) {
+    OPTIONS_PROBLEM(o->batch_size < 1, "--batch-size must be >= 1");
+    OPTIONS_PROBLEM(o->seq_len < 1, "--seq-len must be >= 1");
+    OPTIONS_PROBLEM(o->total_batch_size != -1 && o->total_batch_size < 1, "--total-batch-size must be >= 1 or -1");
+    OPTIONS_PROBLEM(o->total_batch_size > 0 && o->total_batch_size % (o->batch_size * o->seq_len) != 0,
+                    "--total-batch-size must be a multiple of --batch-size x --seq-len (it sets the gradient accumulation)");
+    OPTIONS_PROBLEM(o->steps < -1 || o->steps == 0, "--steps must be >= 1, or -1 for one epoch");
+    OPTIONS_PROBLEM(!(o->lr >= 0.0f), "--lr must be >= 0");
+    OPTIONS_PROBLEM(o->warmup_steps < 0, "--warmup-steps must be >= 0");
+    OPTIONS_PROBLEM(!(o->final_lr_frac >= 0.0f && o->final_lr_frac <= 1.0f), "--final-lr-frac must be in [0, 1]");
+    OPTIONS_PROBLEM(!(o->decay_frac >= 0.0f && o->decay_frac <= 1.0f), "--decay-frac must be in [0, 1]");
+    OPTIONS_PROBLEM(!(o->weight_decay >= 0.0f), "--weight-decay must be >= 0");
+    OPTIONS_PROBLEM(o->decay_all != 0 && o->decay_all != 1, "--decay-all must be 0 or 1");
+    OPTIONS_PROBLEM(!(o->beta1 >= 0.0f && o->beta1 < 1.0f), "--beta1 must be in [0, 1)");
+    OPTIONS_PROBLEM(!(o->beta2 >= 0.0f && o->beta2 < 1.0f), "--beta2 must be in [0, 1)");
+    OPTIONS_PROBLEM(!(o->eps > 0.0f), "--eps must be > 0");
+    OPTIONS_PROBLEM(!(o->grad_clip >= 0.0f), "--grad-clip must be >= 0");
+    OPTIONS_PROBLEM(o->val_every < 0, "--val-every must be >= 0");
+    OPTIONS_PROBLEM(o->val_batches < 1, "--val-batches must be >= 1");
+    OPTIONS_PROBLEM(o->sample_every < 0, "--sample-every must be >= 0");
+    OPTIONS_PROBLEM(o->sample_length < 0 || o->sample_length > o->seq_len,
+                    "--sample-length must be in 1..--seq-len (samples run in the training buffers)");
+    OPTIONS_PROBLEM(!(o->temperature >= 0.0f), "--temperature must be >= 0");
+    OPTIONS_PROBLEM(o->top_k < 0, "--top-k must be >= 0");
+    OPTIONS_PROBLEM(!(o->top_p > 0.0f && o->top_p <= 1.0f), "--top-p must be in (0, 1]");
+    OPTIONS_PROBLEM(o->save_every < 0, "--save-every must be >= 0");
+    OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
+    OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
+    OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
+                    "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");
+    int overrides = o->num_layers || o->channels || o->num_heads || o->max_seq_len || o->vocab_size;
+    OPTIONS_PROBLEM(overrides && !depth_from_name(o->model),
+                    "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size apply to a random init "
+                    "(--model dN), not to a checkpoint file, whose shape is fixed");
+    ScheduleKind kind;
+    OPTIONS_PROBLEM(schedule_parse(o->lr_schedule, &kind) != 0, "--lr-schedule must be cosine, linear, constant or wsd");
+    return NULL;
+}
+#undef OPTIONS_PROBLEM
+
+/* Build the model the options ask for: a checkpoint, or a random init. */
+static int model_from_options(GPT2* model, const Options* o) {
+    int depth = depth_from_name(o->model);
+    if (!depth) return gpt2_load(model, o->model);
+    GPT2Config c = config_from_depth(depth);
+    if (o->num_layers) c.num_layers = o->num_layers;
+    if (o->channels) c.channels = o->channels;
+    if (o->num_heads) c.num_heads = o->num_heads;
+    if (o->max_seq_len) c.max_seq_len = o->max_seq_len;
+    if (o->vocab_size) c.vocab_size = o->vocab_size;
+    c.padded_vocab_size = round_up(c.vocab_size, 128);
+    const char* problem = config_problem(&c);
+    if (problem) {
+        fprintf(stderr, "error: model L=%d C=%d NH=%d maxT=%d V=%d: %s\n", c.num_layers, c.channels,
+                c.num_heads, c.max_seq_len, c.vocab_size, problem);
+        return -1;
+    }
+    gpt2_init_random(model, &c, (uint64_t)o->seed);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 11. main                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Mean loss over `batches` micro-batches from the start of the val data. */
+static float evaluate(GPT2* model, DataLoader* val, int batches) {
+    if (dataloader_reset(val) != 0) exit(EXIT_FAILURE);
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        if (dataloader_next(val) != 0) exit(EXIT_FAILURE);
+        sum += gpt2_forward(model, val->inputs, val->targets, val->B, val->T);
+    }
+    return (float)(sum / batches);
+}
+
+/* Generate `length` tokens after an end-of-text token and print them. Each
+ * token re-runs the forward pass over the prefix (the --prompt path with a
+ * KV cache arrives with the text pipeline). */
+static void sample_print(GPT2* model, const Tokenizer* tok, const Options* o, Rng* rng) {
+    int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
+    int length = o->sample_length > 0 ? o->sample_length : o->seq_len;
+    int* ids = (int*)xmalloc(sizeof(int) * (size_t)length);
+    ScoredToken* work = (ScoredToken*)xmalloc(sizeof(ScoredToken) * (size_t)V);
+    int eot = tok->vocab_size ? tok->eot_token : V - 1;
+    ids[0] = eot < V ? eot : V - 1;
+    printf("sample: ");
+    for (int t = 1; t < length; t++) {
+        gpt2_forward(model, ids, NULL, 1, t);
+        const float* logits = model->acts.logits + (size_t)(t - 1) * Vp;
+        ids[t] = sample_token(logits, V, o->temperature, o->top_k, o->top_p, rng_uniform(rng), work);
+        if (tok->vocab_size) tokenizer_print(tok, ids[t]);
+        else printf("%d ", ids[t]);
+        fflush(stdout);
+    }
+    printf("\n");
+    free(work);
+    free(ids);
+}
+
+static void checkpoint_save(const GPT2* model, const Options* o, int step) {
+    if (!o->output_dir[0]) return;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", o->output_dir, step);
+    if (gpt2_save(model, path) == 0) printf("saved %s\n", path);
+    else fprintf(stderr, "warning: checkpoint at step %d not written; training continues\n", step);
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    Options o;
+    int rc = options_parse(&o, argc, argv);
+    if (rc != 0) {
+        usage(rc == 1 ? stdout : stderr, argv[0]);
+        return rc == 1 ? 0 : EXIT_FAILURE;
+    }
+    const char* problem = options_problem(&o);
+    if (problem) {
+        fprintf(stderr, "error: %s\n", problem);
+        return EXIT_FAILURE;
+    }
+#ifdef _OPENMP
+    if (o.threads > 0) omp_set_num_threads(o.threads);
+    printf("threads: %d (OpenMP)\n", num_threads());
+#else
+    printf("threads: 1 (built without OpenMP: see the Makefile)\n");
+#endif
+    GPT2 model;
+    if (model_from_options(&model, &o) != 0) return EXIT_FAILURE;
+    GPT2Config* c = &model.config;
+    int B = o.batch_size, T = o.seq_len;
+    if (T > c->max_seq_len) {
+        fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", T, c->max_seq_len);
+        return EXIT_FAILURE;
+    }
+    int total = o.total_batch_size > 0 ? o.total_batch_size : B * T;
+    int grad_accum = total / (B * T);
+    printf("model: L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters (%s)\n", c->num_layers,
+           c->channels, c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
+           model.num_parameters, depth_from_name(o.model) ? "random init" : o.model);
+    printf("batch: B=%d T=%d, %d tokens per step (%d micro-batches)\n", B, T, total, grad_accum);
+
+    DataLoader train, val;
+    if (dataloader_init(&train, o.train_data, B, T, 0, 1, c->vocab_size, o.shuffle, (uint64_t)o.seed) != 0)
+        return EXIT_FAILURE;
+    int use_val = o.val_data[0] != '\0' && o.val_every > 0;
+    if (use_val && dataloader_init(&val, o.val_data, B, T, 0, 1, c->vocab_size, 0, 0) != 0) return EXIT_FAILURE;
+    int steps = o.steps;
+    if (steps < 0) {
+        steps = (int)(dataloader_batches_per_epoch(&train) / grad_accum);
+        if (steps < 1) steps = 1;
+    }
+    printf("data: %d train shard(s), %lld micro-batches per epoch; %d steps\n", train.num_shards,
+           dataloader_batches_per_epoch(&train), steps);
+
+    Tokenizer tok;
+    memset(&tok, 0, sizeof(tok));
+    if (o.sample_every > 0) {
+        if (access(o.tokenizer, R_OK) != 0) {
+            printf("tokenizer %s not found: samples print token ids\n", o.tokenizer);
+        } else if (tokenizer_init(&tok, o.tokenizer) != 0) {
+            return EXIT_FAILURE;
+        } else if (tok.vocab_size != c->vocab_size) {
+            fprintf(stderr, "warning: tokenizer has %d tokens, model %d: samples print token ids\n",
+                    tok.vocab_size, c->vocab_size);
+            tokenizer_free(&tok);
+        }
+    }
+    if (o.output_dir[0] && mkdir(o.output_dir, 0755) != 0 && errno != EEXIST) {
+        FILE_ERROR(o.output_dir, "cannot create output directory: %s", strerror(errno));
+        return EXIT_FAILURE;
+    }
+    FILE* log = NULL;
+    if (o.log_file[0]) {
+        log = fopen(o.log_file, "w");
+        if (!log) {
+            FILE_ERROR(o.log_file, "cannot open log file: %s", strerror(errno));
+            return EXIT_FAILURE;
+        }
+    }
+
+    gpt2_alloc_training(&model, B, T);
+    double mb = 1.0 / (1024.0 * 1024.0);
+    printf("memory: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, backward scratch %.0f MB\n",
+           model.num_parameters * 4 * mb, model.num_parameters * 4 * mb, model.num_parameters * 8 * mb,
+           model.num_activations * 4 * mb, model.num_scratch * 4 * mb);
+
+    LRSchedule sched;
+    ALWAYS(schedule_parse(o.lr_schedule, &sched.kind) == 0);
+    sched.max_lr = o.lr;
+    sched.warmup_steps = o.warmup_steps;
+    sched.total_steps = steps;
+    sched.final_frac = o.final_lr_frac;
+    sched.decay_frac = o.decay_frac;
+    AdamWConfig opt;
+    opt.beta1 = o.beta1;
+    opt.beta2 = o.beta2;
+    opt.eps = o.eps;
+    opt.weight_decay = o.weight_decay;
+    opt.decay_all = o.decay_all;
+    Rng sample_rng;
+    rng_init(&sample_rng, (uint64_t)o.seed + 1);
+
+    double run_start = time_ms();
+    for (int step = 0; step < steps; step++) {
+        if (use_val && step % o.val_every == 0) {
+            float vl = evaluate(&model, &val, o.val_batches);
+            printf("val loss %.4f\n", vl);
+            if (log) fprintf(log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl);
+        }
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) sample_print(&model, &tok, &o, &sample_rng);
+
+        double t0 = time_ms();
+        gpt2_zero_grad(&model);
+        double loss = 0.0;
+        for (int micro = 0; micro < grad_accum; micro++) {
+            if (dataloader_next(&train) != 0) return EXIT_FAILURE;
+            loss += gpt2_forward(&model, train.inputs, train.targets, B, T) / grad_accum;
+            gpt2_backward(&model, 1.0f / grad_accum);
+        }
+        double norm = gradients_clip(&model, o.grad_clip);
+        float lr = (float)lr_at(&sched, step);
+        int finite = isfinite(loss) && isfinite(norm);
+        if (finite) adamw_update(&model, &opt, lr, step + 1);
+        double ms = time_ms() - t0;
+        double elapsed = (time_ms() - run_start) / 1000.0;
+        double eta = elapsed / (step + 1) * (steps - step - 1);
+        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %dm%02ds%s\n",
+               step + 1, steps, loss, lr, norm, ms, total / (ms / 1000.0), (int)eta / 60, (int)eta % 60,
+               finite ? "" : " | non-finite: update skipped");
+        fflush(stdout);
+        if (log) {
+            fprintf(log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f}\n",
+                    step + 1, loss, lr, norm, ms);
+            fflush(log);
+        }
+        if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < steps) checkpoint_save(&model, &o, step + 1);
+    }
+    if (use_val) {
+        float vl = evaluate(&model, &val, o.val_batches);
+        printf("val loss %.4f\n", vl);
+        if (log) fprintf(log, "{\"step\": %d, \"val_loss\": %.6f}\n", steps, vl);
+    }
+    if (o.sample_every > 0) sample_print(&model, &tok, &o, &sample_rng);
+    checkpoint_save(&model, &o, steps);
+    if (log) fclose(log);
+    tokenizer_free(&tok);
+    if (use_val) dataloader_free(&val);
+    dataloader_free(&train);
+    gpt2_free(&model);
+    return 0;
+}
+#endif /* TESTING */
