@@ -188,7 +188,11 @@ static void test_against_reference(const char* model_path, const char* ref_path,
          * score of a row. In fp32 its gradient is pure round-off (~1e-9), which
          * AdamW's normalisation m / sqrt(v) turns into moves up to ~lr per step,
          * where the float64 reference moves ~1e-12. Those entries are checked
-         * against that bound instead; everything else to 1e-5. */
+         * against that bound instead. Everything else to 1e-4 of each tensor's
+         * largest value: AdamW divides each element's step by its own gradient
+         * scale, so an element with a small gradient has its fp32 round-off
+         * amplified (biases, which start at zero, are made of nothing but such
+         * steps). The losses above, to 1e-5, are the tight check. */
         int C = model.config.channels, L = model.config.num_layers;
         float* key_bias_got = xmalloc_floats((size_t)L * C);
         size_t qkvb_off = 0;
@@ -211,7 +215,7 @@ static void test_against_reference(const char* model_path, const char* ref_path,
         double worst = -1.0;
         int all_ok = 1;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            int ok = tensor_close(model.params_memory + off, ref.final_params + off, model.param_sizes[i], 1e-5,
+            int ok = tensor_close(model.params_memory + off, ref.final_params + off, model.param_sizes[i], 1e-4,
                                   detail, sizeof(detail));
             if (!ok) all_ok = 0;
             double e = atof(strstr(detail, "err ") + 4);
@@ -443,6 +447,23 @@ static void test_gemm(void) {
     char what[128];
     snprintf(what, sizeof(what), "gemm: %d shapes x transposes x accumulate vs float64", cases);
     check(worst <= 1e-6, what, detail);
+}
+
+/* exp_fast against libm's exp in double, over the range the softmaxes and
+ * the GELU use: within 3 ulp (3 * 2^-23 relative). */
+static void test_exp_fast(void) {
+    double worst = 0.0;
+    float at = 0.0f;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.0f * (float)i / 2000000.0f;
+        double want = exp((double)x);
+        double e = fabs((double)exp_fast(x) - want) / want;
+        if (e > worst) { worst = e; at = x; }
+    }
+    char detail[128];
+    snprintf(detail, sizeof(detail), "worst rel err %.2e at x = %.6g (3 ulp = %.2e)", worst, at, 3.0 / 8388608.0);
+    check(worst <= 3.0 / 8388608.0 && exp_fast(-1000.0f) < 1e-37f && exp_fast(0.0f) == 1.0f,
+          "exp_fast: e^x within 3 ulp on [-87, 88]", detail);
 }
 
 /* Forward and backward give bitwise the same results on 1 and on all threads. */
@@ -864,12 +885,14 @@ int main(int argc, char** argv) {
             return EXIT_FAILURE;
         }
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep our lines and the errors under test in order */
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_gpt.XXXXXX");
     CHECK(mkdtemp(tmpdir) != NULL, "cannot make a temporary directory: %s", strerror(errno));
     printf("threads: %d; scratch files in %s\n", num_threads(), tmpdir);
 
     test_the_tester();
     test_gemm();
+    test_exp_fast();
     test_against_reference(model, ref, "tiny", 1 << 30);
     test_finite_differences(model);
     test_thread_invariance(model);
