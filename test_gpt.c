@@ -19,6 +19,7 @@
  */
 #define TESTING
 #include "train_gpt.c"
+#include <sys/wait.h>
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -171,6 +172,8 @@ static void test_against_reference(const char* model_path, const char* ref_path,
     opt.weight_decay = ref.weight_decay; opt.decay_all = 0;
     float* losses = xmalloc_floats((size_t)steps);
     float* norms = xmalloc_floats((size_t)steps);
+    float* init_params = xmalloc_floats(model.num_parameters);
+    memcpy(init_params, model.params_memory, model.num_parameters * sizeof(float));
     for (int s = 0; s < steps; s++) {
         losses[s] = gpt2_forward(&model, ref.x, ref.y, B, T);
         gpt2_zero_grad(&model);
@@ -183,48 +186,58 @@ static void test_against_reference(const char* model_path, const char* ref_path,
     snprintf(what, sizeof(what), "%s: gradient norms of %d AdamW steps", label, steps);
     check_close(what, norms, ref.norms, (size_t)steps, 1e-5);
     if (steps == ref.steps) {
-        /* The key bias (qkvb[l, C:2C]) has a gradient of exactly zero in exact
-         * arithmetic: softmax is unchanged when a constant is added to every
-         * score of a row. In fp32 its gradient is pure round-off (~1e-9), which
-         * AdamW's normalisation m / sqrt(v) turns into moves up to ~lr per step,
-         * where the float64 reference moves ~1e-12. Those entries are checked
-         * against that bound instead. Everything else to 1e-4 of each tensor's
-         * largest value: AdamW divides each element's step by its own gradient
-         * scale, so an element with a small gradient has its fp32 round-off
-         * amplified (biases, which start at zero, are made of nothing but such
-         * steps). The losses above, to 1e-5, are the tight check. */
-        int C = model.config.channels, L = model.config.num_layers;
-        float* key_bias_got = xmalloc_floats((size_t)L * C);
+        /* Final weights, measured as the error of the total update, per tensor:
+         * ||got - want|| / ||want - init|| (L2). Elementwise comparison is the
+         * wrong yardstick here: AdamW divides each element's step by that
+         * element's own gradient scale (m / sqrt(v)), so an element whose
+         * gradient is at the fp32 round-off level (the key bias's gradient is
+         * exactly zero in exact arithmetic; among 124M elements many are tiny)
+         * can move by a whole step ~lr in either direction. Such elements are
+         * rare, so the update as a whole is still pinned tightly; a wrong
+         * optimizer (bias correction, decay, clipping) is off by ~100%. The
+         * losses above, to 1e-5, are the tight end-to-end check. */
+        /* The key bias, qkvb[l, C:2C], is nothing but round-off: it is held only
+         * to the bound of what AdamW can move it, sum_t lr_t, and left out of
+         * qkvb's norm below. */
+        int C = model.config.channels;
+        double lr_sum = 0.0, key_worst = 0.0;
+        for (int s = 0; s < steps; s++) lr_sum += lr_at(&sched, s);
         size_t qkvb_off = 0;
         for (int i = 0; i < 5; i++) qkvb_off += model.param_sizes[i];
-        for (int l = 0; l < L; l++)
+        for (int l = 0; l < model.config.num_layers; l++)
             for (int c = 0; c < C; c++) {
-                size_t at = qkvb_off + (size_t)l * 3 * C + C + c;
-                key_bias_got[l * C + c] = model.params_memory[at] - ref.final_params[at];
-                model.params_memory[at] = ref.final_params[at];
+                size_t j = qkvb_off + (size_t)l * 3 * C + C + c;
+                key_worst = fmax(key_worst, fabs((double)model.params_memory[j] - ref.final_params[j]));
+                model.params_memory[j] = ref.final_params[j];
             }
-        double key_bias_worst = 0.0;
-        for (int i = 0; i < L * C; i++) key_bias_worst = fmax(key_bias_worst, fabs(key_bias_got[i]));
-        char detail[256] = "", worst_detail[300] = "";
-        snprintf(detail, sizeof(detail), "max |error| %.2e, bound lr x steps = %.2e", key_bias_worst,
-                 (double)ref.lr * ref.steps);
+        char key_detail[160];
+        snprintf(key_detail, sizeof(key_detail), "max |error| %.2e, bound sum of lr = %.2e", key_worst, lr_sum);
         snprintf(what, sizeof(what), "%s: key bias after %d steps (zero gradient: round-off only)", label, steps);
-        check(key_bias_worst <= ref.lr * ref.steps, what, detail);
-        free(key_bias_got);
-        off = 0;
+        check(key_worst <= lr_sum, what, key_detail);
         double worst = -1.0;
-        int all_ok = 1;
+        char worst_detail[300] = "";
+        off = 0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            int ok = tensor_close(model.params_memory + off, ref.final_params + off, model.param_sizes[i], 1e-4,
-                                  detail, sizeof(detail));
-            if (!ok) all_ok = 0;
-            double e = atof(strstr(detail, "err ") + 4);
-            if (e > worst || !ok) { worst = e; snprintf(worst_detail, sizeof(worst_detail), "%s: %s", PARAMETER_NAMES[i], detail); }
+            double err = 0.0, upd = 0.0;
+            for (size_t j = off; j < off + model.param_sizes[i]; j++) {
+                double d = (double)model.params_memory[j] - ref.final_params[j];
+                double u = (double)ref.final_params[j] - init_params[j];
+                err += d * d;
+                upd += u * u;
+            }
+            double rel = upd > 0.0 ? sqrt(err / upd) : sqrt(err);
+            if (getenv("GPTC_VERBOSE")) printf("     %s %.2e\n", PARAMETER_NAMES[i], rel);
+            if (!(rel <= worst)) {
+                worst = rel;
+                snprintf(worst_detail, sizeof(worst_detail), "worst %s: ||error|| / ||update|| = %.2e (tol 1e-4)",
+                         PARAMETER_NAMES[i], rel);
+            }
             off += model.param_sizes[i];
         }
-        snprintf(what, sizeof(what), "%s: parameters after %d AdamW steps", label, steps);
-        check(all_ok, what, worst_detail);
+        snprintf(what, sizeof(what), "%s: weights after %d AdamW steps", label, steps);
+        check(worst <= 1e-4, what, worst_detail);
     }
+    free(init_params);
     free(losses);
     free(norms);
     reference_free(&ref);
@@ -852,6 +865,90 @@ static void test_cli(void) {
     }
 }
 
+/* ---------------------------------------------------------------------- */
+/* The trainer binary end to end                                          */
+/* ---------------------------------------------------------------------- */
+/* Run a shell command, capture stdout+stderr into out (truncated), return
+ * its exit status. */
+static int run_capture(const char* cmd, char* out, size_t cap) {
+    char full[2048];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE* p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = 0;
+    int ch;
+    while ((ch = fgetc(p)) != EOF) {
+        if (n + 1 == cap) { /* keep the tail: the end of a run is what the checks read */
+            memmove(out, out + cap / 2, n - cap / 2);
+            n -= cap / 2;
+        }
+        out[n++] = (char)ch;
+    }
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_trainer_binary(void) {
+    if (access("./train_gpt", X_OK) != 0) {
+        check(0, "train_gpt binary present (make test builds it)", "");
+        return;
+    }
+    /* data with a rule to learn: token i = (7 i + seed) mod 50 */
+    const char* shard = tmp_path("cli_train_000.bin");
+    write_shard(shard, 4000, 50, 1, SHARD_MAGIC, 1, 4000);
+    const char* out_dir = tmp_path("cli_out/nested");
+    const char* log_path = tmp_path("cli_log.jsonl");
+    char cmd[1600], out[8192];
+    snprintf(cmd, sizeof(cmd),
+             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -j %s "
+             "-b 4 -t 16 -x 30 --lr 3e-3 --warmup-steps 3 -o %s --log-file %s --val-every 10 --val-batches 2 "
+             "--sample-every 15 -g 8 --tokenizer %s/none.bin --threads 2",
+             shard, shard, out_dir, log_path, tmpdir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0, "train_gpt trains a small model end to end (exit 0)", rc == 0 ? "" : out);
+    /* first and last validation loss */
+    const char* first = strstr(out, "val loss ");
+    const char* last = first;
+    for (const char* q = first; q; q = strstr(q + 1, "val loss ")) last = q;
+    double v0 = first ? atof(first + 9) : 0, v1 = last ? atof(last + 9) : 0;
+    char detail[128];
+    snprintf(detail, sizeof(detail), "val loss %.4f -> %.4f (ln 50 = %.2f)", v0, v1, log(50.0));
+    check(first && last != first && v1 < 0.5 * v0, "train_gpt: validation loss falls by half on learnable data", detail);
+    check(strstr(out, "step    30/30 | loss ") != NULL && strstr(out, "tok/s") && strstr(out, "sample: "),
+          "train_gpt: progress lines and samples printed", "");
+    char ckpt[700];
+    snprintf(ckpt, sizeof(ckpt), "%s/model_00000030.bin", out_dir);
+    GPT2 m;
+    int loaded = gpt2_load(&m, ckpt) == 0;
+    check(loaded && m.config.num_layers == 2 && m.config.channels == 32 && m.config.vocab_size == 50,
+          "train_gpt: final checkpoint saved (in a created nested directory) and loads", ckpt);
+    if (loaded) gpt2_free(&m);
+    size_t n = 0;
+    unsigned char* log_bytes = read_all(log_path, &n);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += log_bytes[i] == '\n';
+    check(log_bytes && lines == 30 + 4, "train_gpt: JSONL log has 30 step lines and 4 validation lines", "");
+    free(log_bytes);
+
+    /* refusals from the binary: non-zero exit and a message naming the problem */
+    struct { const char* args; const char* expect; } bad[] = {
+        {"-i /nonexistent/x_*.bin --model d2 --channels 32 --num-heads 2", "no data files match"},
+        {"--model d2 --channels 32 --num-heads 2 --max-seq-len 8 -t 16", "exceeds the model's max_seq_len"},
+        {"--model /nonexistent/model.bin", "cannot open model file"},
+        {"--frobnicate 3", "unknown flag"},
+        {"-b 3 -t 5 -d 100", "multiple of --batch-size"},
+        {"--model d2 --channels 30 --num-heads 4", "multiple of num_heads"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "./train_gpt -i %s %s", shard, bad[i].args);
+        rc = run_capture(cmd, out, sizeof(out));
+        char what[200];
+        snprintf(what, sizeof(what), "train_gpt refuses %s", bad[i].args);
+        check(rc != 0 && rc != -1 && strstr(out, bad[i].expect) != NULL, what, strstr(out, bad[i].expect) ? "" : out);
+    }
+}
+
 /* The tester is tested: a comparison that let a planted error through
  * would make every pass above meaningless. */
 static void test_the_tester(void) {
@@ -902,6 +999,7 @@ int main(int argc, char** argv) {
     test_init();
     test_schedules();
     test_cli();
+    test_trainer_binary();
     if (extra_model) test_against_reference(extra_model, extra_ref, extra_model, extra_steps);
 
     char cmd[600];

@@ -2138,6 +2138,8 @@ static int model_from_options(GPT2* model, const Options* o) {
 /* Mean loss over `batches` micro-batches from the start of the val data. */
 static float evaluate(GPT2* model, DataLoader* val, int batches) {
     if (dataloader_reset(val) != 0) exit(EXIT_FAILURE);
+    long long available = dataloader_batches_per_epoch(val);
+    if (batches > available) batches = (int)available; /* never count a batch twice */
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         if (dataloader_next(val) != 0) exit(EXIT_FAILURE);

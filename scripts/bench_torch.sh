@@ -40,6 +40,10 @@ run() {
         *) echo "error: torch did not load $OMPBLAS (see blas= above)" >&2; exit 1 ;;
     esac
 }
+if [ $# -gt 0 ]; then  # one run with the given bench_torch.py flags
+    run "$@"
+    exit 0
+fi
 run --ceiling
 run --B 4 --T 64 --warmup-steps 2 --steps 5
 run --B 8 --T 256 --warmup-steps 1 --steps 3

@@ -12,6 +12,42 @@
 #include "train_gpt.c"
 #include <sys/resource.h>
 
+/* Replay every matmul of one training step (the same calls, shapes and
+ * buffers as gpt2_forward/gpt2_backward) and time them alone: the GEMM's
+ * share of the step, and its GFLOP/s inside the trainer. Returns ms. */
+static double time_matmuls(GPT2* m, int B, int T) {
+    int C = m->config.channels, L = m->config.num_layers, Vp = m->config.padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    ParameterTensors p = m->params, g = m->grads;
+    ActivationTensors a = m->acts;
+    BackwardScratch s = m->scratch;
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = time_ms();
+        for (int l = 0; l < L; l++) {
+            matmul_forward(a.qkv, a.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
+            matmul_forward(a.residual2, a.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, BT, C, C);
+            matmul_forward(a.fch, a.ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
+            matmul_forward(a.residual3, a.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, BT, 4 * C, C);
+        }
+        matmul_forward(a.logits, a.lnf, p.wte, NULL, BT, C, Vp);
+        matmul_backward(s.dbt_c, g.wte, NULL, a.logits, a.lnf, p.wte, BT, C, Vp, 0);
+        for (int l = 0; l < L; l++) {
+            matmul_backward(s.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, s.dresidual,
+                            a.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, BT, 4 * C, C, 0);
+            matmul_backward(s.dbt_c, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.dfch, a.ln2,
+                            p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C, 0);
+            matmul_backward(s.dbt_c, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.dresidual, a.atty,
+                            p.attprojw + (size_t)l * C * C, BT, C, C, 0);
+            matmul_backward(s.dbt_c, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.dqkv, a.ln1,
+                            p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C, 0);
+        }
+        double t = time_ms() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
 int main(int argc, char** argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s B T steps [num_layers]\n", argv[0]);
@@ -35,6 +71,7 @@ int main(int argc, char** argv) {
     }
     AdamWConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 0};
     double best = 1e30, fwd = 0, bwd = 0, upd = 0;
+    double* times = (double*)xmalloc(sizeof(double) * (size_t)steps);
     for (int s = 0; s <= steps; s++) { /* step 0 is a warmup, not timed */
         double t0 = time_ms();
         float loss = gpt2_forward(&model, x, y, B, T);
@@ -47,15 +84,28 @@ int main(int argc, char** argv) {
         double t3 = time_ms();
         printf("step %d: loss %.4f norm %.3f | forward %.0f ms, backward %.0f ms, clip+adamw %.0f ms, total %.0f ms\n",
                s, loss, norm, t1 - t0, t2 - t1, t3 - t2, t3 - t0);
+        if (s > 0) times[s - 1] = t3 - t0;
         if (s > 0 && t3 - t0 < best) { best = t3 - t0; fwd = t1 - t0; bwd = t2 - t1; upd = t3 - t2; }
     }
+    /* median, as bench_torch.py reports: robust to a disturbed step */
+    for (int i = 1; i < steps; i++)
+        for (int j = i; j > 0 && times[j - 1] > times[j]; j--) { double t = times[j]; times[j] = times[j - 1]; times[j - 1] = t; }
+    double median = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+    double matmul_ms = time_matmuls(&model, B, T);
     double P = (double)model.num_parameters;
     double flops = (double)B * T * (6.0 * P + 6.0 * L * c.channels * T);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("best step: forward %.0f ms, backward %.0f ms, clip+adamw %.0f ms\n", fwd, bwd, upd);
-    printf("gptc B=%d T=%d ms/step=%.1f gflops=%.1f peak_rss_gb=%.2f threads=%d\n", B, T, best,
-           flops / (best * 1e-3) / 1e9, ru.ru_maxrss / 1048576.0, num_threads());
+    /* every matmul of a step: 3 GEMMs of 2 * BT * (params of the weight) FLOPs */
+    double C = c.channels, Vp = c.padded_vocab_size;
+    double matmul_flops = 3.0 * 2.0 * B * T * (L * 12.0 * C * C + Vp * C);
+    printf("matmuls of one step replayed alone: %.0f ms, %.1f GFLOP/s\n", matmul_ms,
+           matmul_flops / (matmul_ms * 1e-3) / 1e9);
+    printf("gptc B=%d T=%d ms/step=%.1f gflops=%.1f peak_rss_gb=%.2f threads=%d best_ms=%.1f matmul_gflops=%.1f\n",
+           B, T, median, flops / (median * 1e-3) / 1e9, ru.ru_maxrss / 1048576.0, num_threads(), best,
+           matmul_flops / (matmul_ms * 1e-3) / 1e9);
+    free(times);
     free(x);
     free(y);
     gpt2_free(&model);
