@@ -736,36 +736,41 @@ static void test_dataloader(void) {
 }
 
 static void test_tokenizer_file(void) {
-    /* a 3-token vocabulary: "a", "bc", "<eot>" */
+    /* 258 tokens: the 256 single bytes, "bc" and "<eot>" (the end-of-text id) */
     int32_t h[256];
     memset(h, 0, sizeof(h));
-    h[0] = TOKENIZER_MAGIC; h[1] = TOKENIZER_VERSION; h[2] = 3; h[3] = 2;
-    unsigned char body[] = {1, 'a', 2, 'b', 'c', 5, '<', 'e', 'o', 't', '>'};
-    unsigned char file[1024 + sizeof(body)];
+    h[0] = TOKENIZER_MAGIC; h[1] = TOKENIZER_VERSION; h[2] = 258; h[3] = 257;
+    size_t n = 1024;
+    unsigned char* file = (unsigned char*)xmalloc(1024 + 2 * 256 + 3 + 6 + 1);
     memcpy(file, h, 1024);
-    memcpy(file + 1024, body, sizeof(body));
+    for (int b = 0; b < 256; b++) { file[n++] = 1; file[n++] = (unsigned char)b; }
+    const unsigned char tail[] = {2, 'b', 'c', 5, '<', 'e', 'o', 't', '>'};
+    memcpy(file + n, tail, sizeof(tail));
+    n += sizeof(tail);
     const char* p = tmp_path("tok.bin");
-    write_bytes(p, file, sizeof(file));
+    write_bytes(p, file, n);
     Tokenizer t;
-    int ok = tokenizer_init(&t, p) == 0 && t.vocab_size == 3 && t.eot_token == 2 && !strcmp(t.tokens[1], "bc") &&
-             t.lengths[2] == 5;
+    size_t len1 = 0, len2 = 0;
+    int ok = tokenizer_init(&t, p, NULL) == 0 && t.vocab_size == 258 && t.eot_token == 257;
+    ok = ok && !strcmp(tokenizer_decode(&t, 256, &len1), "bc") && len1 == 2 && tokenizer_decode(&t, 257, &len2) &&
+         len2 == 5 && tokenizer_decode(&t, 258, &len2) == NULL;
     check(ok, "tokenizer file decodes", "");
     if (ok) tokenizer_free(&t);
-    write_bytes(p, file, sizeof(file) - 2);
-    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: truncated", "");
-    unsigned char extra[sizeof(file) + 1];
-    memcpy(extra, file, sizeof(file));
-    extra[sizeof(file)] = 0;
-    write_bytes(p, extra, sizeof(extra));
-    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: trailing bytes", "");
+    write_bytes(p, file, n - 2);
+    check(tokenizer_init(&t, p, NULL) < 0, "bad tokenizer refused: truncated", "");
+    file[n] = 0;
+    write_bytes(p, file, n + 1);
+    check(tokenizer_init(&t, p, NULL) < 0, "bad tokenizer refused: trailing bytes", "");
     h[2] = 1 << 30;
     memcpy(file, h, 1024);
-    write_bytes(p, file, sizeof(file));
-    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: impossible token count", "");
-    h[2] = 3; h[0] = 1;
+    write_bytes(p, file, n);
+    check(tokenizer_init(&t, p, NULL) < 0, "bad tokenizer refused: impossible token count", "");
+    h[2] = 258; h[0] = 1;
     memcpy(file, h, 1024);
-    write_bytes(p, file, sizeof(file));
-    check(tokenizer_init(&t, p) == -1, "bad tokenizer refused: wrong magic", "");
+    write_bytes(p, file, n);
+    check(tokenizer_init(&t, p, NULL) < 0, "bad tokenizer refused: wrong magic", "");
+    check(tokenizer_init(&t, tmp_path("no_such_tokenizer.bin"), NULL) < 0, "bad tokenizer refused: missing file", "");
+    free(file);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -853,7 +858,7 @@ static void test_cli(void) {
         {"-b 3 -t 5 -d 100", -2, "total batch not a multiple of B*T"},
         {"--steps 0", -2, "zero steps"},
         {"--lr-schedule cosh", -2, "unknown schedule"},
-        {"--sample-length 100 -t 64", -2, "sample longer than T"},
+        {"--sample-length 0", -2, "empty sample"},
         {"--model gpt2.bin --num-layers 4", -2, "shape override with a checkpoint"},
         {"--top-p 0", -2, "top-p of zero"},
         {"--beta2 1.0", -2, "beta2 of one"},

@@ -1,4 +1,4 @@
-// bench_tokenizer.c — encode speed of dev/tokenizer/tokenizer.h in MB/s on the
+// bench_tokenizer.c — encode speed of the tokenizer section of train_gpt.c in MB/s on the
 // ~1 MB of mixed documents in dev/fixtures/tokenizer/expected.bin.
 // Run through dev/tokenizer/bench_tokenizer.sh, which also times the
 // reference JS tokenizer on the same documents and prints the ratio.
@@ -10,15 +10,13 @@
 //   many   tokenizer_encode_many, OpenMP over documents, 1 and 2 threads
 //          (each thread starts with an empty cache every pass)
 // Last line: "c_mbps_1thread=X c_mbps_2threads=Y" for the script.
+#define TESTING
+#include "train_gpt.c" /* first: it sets _GNU_SOURCE */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#include "tokenizer.h"
 
 static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec * 1e-9; }
 

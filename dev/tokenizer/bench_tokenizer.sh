@@ -10,7 +10,7 @@ dir="${1:-data/tokenizer}"
 bin="$(mktemp /tmp/bench_tokenizer.XXXXXX)"
 trap 'rm -f "$bin"' EXIT
 # -O3 -march=native: the speed the trainer is built with; -fopenmp: encode_many
-gcc -std=c11 -O3 -march=native -fopenmp -Wall -Wextra dev/tokenizer/bench_tokenizer.c -o "$bin"
+gcc -std=c11 -O3 -march=native -fno-math-errno -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/tokenizer/bench_tokenizer.c -o "$bin"
 c_out="$("$bin" --dir "$dir")"
 echo "$c_out" | grep -v '^c_mbps'
 js_out="$(TOKENIZER_DIR="$dir" node scripts/tokenizer_reference.js bench)"

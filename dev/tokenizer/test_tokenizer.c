@@ -1,9 +1,9 @@
-// test_tokenizer.c — checks dev/tokenizer/tokenizer.h against the reference
+// test_tokenizer.c — checks the tokenizer section of train_gpt.c against the reference
 // GPT-2 tokenizer (npm gpt-3-encoder, run by scripts/tokenizer_reference.js).
 //
 // Build and run (from the repo root, after scripts/fetch_tokenizer.sh and
 // node scripts/tokenizer_files.js):
-//   gcc -std=c11 -O2 -fopenmp -Wall -Wextra dev/tokenizer/test_tokenizer.c -o test_tokenizer && ./test_tokenizer
+//   gcc -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/tokenizer/test_tokenizer.c -o test_tokenizer && ./test_tokenizer
 //   sanitizers: add -fsanitize=address,undefined -g
 //   live mode (CI): ./test_tokenizer --live   (also re-runs the reference
 //   under node on cases.txt and on fresh random byte strings, and compares)
@@ -20,14 +20,15 @@
 //   5. bad files each give their error code, not a crash;
 //   6. (--live) the reference regenerated now agrees too.
 // Exits non-zero on any failure; prints "N passed, N failed" last.
+#define TESTING
+#include "train_gpt.c" /* first: it sets _GNU_SOURCE */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "tokenizer.h"
 
 static int passed = 0, failed = 0;
-#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
+#define TCHECK(cond, ...) do { if (cond) passed++; else { failed++; \
     fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 // ---- fixture file (format: scripts/tokenizer_reference.js) ----
@@ -159,9 +160,9 @@ static void test_fixture(const Tokenizer* t, const Fixture* f, const char* name)
     }
     printf("%s: %zu cases (%d valid UTF-8, %d invalid UTF-8, %d mixed documents; %zu bytes): %zu match, %zu differ; decode mismatches %zu\n",
            name, f->n, kinds[0], kinds[1], kinds[2], nbytes, ok, bad, dec_bad);
-    CHECK(bad == 0, "%s: %zu of %zu cases differ from the reference", name, bad, f->n);
-    CHECK(dec_bad == 0, "%s: decoding the reference ids did not give the text back in %zu cases", name, dec_bad);
-    CHECK(f->n > 0, "%s: no cases", name);
+    TCHECK(bad == 0, "%s: %zu of %zu cases differ from the reference", name, bad, f->n);
+    TCHECK(dec_bad == 0, "%s: decoding the reference ids did not give the text back in %zu cases", name, dec_bad);
+    TCHECK(f->n > 0, "%s: no cases", name);
     tokenizer_work_free(&w);
 }
 
@@ -173,12 +174,12 @@ static void test_the_tester(const Tokenizer* t, const Fixture* f) {
         int* got = (int*)malloc(c->len * sizeof(int)); TOK_CHECK_ALLOC(got);
         size_t n = tokenizer_encode(t, NULL, c->bytes, c->len, got, c->len);
         got[n / 2] = (got[n / 2] + 1) % (int)t->vocab_size;
-        CHECK(!compare_ids(t, c, i, got, n, 0), "planted wrong id was not noticed");
-        CHECK(!compare_ids(t, c, i, got, n - 1, 0), "planted missing id was not noticed");
+        TCHECK(!compare_ids(t, c, i, got, n, 0), "planted wrong id was not noticed");
+        TCHECK(!compare_ids(t, c, i, got, n - 1, 0), "planted missing id was not noticed");
         free(got);
         return;
     }
-    CHECK(0, "no case with 2+ ids to plant a wrong answer in");
+    TCHECK(0, "no case with 2+ ids to plant a wrong answer in");
 }
 
 // ---- 3: random byte strings ----
@@ -238,9 +239,9 @@ static void test_roundtrip_random(const Tokenizer* t, int count) {
     }
     printf("random byte strings: %d, round-trip failures %d, short-buffer failures %d, more ids than bytes %d\n",
            count, bad, bad_cap, bad_bound);
-    CHECK(bad == 0, "decode(encode(x)) != x for %d random strings", bad);
-    CHECK(bad_cap == 0, "a short output buffer changed the result %d times", bad_cap);
-    CHECK(bad_bound == 0, "more ids than bytes %d times", bad_bound);
+    TCHECK(bad == 0, "decode(encode(x)) != x for %d random strings", bad);
+    TCHECK(bad_cap == 0, "a short output buffer changed the result %d times", bad_cap);
+    TCHECK(bad_bound == 0, "more ids than bytes %d times", bad_bound);
     tokenizer_work_free(&w);
 }
 
@@ -256,7 +257,7 @@ static void test_long_pretokens(const Tokenizer* t) {
         for (size_t i = 0; i < n; i++) s[i] = (unsigned char)fills[f][i % k];
         size_t m = tokenizer_encode(t, NULL, s, n, ids, n);
         int64_t d = tokenizer_decode_many(t, ids, m, back, n);
-        CHECK(d == (int64_t)n && memcmp(back, s, n) == 0, "1 MB run of \"%s\" did not round-trip", fills[f]);
+        TCHECK(d == (int64_t)n && memcmp(back, s, n) == 0, "1 MB run of \"%s\" did not round-trip", fills[f]);
     }
     free(s); free(ids); free(back);
 }
@@ -277,7 +278,7 @@ static void test_encode_many(const Tokenizer* t, const Fixture* f) {
     tokenizer_encode_many(t, n, texts, lens, outs, caps, counts);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) if (!compare_ids(t, &f->cases[i], i, outs[i], counts[i], bad == 0)) bad++;
-    CHECK(bad == 0, "tokenizer_encode_many differs from the reference in %zu documents", bad);
+    TCHECK(bad == 0, "tokenizer_encode_many differs from the reference in %zu documents", bad);
     for (size_t i = 0; i < n; i++) free(outs[i]);
     free(texts); free(lens); free(caps); free(counts); free(outs);
 }
@@ -298,7 +299,7 @@ static void expect_error(const char* what, const char* dec, const char* mer, int
     Tokenizer t;
     fprintf(stderr, "[expected error: %s]\n", what);
     int got = tokenizer_init(&t, dec, mer);
-    CHECK(got == want, "%s: tokenizer_init returned %d, expected %d", what, got, want);
+    TCHECK(got == want, "%s: tokenizer_init returned %d, expected %d", what, got, want);
     tokenizer_free(&t);
 }
 
@@ -372,7 +373,7 @@ static void test_bad_files(const char* dec_path, const char* mer_path) {
     {
         Tokenizer t;
         int rc = tokenizer_init(&t, bad, NULL);   // decode only: loads, cannot know
-        CHECK(rc == TOKENIZER_OK, "a decode-only load of a plausible file failed (%d)", rc);
+        TCHECK(rc == TOKENIZER_OK, "a decode-only load of a plausible file failed (%d)", rc);
         tokenizer_free(&t);
     }
     remove(bad); remove(badm);
@@ -383,7 +384,7 @@ static void test_bad_files(const char* dec_path, const char* mer_path) {
 static int run(const char* cmd) {
     printf("live: %s\n", cmd); fflush(stdout);
     int rc = system(cmd);
-    CHECK(rc == 0, "command failed (%d): %s", rc, cmd);
+    TCHECK(rc == 0, "command failed (%d): %s", rc, cmd);
     return rc;
 }
 
@@ -394,7 +395,7 @@ static void test_live(const Tokenizer* t, const char* dir) {
     if (run(cmd) == 0) {
         Fixture f;
         if (fixture_read(&f, fresh) == 0) { test_fixture(t, &f, "live fixture"); fixture_free(&f); }
-        else CHECK(0, "cannot read %s", fresh);
+        else TCHECK(0, "cannot read %s", fresh);
     }
     // fresh random byte strings, ids from the reference (with the
     // surrogate-escape extension for invalid UTF-8)
@@ -402,7 +403,7 @@ static void test_live(const Tokenizer* t, const char* dir) {
     const char* out = "/tmp/test_tokenizer_live_random_ids.bin";
     enum { COUNT = 3000, MAXLEN = 200 };
     FILE* fp = fopen(in, "wb");
-    CHECK(fp != NULL, "cannot write %s", in);
+    TCHECK(fp != NULL, "cannot write %s", in);
     if (fp == NULL) return;
     unsigned char hdr[1024] = {0};
     put32(hdr, 20261103); put32(hdr + 4, 1); put32(hdr + 8, COUNT);
@@ -413,12 +414,12 @@ static void test_live(const Tokenizer* t, const char* dir) {
         put32(h, 0); put32(h + 4, 0); put32(h + 8, (uint32_t)len);
         fwrite(h, 1, 12, fp); fwrite(buf, 1, len, fp); fwrite(z, 1, 4, fp);
     }
-    CHECK(fclose(fp) == 0, "cannot write %s", in);
+    TCHECK(fclose(fp) == 0, "cannot write %s", in);
     snprintf(cmd, sizeof(cmd), "TOKENIZER_DIR='%s' node scripts/tokenizer_reference.js encode %s %s", dir, in, out);
     if (run(cmd) == 0) {
         Fixture f;
         if (fixture_read(&f, out) == 0) { test_fixture(t, &f, "live random byte strings"); fixture_free(&f); }
-        else CHECK(0, "cannot read %s", out);
+        else TCHECK(0, "cannot read %s", out);
     }
     remove(in); remove(out); remove(fresh);
 }
@@ -445,11 +446,11 @@ int main(int argc, char** argv) {
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    CHECK(t.vocab_size == 50257 && t.eot_token == 50256 && t.num_merges == 50000, "GPT-2 sizes");
+    TCHECK(t.vocab_size == 50257 && t.eot_token == 50256 && t.num_merges == 50000, "GPT-2 sizes");
     size_t len = 0;
     const char* eot = tokenizer_decode(&t, t.eot_token, &len);
-    CHECK(eot && len == 13 && memcmp(eot, "<|endoftext|>", 13) == 0, "decode of end-of-text");
-    CHECK(tokenizer_decode(&t, 50257, &len) == NULL && len == 0, "decode of an id out of range");
+    TCHECK(eot && len == 13 && memcmp(eot, "<|endoftext|>", 13) == 0, "decode of end-of-text");
+    TCHECK(tokenizer_decode(&t, 50257, &len) == NULL && len == 0, "decode of an id out of range");
 
     Fixture f;
     if (fixture_read(&f, fixture) == 0) {
@@ -458,7 +459,7 @@ int main(int argc, char** argv) {
         test_encode_many(&t, &f);
         fixture_free(&f);
     } else {
-        CHECK(0, "cannot read the fixture %s", fixture);
+        TCHECK(0, "cannot read the fixture %s", fixture);
     }
     test_roundtrip_random(&t, 20000);
     test_long_pretokens(&t);
@@ -466,7 +467,7 @@ int main(int argc, char** argv) {
     {   // a decode-only tokenizer decodes
         Tokenizer d;
         int rc = tokenizer_init(&d, dec_path, NULL);
-        CHECK(rc == TOKENIZER_OK && !d.can_encode && d.vocab_size == 50257, "decode-only load");
+        TCHECK(rc == TOKENIZER_OK && !d.can_encode && d.vocab_size == 50257, "decode-only load");
         tokenizer_free(&d);
     }
     if (live) test_live(&t, dir);
