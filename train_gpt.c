@@ -1376,6 +1376,19 @@ static int dataloader_next(DataLoader* d) {
     return 0;
 }
 
+/* Entropy (nats) of the unigram distribution of the loaded shard's tokens:
+ * the loss of the best model that ignores context, a baseline to beat. */
+static double dataloader_unigram_entropy(const DataLoader* d) {
+    double* count = (double*)xmalloc(sizeof(double) * (size_t)d->vocab_size);
+    memset(count, 0, sizeof(double) * (size_t)d->vocab_size);
+    for (long long i = 0; i < d->num_tokens; i++) count[d->tokens[i]] += 1.0;
+    double h = 0.0, n = (double)d->num_tokens;
+    for (int v = 0; v < d->vocab_size; v++)
+        if (count[v] > 0) h -= count[v] / n * log(count[v] / n);
+    free(count);
+    return h;
+}
+
 /* Micro-batches in one pass over all shards (for a default of one epoch). */
 static long long dataloader_batches_per_epoch(const DataLoader* d) {
     long long n = 0, per_step = (long long)d->world * d->B;
@@ -3449,6 +3462,9 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         return -1;
     int use_val = val_pattern[0] != '\0' && o->val_every > 0;
     if (use_val && dataloader_init(&val, val_pattern, B, T, 0, 1, c->vocab_size, 0, 0) != 0) return -1;
+    if (use_val)
+        printf("val data: unigram entropy %.3f nats (a model that ignores context can do no better)\n",
+               dataloader_unigram_entropy(&val));
     int steps = o->steps;
     if (steps < 0) steps = (int)(dataloader_batches_per_epoch(&train_data) / grad_accum);
     if (steps < 1) steps = 1;
@@ -3529,7 +3545,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     return 0;
 }
 
-#ifndef TESTING
+#if !defined(TESTING) && !defined(GPTC_LIBRARY) /* included for its functions: no main */
 int main(int argc, char** argv) {
     Options o;
     int rc = options_parse(&o, argc, argv);
@@ -3573,4 +3589,4 @@ int main(int argc, char** argv) {
     gpt2_free(&model);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }
-#endif /* TESTING */
+#endif /* !TESTING && !GPTC_LIBRARY */

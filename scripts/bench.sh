@@ -42,3 +42,8 @@ printf "%s" "$rows" | while read -r B T oms ogf omm orss tms tgf trss; do
         printf "B=%d T=%-4d | %12.0f %8.1f %7.1f (%3.0f%%) %9.2f | %12.0f %8.1f %9.2f | %.2fx\n",
                B, T, oms, ogf, omm, 100 * omm / ceil, orss, tms, tgf, trss, tms / oms }'
 done
+
+# Tokenizer: our encoder against the reference JavaScript tokenizer on the
+# same ~1 MB of mixed text (needs the tokenizer files: make tokenizer).
+echo
+dev/tokenizer/bench_tokenizer.sh data/tokenizer
