@@ -8,6 +8,7 @@
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
+#   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 
 CC ?= gcc
 CXX ?= g++
@@ -134,7 +135,60 @@ dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
 bench: dev/cpu/bench_train $(TOKENIZER_FILES)
 	scripts/bench.sh
 
+# ---- CUDA twin ------------------------------------------------------------------
+# Nothing here has run on a GPU yet; check-cuda only compiles.
+#
+#   make train_gpt_cu   the GPU trainer
+#   make test_gpt_cu    its tests (CPU trainer in the same binary)
+#   make dev-cuda       the kernel lab binaries in dev/cuda/
+#   make check-cuda     compile-only of every .cu file, for CI (no GPU needed)
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+# CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
+# build keeps compile times short; check-cuda builds both.
+CUDA_ARCH ?= sm_90
+# -O3                 host and device optimisation
+# -arch=$(CUDA_ARCH)  real SASS for the target GPU (and PTX for it)
+# -std=c++17          train_gpt.c is included as C++17
+# -Xcompiler -fopenmp OpenMP for the host-side code (data loading, sampler)
+# -Xcompiler -Wall,-Wextra,-Wno-unused-function  host warnings; the unused
+#                     ones are train_gpt.c helpers only its own main() calls
+# -I.                 dev/cuda files include "train_gpt.cu" from the root
+NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -I.
+# -lcublasLt          cuBLASLt: every matmul (the CUDA runtime is linked by nvcc)
+CUDA_LDLIBS = -lcublasLt
+CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
+
+train_gpt_cu: train_gpt.cu train_gpt.c unicode_tables.h
+	$(NVCC) $(NVCCFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS)
+
+test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c unicode_tables.h
+	$(NVCC) $(NVCCFLAGS) -o $@ test_gpt.cu $(CUDA_LDLIBS)
+
+dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
+
+dev-cuda: $(CUDA_DEV)
+
+# CI (no GPU): every .cu file must compile, warning-free, for Hopper and Ampere.
+# -Werror all-warnings: nvcc's own diagnostics become errors too.
+check-cuda:
+	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
+	for arch in sm_90 sm_80; do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu; do \
+	    echo "$(NVCC) -arch=$$arch $$f"; \
+	    $(NVCC) -O3 -arch=$$arch -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. \
+	      -o /dev/null $$f $(CUDA_LDLIBS) || exit 1; \
+	  done; \
+	done
+
+gpu-check:
+	scripts/gpu_check.sh
+
+.PHONY: dev-cuda check-cuda gpu-check
+
 clean:
-	rm -f train_gpt test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train
+	rm -f train_gpt test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
+		train_gpt_cu test_gpt_cu $(CUDA_DEV)
 
 .PHONY: all tokenizer train train-toy test test-fast test-asan check-cxx bench clean

@@ -3449,100 +3449,180 @@ static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const O
     return 0;
 }
 
-/* The training loop, with validation, samples, logging and checkpoints. */
-static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
-                 const char* val_pattern) {
-    const GPT2Config* c = &model->config;
-    int B = o->batch_size, T = o->seq_len;
-    int total = o->total_batch_size > 0 ? o->total_batch_size : B * T;
-    int grad_accum = total / (B * T);
-    printf("batch: B=%d T=%d, %d tokens per step (%d micro-batches)\n", B, T, total, grad_accum);
-    DataLoader train_data, val;
-    if (dataloader_init(&train_data, train_pattern, B, T, 0, 1, c->vocab_size, o->shuffle, (uint64_t)o->seed) != 0)
+/* Everything a training loop needs besides the model and its arithmetic:
+ * the data, the step count, the schedule and optimizer settings, the log.
+ * train() below and gpu_train() in train_gpt.cu share it, so both print the
+ * same lines and write the same JSONL. */
+typedef struct {
+    DataLoader train, val;
+    int use_val;
+    int B, T, total, grad_accum, steps;
+    LRSchedule sched;
+    AdamWConfig opt;
+    Rng sample_rng;
+    FILE* log;
+    double start_ms;
+} TrainRun;
+
+static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, const char* train_pattern,
+                          const char* val_pattern) {
+    memset(r, 0, sizeof(*r));
+    r->B = o->batch_size;
+    r->T = o->seq_len;
+    r->total = o->total_batch_size > 0 ? o->total_batch_size : r->B * r->T;
+    r->grad_accum = r->total / (r->B * r->T);
+    printf("batch: B=%d T=%d, %d tokens per step (%d micro-batches)\n", r->B, r->T, r->total, r->grad_accum);
+    if (dataloader_init(&r->train, train_pattern, r->B, r->T, 0, 1, c->vocab_size, o->shuffle, (uint64_t)o->seed) != 0)
         return -1;
-    int use_val = val_pattern[0] != '\0' && o->val_every > 0;
-    if (use_val && dataloader_init(&val, val_pattern, B, T, 0, 1, c->vocab_size, 0, 0) != 0) return -1;
-    if (use_val)
+    r->use_val = val_pattern[0] != '\0' && o->val_every > 0;
+    if (r->use_val && dataloader_init(&r->val, val_pattern, r->B, r->T, 0, 1, c->vocab_size, 0, 0) != 0) {
+        dataloader_free(&r->train);
+        return -1;
+    }
+    if (r->use_val)
         printf("val data: unigram entropy %.3f nats (a model that ignores context can do no better)\n",
-               dataloader_unigram_entropy(&val));
-    int steps = o->steps;
-    if (steps < 0) steps = (int)(dataloader_batches_per_epoch(&train_data) / grad_accum);
-    if (steps < 1) steps = 1;
-    printf("data: %d train shard(s), %lld micro-batches per epoch; %d steps\n", train_data.num_shards,
-           dataloader_batches_per_epoch(&train_data), steps);
+               dataloader_unigram_entropy(&r->val));
+    r->steps = o->steps;
+    if (r->steps < 0) r->steps = (int)(dataloader_batches_per_epoch(&r->train) / r->grad_accum);
+    if (r->steps < 1) r->steps = 1;
+    printf("data: %d train shard(s), %lld micro-batches per epoch; %d steps\n", r->train.num_shards,
+           dataloader_batches_per_epoch(&r->train), r->steps);
     if (o->output_dir[0] && mkdir_p(o->output_dir) != 0) {
         FILE_ERROR(o->output_dir, "cannot create output directory: %s", strerror(errno));
         return -1;
     }
-    FILE* log = NULL;
-    if (o->log_file[0] && !(log = fopen(o->log_file, "w"))) {
+    if (o->log_file[0] && !(r->log = fopen(o->log_file, "w"))) {
         FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
         return -1;
     }
-    gpt2_alloc_training(model, B, T);
+    ALWAYS(schedule_parse(o->lr_schedule, &r->sched.kind) == 0);
+    r->sched.max_lr = o->lr;
+    r->sched.warmup_steps = o->warmup_steps;
+    r->sched.total_steps = r->steps;
+    r->sched.final_frac = o->final_lr_frac;
+    r->sched.decay_frac = o->decay_frac;
+    r->opt.beta1 = o->beta1;
+    r->opt.beta2 = o->beta2;
+    r->opt.eps = o->eps;
+    r->opt.weight_decay = o->weight_decay;
+    r->opt.decay_all = o->decay_all;
+    rng_init(&r->sample_rng, (uint64_t)o->seed + 1);
+    r->start_ms = time_ms();
+    return 0;
+}
+
+static void train_run_free(TrainRun* r) {
+    if (r->log) fclose(r->log);
+    if (r->use_val) dataloader_free(&r->val);
+    dataloader_free(&r->train);
+    memset(r, 0, sizeof(*r));
+}
+
+static int train_run_val_due(const TrainRun* r, const Options* o, int step) {
+    return r->use_val && (step % o->val_every == 0 || step == r->steps);
+}
+
+static int train_run_sample_due(const TrainRun* r, const Options* o, int step) {
+    return o->sample_every > 0 && step > 0 && (step % o->sample_every == 0 || step == r->steps);
+}
+
+static void train_run_log_val(TrainRun* r, int step, float val_loss) {
+    printf("val loss %.4f\n", val_loss);
+    if (r->log) fprintf(r->log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, val_loss);
+}
+
+/* The progress line and the JSONL record of a finished step (0-based);
+ * `extra` is inserted after tokens/s (the CUDA twin's MFU). */
+static void train_run_log_step(TrainRun* r, int step, double loss, float lr, double norm, double ms, int finite,
+                               const char* extra) {
+    double elapsed = (time_ms() - r->start_ms) / 1000.0;
+    double eta = elapsed / (step + 1) * (r->steps - step - 1);
+    printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | eta %dm%02ds%s\n", step + 1,
+           r->steps, loss, lr, norm, ms, r->total / (ms / 1000.0), extra, (int)eta / 60, (int)eta % 60,
+           finite ? "" : " | non-finite: update skipped");
+    fflush(stdout);
+    if (r->log) {
+        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f}\n", step + 1,
+                loss, lr, norm, ms);
+        fflush(r->log);
+    }
+}
+
+/* The training loop, with validation, samples, logging and checkpoints. */
+static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
+                 const char* val_pattern) {
+    TrainRun r;
+    if (train_run_init(&r, &model->config, o, train_pattern, val_pattern) != 0) return -1;
+    gpt2_alloc_training(model, r.B, r.T);
     double mb = 1.0 / (1024.0 * 1024.0);
     printf("memory: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, backward scratch %.0f MB\n",
            model->num_parameters * 4 * mb, model->num_parameters * 4 * mb, model->num_parameters * 8 * mb,
            model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
-    LRSchedule sched;
-    ALWAYS(schedule_parse(o->lr_schedule, &sched.kind) == 0);
-    sched.max_lr = o->lr;
-    sched.warmup_steps = o->warmup_steps;
-    sched.total_steps = steps;
-    sched.final_frac = o->final_lr_frac;
-    sched.decay_frac = o->decay_frac;
-    AdamWConfig opt;
-    opt.beta1 = o->beta1;
-    opt.beta2 = o->beta2;
-    opt.eps = o->eps;
-    opt.weight_decay = o->weight_decay;
-    opt.decay_all = o->decay_all;
-    Rng sample_rng;
-    rng_init(&sample_rng, (uint64_t)o->seed + 1);
-
-    double run_start = time_ms();
-    for (int step = 0; step <= steps; step++) {
-        int last = step == steps;
-        if (use_val && (step % o->val_every == 0 || last)) {
-            float vl = evaluate(model, &val, o->val_batches);
-            printf("val loss %.4f\n", vl);
-            if (log) fprintf(log, "{\"step\": %d, \"val_loss\": %.6f}\n", step, vl);
-        }
-        if (o->sample_every > 0 && step > 0 && (step % o->sample_every == 0 || last))
-            sample_print(model, tok, o, &sample_rng);
-        if (last) break;
-
+    for (int step = 0; step <= r.steps; step++) {
+        if (train_run_val_due(&r, o, step)) train_run_log_val(&r, step, evaluate(model, &r.val, o->val_batches));
+        if (train_run_sample_due(&r, o, step)) sample_print(model, tok, o, &r.sample_rng);
+        if (step == r.steps) break;
         double t0 = time_ms();
         gpt2_zero_grad(model);
         double loss = 0.0;
-        for (int micro = 0; micro < grad_accum; micro++) {
-            if (dataloader_next(&train_data) != 0) return -1;
-            loss += gpt2_forward(model, train_data.inputs, train_data.targets, B, T) / grad_accum;
-            gpt2_backward(model, 1.0f / grad_accum);
+        for (int micro = 0; micro < r.grad_accum; micro++) {
+            if (dataloader_next(&r.train) != 0) return -1;
+            loss += gpt2_forward(model, r.train.inputs, r.train.targets, r.B, r.T) / r.grad_accum;
+            gpt2_backward(model, 1.0f / r.grad_accum);
         }
         double norm = gradients_clip(model, o->grad_clip);
-        float lr = (float)lr_at(&sched, step);
+        float lr = (float)lr_at(&r.sched, step);
         int finite = isfinite(loss) && isfinite(norm);
-        if (finite) adamw_update(model, &opt, lr, step + 1);
-        double ms = time_ms() - t0;
-        double elapsed = (time_ms() - run_start) / 1000.0;
-        double eta = elapsed / (step + 1) * (steps - step - 1);
-        printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %dm%02ds%s\n",
-               step + 1, steps, loss, lr, norm, ms, total / (ms / 1000.0), (int)eta / 60, (int)eta % 60,
-               finite ? "" : " | non-finite: update skipped");
-        fflush(stdout);
-        if (log) {
-            fprintf(log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f}\n",
-                    step + 1, loss, lr, norm, ms);
-            fflush(log);
-        }
-        if (o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < steps) checkpoint_save(model, o, step + 1);
+        if (finite) adamw_update(model, &r.opt, lr, step + 1);
+        train_run_log_step(&r, step, loss, lr, norm, time_ms() - t0, finite, "");
+        if (o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) checkpoint_save(model, o, step + 1);
     }
-    checkpoint_save(model, o, steps);
-    if (log) fclose(log);
-    if (use_val) dataloader_free(&val);
-    dataloader_free(&train_data);
+    checkpoint_save(model, o, r.steps);
+    train_run_free(&r);
     return 0;
+}
+
+/* A training loop: train() here, gpu_train() in the CUDA twin. */
+typedef int (*TrainFn)(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
+                       const char* val_pattern, void* ctx);
+
+static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
+                     const char* val_pattern, void* ctx) {
+    (void)ctx;
+    return train(model, o, tok, train_pattern, val_pattern);
+}
+
+/* Everything after the flags, shared with train_gpt.cu: build the model,
+ * load the tokenizer, then generate from --prompt, or tokenize --data and
+ * train with `train_fn`. Returns 0 or -1. */
+static int run(const Options* o, TrainFn train_fn, void* ctx) {
+    GPT2 model;
+    if (model_from_options(&model, o) != 0) return -1;
+    const GPT2Config* c = &model.config;
+    printf("model: L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters (%s)\n", c->num_layers, c->channels,
+           c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters,
+           depth_from_name(o->model) ? "random init" : o->model);
+    int rc = 0;
+    Tokenizer tok;
+    if (!o->prompt[0] && o->seq_len > c->max_seq_len) {
+        fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o->seq_len, c->max_seq_len);
+        rc = -1;
+    } else if (tokenizer_setup(&tok, o, c->vocab_size) != 0) {
+        rc = -1;
+    } else {
+        if (o->prompt[0]) {
+            rc = generate_from_prompt(&model, &tok, o);
+        } else {
+            char train_pattern[4300], val_pattern[4300];
+            snprintf(train_pattern, sizeof(train_pattern), "%s", o->train_data);
+            snprintf(val_pattern, sizeof(val_pattern), "%s", o->val_data);
+            rc = o->data[0] ? data_from_text(o, &tok, train_pattern, val_pattern, sizeof(train_pattern)) : 0;
+            if (rc == 0) rc = train_fn(&model, o, &tok, train_pattern, val_pattern, ctx);
+        }
+        tokenizer_free(&tok);
+    }
+    gpt2_free(&model);
+    return rc;
 }
 
 #if !defined(TESTING) && !defined(GPTC_LIBRARY) /* included for its functions: no main */
@@ -3564,29 +3644,6 @@ int main(int argc, char** argv) {
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    GPT2 model;
-    if (model_from_options(&model, &o) != 0) return EXIT_FAILURE;
-    const GPT2Config* c = &model.config;
-    printf("model: L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters (%s)\n", c->num_layers, c->channels,
-           c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters,
-           depth_from_name(o.model) ? "random init" : o.model);
-    if (!o.prompt[0] && o.seq_len > c->max_seq_len) {
-        fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o.seq_len, c->max_seq_len);
-        return EXIT_FAILURE;
-    }
-    Tokenizer tok;
-    if (tokenizer_setup(&tok, &o, c->vocab_size) != 0) return EXIT_FAILURE;
-    if (o.prompt[0]) {
-        rc = generate_from_prompt(&model, &tok, &o);
-    } else {
-        char train_pattern[4300], val_pattern[4300];
-        snprintf(train_pattern, sizeof(train_pattern), "%s", o.train_data);
-        snprintf(val_pattern, sizeof(val_pattern), "%s", o.val_data);
-        rc = o.data[0] ? data_from_text(&o, &tok, train_pattern, val_pattern, sizeof(train_pattern)) : 0;
-        if (rc == 0) rc = train(&model, &o, &tok, train_pattern, val_pattern);
-    }
-    tokenizer_free(&tok);
-    gpt2_free(&model);
-    return rc == 0 ? 0 : EXIT_FAILURE;
+    return run(&o, train_cpu, NULL) == 0 ? 0 : EXIT_FAILURE;
 }
 #endif /* !TESTING && !GPTC_LIBRARY */

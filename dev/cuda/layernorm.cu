@@ -1,0 +1,150 @@
+/*
+ * dev/cuda/layernorm.cu — LayerNorm forward (and the production backward),
+ * bf16 in and out, fp32 statistics.
+ *
+ * STATUS: not yet run on a GPU.
+ *
+ * CPU reference: train_gpt.c's layernorm_forward / layernorm_backward (fp32,
+ * on the same bf16-rounded inputs).
+ * Variants (forward):
+ *   1  naive: one thread per row, three passes over the row
+ *   2  production: layernorm_forward_gpu from train_gpt.cu (one warp per row)
+ * Backward: layernorm_backward_gpu from train_gpt.cu, validated (and timed).
+ *
+ * Build and run (from the repository root):
+ *   nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o dev/cuda/layernorm dev/cuda/layernorm.cu -lcublasLt
+ *   ./dev/cuda/layernorm           # validate and time every variant (B=16, T=1024, C=768)
+ *   ./dev/cuda/layernorm 1         # only variant 1
+ *   ./dev/cuda/layernorm 0 4 9 36  # all variants at B=4 T=9 C=36 (awkward sizes)
+ */
+#define GPTCU_LIBRARY
+#include "train_gpt.cu"
+#include "dev/cuda/common.h"
+
+/* variant 1: one thread per row */
+__global__ void layernorm_forward_naive_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                               const floatX* weight, const floatX* bias, int N, int C) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= N) return;
+    const floatX* x = inp + (size_t)row * C;
+    float m = 0.0f, v = 0.0f;
+    for (int c = 0; c < C; c++) m += __bfloat162float(x[c]);
+    m /= C;
+    for (int c = 0; c < C; c++) {
+        float d = __bfloat162float(x[c]) - m;
+        v += d * d;
+    }
+    float s = rsqrtf(v / C + 1e-5f);
+    for (int c = 0; c < C; c++)
+        out[(size_t)row * C + c] = __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(weight[c]) +
+                                                    __bfloat162float(bias[c]));
+    mean[row] = m;
+    rstd[row] = s;
+}
+
+typedef struct {
+    int variant, N, C;
+    floatX *out, *inp, *w, *b, *dout, *dinp;
+    float *mean, *rstd, *dw, *db, *part;
+} LnCtx;
+
+static void run_forward(void* p) {
+    LnCtx* c = (LnCtx*)p;
+    if (c->variant == 1) {
+        layernorm_forward_naive_kernel<<<ceil_div(c->N, 128), 128>>>(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+        KERNEL_CHECK();
+    } else {
+        layernorm_forward_gpu(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 0);
+    }
+}
+
+static void run_backward(void* p) {
+    LnCtx* c = (LnCtx*)p;
+    layernorm_backward_gpu(c->dinp, c->dw, c->db, c->part, c->dout, c->inp, c->w, c->mean, c->rstd, c->N, c->C, 0);
+}
+
+int main(int argc, char** argv) {
+    require_device("layernorm");
+    int only = argc > 1 ? atoi(argv[1]) : 0;
+    int B = argc > 4 ? atoi(argv[2]) : 16, T = argc > 4 ? atoi(argv[3]) : 1024, C = argc > 4 ? atoi(argv[4]) : 768;
+    int N = B * T;
+    printf("N = B*T = %d rows, C = %d\n", N, C);
+    float* x = random_floats((size_t)N * C, -3.0f, 3.0f, 1);
+    float* w = random_floats(C, 0.5f, 1.5f, 2);
+    float* b = random_floats(C, -0.5f, 0.5f, 3);
+    float* dy = random_floats((size_t)N * C, -1.0f, 1.0f, 4);
+    float* dx0 = random_floats((size_t)N * C, -1.0f, 1.0f, 5); /* the residual gradient it adds into */
+    LnCtx ctx;
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.N = N;
+    ctx.C = C;
+    ctx.inp = to_device_bf16(x, (size_t)N * C);
+    ctx.w = to_device_bf16(w, C);
+    ctx.b = to_device_bf16(b, C);
+    ctx.dout = to_device_bf16(dy, (size_t)N * C);
+    ctx.dinp = to_device_bf16(dx0, (size_t)N * C);
+    CUDA_CHECK(cudaMalloc((void**)&ctx.out, (size_t)N * C * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.mean, N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.rstd, N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.dw, C * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.db, C * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.part, 2 * (size_t)column_sums_splits(N) * C * sizeof(float)));
+    CUDA_CHECK(cudaMemset(ctx.dw, 0, C * sizeof(float)));
+    CUDA_CHECK(cudaMemset(ctx.db, 0, C * sizeof(float)));
+
+    /* CPU reference */
+    float* out = xmalloc_floats((size_t)N * C);
+    float* mean = xmalloc_floats(N);
+    float* rstd = xmalloc_floats(N);
+    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+
+    L2Flush flush;
+    l2flush_init(&flush);
+    double peak = peak_bandwidth_gbs();
+    int ok = 1;
+    for (int v = 1; v <= 2; v++) {
+        if (only && v != only) continue;
+        ctx.variant = v;
+        run_forward(&ctx);
+        float* got = from_device_bf16(ctx.out, (size_t)N * C);
+        float* gm = from_device_f32(ctx.mean, N);
+        float* gr = from_device_f32(ctx.rstd, N);
+        char name[64];
+        printf("variant %d (%s)\n", v, v == 1 ? "naive, thread per row" : "production, warp per row");
+        snprintf(name, sizeof(name), "out (bf16)");
+        ok &= validate(name, got, out, (size_t)N * C, 1e-2, 1e-2);
+        ok &= validate("mean (fp32)", gm, mean, N, 1e-5, 1e-4);
+        ok &= validate("rstd (fp32)", gr, rstd, N, 1e-5, 1e-4);
+        free(got); free(gm); free(gr);
+        double ms = time_kernel(&flush, 20, run_forward, &ctx);
+        print_timing(v == 1 ? "forward variant 1" : "forward variant 2", ms, (double)N * C * 4 + C * 4.0 + N * 8.0, peak);
+    }
+    if (!only || only == 2) {
+        /* backward: production only; CPU reference on the same inputs and the GPU's mean/rstd inputs */
+        printf("backward (production)\n");
+        ctx.variant = 2;
+        run_forward(&ctx);
+        float* gm = from_device_f32(ctx.mean, N);
+        float* gr = from_device_f32(ctx.rstd, N);
+        float* dx = xmalloc_floats((size_t)N * C);
+        memcpy(dx, dx0, (size_t)N * C * sizeof(float));
+        float* dw = xmalloc_floats(C);
+        float* db = xmalloc_floats(C);
+        memset(dw, 0, C * sizeof(float));
+        memset(db, 0, C * sizeof(float));
+        layernorm_backward(dx, dw, db, dy, x, w, gm, gr, N, C);
+        run_backward(&ctx);
+        float* gdx = from_device_bf16(ctx.dinp, (size_t)N * C);
+        float* gdw = from_device_f32(ctx.dw, C);
+        float* gdb = from_device_f32(ctx.db, C);
+        ok &= validate("dinp (bf16, accumulated)", gdx, dx, (size_t)N * C, 2e-2, 2e-2);
+        ok &= validate("dweight (fp32)", gdw, dw, C, 1e-2 * sqrt((double)N), 1e-3);
+        ok &= validate("dbias (fp32)", gdb, db, C, 1e-2 * sqrt((double)N), 1e-3);
+        double ms = time_kernel(&flush, 20, run_backward, &ctx);
+        print_timing("backward", ms, (double)N * C * 2 * 4 + N * 8.0, peak); /* dy, x twice; dinp read+write */
+        free(gm); free(gr); free(dx); free(dw); free(db); free(gdx); free(gdw); free(gdb);
+    }
+    l2flush_free(&flush);
+    printf("%s\n", ok ? "layernorm: all variants valid" : "layernorm: FAILED");
+    return ok ? 0 : 1;
+}

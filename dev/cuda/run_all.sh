@@ -1,0 +1,29 @@
+#!/bin/sh
+# dev/cuda/run_all.sh — build and validate every kernel-lab file, at the
+# default (GPT-2 124M) sizes and at awkward tiny ones. Needs a GPU; without
+# one each file says so and exits 77 (counted as skipped, not failed).
+#   dev/cuda/run_all.sh            # from the repository root
+#   ARCH=sm_80 dev/cuda/run_all.sh # an A100
+set -u
+cd "$(dirname "$0")/../.."
+NVCC=${NVCC:-nvcc}
+command -v "$NVCC" >/dev/null 2>&1 || NVCC=/usr/local/cuda/bin/nvcc
+ARCH=${ARCH:-sm_90}
+pass=0; fail=0; skip=0
+run() { # name, args...
+    name=$1; shift
+    echo "== dev/cuda/$name $*"
+    "./dev/cuda/$name" "$@"
+    rc=$?
+    if [ $rc -eq 0 ]; then pass=$((pass + 1)); elif [ $rc -eq 77 ]; then skip=$((skip + 1)); else fail=$((fail + 1)); fi
+}
+for f in layernorm classifier; do
+    echo "== build dev/cuda/$f ($ARCH)"
+    "$NVCC" -O3 -arch="$ARCH" -std=c++17 -Xcompiler -fopenmp -I. -o "dev/cuda/$f" "dev/cuda/$f.cu" -lcublasLt || { fail=$((fail + 1)); continue; }
+done
+run layernorm
+run layernorm 0 4 9 36
+run classifier
+run classifier 0 27 131 256
+echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
+[ $fail -eq 0 ]

@@ -1,0 +1,111 @@
+/*
+ * test_common.h — what test_gpt.c and test_gpt.cu share: the check counter,
+ * the tensor comparison, and the reader of the PyTorch reference file written
+ * by scripts/gpt2_reference.py (format documented there). Include it after
+ * train_gpt.c (it uses read_exact, xmalloc_floats, file_size, FILE_ERROR).
+ */
+#ifndef TEST_COMMON_H
+#define TEST_COMMON_H
+
+static int tests_passed = 0, tests_failed = 0;
+
+static void check(int ok, const char* what, const char* detail) {
+    if (ok) tests_passed++;
+    else tests_failed++;
+    printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what, detail[0] ? "  " : "", detail);
+}
+
+/* Compare a tensor to its reference: the worst element's error relative to
+ * the reference tensor's largest magnitude must be <= tol. Fills `detail`
+ * with the worst element. Returns 1 if within tolerance. */
+static int tensor_close(const float* got, const float* want, size_t n, double tol, char* detail, size_t cap) {
+    double maxref = 0.0, worst = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)want[i]));
+    if (maxref == 0.0) maxref = 1.0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) finite = 0;
+        double e = fabs((double)got[i] - (double)want[i]) / maxref;
+        if (e > worst || !isfinite(got[i])) { worst = isfinite(got[i]) ? e : INFINITY; at = i; }
+    }
+    snprintf(detail, cap, "worst rel err %.2e (tol %.0e) at [%zu]: got %.9g want %.9g (max|ref| %.3g)",
+             worst, tol, at, n ? got[at] : 0.0f, n ? want[at] : 0.0f, maxref);
+    return finite && worst <= tol;
+}
+
+static void check_close(const char* what, const float* got, const float* want, size_t n, double tol) {
+    char detail[256];
+    int ok = tensor_close(got, want, n, tol, detail, sizeof(detail));
+    check(ok, what, detail);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The PyTorch reference file (see scripts/gpt2_reference.py)             */
+/* ---------------------------------------------------------------------- */
+#define REF_MAGIC 20261101
+typedef struct {
+    int B, T, steps, V, Vp, warmup, schedule;
+    long long P;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip, final_lr_frac;
+    int* x;          /* (B, T) */
+    int* y;          /* (B, T) */
+    float* logits;   /* (B, T, Vp) */
+    float loss;
+    float* grads;    /* (P) */
+    float* losses;   /* (steps) */
+    float* norms;    /* (steps) */
+    float* final_params; /* (P) */
+} Reference;
+
+static float float_from_bits(int32_t bits) {
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static int reference_read(Reference* r, const char* path) {
+    memset(r, 0, sizeof(*r));
+    FILE* f = fopen(path, "rb");
+    if (!f) { FILE_ERROR(path, "cannot open reference: %s", strerror(errno)); return -1; }
+    int32_t h[256];
+    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
+    if (h[0] != REF_MAGIC || h[1] != 1) {
+        FILE_ERROR(path, "not a reference file (magic %d version %d)", h[0], h[1]);
+        fclose(f);
+        return -1;
+    }
+    r->B = h[2]; r->T = h[3]; r->steps = h[4]; r->V = h[5]; r->Vp = h[6]; r->P = h[7];
+    r->warmup = h[8]; r->schedule = h[9];
+    r->lr = float_from_bits(h[16]); r->beta1 = float_from_bits(h[17]); r->beta2 = float_from_bits(h[18]);
+    r->eps = float_from_bits(h[19]); r->weight_decay = float_from_bits(h[20]);
+    r->grad_clip = float_from_bits(h[21]); r->final_lr_frac = float_from_bits(h[22]);
+    size_t BT = (size_t)r->B * r->T;
+    long long expect = 1024 + 8LL * BT + 4LL * (long long)BT * r->Vp + 4 + 4LL * r->P * 2 + 8LL * r->steps;
+    if (file_size(f) != expect || r->B < 1 || r->T < 1 || r->steps < 1 || r->P < 1) {
+        FILE_ERROR(path, "size %lld does not match its header (expected %lld)", file_size(f), expect);
+        fclose(f);
+        return -1;
+    }
+    r->x = (int*)xmalloc(4 * BT);
+    r->y = (int*)xmalloc(4 * BT);
+    r->logits = xmalloc_floats(BT * r->Vp);
+    r->grads = xmalloc_floats((size_t)r->P);
+    r->losses = xmalloc_floats((size_t)r->steps);
+    r->norms = xmalloc_floats((size_t)r->steps);
+    r->final_params = xmalloc_floats((size_t)r->P);
+    int rc = read_exact(f, r->x, 4 * BT, path) || read_exact(f, r->y, 4 * BT, path) ||
+             read_exact(f, r->logits, 4 * BT * r->Vp, path) || read_exact(f, &r->loss, 4, path) ||
+             read_exact(f, r->grads, 4 * (size_t)r->P, path) || read_exact(f, r->losses, 4 * (size_t)r->steps, path) ||
+             read_exact(f, r->norms, 4 * (size_t)r->steps, path) ||
+             read_exact(f, r->final_params, 4 * (size_t)r->P, path);
+    fclose(f);
+    return rc ? -1 : 0;
+}
+
+static void reference_free(Reference* r) {
+    free(r->x); free(r->y); free(r->logits); free(r->grads); free(r->losses); free(r->norms);
+    free(r->final_params);
+}
+
+#endif /* TEST_COMMON_H */
