@@ -3595,7 +3595,7 @@ static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const 
 /* Everything after the flags, shared with train_gpt.cu: build the model,
  * load the tokenizer, then generate from --prompt, or tokenize --data and
  * train with `train_fn`. Returns 0 or -1. */
-static int run(const Options* o, TrainFn train_fn, void* ctx) {
+static int gptc_run(const Options* o, TrainFn train_fn, void* ctx) {
     GPT2 model;
     if (model_from_options(&model, o) != 0) return -1;
     const GPT2Config* c = &model.config;
@@ -3644,6 +3644,6 @@ int main(int argc, char** argv) {
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    return run(&o, train_cpu, NULL) == 0 ? 0 : EXIT_FAILURE;
+    return gptc_run(&o, train_cpu, NULL) == 0 ? 0 : EXIT_FAILURE;
 }
 #endif /* !TESTING && !GPTC_LIBRARY */
