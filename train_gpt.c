@@ -7,7 +7,9 @@
  *
  * Build and run (see the Makefile for every flag):
  *   make train_gpt
- *   ./train_gpt --model d12 --train-data data/tiny_train.bin --steps 20
+ *   ./train_gpt --data my_text.txt --model d4 --channels 192 --num-heads 4   # text in, model out
+ *   ./train_gpt --model d12 --train-data "data/fineweb_train_*.bin" --steps 20
+ *   ./train_gpt --model out/model.bin --prompt "Once upon a time"
  *   ./train_gpt --help            # every flag with its default
  * It also compiles as C++17 (g++ -x c++), so that train_gpt.cu can #include
  * it for all host-side code.
@@ -21,14 +23,14 @@
  *   1. Utilities         checked calls, timing, random numbers
  *   2. Model files       the llm.c checkpoint format, read and write
  *   3. Tokenizer         GPT-2 byte-level BPE: encode and decode
- *   4. Data              token shards, the data loader
+ *   4. Data              token shards, the data loader; text to shards
  *   5. Matmul            the packed, register-blocked GEMM every layer uses
  *   6. Layers            forward/backward pairs
  *   7. Model             parameters, activations, forward, backward
  *   8. Optimizer         gradient norm and clipping, AdamW, schedules
- *   9. Sampler           temperature / top-k sampling
+ *   9. Sampler           temperature / top-k / top-p; generation with a KV cache
  *  10. CLI               flags, usage, validation
- *  11. main
+ *  11. main              --data, --prompt, the training loop (shared with train_gpt.cu)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
