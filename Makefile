@@ -6,6 +6,7 @@
 #   make test       the whole suite: C++ check, sanitizers, tiny + GPT-2 124M PyTorch references
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
+#   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
@@ -96,7 +97,10 @@ test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
 # PyTorch reference (written once into $(FIXTURE_124M), ~1-2 min, ~7 GB RAM).
 # The last line is test_gpt's "N passed, N failed".
 FIXTURE_124M ?= /tmp/gptc_fixture_124M
-test: check-cxx train_gpt test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain and ZeRO-1"
+	scripts/test_dp.sh ./train_gpt_mpi > test_dp.log 2>&1 || { cat test_dp.log; exit 1; }
+	@tail -n 1 test_dp.log
 	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
 	rm -rf /tmp/gptc_default_run
 	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=/tmp/gptc_default_run > /tmp/gptc_default_run.log 2>&1 || { cat /tmp/gptc_default_run.log; exit 1; }
@@ -127,6 +131,18 @@ $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
 check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -fsyntax-only $(OPENMP) train_gpt.c
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -Wno-unused-function -fsyntax-only $(OPENMP) test_gpt.c
+
+# Data parallel over MPI (Open MPI's mpicc wraps gcc with MPI's headers and
+# libraries; -DUSE_MPI compiles section 9's collectives in). Said aloud when
+# mpicc is missing: apt-get install libopenmpi-dev openmpi-bin.
+MPICC ?= mpicc
+train_gpt_mpi: train_gpt.c unicode_tables.h
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -o $@ train_gpt.c $(LDLIBS)
+
+# 1 process against mpirun -np 2 and -np 3, plain and ZeRO-1 (scripts/test_dp.sh)
+test-dp: train_gpt_mpi
+	scripts/test_dp.sh ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
@@ -188,7 +204,7 @@ gpu-check:
 .PHONY: dev-cuda check-cuda gpu-check
 
 clean:
-	rm -f train_gpt test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
+	rm -f train_gpt train_gpt_mpi test_dp.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu test_gpt_cu $(CUDA_DEV)
 
-.PHONY: all tokenizer train train-toy test test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-fast test-asan check-cxx bench clean

@@ -28,9 +28,10 @@
  *   6. Layers            forward/backward pairs
  *   7. Model             parameters, activations, forward, backward
  *   8. Optimizer         gradient norm and clipping, AdamW, schedules
- *   9. Sampler           temperature / top-k / top-p; generation with a KV cache
- *  10. CLI               flags, usage, validation
- *  11. main              --data, --prompt, the training loop (shared with train_gpt.cu)
+ *   9. Data parallel     MPI ranks: allreduce or ZeRO-1 sharded AdamW
+ *  10. Sampler           temperature / top-k / top-p; generation with a KV cache
+ *  11. CLI               flags, usage, validation
+ *  12. main              --data, --prompt, the training loop (shared with train_gpt.cu)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
@@ -2781,31 +2782,45 @@ typedef struct {
  * step t counted from 1:
  *   p -= lr * wd * p                      (decoupled weight decay)
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
- *   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
-static void adamw_update(GPT2* model, const AdamWConfig* opt, float lr, int t) {
+ *   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+ * over the parameters [lo, hi) of the flat buffer; g, m, v hold exactly that
+ * range (g[0] is parameter lo's gradient). One process updates everything;
+ * under ZeRO-1 each rank updates its shard. Weight decay follows the tensor
+ * each parameter belongs to. */
+static void adamw_update_range(GPT2* model, const AdamWConfig* opt, float lr, int t, size_t lo, size_t hi,
+                               const float* grads, float* m_mem, float* v_mem) {
     float bc1 = 1.0f - (float)pow(opt->beta1, t);
     float bc2 = 1.0f - (float)pow(opt->beta2, t);
     float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
-    size_t offset = 0;
+    size_t start = 0;
     for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
-        size_t n = model->param_sizes[k];
+        size_t end = start + model->param_sizes[k];
+        size_t i0 = start > lo ? start : lo, i1 = end < hi ? end : hi; /* this tensor's part of the range */
         float wd = (opt->decay_all || PARAMETER_IS_MATRIX[k]) ? opt->weight_decay : 0.0f;
-        float* RESTRICT p = model->params_memory + offset;
-        const float* RESTRICT g = model->grads_memory + offset;
-        float* RESTRICT m = model->m_memory + offset;
-        float* RESTRICT v = model->v_memory + offset;
+        if (i0 < i1) {
+            float* RESTRICT p = model->params_memory + i0;
+            const float* RESTRICT g = grads + (i0 - lo);
+            float* RESTRICT m = m_mem + (i0 - lo);
+            float* RESTRICT v = v_mem + (i0 - lo);
+            size_t n = i1 - i0;
 #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i];
-            float mi = b1 * m[i] + (1.0f - b1) * gi;
-            float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            float pi = p[i] - lr * wd * p[i];
-            p[i] = pi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+            for (size_t i = 0; i < n; i++) {
+                float gi = g[i];
+                float mi = b1 * m[i] + (1.0f - b1) * gi;
+                float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+                m[i] = mi;
+                v[i] = vi;
+                float pi = p[i] - lr * wd * p[i];
+                p[i] = pi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+            }
         }
-        offset += n;
+        start = end;
     }
+}
+
+static void adamw_update(GPT2* model, const AdamWConfig* opt, float lr, int t) {
+    adamw_update_range(model, opt, lr, t, 0, model->num_parameters, model->grads_memory, model->m_memory,
+                       model->v_memory);
 }
 
 typedef enum { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT, SCHEDULE_WSD } ScheduleKind;
@@ -2845,7 +2860,161 @@ static double lr_at(const LRSchedule* s, int step) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* 9. Sampler                                                               */
+/* 9. Data parallel                                                         */
+/* ------------------------------------------------------------------------ */
+/* One process per socket (or per machine), launched by mpirun or srun; the
+ * build links MPI when USE_MPI is defined (make train_gpt_mpi). Each rank
+ * reads its own slice of the global batch (the data loader's rank/world),
+ * runs forward and backward on it, and then:
+ *   --zero 0  plain data parallel: the gradients are summed over the ranks
+ *             (allreduce) and every rank runs the same AdamW on all weights;
+ *   --zero 1  ZeRO-1 (Rajbhandari et al. 2020, sec. 5.1): the gradients are
+ *             reduce-scattered, so rank r holds the summed gradient of its
+ *             shard, the r-th of W equal slices of the flat parameter buffer
+ *             (padded with zeros up to W x shard); it keeps AdamW moments for
+ *             that shard only (8 bytes per parameter / W instead of 8), updates
+ *             its shard of the weights, and all-gathers the weights.
+ * Both move 2 x P floats per rank and step (reduce-scatter + all-gather,
+ * which is also what a ring allreduce does). The loss is scaled by 1/W
+ * before the sum, so the result is the mean gradient of the global batch,
+ * equal to one process's up to the order of the sums (fp32 round-off). */
+
+#ifdef USE_MPI
+#include <mpi.h>
+#define MPI_CHECK(call)                                                                 \
+    do {                                                                                \
+        int rc_ = (call);                                                               \
+        if (rc_ != MPI_SUCCESS) {                                                       \
+            char msg_[MPI_MAX_ERROR_STRING];                                            \
+            int len_ = 0;                                                               \
+            MPI_Error_string(rc_, msg_, &len_);                                         \
+            fprintf(stderr, "error: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                               \
+        }                                                                               \
+    } while (0)
+#endif
+
+typedef struct {
+    int rank, world;
+    int zero;            /* 0: plain data parallel, 1: ZeRO-1 */
+    size_t shard;        /* parameters per rank: ceil(P / W) */
+    size_t lo, hi;       /* this rank's shard [lo, hi) of the real parameters */
+    float* grad_shard;   /* (shard) ZeRO-1: the summed gradient of this shard */
+    double bytes_per_step; /* sent by this rank per optimizer step */
+} Dist;
+
+/* Start MPI (when built with it) and learn rank and world size. */
+static void dist_init(Dist* d, int* argc, char*** argv) {
+    memset(d, 0, sizeof(*d));
+    d->world = 1;
+#ifdef USE_MPI
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &d->rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &d->world));
+#else
+    (void)argc;
+    (void)argv;
+#endif
+}
+
+static void dist_finish(Dist* d) {
+    free(d->grad_shard);
+    d->grad_shard = NULL;
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Finalize());
+#endif
+}
+
+static uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+}
+
+/* Shard geometry and buffers. ZeRO-1 pads the parameter and gradient
+ * buffers to W x shard floats (the pad stays zero and is never updated). */
+static void dist_setup_model(Dist* d, GPT2* model) {
+    size_t P = model->num_parameters, W = (size_t)d->world;
+    CHECK(d->world == 1 || P + W <= (size_t)INT32_MAX,
+          "MPI counts are int: %zu parameters are too many for one collective (chunking is not implemented)", P);
+    d->shard = (P + W - 1) / W;
+    d->lo = d->zero ? (size_t)d->rank * d->shard : 0;
+    d->hi = d->zero ? (d->lo + d->shard < P ? d->lo + d->shard : P) : P;
+    if (d->lo > P) d->lo = P;
+    d->bytes_per_step = W > 1 ? 2.0 * (double)(W - 1) / W * (double)(d->shard * W) * sizeof(float) : 0.0;
+    if (!d->zero) return;
+    size_t padded = d->shard * W;
+    float* params = xmalloc_floats(padded);
+    memcpy(params, model->params_memory, P * sizeof(float));
+    memset(params + P, 0, (padded - P) * sizeof(float));
+    free(model->params_memory);
+    model->params_memory = params;
+    parameters_point(&model->params, params, &model->config);
+    float* grads = xmalloc_floats(padded);
+    memset(grads, 0, padded * sizeof(float));
+    free(model->grads_memory);
+    model->grads_memory = grads;
+    parameters_point(&model->grads, grads, &model->config);
+    /* AdamW moments for the shard only */
+    free(model->m_memory);
+    free(model->v_memory);
+    model->m_memory = xmalloc_floats(d->shard);
+    model->v_memory = xmalloc_floats(d->shard);
+    memset(model->m_memory, 0, d->shard * sizeof(float));
+    memset(model->v_memory, 0, d->shard * sizeof(float));
+    d->grad_shard = xmalloc_floats(d->shard);
+}
+
+/* Sum a double over the ranks (losses, squared norms). */
+static double dist_sum(const Dist* d, double x) {
+#ifdef USE_MPI
+    if (d->world > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+#else
+    (void)d;
+#endif
+    return x;
+}
+
+/* After backward: reduce the gradients, clip by the global norm, AdamW, and
+ * (ZeRO-1) gather the updated weights. Returns the norm before clipping; the
+ * update is skipped (on every rank alike) when it or the loss is not finite. */
+static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max_norm, float lr, int t, double loss,
+                        int* finite) {
+    double norm;
+    if (!d->zero) {
+#ifdef USE_MPI
+        if (d->world > 1)
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads_memory, (int)model->num_parameters, MPI_FLOAT, MPI_SUM,
+                                    MPI_COMM_WORLD));
+#endif
+        norm = gradients_clip(model, max_norm);
+        *finite = isfinite(loss) && isfinite(norm);
+        if (*finite) adamw_update(model, opt, lr, t);
+        return norm;
+    }
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Reduce_scatter_block(model->grads_memory, d->grad_shard, (int)d->shard, MPI_FLOAT, MPI_SUM,
+                                       MPI_COMM_WORLD));
+#else
+    memcpy(d->grad_shard, model->grads_memory, d->shard * sizeof(float));
+#endif
+    size_t n = d->hi - d->lo; /* the real parameters of this shard (the pad has zero gradient) */
+    double sq = l2_norm(d->grad_shard, n);
+    norm = sqrt(dist_sum(d, sq * sq));
+    if (max_norm > 0.0 && isfinite(norm) && max_norm / (norm + 1e-6) < 1.0)
+        scale_floats(d->grad_shard, n, (float)(max_norm / (norm + 1e-6)));
+    *finite = isfinite(loss) && isfinite(norm);
+    if (*finite) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model->params_memory, (int)d->shard, MPI_FLOAT,
+                            MPI_COMM_WORLD));
+#endif
+    return norm;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 10. Sampler                                                              */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -3026,7 +3195,7 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
 }
 
 /* ------------------------------------------------------------------------ */
-/* 10. CLI                                                                  */
+/* 11. CLI                                                                  */
 /* ------------------------------------------------------------------------ */
 /* One table drives the parser, the defaults and the usage text, so they
  * cannot drift apart. Each flag has a long name; llm.c's one-letter flags
@@ -3064,6 +3233,7 @@ typedef struct {
     float top_p;
     /* run */
     int save_every, seed, shuffle, threads;
+    int zero;
 } Options;
 
 typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
@@ -3092,9 +3262,9 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--num-heads", NULL, OPT_INT, num_heads, "0", "random init: override NH (0 = keep)"),
     OPT("--max-seq-len", NULL, OPT_INT, max_seq_len, "0", "random init: override maxT (0 = keep, 1024)"),
     OPT("--vocab-size", NULL, OPT_INT, vocab_size, "0", "random init: override V (0 = keep, 50257); Vp = V rounded up to 128"),
-    OPT("--batch-size", "-b", OPT_INT, batch_size, "4", "B: sequences per micro-batch (per process)"),
+    OPT("--batch-size", "-b", OPT_INT, batch_size, "4", "B: sequences per micro-batch, per process (rank)"),
     OPT("--seq-len", "-t", OPT_INT, seq_len, "64", "T: tokens per sequence (<= the model's maxT)"),
-    OPT("--total-batch-size", "-d", OPT_INT, total_batch_size, "-1", "tokens per optimizer step; a multiple of B*T (gradient accumulation); -1 = B*T"),
+    OPT("--total-batch-size", "-d", OPT_INT, total_batch_size, "-1", "tokens per optimizer step over all ranks; a multiple of B*T*ranks (gradient accumulation); -1 = B*T*ranks"),
     OPT("--steps", "-x", OPT_INT, steps, "-1", "optimizer steps; -1 = one epoch of the training data"),
     OPT("--lr", "-l", OPT_FLOAT, lr, "3e-4", "peak learning rate"),
     OPT("--warmup-steps", "-u", OPT_INT, warmup_steps, "0", "linear warmup steps"),
@@ -3118,6 +3288,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
+    OPT("--zero", NULL, OPT_INT, zero, "0", "with several MPI ranks: 0 = plain data parallel (allreduce), 1 = ZeRO-1 (AdamW state sharded)"),
 };
 #undef OPT
 #define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
@@ -3249,6 +3420,7 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->save_every < 0, "--save-every must be >= 0");
     OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
     OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
+    OPTIONS_PROBLEM(o->zero != 0 && o->zero != 1, "--zero must be 0 or 1 (ZeRO-2 is not implemented yet)");
     OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
                     "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");
     int overrides = o->num_layers || o->channels || o->num_heads || o->max_seq_len || o->vocab_size;
@@ -3283,7 +3455,7 @@ static int model_from_options(GPT2* model, const Options* o) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* 11. main                                                                 */
+/* 12. main                                                                 */
 /* ------------------------------------------------------------------------ */
 
 /* Mean loss over up to `batches` micro-batches from the start of the val
@@ -3464,20 +3636,31 @@ typedef struct {
     Rng sample_rng;
     FILE* log;
     double start_ms;
+    int rank, world;
 } TrainRun;
 
+/* rank/world: this process's place among the data-parallel ranks (0, 1 alone). */
 static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, const char* train_pattern,
-                          const char* val_pattern) {
+                          const char* val_pattern, int rank, int world) {
     memset(r, 0, sizeof(*r));
+    r->rank = rank;
+    r->world = world;
     r->B = o->batch_size;
     r->T = o->seq_len;
-    r->total = o->total_batch_size > 0 ? o->total_batch_size : r->B * r->T;
-    r->grad_accum = r->total / (r->B * r->T);
-    printf("batch: B=%d T=%d, %d tokens per step (%d micro-batches)\n", r->B, r->T, r->total, r->grad_accum);
-    if (dataloader_init(&r->train, train_pattern, r->B, r->T, 0, 1, c->vocab_size, o->shuffle, (uint64_t)o->seed) != 0)
+    r->total = o->total_batch_size > 0 ? o->total_batch_size : r->B * r->T * world;
+    if (r->total % (r->B * r->T * world) != 0) {
+        fprintf(stderr, "error: --total-batch-size %d is not a multiple of B*T*ranks = %d*%d*%d\n", r->total, r->B,
+                r->T, world);
+        return -1;
+    }
+    r->grad_accum = r->total / (r->B * r->T * world);
+    printf("batch: B=%d T=%d on %d rank(s), %d tokens per step (%d micro-batches)\n", r->B, r->T, world, r->total,
+           r->grad_accum);
+    if (dataloader_init(&r->train, train_pattern, r->B, r->T, rank, world, c->vocab_size, o->shuffle,
+                        (uint64_t)o->seed) != 0)
         return -1;
     r->use_val = val_pattern[0] != '\0' && o->val_every > 0;
-    if (r->use_val && dataloader_init(&r->val, val_pattern, r->B, r->T, 0, 1, c->vocab_size, 0, 0) != 0) {
+    if (r->use_val && dataloader_init(&r->val, val_pattern, r->B, r->T, rank, world, c->vocab_size, 0, 0) != 0) {
         dataloader_free(&r->train);
         return -1;
     }
@@ -3493,7 +3676,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
         FILE_ERROR(o->output_dir, "cannot create output directory: %s", strerror(errno));
         return -1;
     }
-    if (o->log_file[0] && !(r->log = fopen(o->log_file, "w"))) {
+    if (o->log_file[0] && rank == 0 && !(r->log = fopen(o->log_file, "w"))) {
         FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
         return -1;
     }
@@ -3550,19 +3733,72 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
     }
 }
 
-/* The training loop, with validation, samples, logging and checkpoints. */
+/* Before the first step: every rank must hold the same configuration, the
+ * same initial weights and the same data files, or the run would silently
+ * train nonsense (or hang in a collective of the wrong size). Each rank
+ * hashes the three; all compare with rank 0; on a mismatch every rank says
+ * what differs and the run stops, on every rank, with no hang. */
+static int dist_check_agreement(const Dist* d, const GPT2* model, const Options* o, const DataLoader* train) {
+    uint64_t h[3] = {0xCBF29CE484222325ull, 0xCBF29CE484222325ull, 0xCBF29CE484222325ull};
+    h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
+    int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
+                  o->decay_all, d->zero};
+    float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
+    h[0] = fnv1a(h[0], ints, sizeof(ints));
+    h[0] = fnv1a(h[0], floats, sizeof(floats));
+    h[0] = fnv1a(h[0], o->lr_schedule, strlen(o->lr_schedule));
+    h[1] = fnv1a(h[1], model->params_memory, model->num_parameters * sizeof(float));
+    for (int i = 0; i < train->num_shards; i++) {
+        const char* name = train->files.gl_pathv[i];
+        h[2] = fnv1a(h[2], name, strlen(name));
+        h[2] = fnv1a(h[2], &train->shard_tokens[i], sizeof(long long));
+    }
+#ifdef USE_MPI
+    uint64_t* all = (uint64_t*)xmalloc(sizeof(uint64_t) * 3 * (size_t)d->world);
+    MPI_CHECK(MPI_Allgather(h, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD));
+    static const char* const what[3] = {"configuration (model shape or training flags)", "initial weights",
+                                        "training data (shard names or sizes)"};
+    int bad = 0;
+    for (int r = 1; r < d->world; r++)
+        for (int k = 0; k < 3; k++)
+            if (all[3 * r + k] != all[k]) {
+                if (d->rank == 0 || d->rank == r)
+                    fprintf(stderr, "error: rank %d: its %s differs from rank 0's: launch every rank with the same "
+                            "flags and files\n", r, what[k]);
+                bad = 1;
+            }
+    free(all);
+    if (bad && d->rank != 0) fprintf(stderr, "error: rank %d: the ranks disagree (see rank 0's message); stopping\n", d->rank);
+    return bad ? -1 : 0;
+#else
+    (void)d;
+    return 0;
+#endif
+}
+
+/* The training loop, with validation, samples, logging and checkpoints,
+ * on one process or as one rank of several (section 9). */
 static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
-                 const char* val_pattern) {
+                 const char* val_pattern, Dist* dist) {
     TrainRun r;
-    if (train_run_init(&r, &model->config, o, train_pattern, val_pattern) != 0) return -1;
+    if (train_run_init(&r, &model->config, o, train_pattern, val_pattern, dist->rank, dist->world) != 0) return -1;
+    if (dist_check_agreement(dist, model, o, &r.train) != 0) return -1;
     gpt2_alloc_training(model, r.B, r.T);
-    double mb = 1.0 / (1024.0 * 1024.0);
-    printf("memory: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, backward scratch %.0f MB\n",
-           model->num_parameters * 4 * mb, model->num_parameters * 4 * mb, model->num_parameters * 8 * mb,
-           model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
+    dist_setup_model(dist, model);
+    double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
+    double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P;
+    printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB%s, activations %.0f MB, "
+           "backward scratch %.0f MB\n", P * 4 * mb, P * 4 * mb, opt_floats * 4 * mb,
+           dist->zero ? " (ZeRO-1: this rank's shard)" : "", model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
+    if (dist->world > 1)
+        printf("data parallel: %d ranks, %s; shard %zu parameters (padded to %zu); AdamW state per rank %.0f floats; "
+               "%.0f bytes sent per rank per step\n", dist->world,
+               dist->zero ? "ZeRO-1 (reduce-scatter, sharded AdamW, all-gather)" : "allreduce", dist->shard,
+               dist->shard * dist->world, opt_floats, dist->bytes_per_step);
     for (int step = 0; step <= r.steps; step++) {
-        if (train_run_val_due(&r, o, step)) train_run_log_val(&r, step, evaluate(model, &r.val, o->val_batches));
-        if (train_run_sample_due(&r, o, step)) sample_print(model, tok, o, &r.sample_rng);
+        if (train_run_val_due(&r, o, step))
+            train_run_log_val(&r, step, (float)(dist_sum(dist, evaluate(model, &r.val, o->val_batches)) / r.world));
+        if (train_run_sample_due(&r, o, step) && r.rank == 0) sample_print(model, tok, o, &r.sample_rng);
         if (step == r.steps) break;
         double t0 = time_ms();
         gpt2_zero_grad(model);
@@ -3570,16 +3806,17 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         for (int micro = 0; micro < r.grad_accum; micro++) {
             if (dataloader_next(&r.train) != 0) return -1;
             loss += gpt2_forward(model, r.train.inputs, r.train.targets, r.B, r.T) / r.grad_accum;
-            gpt2_backward(model, 1.0f / r.grad_accum);
+            gpt2_backward(model, 1.0f / ((float)r.grad_accum * r.world));
         }
-        double norm = gradients_clip(model, o->grad_clip);
+        loss = dist_sum(dist, loss) / r.world;
         float lr = (float)lr_at(&r.sched, step);
-        int finite = isfinite(loss) && isfinite(norm);
-        if (finite) adamw_update(model, &r.opt, lr, step + 1);
+        int finite = 0;
+        double norm = dist_step(dist, model, &r.opt, o->grad_clip, lr, step + 1, loss, &finite);
         train_run_log_step(&r, step, loss, lr, norm, time_ms() - t0, finite, "");
-        if (o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) checkpoint_save(model, o, step + 1);
+        if (r.rank == 0 && o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps)
+            checkpoint_save(model, o, step + 1);
     }
-    checkpoint_save(model, o, r.steps);
+    if (r.rank == 0) checkpoint_save(model, o, r.steps);
     train_run_free(&r);
     return 0;
 }
@@ -3590,8 +3827,7 @@ typedef int (*TrainFn)(GPT2* model, const Options* o, const Tokenizer* tok, cons
 
 static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                      const char* val_pattern, void* ctx) {
-    (void)ctx;
-    return train(model, o, tok, train_pattern, val_pattern);
+    return train(model, o, tok, train_pattern, val_pattern, (Dist*)ctx);
 }
 
 /* Everything after the flags, shared with train_gpt.cu: build the model,
@@ -3629,23 +3865,28 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx) {
 
 #if !defined(TESTING) && !defined(GPTC_LIBRARY) /* included for its functions: no main */
 int main(int argc, char** argv) {
+    Dist dist;
+    dist_init(&dist, &argc, &argv);
+    /* ranks other than 0 train silently: their errors still go to stderr */
+    if (dist.rank != 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "warning: rank %d prints\n", dist.rank);
     Options o;
     int rc = options_parse(&o, argc, argv);
-    if (rc != 0) {
-        usage(rc == 1 ? stdout : stderr, argv[0]);
+    const char* problem = rc == 0 ? options_problem(&o) : NULL;
+    if (rc != 0 || problem) {
+        if (rc != 0) usage(rc == 1 ? stdout : stderr, argv[0]);
+        if (problem) fprintf(stderr, "error: %s\n", problem);
+        dist_finish(&dist);
         return rc == 1 ? 0 : EXIT_FAILURE;
     }
-    const char* problem = options_problem(&o);
-    if (problem) {
-        fprintf(stderr, "error: %s\n", problem);
-        return EXIT_FAILURE;
-    }
+    dist.zero = dist.world > 1 ? o.zero : 0;
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
-    printf("threads: %d (OpenMP)\n", num_threads());
+    printf("threads: %d (OpenMP)%s\n", num_threads(), dist.world > 1 ? " per rank" : "");
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    return gptc_run(&o, train_cpu, NULL) == 0 ? 0 : EXIT_FAILURE;
+    rc = gptc_run(&o, train_cpu, &dist);
+    dist_finish(&dist);
+    return rc == 0 ? 0 : EXIT_FAILURE;
 }
 #endif /* !TESTING && !GPTC_LIBRARY */

@@ -1371,7 +1371,7 @@ static int gpu_train(GPT2* host, const Options* o, const CudaOptions* co, const 
                      const char* train_pattern, const char* val_pattern) {
     const GPT2Config* c = &host->config;
     TrainRun r;
-    if (train_run_init(&r, c, o, train_pattern, val_pattern) != 0) return -1;
+    if (train_run_init(&r, c, o, train_pattern, val_pattern, 0, 1) != 0) return -1; /* one GPU: NCCL is to come */
     int B = r.B, T = r.T;
     if (r.grad_accum > MAX_MICRO_STEPS) {
         fprintf(stderr, "error: %d micro-batches per step; this build allows %d: raise --batch-size\n", r.grad_accum,

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# test_dp.sh — data-parallel training under MPI gives what one process gives.
+#
+#   scripts/test_dp.sh [./train_gpt_mpi]      (make test-dp builds it and runs this)
+#
+# A small GPT trained for 8 steps on the same global batch of 6 sequences:
+# 1 process x B=6, against mpirun -np 2 x B=3 and -np 3 x B=2 (3 does not
+# divide the parameter count: the shards are padded), each with plain data
+# parallel (--zero 0) and ZeRO-1 (--zero 1). Checked: the per-step losses and
+# gradient norms (to 1e-5 relative: the ranks sum their gradients in another
+# order than one process does, so fp32 round-off differs; nothing more), the
+# final weights (||error|| / ||update|| <= 1e-4 per tensor, as in test_gpt.c),
+# the AdamW state each rank holds (2P floats, or 2 x shard under ZeRO-1), the
+# bytes each rank sends per step (2 (W-1)/W x padded P x 4: reduce-scatter +
+# all-gather), and that ranks launched with different seeds, data or model
+# all stop with a clear error instead of hanging (each run under a timeout).
+# The last line is "N passed, N failed"; the exit status is non-zero on failure.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${1:-./train_gpt_mpi}
+PY=${PYTHON:-/usr/bin/python3}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+dir=$(mktemp -d /tmp/gptc_dp.XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+passed=0
+failed=0
+check() { # check OK|FAIL what [detail]
+    if [ "$1" = ok ]; then passed=$((passed + 1)); echo "ok   $2${3:+  $3}"; else failed=$((failed + 1)); echo "FAIL $2${3:+  $3}"; fi
+}
+$PY scripts/toy_shard.py "$dir/train.bin" 60000 256 0 >/dev/null && $PY scripts/toy_shard.py "$dir/val.bin" 6000 256 1 >/dev/null || exit 1
+COMMON="--model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 256 -i $dir/train.bin -j $dir/val.bin
+        -t 16 -x 8 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 4 --val-batches 2 --sample-every 0 --threads 1"
+
+# the initial weights (lr 0 leaves them as initialised) and the 1-process run
+timeout 120 "$BIN" $COMMON -b 6 -x 1 --lr 0 -o "$dir/init" > "$dir/init.out" 2>&1
+timeout 120 "$BIN" $COMMON -b 6 -o "$dir/one" --log-file "$dir/one.jsonl" > "$dir/one.out" 2>&1
+[ $? -eq 0 ] && check ok "1 process, B=6" || { check FAIL "1 process, B=6" "$(tail -3 "$dir/one.out")"; }
+P=$(sed -n 's/.*model: .*, \([0-9]*\) parameters.*/\1/p' "$dir/one.out")
+
+field() { grep -o "\"$2\": [-0-9.e+]*" "$1" | cut -d' ' -f2; }
+for np in 2 3; do
+    B=$((6 / np))
+    for zero in 0 1; do
+        name="np$np-zero$zero"
+        timeout 120 $MPIRUN -np $np "$BIN" $COMMON -b $B --zero $zero -o "$dir/$name" --log-file "$dir/$name.jsonl" \
+            > "$dir/$name.out" 2>&1
+        if [ $? -ne 0 ]; then check FAIL "$name: run" "$(tail -5 "$dir/$name.out")"; continue; fi
+        for key in loss norm val_loss; do
+            worst=$(paste -d' ' <(field "$dir/one.jsonl" $key) <(field "$dir/$name.jsonl" $key) 2>/dev/null |
+                awk 'BEGIN { w = 0; n = 0 } { n++; d = ($1 - $2) / ($1 < 0 ? -$1 : $1); d = d < 0 ? -d : d; if (d > w) w = d }
+                     END { if (n == 0) print "none"; else printf "%.2e", w }')
+            [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' &&
+                check ok "$name: every step's $key equals 1 process's" "worst rel diff $worst (tol 1e-5)" ||
+                check FAIL "$name: every step's $key equals 1 process's" "worst rel diff $worst (tol 1e-5)"
+        done
+        cmp=$($PY scripts/compare_models.py "$dir/$name/model_00000008.bin" "$dir/one/model_00000008.bin" \
+              "$dir/init/model_00000001.bin" 1e-4)
+        [ $? -eq 0 ] && check ok "$name: final weights equal 1 process's" "||error||/||update|| $cmp (tol 1e-4)" ||
+            check FAIL "$name: final weights equal 1 process's" "$cmp"
+        # memory and traffic, against the formulas (shard = ceil(P / np))
+        shard=$(( (P + np - 1) / np ))
+        want_state=$([ $zero = 1 ] && echo $((2 * shard)) || echo $((2 * P)))
+        want_bytes=$(awk -v np=$np -v s=$shard 'BEGIN { printf "%.0f", 2 * (np - 1) / np * s * np * 4 }')
+        line=$(grep "data parallel:" "$dir/$name.out")
+        state=$(echo "$line" | sed -n 's/.*AdamW state per rank \([0-9]*\) floats.*/\1/p')
+        bytes=$(echo "$line" | sed -n 's/.* \([0-9]*\) bytes sent per rank per step.*/\1/p')
+        [ "$state" = "$want_state" ] && check ok "$name: AdamW state per rank" "$state floats (P = $P)" ||
+            check FAIL "$name: AdamW state per rank" "got $state, want $want_state"
+        [ "$bytes" = "$want_bytes" ] && check ok "$name: bytes sent per rank per step" "$bytes" ||
+            check FAIL "$name: bytes sent per rank per step" "got $bytes, want $want_bytes"
+    done
+done
+
+# ranks that disagree stop with a message, within the timeout (no hang)
+for what in "--seed 7" "-i $dir/val.bin" "--channels 64"; do
+    out=$(timeout 60 $MPIRUN -np 2 "$BIN" $COMMON -b 3 : -np 1 "$BIN" $COMMON -b 3 $what 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "differs from rank 0"; then
+        check ok "ranks launched with different $what stop with a clear error" "$(echo "$out" | grep -m1 'differs')"
+    else
+        check FAIL "ranks launched with different $what stop with a clear error" "exit $rc: $(echo "$out" | tail -3)"
+    fi
+done
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
