@@ -9,6 +9,7 @@
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
+#   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 
 CC ?= gcc
@@ -148,6 +149,10 @@ test-dp: train_gpt_mpi
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/bench_train.c $(LDLIBS)
 
+# data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
+bench-dp: train_gpt_mpi
+	scripts/bench_dp.sh
+
 bench: dev/cpu/bench_train $(TOKENIZER_FILES)
 	scripts/bench.sh
 
@@ -207,4 +212,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_dp.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu test_gpt_cu $(CUDA_DEV)
 
-.PHONY: all tokenizer train train-toy test test-dp test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp bench-dp test-fast test-asan check-cxx bench clean

@@ -2901,6 +2901,7 @@ typedef struct {
     size_t lo, hi;       /* this rank's shard [lo, hi) of the real parameters */
     float* grad_shard;   /* (shard) ZeRO-1: the summed gradient of this shard */
     double bytes_per_step; /* sent by this rank per optimizer step */
+    double comm_ms;        /* time spent in gradient/weight collectives, summed over steps */
 } Dist;
 
 /* Start MPI (when built with it) and learn rank and world size. */
@@ -2981,13 +2982,14 @@ static double dist_sum(const Dist* d, double x) {
  * update is skipped (on every rank alike) when it or the loss is not finite. */
 static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max_norm, float lr, int t, double loss,
                         int* finite) {
-    double norm;
+    double norm, t0 = time_ms();
     if (!d->zero) {
 #ifdef USE_MPI
         if (d->world > 1)
             MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads_memory, (int)model->num_parameters, MPI_FLOAT, MPI_SUM,
                                     MPI_COMM_WORLD));
 #endif
+        d->comm_ms += time_ms() - t0;
         norm = gradients_clip(model, max_norm);
         *finite = isfinite(loss) && isfinite(norm);
         if (*finite) adamw_update(model, opt, lr, t);
@@ -2999,6 +3001,7 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
 #else
     memcpy(d->grad_shard, model->grads_memory, d->shard * sizeof(float));
 #endif
+    d->comm_ms += time_ms() - t0;
     size_t n = d->hi - d->lo; /* the real parameters of this shard (the pad has zero gradient) */
     double sq = l2_norm(d->grad_shard, n);
     norm = sqrt(dist_sum(d, sq * sq));
@@ -3006,10 +3009,12 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
         scale_floats(d->grad_shard, n, (float)(max_norm / (norm + 1e-6)));
     *finite = isfinite(loss) && isfinite(norm);
     if (*finite) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
+    t0 = time_ms();
 #ifdef USE_MPI
     MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model->params_memory, (int)d->shard, MPI_FLOAT,
                             MPI_COMM_WORLD));
 #endif
+    d->comm_ms += time_ms() - t0;
     return norm;
 }
 
@@ -3816,6 +3821,9 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         if (r.rank == 0 && o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps)
             checkpoint_save(model, o, step + 1);
     }
+    if (dist->world > 1)
+        printf("communication: %.1f ms per step on average (%.1f%% of the step), after backward: not yet "
+               "overlapped with it\n", dist->comm_ms / r.steps, 100.0 * dist->comm_ms / (time_ms() - r.start_ms));
     if (r.rank == 0) checkpoint_save(model, o, r.steps);
     train_run_free(&r);
     return 0;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# bench_dp.sh — `make bench-dp`: data-parallel scaling on this machine.
+# GPT-2 124M (d12), T=64, one OpenMP thread per rank, 4 timed steps after one
+# untimed, median step time from the JSONL log:
+#   1 rank  x B=4                     the baseline
+#   2 ranks x B=4 (weak scaling)      same work per rank: efficiency = t1 / t2
+#   2 ranks x B=2 (strong scaling)    same global batch:  efficiency = t1 / (2 t2)
+# for plain data parallel and ZeRO-1, and the time the collectives take.
+set -eu
+cd "$(dirname "$0")/.."
+BIN=./train_gpt_mpi
+PY=${PYTHON:-/usr/bin/python3}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+dir=$(mktemp -d /tmp/gptc_benchdp.XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+$PY scripts/toy_shard.py "$dir/train.bin" 200000 50257 0 >/dev/null
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+run() { # run NAME NP B ZERO -> median step ms (steps 2..5)
+    local name=$1 np=$2 b=$3 zero=$4
+    $MPIRUN -np "$np" $BIN --model d12 -i "$dir/train.bin" -b "$b" -t 64 -x 5 --threads 1 --zero "$zero" \
+        --val-every 0 --sample-every 0 --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
+    grep -o '"ms": [0-9.]*' "$dir/$name.jsonl" | tail -n 4 | cut -d' ' -f2 | sort -n | awk '{ a[NR] = $1 } END { printf "%.0f", (a[2] + a[3]) / 2 }'
+}
+comm() { sed -n 's/communication: \([0-9.]*\) ms per step.*/\1/p' "$dir/$1.out"; }
+t1=$(run one 1 4 0)
+printf "%-34s %10s %12s %12s\n" "configuration" "ms/step" "efficiency" "comm ms"
+printf "%-34s %10s %12s %12s\n" "1 rank x B=4" "$t1" "-" "-"
+for zero in 0 1; do
+    label=$([ $zero = 1 ] && echo "ZeRO-1" || echo "allreduce")
+    tw=$(run weak$zero 2 4 $zero)
+    ts=$(run strong$zero 2 2 $zero)
+    awk -v t1="$t1" -v t="$tw" -v c="$(comm weak$zero)" -v l="$label" 'BEGIN { printf "%-34s %10.0f %11.0f%% %12s\n", "2 ranks x B=4, weak, " l, t, 100 * t1 / t, c }'
+    awk -v t1="$t1" -v t="$ts" -v c="$(comm strong$zero)" -v l="$label" 'BEGIN { printf "%-34s %10.0f %11.0f%% %12s\n", "2 ranks x B=2, strong, " l, t, 100 * t1 / (2 * t), c }'
+done
+echo "communication hidden behind backward: 0% (the collectives run after backward; overlap is not implemented yet)"
