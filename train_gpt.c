@@ -2874,8 +2874,8 @@ static double lr_at(const LRSchedule* s, int step) {
  *             (padded with zeros up to W x shard); it keeps AdamW moments for
  *             that shard only (8 bytes per parameter / W instead of 8), updates
  *             its shard of the weights, and all-gathers the weights.
- * Both move 2 x P floats per rank and step (reduce-scatter + all-gather,
- * which is also what a ring allreduce does). The loss is scaled by 1/W
+ * Both send 2 (W - 1) / W x P floats per rank and step (reduce-scatter +
+ * all-gather, which is also what a ring allreduce does; ZeRO-1's P padded). The loss is scaled by 1/W
  * before the sum, so the result is the mean gradient of the global batch,
  * equal to one process's up to the order of the sums (fp32 round-off). */
 
@@ -2943,7 +2943,10 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     d->lo = d->zero ? (size_t)d->rank * d->shard : 0;
     d->hi = d->zero ? (d->lo + d->shard < P ? d->lo + d->shard : P) : P;
     if (d->lo > P) d->lo = P;
-    d->bytes_per_step = W > 1 ? 2.0 * (double)(W - 1) / W * (double)(d->shard * W) * sizeof(float) : 0.0;
+    /* a ring allreduce of n floats, or a reduce-scatter plus an all-gather of
+     * them, sends 2 (W - 1) / W x n floats per rank; ZeRO-1's n is padded */
+    double n = d->zero ? (double)(d->shard * W) : (double)P;
+    d->bytes_per_step = W > 1 ? 2.0 * (double)(W - 1) / W * n * sizeof(float) : 0.0;
     if (!d->zero) return;
     size_t padded = d->shard * W;
     float* params = xmalloc_floats(padded);

@@ -11,8 +11,8 @@
 # order than one process does, so fp32 round-off differs; nothing more), the
 # final weights (||error|| / ||update|| <= 1e-4 per tensor, as in test_gpt.c),
 # the AdamW state each rank holds (2P floats, or 2 x shard under ZeRO-1), the
-# bytes each rank sends per step (2 (W-1)/W x padded P x 4: reduce-scatter +
-# all-gather), and that ranks launched with different seeds, data or model
+# bytes each rank sends per step (2 (W-1)/W x P x 4: ring allreduce, or
+# reduce-scatter + all-gather of P padded to W shards), and that ranks launched with different seeds, data or model
 # all stop with a clear error instead of hanging (each run under a timeout).
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
@@ -60,7 +60,8 @@ for np in 2 3; do
         # memory and traffic, against the formulas (shard = ceil(P / np))
         shard=$(( (P + np - 1) / np ))
         want_state=$([ $zero = 1 ] && echo $((2 * shard)) || echo $((2 * P)))
-        want_bytes=$(awk -v np=$np -v s=$shard 'BEGIN { printf "%.0f", 2 * (np - 1) / np * s * np * 4 }')
+        n=$([ $zero = 1 ] && echo $((shard * np)) || echo $P)   # ZeRO-1 pads P to np equal shards
+        want_bytes=$(awk -v np=$np -v n=$n 'BEGIN { printf "%.0f", 2 * (np - 1) / np * n * 4 }')
         line=$(grep "data parallel:" "$dir/$name.out")
         state=$(echo "$line" | sed -n 's/.*AdamW state per rank \([0-9]*\) floats.*/\1/p')
         bytes=$(echo "$line" | sed -n 's/.* \([0-9]*\) bytes sent per rank per step.*/\1/p')
