@@ -5,7 +5,10 @@
 #   1 rank  x B=4                     the baseline
 #   2 ranks x B=4 (weak scaling)      same work per rank: efficiency = t1 / t2
 #   2 ranks x B=2 (strong scaling)    same global batch:  efficiency = t1 / (2 t2)
-# for plain data parallel and ZeRO-1, and the time the collectives take.
+# for plain data parallel (gradients reduced after backward, or layer by layer
+# during it) and ZeRO-1, with the time spent inside collectives and the part
+# of it left after backward. The share of communication hidden behind
+# backward = 1 - (after-backward ms with overlap) / (after-backward ms without).
 set -eu
 cd "$(dirname "$0")/.."
 BIN=./train_gpt_mpi
@@ -15,21 +18,24 @@ dir=$(mktemp -d /tmp/gptc_benchdp.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 $PY scripts/toy_shard.py "$dir/train.bin" 200000 50257 0 >/dev/null
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg)"
-run() { # run NAME NP B ZERO -> median step ms (steps 2..5)
-    local name=$1 np=$2 b=$3 zero=$4
-    $MPIRUN -np "$np" $BIN --model d12 -i "$dir/train.bin" -b "$b" -t 64 -x 5 --threads 1 --zero "$zero" \
+run() { # run NAME NP B ZERO OVERLAP -> median step ms (steps 2..5)
+    local name=$1 np=$2 b=$3 zero=$4 overlap=$5
+    $MPIRUN -np "$np" $BIN --model d12 -i "$dir/train.bin" -b "$b" -t 64 -x 5 --threads 1 --zero "$zero" --overlap "$overlap" \
         --val-every 0 --sample-every 0 --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
     grep -o '"ms": [0-9.]*' "$dir/$name.jsonl" | tail -n 4 | cut -d' ' -f2 | sort -n | awk '{ a[NR] = $1 } END { printf "%.0f", (a[2] + a[3]) / 2 }'
 }
-comm() { sed -n 's/communication: \([0-9.]*\) ms per step.*/\1/p' "$dir/$1.out"; }
-t1=$(run one 1 4 0)
-printf "%-34s %10s %12s %12s\n" "configuration" "ms/step" "efficiency" "comm ms"
-printf "%-34s %10s %12s %12s\n" "1 rank x B=4" "$t1" "-" "-"
-for zero in 0 1; do
-    label=$([ $zero = 1 ] && echo "ZeRO-1" || echo "allreduce")
-    tw=$(run weak$zero 2 4 $zero)
-    ts=$(run strong$zero 2 2 $zero)
-    awk -v t1="$t1" -v t="$tw" -v c="$(comm weak$zero)" -v l="$label" 'BEGIN { printf "%-34s %10.0f %11.0f%% %12s\n", "2 ranks x B=4, weak, " l, t, 100 * t1 / t, c }'
-    awk -v t1="$t1" -v t="$ts" -v c="$(comm strong$zero)" -v l="$label" 'BEGIN { printf "%-34s %10.0f %11.0f%% %12s\n", "2 ranks x B=2, strong, " l, t, 100 * t1 / (2 * t), c }'
+comm() { sed -n 's/communication: \([0-9.]*\) ms per step inside collectives, \([0-9.]*\) ms of it after backward.*/\1 \2/p' "$dir/$1.out"; }
+t1=$(run one 1 4 0 0)
+printf "%-44s %8s %11s   %s\n" "configuration" "ms/step" "efficiency" "ms in collectives, of which after backward"
+printf "%-44s %8s %11s   %s\n" "1 rank x B=4" "$t1" "-" "-"
+for mode in "0 0 allreduce after backward" "0 1 allreduce during backward" "1 0 ZeRO-1"; do
+    set -- $mode
+    zero=$1 overlap=$2
+    shift 2
+    label="$*"
+    tw=$(run weak$zero$overlap 2 4 $zero $overlap)
+    ts=$(run strong$zero$overlap 2 2 $zero $overlap)
+    awk -v t1="$t1" -v t="$tw" -v c="$(comm weak$zero$overlap)" -v l="$label" 'BEGIN { printf "%-44s %8.0f %10.0f%%   %s\n", "2 ranks x B=4 (weak), " l, t, 100 * t1 / t, c }'
+    awk -v t1="$t1" -v t="$ts" -v c="$(comm strong$zero$overlap)" -v l="$label" 'BEGIN { printf "%-44s %8.0f %10.0f%%   %s\n", "2 ranks x B=2 (strong), " l, t, 100 * t1 / (2 * t), c }'
 done
-echo "communication hidden behind backward: 0% (the collectives run after backward; overlap is not implemented yet)"
+echo "communication hidden behind backward: 1 - (after-backward ms during) / (after-backward ms after), per row pair above"

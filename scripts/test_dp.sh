@@ -6,7 +6,8 @@
 # A small GPT trained for 8 steps on the same global batch of 6 sequences:
 # 1 process x B=6, against mpirun -np 2 x B=3 and -np 3 x B=2 (3 does not
 # divide the parameter count: the shards are padded), each with plain data
-# parallel (--zero 0) and ZeRO-1 (--zero 1). Checked: the per-step losses and
+# parallel (--zero 0; gradients reduced layer by layer during backward, and
+# with --overlap 0 all at once after it) and ZeRO-1 (--zero 1). Checked: the per-step losses and
 # gradient norms (to 1e-5 relative: the ranks sum their gradients in another
 # order than one process does, so fp32 round-off differs; nothing more), the
 # final weights (||error|| / ||update|| <= 1e-4 per tensor, as in test_gpt.c),
@@ -40,10 +41,12 @@ P=$(sed -n 's/.*model: .*, \([0-9]*\) parameters.*/\1/p' "$dir/one.out")
 field() { grep -o "\"$2\": [-0-9.e+]*" "$1" | cut -d' ' -f2; }
 for np in 2 3; do
     B=$((6 / np))
-    for zero in 0 1; do
-        name="np$np-zero$zero"
-        timeout 120 $MPIRUN -np $np "$BIN" $COMMON -b $B --zero $zero -o "$dir/$name" --log-file "$dir/$name.jsonl" \
-            > "$dir/$name.out" 2>&1
+    for mode in 0 1 0-after; do # plain (layer gradients reduced during backward), ZeRO-1, plain after backward
+        zero=${mode%%-*}
+        overlap=$([ "$mode" = 0-after ] && echo 0 || echo 1)
+        name="np$np-zero$mode"
+        timeout 120 $MPIRUN -np $np "$BIN" $COMMON -b $B --zero $zero --overlap $overlap -o "$dir/$name" \
+            --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
         if [ $? -ne 0 ]; then check FAIL "$name: run" "$(tail -5 "$dir/$name.out")"; continue; fi
         for key in loss norm val_loss; do
             worst=$(paste -d' ' <(field "$dir/one.jsonl" $key) <(field "$dir/$name.jsonl" $key) 2>/dev/null |
