@@ -2596,11 +2596,12 @@ static void gpt2_alloc_training(GPT2* model, int B, int T) {
     model->scratch_memory = tensors_alloc((float**)&model->scratch, sizes, NUM_BACKWARD_TENSORS, &model->num_scratch);
     size_t n = model->num_parameters;
     model->grads_memory = xmalloc_floats(n);
-    model->m_memory = xmalloc_floats(n);
-    model->v_memory = xmalloc_floats(n);
+    /* calloc: the kernel hands out zero pages lazily, so moments that ZeRO-1
+     * replaces by shard-sized ones (dist_setup_model) never take memory */
+    model->m_memory = (float*)calloc(n, sizeof(float));
+    model->v_memory = (float*)calloc(n, sizeof(float));
+    CHECK(model->m_memory && model->v_memory, "out of memory for the AdamW moments (%zu floats each)", n);
     memset(model->grads_memory, 0, n * sizeof(float));
-    memset(model->m_memory, 0, n * sizeof(float));
-    memset(model->v_memory, 0, n * sizeof(float));
     parameters_point(&model->grads, model->grads_memory, &model->config);
 }
 
