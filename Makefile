@@ -142,7 +142,7 @@ train_gpt_mpi: train_gpt.c unicode_tables.h
 	$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -o $@ train_gpt.c $(LDLIBS)
 
 # 1 process against mpirun -np 2 and -np 3, plain and ZeRO-1 (scripts/test_dp.sh)
-test-dp: train_gpt_mpi
+test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 	scripts/test_dp.sh ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests

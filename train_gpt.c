@@ -2988,6 +2988,15 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     d->grad_shard = xmalloc_floats(d->shard);
 }
 
+/* Wait until every rank gets here. */
+static void dist_barrier(const Dist* d) {
+#ifdef USE_MPI
+    if (d->world > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+#else
+    (void)d;
+#endif
+}
+
 /* Sum a double over the ranks (losses, squared norms). */
 static double dist_sum(const Dist* d, double x) {
 #ifdef USE_MPI
@@ -3915,8 +3924,10 @@ static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const 
 
 /* Everything after the flags, shared with train_gpt.cu: build the model,
  * load the tokenizer, then generate from --prompt, or tokenize --data and
- * train with `train_fn`. Returns 0 or -1. */
-static int gptc_run(const Options* o, TrainFn train_fn, void* ctx) {
+ * train with `train_fn`. With several ranks (dist, or NULL), rank 0
+ * tokenizes --data while the others wait, then they reuse its cache.
+ * Returns 0 or -1. */
+static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* dist) {
     GPT2 model;
     if (model_from_options(&model, o) != 0) return -1;
     const GPT2Config* c = &model.config;
@@ -3937,7 +3948,11 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx) {
             char train_pattern[4300], val_pattern[4300];
             snprintf(train_pattern, sizeof(train_pattern), "%s", o->train_data);
             snprintf(val_pattern, sizeof(val_pattern), "%s", o->val_data);
-            rc = o->data[0] ? data_from_text(o, &tok, train_pattern, val_pattern, sizeof(train_pattern)) : 0;
+            if (o->data[0]) {
+                if (dist && dist->rank != 0) dist_barrier(dist);
+                rc = data_from_text(o, &tok, train_pattern, val_pattern, sizeof(train_pattern));
+                if (dist && dist->rank == 0) dist_barrier(dist);
+            }
             if (rc == 0) rc = train_fn(&model, o, &tok, train_pattern, val_pattern, ctx);
         }
         tokenizer_free(&tok);
@@ -3969,7 +3984,7 @@ int main(int argc, char** argv) {
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    rc = gptc_run(&o, train_cpu, &dist);
+    rc = gptc_run(&o, train_cpu, &dist, &dist);
     dist_finish(&dist);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }

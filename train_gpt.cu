@@ -1473,6 +1473,6 @@ int main(int argc, char** argv) {
     if (o.threads > 0) omp_set_num_threads(o.threads);
     printf("threads: %d (OpenMP, host side: data, sampling)\n", num_threads());
 #endif
-    return gptc_run(&o, gpu_train_fn, &co) == 0 ? 0 : EXIT_FAILURE; /* train_gpt.c: model, tokenizer, --prompt, --data */
+    return gptc_run(&o, gpu_train_fn, &co, NULL) == 0 ? 0 : EXIT_FAILURE; /* train_gpt.c: model, tokenizer, --prompt, --data */
 }
 #endif /* !GPTCU_LIBRARY */

@@ -75,6 +75,19 @@ for np in 2 3; do
     done
 done
 
+# --data with several ranks: rank 0 tokenizes once, the others wait and reuse the cache
+if [ -f data/tokenizer/gpt2_merges.bin ]; then
+    cp README.md "$dir/text.txt"
+    out=$(timeout 120 $MPIRUN -np 2 "$BIN" --data "$dir/text.txt" --model d2 --channels 32 --num-heads 2 \
+          --max-seq-len 32 -b 2 -t 32 -x 3 --threads 1 --zero 1 --sample-every 0 --val-every 3 --val-batches 2 2>&1)
+    rc=$?
+    [ $rc -eq 0 ] && [ -f "$dir/text.txt.gptc/stamp.txt" ] && [ "$(echo "$out" | grep -c 'tokenized')" = 1 ] &&
+        check ok "--data on 2 ranks: tokenized once, trained" ||
+        check FAIL "--data on 2 ranks: tokenized once, trained" "exit $rc: $(echo "$out" | tail -3)"
+else
+    check FAIL "--data on 2 ranks" "no tokenizer files: run make tokenizer"
+fi
+
 # ranks that disagree stop with a message, within the timeout (no hang)
 for what in "--seed 7" "-i $dir/val.bin" "--channels 64"; do
     out=$(timeout 60 $MPIRUN -np 2 "$BIN" $COMMON -b 3 : -np 1 "$BIN" $COMMON -b 3 $what 2>&1)
