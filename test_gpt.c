@@ -1049,6 +1049,74 @@ static void test_trainer_binary(void) {
     }
 }
 
+/* Stop and resume: the training state (moments, step, data position,
+ * sampler RNG) makes a resumed run bit-for-bit the uninterrupted one; a
+ * corrupt or truncated newest state is caught by its checksum and the one
+ * before is used; an incompatible run is refused. */
+static int files_equal(const char* a, const char* b) {
+    size_t na = 0, nb = 0;
+    unsigned char* x = read_all(a, &na);
+    unsigned char* y = read_all(b, &nb);
+    int eq = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+static void test_resume(void) {
+    const char* shard = tmp_path("rs_train_000.bin");
+    write_shard(shard, 6000, 50, 3, SHARD_MAGIC, 1, 6000);
+    char common[1400], cmd[2000], out[8192], a[800], b[800];
+    snprintf(common, sizeof(common),
+             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -j %s -b 4 -t 16 "
+             "-x 12 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 5 --val-batches 2 --sample-every 0 "
+             "--shuffle 1 --save-every 4 --threads 2", shard, shard);
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsA", common, tmpdir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsB --stop-at 6", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    int stopped = strstr(out, "stopping after step 6") != NULL;
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsB --resume 1", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(a, sizeof(a), "%s/rsA/model_00000012.bin", tmpdir);
+    snprintf(b, sizeof(b), "%s/rsB/model_00000012.bin", tmpdir);
+    check(rc == 0 && stopped && strstr(out, "continuing after step 6") && files_equal(a, b),
+          "resume: stopped at step 6 and resumed, the final weights are bit-for-bit the uninterrupted run's", rc ? out : "");
+    /* corrupt the newest state (step 8 of a run stopped there): the checksum catches it, step 4 is used */
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsC --stop-at 8", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    char state[800];
+    snprintf(state, sizeof(state), "%s/rsC/state_00000008_rank0.bin", tmpdir);
+    size_t n = 0;
+    unsigned char* bytes = read_all(state, &n);
+    if (bytes && n > 5000) {
+        bytes[3000] ^= 0x40; /* a bit in the weights */
+        write_bytes(state, bytes, n);
+    }
+    free(bytes);
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsC --resume 1", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsC/model_00000012.bin", tmpdir);
+    check(rc == 0 && strstr(out, "checksum mismatch") && strstr(out, "continuing after step 4") && files_equal(a, b),
+          "resume: a corrupted newest state is refused by its checksum, the previous one is used, still bit-for-bit", rc ? out : "");
+    /* truncate the newest state of another stopped run */
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsD --stop-at 8", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(state, sizeof(state), "%s/rsD/state_00000008_rank0.bin", tmpdir);
+    bytes = read_all(state, &n);
+    if (bytes) write_bytes(state, bytes, n / 2);
+    free(bytes);
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsD --resume 1", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsD/model_00000012.bin", tmpdir);
+    check(rc == 0 && strstr(out, "continuing after step 4") && files_equal(a, b),
+          "resume: a truncated newest state is refused, the previous one is used, still bit-for-bit", rc ? out : "");
+    /* an incompatible run is refused, naming what differs */
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsB --resume 1 -b 2 -x 20", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc != 0 && strstr(out, "--batch-size differs"), "resume: a run with another --batch-size is refused", strstr(out, "differs") ? "" : out);
+}
+
 /* The default run (make train, reduced): its JSONL log, its falling
  * validation loss, its plot and its checkpoint. */
 static void test_default_run(const char* dir) {
@@ -1143,6 +1211,7 @@ int main(int argc, char** argv) {
     test_schedules();
     test_cli();
     test_trainer_binary();
+    test_resume();
     test_kv_cache(model);
     test_sampler();
     test_text_documents();

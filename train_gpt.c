@@ -29,9 +29,10 @@
  *   7. Model             parameters, activations, forward, backward
  *   8. Optimizer         gradient norm and clipping, AdamW, schedules
  *   9. Data parallel     MPI ranks: allreduce or ZeRO-1 sharded AdamW
- *  10. Sampler           temperature / top-k / top-p; generation with a KV cache
- *  11. CLI               flags, usage, validation
- *  12. main              --data, --prompt, the training loop (shared with train_gpt.cu)
+ *  10. Checkpoints       training state (moments, step, data position), CRC32C, resume
+ *  11. Sampler           temperature / top-k / top-p; generation with a KV cache
+ *  12. CLI               flags, usage, validation
+ *  13. main              --data, --prompt, the training loop (shared with train_gpt.cu)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
@@ -1351,6 +1352,19 @@ static int dataloader_reset(DataLoader* d) {
     d->cursor = 0;
     dataloader_order_shards(d);
     return dataloader_load_shard(d);
+}
+
+/* Put the loader where a saved run left it (a state checkpoint's epoch,
+ * shard position and cursor). 0, or -1 if the position cannot exist. */
+static int dataloader_seek(DataLoader* d, int epoch, int shard_pos, long long cursor) {
+    if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || cursor < 0) return -1;
+    d->epoch = epoch;
+    d->shard_pos = shard_pos;
+    d->cursor = cursor;
+    dataloader_order_shards(d);
+    d->loaded_shard = -1; /* reload: the sample order depends on the epoch */
+    if (dataloader_load_shard(d) != 0) return -1;
+    return cursor <= d->num_samples ? 0 : -1;
 }
 
 /* Fill inputs/targets (B, T) with this rank's next micro-batch. */
@@ -3100,7 +3114,151 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
 }
 
 /* ------------------------------------------------------------------------ */
-/* 10. Sampler                                                              */
+/* 10. Training state checkpoints                                           */
+/* ------------------------------------------------------------------------ */
+/* A model file holds the weights only; resuming a run bit for bit needs the
+ * rest too: the AdamW moments (this rank's shard under ZeRO-1), the step, the
+ * data loader's position and the sampler's random state. Each rank writes
+ * <dir>/state_<step>_rank<r>.bin; when every rank's file is on disk, rank 0
+ * writes <dir>/state_<step>.complete. A step counts as saved only with that
+ * marker. Format (all little-endian):
+ *   256 int32 header: [0] magic 20261103, [1] version 1, [2] step, [3] rank,
+ *     [4] world, [5] zero, [6] B, [7] T, [8] total batch, [9] seed,
+ *     [10] shuffle, [11] L, [12] C, [13] NH, [14] maxT, [15] V, [16] Vp,
+ *     [17] data epoch, [18] data shard position, [20..21] data cursor,
+ *     [22..23] P, [24..25] lo, [26..27] hi (the moments held: [lo, hi)),
+ *     [28..29] sampler RNG state, [30] CRC32C of the weights, [31] of m,
+ *     [32] of v, [33] CRC32C of header words 0..32 (int64s as two int32, low first);
+ *   then the P weights, then hi - lo floats of m, then of v.
+ * Written to a temporary name, fsync'd and renamed: a crash or a full disk
+ * leaves the previous state as it was. */
+
+#define STATE_MAGIC 20261103
+#define STATE_VERSION 1
+
+/* CRC-32C (Castagnoli), reflected polynomial 0x82F63B78, bytewise table. */
+static uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+    static uint32_t table[256];
+    static int ready = 0;
+    if (!ready) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+            table[i] = c;
+        }
+        ready = 1;
+    }
+    const unsigned char* p = (const unsigned char*)data;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+static void put_i64(int32_t* h, int at, int64_t v) {
+    h[at] = (int32_t)(uint32_t)((uint64_t)v & 0xFFFFFFFFu);
+    h[at + 1] = (int32_t)(uint32_t)((uint64_t)v >> 32);
+}
+
+static int64_t get_i64(const int32_t* h, int at) {
+    return (int64_t)(((uint64_t)(uint32_t)h[at + 1] << 32) | (uint32_t)h[at]);
+}
+
+/* What a state file pins down besides the arrays. */
+typedef struct {
+    int step, rank, world, zero, B, T, total, seed, shuffle;
+    GPT2Config config;
+    int epoch, shard_pos;
+    long long cursor;
+    size_t P, lo, hi;
+    uint64_t sample_rng;
+} StateInfo;
+
+static void state_path(char* out, size_t cap, const char* dir, int step, int rank) {
+    if (rank >= 0) snprintf(out, cap, "%s/state_%08d_rank%d.bin", dir, step, rank);
+    else snprintf(out, cap, "%s/state_%08d.complete", dir, step);
+}
+
+static int state_write(const char* path, const StateInfo* s, const float* params, const float* m, const float* v) {
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    size_t n = s->hi - s->lo;
+    h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[2] = s->step; h[3] = s->rank; h[4] = s->world; h[5] = s->zero;
+    h[6] = s->B; h[7] = s->T; h[8] = s->total; h[9] = s->seed; h[10] = s->shuffle;
+    h[11] = s->config.num_layers; h[12] = s->config.channels; h[13] = s->config.num_heads;
+    h[14] = s->config.max_seq_len; h[15] = s->config.vocab_size; h[16] = s->config.padded_vocab_size;
+    h[17] = s->epoch; h[18] = s->shard_pos;
+    put_i64(h, 20, s->cursor);
+    put_i64(h, 22, (int64_t)s->P);
+    put_i64(h, 24, (int64_t)s->lo);
+    put_i64(h, 26, (int64_t)s->hi);
+    put_i64(h, 28, (int64_t)s->sample_rng);
+    h[30] = (int32_t)crc32c(0, params, s->P * sizeof(float));
+    h[31] = (int32_t)crc32c(0, m, n * sizeof(float));
+    h[32] = (int32_t)crc32c(0, v, n * sizeof(float));
+    h[33] = (int32_t)crc32c(0, h, 33 * sizeof(int32_t));
+    WriteChunk chunks[4] = {{h, sizeof(h)}, {params, s->P * sizeof(float)}, {m, n * sizeof(float)}, {v, n * sizeof(float)}};
+    return write_file_atomic(path, chunks, 4);
+}
+
+/* Read a state file's header and check it and its size. 0, or -1 after a
+ * message (a missing file is quiet when `quiet_missing`). */
+static int state_read_header(const char* path, StateInfo* s, int32_t* h, int quiet_missing) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        if (!quiet_missing) FILE_ERROR(path, "cannot open state file: %s", strerror(errno));
+        return -1;
+    }
+    long long size = file_size(f);
+    int rc = size >= 1024 ? read_exact(f, h, 1024, path) : -1;
+    fclose(f);
+    if (rc != 0 || h[0] != STATE_MAGIC || h[1] != STATE_VERSION) {
+        FILE_ERROR(path, "not a gpt.c state file of version %d (or truncated)", STATE_VERSION);
+        return -1;
+    }
+    if ((uint32_t)h[33] != crc32c(0, h, 33 * sizeof(int32_t))) {
+        FILE_ERROR(path, "header checksum mismatch: the file is corrupt");
+        return -1;
+    }
+    s->step = h[2]; s->rank = h[3]; s->world = h[4]; s->zero = h[5]; s->B = h[6]; s->T = h[7];
+    s->total = h[8]; s->seed = h[9]; s->shuffle = h[10];
+    s->config.num_layers = h[11]; s->config.channels = h[12]; s->config.num_heads = h[13];
+    s->config.max_seq_len = h[14]; s->config.vocab_size = h[15]; s->config.padded_vocab_size = h[16];
+    s->epoch = h[17]; s->shard_pos = h[18]; s->cursor = get_i64(h, 20);
+    s->P = (size_t)get_i64(h, 22); s->lo = (size_t)get_i64(h, 24); s->hi = (size_t)get_i64(h, 26);
+    s->sample_rng = (uint64_t)get_i64(h, 28);
+    if (config_problem(&s->config) || s->P != parameter_count(&s->config) || s->lo > s->hi || s->hi > s->P ||
+        size != 1024 + (long long)(s->P + 2 * (s->hi - s->lo)) * 4) {
+        FILE_ERROR(path, "sizes in the header do not match the file (%lld bytes)", size);
+        return -1;
+    }
+    return 0;
+}
+
+/* Read the arrays of a state file whose header `h` was checked, verifying
+ * each section's checksum. 0 or -1. */
+static int state_read_arrays(const char* path, const StateInfo* s, const int32_t* h, float* params, float* m, float* v) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open state file: %s", strerror(errno));
+        return -1;
+    }
+    size_t n = s->hi - s->lo;
+    int rc = fseek(f, 1024, SEEK_SET) != 0 || read_exact(f, params, s->P * 4, path) != 0 ||
+             read_exact(f, m, n * 4, path) != 0 || read_exact(f, v, n * 4, path) != 0;
+    fclose(f);
+    if (rc) return -1;
+    const char* bad = (uint32_t)h[30] != crc32c(0, params, s->P * 4) ? "weights"
+                      : (uint32_t)h[31] != crc32c(0, m, n * 4)       ? "first moments"
+                      : (uint32_t)h[32] != crc32c(0, v, n * 4)       ? "second moments" : NULL;
+    if (bad) {
+        FILE_ERROR(path, "checksum mismatch in the %s: the file is corrupt", bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 11. Sampler                                                              */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -3281,7 +3439,7 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
 }
 
 /* ------------------------------------------------------------------------ */
-/* 11. CLI                                                                  */
+/* 12. CLI                                                                  */
 /* ------------------------------------------------------------------------ */
 /* One table drives the parser, the defaults and the usage text, so they
  * cannot drift apart. Each flag has a long name; llm.c's one-letter flags
@@ -3320,6 +3478,7 @@ typedef struct {
     /* run */
     int save_every, seed, shuffle, threads;
     int zero, overlap;
+    int resume, stop_at;
 } Options;
 
 typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
@@ -3370,7 +3529,9 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--temperature", NULL, OPT_FLOAT, temperature, "1.0", "sampling temperature; 0 = greedy"),
     OPT("--top-k", NULL, OPT_INT, top_k, "0", "sample among the k most likely tokens; 0 = all"),
     OPT("--top-p", NULL, OPT_FLOAT, top_p, "1.0", "nucleus sampling mass; 1 = off"),
-    OPT("--save-every", "-n", OPT_INT, save_every, "0", "write a checkpoint every this many steps (and at the end) to --output-dir; 0 = only at the end"),
+    OPT("--save-every", "-n", OPT_INT, save_every, "0", "write a checkpoint (model + training state) every this many steps (and at the end) to --output-dir; 0 = only at the end"),
+    OPT("--resume", NULL, OPT_INT, resume, "0", "1 = continue from the newest complete training state in --output-dir (bit for bit); none there = start fresh"),
+    OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
@@ -3505,6 +3666,10 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->top_k < 0, "--top-k must be >= 0");
     OPTIONS_PROBLEM(!(o->top_p > 0.0f && o->top_p <= 1.0f), "--top-p must be in (0, 1]");
     OPTIONS_PROBLEM(o->save_every < 0, "--save-every must be >= 0");
+    OPTIONS_PROBLEM(o->resume != 0 && o->resume != 1, "--resume must be 0 or 1");
+    OPTIONS_PROBLEM(o->resume && !o->output_dir[0], "--resume needs --output-dir (where the states are)");
+    OPTIONS_PROBLEM(o->stop_at < 0, "--stop-at must be >= 0");
+    OPTIONS_PROBLEM(o->stop_at > 0 && !o->output_dir[0], "--stop-at needs --output-dir (to save the state)");
     OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
     OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
     OPTIONS_PROBLEM(o->zero != 0 && o->zero != 1, "--zero must be 0 or 1 (ZeRO-2 is not implemented yet)");
@@ -3543,7 +3708,7 @@ static int model_from_options(GPT2* model, const Options* o) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* 12. main                                                                 */
+/* 13. main                                                                 */
 /* ------------------------------------------------------------------------ */
 
 /* Mean loss over up to `batches` micro-batches from the start of the val
@@ -3764,7 +3929,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
         FILE_ERROR(o->output_dir, "cannot create output directory: %s", strerror(errno));
         return -1;
     }
-    if (o->log_file[0] && rank == 0 && !(r->log = fopen(o->log_file, "w"))) {
+    if (o->log_file[0] && rank == 0 && !(r->log = fopen(o->log_file, o->resume ? "a" : "w"))) {
         FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
         return -1;
     }
@@ -3864,6 +4029,95 @@ static int dist_check_agreement(const Dist* d, const GPT2* model, const Options*
 #endif
 }
 
+static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* model, int step) {
+    StateInfo s;
+    memset(&s, 0, sizeof(s));
+    s.step = step; s.rank = d->rank; s.world = d->world; s.zero = d->zero;
+    s.B = r->B; s.T = r->T; s.total = r->total; s.seed = 0; s.shuffle = r->train.shuffle;
+    s.config = model->config;
+    s.epoch = r->train.epoch; s.shard_pos = r->train.shard_pos; s.cursor = r->train.cursor;
+    s.P = model->num_parameters; s.lo = d->lo; s.hi = d->hi;
+    s.sample_rng = r->sample_rng.state;
+    return s;
+}
+
+/* Every rank writes its state; rank 0 marks the step complete once all have.
+ * A failed write (disk full...) leaves the previous complete state newest. */
+static void state_save(const TrainRun* r, const Dist* d, const GPT2* model, const Options* o, int step) {
+    if (!o->output_dir[0]) return;
+    StateInfo s = state_info_of(r, d, model, step);
+    s.seed = o->seed;
+    char path[4400];
+    state_path(path, sizeof(path), o->output_dir, step, d->rank);
+    double t0 = time_ms();
+    int ok = state_write(path, &s, model->params_memory, model->m_memory, model->v_memory) == 0;
+    if (dist_sum(d, ok) < d->world) {
+        fprintf(stderr, "warning: rank %d: the training state of step %d is incomplete; the previous one stays the "
+                "newest, training continues\n", d->rank, step);
+        return;
+    }
+    if (d->rank == 0) {
+        state_path(path, sizeof(path), o->output_dir, step, -1);
+        WriteChunk c = {"complete\n", 9};
+        if (write_file_atomic(path, &c, 1) == 0)
+            printf("saved training state of step %d (%.0f ms)\n", step, time_ms() - t0);
+    }
+}
+
+/* Continue from the newest complete state in --output-dir that every rank
+ * can read intact: a corrupt or missing newest state falls back to the one
+ * before, with a warning. Returns the step to continue from (0 when there is
+ * none), or -1 when a state exists but belongs to an incompatible run. */
+static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o) {
+    char pattern[4400];
+    snprintf(pattern, sizeof(pattern), "%s/state_*.complete", o->output_dir);
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
+        printf("resume: no complete training state in %s: starting from step 0\n", o->output_dir);
+        return 0;
+    }
+    for (size_t i = g.gl_pathc; i-- > 0;) { /* glob sorts: newest (largest step) last */
+        const char* base = strrchr(g.gl_pathv[i], '/');
+        int step = atoi((base ? base + 1 : g.gl_pathv[i]) + 6);
+        char path[4400];
+        state_path(path, sizeof(path), o->output_dir, step, d->rank);
+        StateInfo s;
+        int32_t h[HEADER_INTS];
+        int ok = state_read_header(path, &s, h, 0) == 0;
+        const char* differs = NULL;
+        if (ok) {
+            StateInfo now = state_info_of(r, d, model, step);
+            differs = s.world != now.world ? "the number of ranks (resharding is not implemented)"
+                      : s.zero != now.zero ? "--zero"
+                      : memcmp(&s.config, &now.config, sizeof(GPT2Config)) ? "the model's shape"
+                      : s.B != now.B ? "--batch-size"
+                      : s.T != now.T ? "--seq-len"
+                      : s.total != now.total ? "--total-batch-size"
+                      : s.seed != o->seed ? "--seed"
+                      : s.shuffle != now.shuffle ? "--shuffle"
+                      : s.lo != now.lo || s.hi != now.hi ? "the shard" : NULL;
+        }
+        if (ok && differs) {
+            fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new --output-dir or "
+                    "run with the same settings\n", path, differs);
+            globfree(&g);
+            return -1;
+        }
+        ok = ok && state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory) == 0 &&
+             dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
+        if (dist_sum(d, ok) == d->world) {
+            r->sample_rng.state = s.sample_rng;
+            printf("resume: continuing after step %d from %s\n", step, o->output_dir);
+            globfree(&g);
+            return step;
+        }
+        fprintf(stderr, "warning: the training state of step %d is not usable on every rank; trying the one before\n", step);
+    }
+    globfree(&g);
+    fprintf(stderr, "error: no usable training state in %s\n", o->output_dir);
+    return -1;
+}
+
 /* The training loop, with validation, samples, logging and checkpoints,
  * on one process or as one rank of several (section 9). */
 static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
@@ -3883,8 +4137,10 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
                "%.0f bytes sent per rank per step\n", dist->world,
                dist->zero ? "ZeRO-1 (reduce-scatter, sharded AdamW, all-gather)" : "allreduce", dist->shard,
                dist->shard * dist->world, opt_floats, dist->bytes_per_step);
-    for (int step = 0; step <= r.steps; step++) {
-        if (train_run_val_due(&r, o, step))
+    int start = 0;
+    if (o->resume && (start = state_resume(&r, dist, model, o)) < 0) return -1;
+    for (int step = start; step <= r.steps; step++) {
+        if (train_run_val_due(&r, o, step) && (step > start || start == 0))
             train_run_log_val(&r, step, (float)(dist_sum(dist, evaluate(model, &r.val, o->val_batches)) / r.world));
         if (train_run_sample_due(&r, o, step) && r.rank == 0) sample_print(model, tok, o, &r.sample_rng);
         if (step == r.steps) break;
@@ -3902,13 +4158,22 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         int finite = 0;
         double norm = dist_step(dist, model, &r.opt, o->grad_clip, lr, step + 1, loss, &finite);
         train_run_log_step(&r, step, loss, lr, norm, time_ms() - t0, finite, "");
-        if (r.rank == 0 && o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps)
-            checkpoint_save(model, o, step + 1);
+        int stop = o->stop_at > 0 && step + 1 == o->stop_at && step + 1 < r.steps;
+        if ((o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) || stop) {
+            if (r.rank == 0) checkpoint_save(model, o, step + 1);
+            state_save(&r, dist, model, o, step + 1);
+        }
+        if (stop) {
+            printf("stopping after step %d (--stop-at); continue with --resume 1\n", step + 1);
+            train_run_free(&r);
+            return 0;
+        }
     }
     if (dist->world > 1)
         printf("communication: %.1f ms per step inside collectives, %.1f ms of it after backward\n",
                dist->comm_ms / r.steps, dist->exposed_ms / r.steps);
     if (r.rank == 0) checkpoint_save(model, o, r.steps);
+    state_save(&r, dist, model, o, r.steps);
     train_run_free(&r);
     return 0;
 }
