@@ -2889,6 +2889,8 @@ static double lr_at(const LRSchedule* s, int step) {
  * runs forward and backward on it, and then:
  *   --zero 0  plain data parallel: the gradients are summed over the ranks
  *             (allreduce) and every rank runs the same AdamW on all weights;
+ *             each layer's sums start as soon as backward has finished that
+ *             layer (non-blocking, --overlap 1), the rest after backward;
  *   --zero 1  ZeRO-1 (Rajbhandari et al. 2020, sec. 5.1): the gradients are
  *             reduce-scattered, so rank r holds the summed gradient of its
  *             shard, the r-th of W equal slices of the flat parameter buffer
@@ -2896,9 +2898,12 @@ static double lr_at(const LRSchedule* s, int step) {
  *             that shard only (8 bytes per parameter / W instead of 8), updates
  *             its shard of the weights, and all-gathers the weights.
  * Both send 2 (W - 1) / W x P floats per rank and step (reduce-scatter +
- * all-gather, which is also what a ring allreduce does; ZeRO-1's P padded). The loss is scaled by 1/W
- * before the sum, so the result is the mean gradient of the global batch,
- * equal to one process's up to the order of the sums (fp32 round-off). */
+ * all-gather, which is also what a ring allreduce does; ZeRO-1's P padded).
+ * The loss is scaled by 1/W before the sum, so the result is the mean
+ * gradient of the global batch, equal to one process's up to the order of
+ * the sums (fp32 round-off). ZeRO-2 (keeping only the gradient shard) needs
+ * a backward that writes each layer's gradients into a bucket rather than
+ * the full flat buffer: not implemented yet. */
 
 #ifdef USE_MPI
 #include <mpi.h>
