@@ -23,7 +23,8 @@ PYTHON ?= /usr/bin/python3
 #                  (AdamW's sqrtf: 3x faster). NaN and Inf keep their meaning.
 # No -ffast-math: it lets the compiler assume no NaN/Inf, and the trainer checks for them.
 CFLAGS = -O3 -march=native -fno-math-errno -std=c11 -Wall -Wextra
-LDLIBS = -lm
+# -lm for libm; -pthread for the background checkpoint writer
+LDLIBS = -lm -pthread
 
 # OpenMP: detected, and said aloud when missing (the build still works, on one thread).
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)

@@ -50,6 +50,7 @@
 #include <glob.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <pthread.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -4046,27 +4047,96 @@ static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* mod
     return s;
 }
 
-/* Every rank writes its state; rank 0 marks the step complete once all have.
- * A failed write (disk full...) leaves the previous complete state newest. */
-static void state_save(const TrainRun* r, const Dist* d, const GPT2* model, const Options* o, int step) {
-    if (!o->output_dir[0]) return;
-    StateInfo s = state_info_of(r, d, model, step);
-    s.seed = o->seed;
+/* Saving in two phases. At a step boundary the state is copied into host
+ * memory: the only stall, three memcpys, measured and printed. A background
+ * thread then writes the copy (CRC32C, temporary name, fsync, rename) while
+ * training goes on. A new snapshot first waits for the previous write, so at
+ * most one copy is held. A step is marked complete (state_<step>.complete,
+ * by rank 0) only when every rank's write has succeeded; the ranks compare
+ * notes on the main thread at the next snapshot or at the end, since MPI is
+ * only called from there. A failed write (disk full...) leaves the previous
+ * complete state the newest, with a warning, and training continues. */
+typedef struct {
+    pthread_t thread;
+    int busy;            /* a write is in flight */
+    int pending_step;    /* written (or being written), not yet marked; -1 none */
+    int result;          /* the write's outcome, 0 = ok */
+    StateInfo info;
     char path[4400];
-    state_path(path, sizeof(path), o->output_dir, step, d->rank);
-    double t0 = time_ms();
-    int ok = state_write(path, &s, model->params_memory, model->m_memory, model->v_memory) == 0;
-    if (dist_sum(d, ok) < d->world) {
+    float* params;       /* (P) the snapshot */
+    float* m;            /* (hi - lo) */
+    float* v;            /* (hi - lo) */
+    size_t cap_p, cap_n;
+    double t_start;      /* when the snapshot began: the time to a durable state */
+} Saver;
+
+static void* saver_thread(void* arg) {
+    Saver* sv = (Saver*)arg;
+    sv->result = state_write(sv->path, &sv->info, sv->params, sv->m, sv->v);
+    return NULL;
+}
+
+/* Wait for the write in flight, then (all ranks together) mark its step. */
+static void saver_finish(Saver* sv, const Dist* d, const Options* o) {
+    if (sv->busy) {
+        CHECK(pthread_join(sv->thread, NULL) == 0, "cannot join the state writer thread");
+        sv->busy = 0;
+    }
+    if (sv->pending_step < 0) return;
+    int step = sv->pending_step;
+    sv->pending_step = -1;
+    if (dist_sum(d, sv->result == 0) < d->world) {
         fprintf(stderr, "warning: rank %d: the training state of step %d is incomplete; the previous one stays the "
                 "newest, training continues\n", d->rank, step);
         return;
     }
     if (d->rank == 0) {
+        char path[4400];
         state_path(path, sizeof(path), o->output_dir, step, -1);
         WriteChunk c = {"complete\n", 9};
         if (write_file_atomic(path, &c, 1) == 0)
-            printf("saved training state of step %d (%.0f ms)\n", step, time_ms() - t0);
+            printf("training state of step %d complete on disk (%.0f ms after its snapshot)\n", step,
+                   time_ms() - sv->t_start);
     }
+}
+
+/* Phase one: copy the state (the stall), then hand it to the writer. */
+static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GPT2* model, const Options* o, int step) {
+    if (!o->output_dir[0]) return;
+    saver_finish(sv, d, o); /* bounded memory: one snapshot at a time */
+    double t0 = time_ms();
+    StateInfo s = state_info_of(r, d, model, step);
+    s.seed = o->seed;
+    size_t n = s.hi - s.lo;
+    if (sv->cap_p < s.P || sv->cap_n < n) {
+        free(sv->params);
+        free(sv->m);
+        free(sv->v);
+        sv->params = xmalloc_floats(s.P);
+        sv->m = xmalloc_floats(n);
+        sv->v = xmalloc_floats(n);
+        sv->cap_p = s.P;
+        sv->cap_n = n;
+    }
+    memcpy(sv->params, model->params_memory, s.P * sizeof(float));
+    memcpy(sv->m, model->m_memory, n * sizeof(float));
+    memcpy(sv->v, model->v_memory, n * sizeof(float));
+    sv->info = s;
+    state_path(sv->path, sizeof(sv->path), o->output_dir, step, d->rank);
+    sv->t_start = t0;
+    sv->pending_step = step;
+    sv->result = -1;
+    CHECK(pthread_create(&sv->thread, NULL, saver_thread, sv) == 0, "cannot start the state writer thread");
+    sv->busy = 1;
+    printf("snapshot of step %d: %.1f ms stall (copy to memory); written in the background\n", step, time_ms() - t0);
+}
+
+static void saver_free(Saver* sv) {
+    free(sv->params);
+    free(sv->m);
+    free(sv->v);
+    memset(sv, 0, sizeof(*sv));
+    sv->pending_step = -1;
 }
 
 /* Continue from the newest complete state in --output-dir that every rank
@@ -4144,6 +4214,9 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
                dist->shard * dist->world, opt_floats, dist->bytes_per_step);
     int start = 0;
     if (o->resume && (start = state_resume(&r, dist, model, o)) < 0) return -1;
+    Saver saver;
+    memset(&saver, 0, sizeof(saver));
+    saver.pending_step = -1;
     for (int step = start; step <= r.steps; step++) {
         if (train_run_val_due(&r, o, step) && (step > start || start == 0))
             train_run_log_val(&r, step, (float)(dist_sum(dist, evaluate(model, &r.val, o->val_batches)) / r.world));
@@ -4166,9 +4239,11 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         int stop = o->stop_at > 0 && step + 1 == o->stop_at && step + 1 < r.steps;
         if ((o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) || stop) {
             if (r.rank == 0) checkpoint_save(model, o, step + 1);
-            state_save(&r, dist, model, o, step + 1);
+            saver_snapshot(&saver, &r, dist, model, o, step + 1);
         }
         if (stop) {
+            saver_finish(&saver, dist, o);
+            saver_free(&saver);
             printf("stopping after step %d (--stop-at); continue with --resume 1\n", step + 1);
             train_run_free(&r);
             return 0;
@@ -4178,7 +4253,9 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         printf("communication: %.1f ms per step inside collectives, %.1f ms of it after backward\n",
                dist->comm_ms / r.steps, dist->exposed_ms / r.steps);
     if (r.rank == 0) checkpoint_save(model, o, r.steps);
-    state_save(&r, dist, model, o, r.steps);
+    saver_snapshot(&saver, &r, dist, model, o, r.steps);
+    saver_finish(&saver, dist, o);
+    saver_free(&saver);
     train_run_free(&r);
     return 0;
 }
