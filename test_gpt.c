@@ -1082,6 +1082,14 @@ static void test_resume(void) {
     snprintf(b, sizeof(b), "%s/rsB/model_00000012.bin", tmpdir);
     check(rc == 0 && stopped && strstr(out, "continuing after step 6") && files_equal(a, b),
           "resume: stopped at step 6 and resumed, the final weights are bit-for-bit the uninterrupted run's", rc ? out : "");
+    /* retention (--keep-last 2 by default): of the states at 4, 8, 12 the two newest remain */
+    char st4[800], st8[800], st12[800], mk4[800];
+    snprintf(st4, sizeof(st4), "%s/rsA/state_00000004_rank0.bin", tmpdir);
+    snprintf(mk4, sizeof(mk4), "%s/rsA/state_00000004.complete", tmpdir);
+    snprintf(st8, sizeof(st8), "%s/rsA/state_00000008_rank0.bin", tmpdir);
+    snprintf(st12, sizeof(st12), "%s/rsA/state_00000012.complete", tmpdir);
+    check(access(st4, F_OK) != 0 && access(mk4, F_OK) != 0 && access(st8, F_OK) == 0 && access(st12, F_OK) == 0,
+          "retention: the two newest training states are kept, older ones removed (marker and file)", "");
     /* corrupt the newest state (step 8 of a run stopped there): the checksum catches it, step 4 is used */
     snprintf(cmd, sizeof(cmd), "%s -o %s/rsC --stop-at 8", common, tmpdir);
     rc = run_capture(cmd, out, sizeof(out));

@@ -3484,7 +3484,7 @@ typedef struct {
     /* run */
     int save_every, seed, shuffle, threads;
     int zero, overlap;
-    int resume, stop_at;
+    int resume, stop_at, keep_last, keep_every;
 } Options;
 
 typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
@@ -3537,6 +3537,8 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--top-p", NULL, OPT_FLOAT, top_p, "1.0", "nucleus sampling mass; 1 = off"),
     OPT("--save-every", "-n", OPT_INT, save_every, "0", "write a checkpoint (model + training state) every this many steps (and at the end) to --output-dir; 0 = only at the end"),
     OPT("--resume", NULL, OPT_INT, resume, "0", "1 = continue from the newest complete training state in --output-dir (bit for bit); none there = start fresh"),
+    OPT("--keep-last", NULL, OPT_INT, keep_last, "2", "keep the training states of the last this many saves (and every --keep-every-th); 0 = keep all"),
+    OPT("--keep-every", NULL, OPT_INT, keep_every, "0", "also keep the training state of every step that is a multiple of this; 0 = none"),
     OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
@@ -3675,6 +3677,7 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->resume != 0 && o->resume != 1, "--resume must be 0 or 1");
     OPTIONS_PROBLEM(o->resume && !o->output_dir[0], "--resume needs --output-dir (where the states are)");
     OPTIONS_PROBLEM(o->stop_at < 0, "--stop-at must be >= 0");
+    OPTIONS_PROBLEM(o->keep_last < 0 || o->keep_every < 0, "--keep-last and --keep-every must be >= 0");
     OPTIONS_PROBLEM(o->stop_at > 0 && !o->output_dir[0], "--stop-at needs --output-dir (to save the state)");
     OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
     OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
@@ -4047,6 +4050,47 @@ static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* mod
     return s;
 }
 
+static int int_compare(const void* a, const void* b) {
+    int x = *(const int*)a, y = *(const int*)b;
+    return (x > y) - (x < y);
+}
+
+/* Retention: keep the newest --keep-last complete states and every step
+ * that is a multiple of --keep-every; remove the rest. Markers go first (so
+ * a half-removed step is never taken for complete), then, after every rank
+ * has seen the same list, each rank's own files. */
+static void state_prune(const Dist* d, const Options* o) {
+    if (o->keep_last <= 0) return;
+    char pattern[4400], path[4400];
+    snprintf(pattern, sizeof(pattern), "%s/state_*.complete", o->output_dir);
+    glob_t g;
+    int n = 0, *steps = NULL;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        steps = (int*)xmalloc(sizeof(int) * g.gl_pathc);
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            const char* base = strrchr(g.gl_pathv[i], '/');
+            steps[n++] = atoi((base ? base + 1 : g.gl_pathv[i]) + 6);
+        }
+        globfree(&g);
+    }
+    if (n > 0) qsort(steps, (size_t)n, sizeof(int), int_compare);
+    dist_barrier(d); /* everyone has the list before a marker goes */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n - o->keep_last; i++) {
+            if (o->keep_every > 0 && steps[i] % o->keep_every == 0) continue;
+            if (pass == 0 && d->rank == 0) {
+                state_path(path, sizeof(path), o->output_dir, steps[i], -1);
+                remove(path);
+            } else if (pass == 1) {
+                state_path(path, sizeof(path), o->output_dir, steps[i], d->rank);
+                remove(path);
+            }
+        }
+        if (pass == 0) dist_barrier(d);
+    }
+    free(steps);
+}
+
 /* Saving in two phases. At a step boundary the state is copied into host
  * memory: the only stall, three memcpys, measured and printed. A background
  * thread then writes the copy (CRC32C, temporary name, fsync, rename) while
@@ -4098,6 +4142,7 @@ static void saver_finish(Saver* sv, const Dist* d, const Options* o) {
             printf("training state of step %d complete on disk (%.0f ms after its snapshot)\n", step,
                    time_ms() - sv->t_start);
     }
+    state_prune(d, o);
 }
 
 /* Phase one: copy the state (the stall), then hand it to the writer. */
