@@ -2953,15 +2953,22 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 #endif
 }
 
-static void dist_finish(Dist* d) {
+/* End MPI. After a failure with several ranks, abort the whole job: the
+ * other ranks may be waiting in a collective this rank will never join. */
+static void dist_finish(Dist* d, int failed) {
     free(d->grad_shard);
     d->grad_shard = NULL;
 #ifdef USE_MPI
     free(d->requests);
     d->requests = NULL;
-#endif
-#ifdef USE_MPI
+    if (failed && d->world > 1) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     MPI_CHECK(MPI_Finalize());
+#else
+    (void)failed;
 #endif
 }
 
@@ -4217,9 +4224,12 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
                       : s.shuffle != now.shuffle ? "--shuffle"
                       : s.lo != now.lo || s.hi != now.hi ? "the shard" : NULL;
         }
-        if (ok && differs) {
+        /* decided together: a rank that returned alone would leave the
+         * others waiting in the next collective */
+        if (differs)
             fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new --output-dir or "
                     "run with the same settings\n", path, differs);
+        if (dist_sum(d, differs != NULL) > 0) {
             globfree(&g);
             return -1;
         }
@@ -4365,7 +4375,7 @@ int main(int argc, char** argv) {
     if (rc != 0 || problem) {
         if (rc != 0) usage(rc == 1 ? stdout : stderr, argv[0]);
         if (problem) fprintf(stderr, "error: %s\n", problem);
-        dist_finish(&dist);
+        dist_finish(&dist, rc != 1);
         return rc == 1 ? 0 : EXIT_FAILURE;
     }
     dist.zero = dist.world > 1 ? o.zero : 0;
@@ -4377,7 +4387,7 @@ int main(int argc, char** argv) {
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
     rc = gptc_run(&o, train_cpu, &dist, &dist);
-    dist_finish(&dist);
+    dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }
 #endif /* !TESTING && !GPTC_LIBRARY */

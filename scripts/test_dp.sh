@@ -33,8 +33,8 @@ COMMON="--model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 256
         -t 16 -x 8 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 4 --val-batches 2 --sample-every 0 --threads 1"
 
 # the initial weights (lr 0 leaves them as initialised) and the 1-process run
-timeout 120 "$BIN" $COMMON -b 6 -x 1 --lr 0 -o "$dir/init" > "$dir/init.out" 2>&1
-timeout 120 "$BIN" $COMMON -b 6 -o "$dir/one" --log-file "$dir/one.jsonl" > "$dir/one.out" 2>&1
+timeout -k 10 120 "$BIN" $COMMON -b 6 -x 1 --lr 0 -o "$dir/init" > "$dir/init.out" 2>&1
+timeout -k 10 120 "$BIN" $COMMON -b 6 -o "$dir/one" --log-file "$dir/one.jsonl" > "$dir/one.out" 2>&1
 [ $? -eq 0 ] && check ok "1 process, B=6" || { check FAIL "1 process, B=6" "$(tail -3 "$dir/one.out")"; }
 P=$(sed -n 's/.*model: .*, \([0-9]*\) parameters.*/\1/p' "$dir/one.out")
 
@@ -45,7 +45,7 @@ for np in 2 3; do
         zero=${mode%%-*}
         overlap=$([ "$mode" = 0-after ] && echo 0 || echo 1)
         name="np$np-zero$mode"
-        timeout 120 $MPIRUN -np $np "$BIN" $COMMON -b $B --zero $zero --overlap $overlap -o "$dir/$name" \
+        timeout -k 10 120 $MPIRUN -np $np "$BIN" $COMMON -b $B --zero $zero --overlap $overlap -o "$dir/$name" \
             --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
         if [ $? -ne 0 ]; then check FAIL "$name: run" "$(tail -5 "$dir/$name.out")"; continue; fi
         for key in loss norm val_loss; do
@@ -78,15 +78,15 @@ done
 # stop and resume under ZeRO-1 on 2 ranks: each rank saves its shard of the
 # moments; the resumed run ends bit-for-bit where the uninterrupted one does
 RS="$COMMON -b 3 --zero 1 --shuffle 1 --save-every 4"
-timeout 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsA" > "$dir/rsA.out" 2>&1 &&
-timeout 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsB" --stop-at 6 > "$dir/rsB1.out" 2>&1 &&
-timeout 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsB" --resume 1 > "$dir/rsB2.out" 2>&1
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsA" > "$dir/rsA.out" 2>&1 &&
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsB" --stop-at 6 > "$dir/rsB1.out" 2>&1 &&
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsB" --resume 1 > "$dir/rsB2.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && [ -f "$dir/rsB/state_00000006_rank1.bin" ] && grep -q "continuing after step 6" "$dir/rsB2.out" &&
     cmp -s "$dir/rsA/model_00000008.bin" "$dir/rsB/model_00000008.bin" &&
     check ok "ZeRO-1 on 2 ranks: stopped at step 6, resumed, final weights bit-for-bit the uninterrupted run's" ||
     check FAIL "ZeRO-1 on 2 ranks: stop and resume" "exit $rc: $(tail -3 "$dir/rsB2.out")"
-timeout 60 $MPIRUN -np 3 "$BIN" $RS -b 2 -o "$dir/rsB" --resume 1 > "$dir/rsB3.out" 2>&1
+timeout -k 10 60 $MPIRUN -np 3 "$BIN" $RS -b 2 -o "$dir/rsB" --resume 1 > "$dir/rsB3.out" 2>&1
 rc=$?
 [ $rc -ne 0 ] && grep -q "number of ranks" "$dir/rsB3.out" &&
     check ok "resuming 2-rank ZeRO-1 state on 3 ranks is refused (resharding is not implemented)" ||
@@ -95,7 +95,7 @@ rc=$?
 # --data with several ranks: rank 0 tokenizes once, the others wait and reuse the cache
 if [ -f data/tokenizer/gpt2_merges.bin ]; then
     cp README.md "$dir/text.txt"
-    out=$(timeout 120 $MPIRUN -np 2 "$BIN" --data "$dir/text.txt" --model d2 --channels 32 --num-heads 2 \
+    out=$(timeout -k 10 120 $MPIRUN -np 2 "$BIN" --data "$dir/text.txt" --model d2 --channels 32 --num-heads 2 \
           --max-seq-len 32 -b 2 -t 32 -x 3 --threads 1 --zero 1 --sample-every 0 --val-every 3 --val-batches 2 2>&1)
     rc=$?
     [ $rc -eq 0 ] && [ -f "$dir/text.txt.gptc/stamp.txt" ] && [ "$(echo "$out" | grep -c 'tokenized')" = 1 ] &&
@@ -107,7 +107,7 @@ fi
 
 # ranks that disagree stop with a message, within the timeout (no hang)
 for what in "--seed 7" "-i $dir/val.bin" "--channels 64"; do
-    out=$(timeout 60 $MPIRUN -np 2 "$BIN" $COMMON -b 3 : -np 1 "$BIN" $COMMON -b 3 $what 2>&1)
+    out=$(timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 3 : -np 1 "$BIN" $COMMON -b 3 $what 2>&1)
     rc=$?
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "differs from rank 0"; then
         check ok "ranks launched with different $what stop with a clear error" "$(echo "$out" | grep -m1 'differs')"
