@@ -100,6 +100,9 @@ test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
 # The last line is test_gpt's "N passed, N failed".
 FIXTURE_124M ?= /tmp/gptc_fixture_124M
 test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+	@echo "== the CUDA twin compiles (no GPU needed)"
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
+	 else echo "check-cuda: SKIPPED, nvcc not found (install the CUDA toolkit to compile train_gpt.cu)"; fi
 	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain and ZeRO-1"
 	scripts/test_dp.sh ./train_gpt_mpi > test_dp.log 2>&1 || { cat test_dp.log; exit 1; }
 	@tail -n 1 test_dp.log
@@ -210,7 +213,7 @@ gpu-check:
 .PHONY: dev-cuda check-cuda gpu-check
 
 clean:
-	rm -f train_gpt train_gpt_mpi test_dp.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
+	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu test_gpt_cu $(CUDA_DEV)
 
 .PHONY: all tokenizer train train-toy test test-dp bench-dp test-fast test-asan check-cxx bench clean
