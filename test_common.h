@@ -18,20 +18,29 @@ static void check(int ok, const char* what, const char* detail) {
 /* Compare a tensor to its reference: the worst element's error relative to
  * the reference tensor's largest magnitude must be <= tol. Fills `detail`
  * with the worst element. Returns 1 if within tolerance. */
-static int tensor_close(const float* got, const float* want, size_t n, double tol, char* detail, size_t cap) {
+/* The worst element's error relative to the reference's largest magnitude;
+ * infinite when `got` holds a NaN or an infinity. *at gets its index. */
+static double tensor_worst(const float* got, const float* want, size_t n, size_t* at, double* maxref_out) {
     double maxref = 0.0, worst = 0.0;
-    size_t at = 0;
+    *at = 0;
     for (size_t i = 0; i < n; i++) maxref = fmax(maxref, fabs((double)want[i]));
     if (maxref == 0.0) maxref = 1.0;
-    int finite = 1;
     for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) finite = 0;
-        double e = fabs((double)got[i] - (double)want[i]) / maxref;
-        if (e > worst || !isfinite(got[i])) { worst = isfinite(got[i]) ? e : INFINITY; at = i; }
+        double e = isfinite(got[i]) ? fabs((double)got[i] - (double)want[i]) / maxref : INFINITY;
+        if (e > worst || (e == INFINITY && worst != INFINITY)) { worst = e; *at = i; }
     }
+    if (maxref_out) *maxref_out = maxref;
+    return worst;
+}
+
+/* Is the worst element within tol? Fills `detail` with it. */
+static int tensor_close(const float* got, const float* want, size_t n, double tol, char* detail, size_t cap) {
+    size_t at;
+    double maxref;
+    double worst = tensor_worst(got, want, n, &at, &maxref);
     snprintf(detail, cap, "worst rel err %.2e (tol %.0e) at [%zu]: got %.9g want %.9g (max|ref| %.3g)",
              worst, tol, at, n ? got[at] : 0.0f, n ? want[at] : 0.0f, maxref);
-    return finite && worst <= tol;
+    return worst <= tol;
 }
 
 static void check_close(const char* what, const float* got, const float* want, size_t n, double tol) {

@@ -2759,8 +2759,8 @@ static void gpt2_backward(GPT2* model, float loss_scale) {
  * added in chunk order), so the result does not depend on the thread count. */
 #define REDUCE_CHUNK 65536
 
-/* sqrt(sum g^2) over n floats */
-static double l2_norm(const float* g, size_t n) {
+/* sum g^2 over n floats */
+static double sum_squares(const float* g, size_t n) {
     size_t nchunks = (n + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
     double* partial = (double*)xmalloc(sizeof(double) * (nchunks ? nchunks : 1));
 #pragma omp parallel for schedule(static)
@@ -2774,7 +2774,7 @@ static double l2_norm(const float* g, size_t n) {
     double total = 0.0;
     for (size_t c = 0; c < nchunks; c++) total += partial[c];
     free(partial);
-    return sqrt(total);
+    return total;
 }
 
 static void scale_floats(float* x, size_t n, float s) {
@@ -2784,13 +2784,19 @@ static void scale_floats(float* x, size_t n, float s) {
 
 /* Clip by global norm (as torch.nn.utils.clip_grad_norm_): if the norm
  * exceeds max_norm, scale every gradient by max_norm / (norm + 1e-6).
- * Returns the norm before clipping. max_norm <= 0 disables clipping. */
-static double gradients_clip(GPT2* model, double max_norm) {
-    double norm = l2_norm(model->grads_memory, model->num_parameters);
+ * max_norm <= 0 disables clipping. The rule for n gradients whose global
+ * norm is already known (under ZeRO-1 a rank holds a shard of them): */
+static void gradients_clip_to(float* g, size_t n, double norm, double max_norm) {
     if (max_norm > 0.0 && isfinite(norm)) {
         double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0) scale_floats(model->grads_memory, model->num_parameters, (float)coef);
+        if (coef < 1.0) scale_floats(g, n, (float)coef);
     }
+}
+
+/* Clip all of a model's gradients; returns the norm before clipping. */
+static double gradients_clip(GPT2* model, double max_norm) {
+    double norm = sqrt(sum_squares(model->grads_memory, model->num_parameters));
+    gradients_clip_to(model->grads_memory, model->num_parameters, norm, max_norm);
     return norm;
 }
 
@@ -3110,10 +3116,8 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
     d->comm_ms += time_ms() - t0;
     d->exposed_ms += time_ms() - t0;
     size_t n = d->hi - d->lo; /* the real parameters of this shard (the pad has zero gradient) */
-    double sq = l2_norm(d->grad_shard, n);
-    norm = sqrt(dist_sum(d, sq * sq));
-    if (max_norm > 0.0 && isfinite(norm) && max_norm / (norm + 1e-6) < 1.0)
-        scale_floats(d->grad_shard, n, (float)(max_norm / (norm + 1e-6)));
+    norm = sqrt(dist_sum(d, sum_squares(d->grad_shard, n)));
+    gradients_clip_to(d->grad_shard, n, norm, max_norm);
     *finite = isfinite(loss) && isfinite(norm);
     if (*finite) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
     t0 = time_ms();
@@ -4045,11 +4049,11 @@ static int dist_check_agreement(const Dist* d, const GPT2* model, const Options*
 #endif
 }
 
-static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* model, int step) {
+static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* model, const Options* o, int step) {
     StateInfo s;
     memset(&s, 0, sizeof(s));
     s.step = step; s.rank = d->rank; s.world = d->world; s.zero = d->zero;
-    s.B = r->B; s.T = r->T; s.total = r->total; s.seed = 0; s.shuffle = r->train.shuffle;
+    s.B = r->B; s.T = r->T; s.total = r->total; s.seed = o->seed; s.shuffle = r->train.shuffle;
     s.config = model->config;
     s.epoch = r->train.epoch; s.shard_pos = r->train.shard_pos; s.cursor = r->train.cursor;
     s.P = model->num_parameters; s.lo = d->lo; s.hi = d->hi;
@@ -4157,8 +4161,7 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
     if (!o->output_dir[0]) return;
     saver_finish(sv, d, o); /* bounded memory: one snapshot at a time */
     double t0 = time_ms();
-    StateInfo s = state_info_of(r, d, model, step);
-    s.seed = o->seed;
+    StateInfo s = state_info_of(r, d, model, o, step);
     size_t n = s.hi - s.lo;
     if (sv->cap_p < s.P || sv->cap_n < n) {
         free(sv->params);
@@ -4213,14 +4216,14 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         int ok = state_read_header(path, &s, h, 0) == 0;
         const char* differs = NULL;
         if (ok) {
-            StateInfo now = state_info_of(r, d, model, step);
+            StateInfo now = state_info_of(r, d, model, o, step);
             differs = s.world != now.world ? "the number of ranks (resharding is not implemented)"
                       : s.zero != now.zero ? "--zero"
                       : memcmp(&s.config, &now.config, sizeof(GPT2Config)) ? "the model's shape"
                       : s.B != now.B ? "--batch-size"
                       : s.T != now.T ? "--seq-len"
                       : s.total != now.total ? "--total-batch-size"
-                      : s.seed != o->seed ? "--seed"
+                      : s.seed != now.seed ? "--seed"
                       : s.shuffle != now.shuffle ? "--shuffle"
                       : s.lo != now.lo || s.hi != now.hi ? "the shard" : NULL;
         }
