@@ -113,6 +113,14 @@ static double time_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* Wall-clock milliseconds since the epoch: comparable across processes, for
+ * the recovery timings a supervisor reads (scripts/supervise.py). */
+static double unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static int num_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
@@ -2938,6 +2946,7 @@ typedef struct {
     double exposed_ms;     /* of which after backward, not hidden behind it (plain mode) */
     GPT2* model;           /* plain mode: whose layer gradients the backward hook reduces */
     int overlap;           /* plain mode: reduce each layer's gradients as backward finishes them */
+    double t_start, t_comm; /* unix_ms() at process start and when the communicator was ready */
 #ifdef USE_MPI
     MPI_Request* requests; /* (12 L) one non-blocking allreduce per tensor slice of a layer */
     int num_requests;
@@ -2947,6 +2956,7 @@ typedef struct {
 /* Start MPI (when built with it) and learn rank and world size. */
 static void dist_init(Dist* d, int* argc, char*** argv) {
     memset(d, 0, sizeof(*d));
+    d->t_start = unix_ms();
     d->world = 1;
 #ifdef USE_MPI
     int provided = 0;
@@ -2957,6 +2967,7 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
     (void)argc;
     (void)argv;
 #endif
+    d->t_comm = unix_ms();
 }
 
 /* End MPI. After a failure with several ranks, abort the whole job: the
@@ -3473,6 +3484,7 @@ typedef struct {
     const char* data;
     const char* prompt;
     const char* log_file;
+    const char* heartbeat;
     /* model shape overrides for a random init from a depth */
     int num_layers, channels, num_heads, max_seq_len, vocab_size;
     /* batch */
@@ -3519,6 +3531,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--tokenizer", NULL, OPT_STRING, tokenizer, "data/tokenizer/gpt2_tokenizer.bin", "llm.c tokenizer file (decode), for samples"),
     OPT("--merges", NULL, OPT_STRING, merges, "data/tokenizer/gpt2_merges.bin", "BPE merges file (encode), for --data and --prompt"),
     OPT("--log-file", NULL, OPT_STRING, log_file, "", "JSONL log: one line per step and per evaluation; empty = none"),
+    OPT("--heartbeat", NULL, OPT_STRING, heartbeat, "", "rank 0 rewrites this file after every step (step, time): a supervisor that sees it go stale knows the run hangs; empty = none"),
     OPT("--num-layers", NULL, OPT_INT, num_layers, "0", "random init: override L of the dN config (0 = keep)"),
     OPT("--channels", NULL, OPT_INT, channels, "0", "random init: override C (0 = keep)"),
     OPT("--num-heads", NULL, OPT_INT, num_heads, "0", "random init: override NH (0 = keep)"),
@@ -4251,6 +4264,25 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
     return -1;
 }
 
+/* --heartbeat: after every step rank 0 rewrites a small file with the step
+ * and the time, so a supervisor can tell a hung run (the file goes stale)
+ * from a slow one. Not fsync'd: it is a sign of life, not a record. */
+static void heartbeat_write(const Options* o, int rank, int step) {
+    if (!o->heartbeat[0] || rank != 0) return;
+    FILE* f = fopen(o->heartbeat, "w");
+    if (!f) return; /* a missing heartbeat is the supervisor's to notice */
+    fprintf(f, "step %d %.0f\n", step, unix_ms());
+    fclose(f);
+}
+
+/* Where a (re)start spent its time, in wall-clock ms since the process
+ * began: scripts/supervise.py reads these lines to split a recovery into
+ * launch, communicator, state load and first step. */
+static void timing_print(const Dist* d, const char* what, double unix_now) {
+    printf("timing: %s at %.0f (+%.0f ms since process start %.0f)\n", what, unix_now, unix_now - d->t_start, d->t_start);
+    fflush(stdout);
+}
+
 /* The training loop, with validation, samples, logging and checkpoints,
  * on one process or as one rank of several (section 9). */
 static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
@@ -4270,8 +4302,11 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
                "%.0f bytes sent per rank per step\n", dist->world,
                dist->zero ? "ZeRO-1 (reduce-scatter, sharded AdamW, all-gather)" : "allreduce", dist->shard,
                dist->shard * dist->world, opt_floats, dist->bytes_per_step);
+    timing_print(dist, "communicator ready", dist->t_comm);
     int start = 0;
     if (o->resume && (start = state_resume(&r, dist, model, o)) < 0) return -1;
+    timing_print(dist, "state loaded", unix_ms());
+    heartbeat_write(o, r.rank, start);
     Saver saver;
     memset(&saver, 0, sizeof(saver));
     saver.pending_step = -1;
@@ -4294,6 +4329,8 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         int finite = 0;
         double norm = dist_step(dist, model, &r.opt, o->grad_clip, lr, step + 1, loss, &finite);
         train_run_log_step(&r, step, loss, lr, norm, time_ms() - t0, finite, "");
+        if (step == start) timing_print(dist, "first step done", unix_ms());
+        heartbeat_write(o, r.rank, step + 1);
         int stop = o->stop_at > 0 && step + 1 == o->stop_at && step + 1 < r.steps;
         if ((o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) || stop) {
             if (r.rank == 0) checkpoint_save(model, o, step + 1);
