@@ -1129,6 +1129,134 @@ static void test_resume(void) {
     check(rc != 0 && strstr(out, "--batch-size differs"), "resume: a run with another --batch-size is refused", strstr(out, "differs") ? "" : out);
 }
 
+/* One child per rank runs rendezvous_share; it exits 0 when it holds rank
+ * 0's bytes, 1 when the rendezvous failed, 2 when it holds other bytes.
+ * `skip` names a rank that never starts (-1: none); `odd_id` a rank that
+ * runs under another GPTC_RUN_ID; rank 0 starts `late_ms` after the rest.
+ * Each child's stderr goes to <tmpdir>/rdv<r>.err. */
+static void rendezvous_ranks(const char* spec, int world, int skip, int odd_id, int late_ms, double timeout_s,
+                             int* status) {
+    pid_t pids[8];
+    for (int r = 0; r < world; r++) {
+        status[r] = -1;
+        pids[r] = -1;
+        if (r == skip) continue;
+        pids[r] = fork();
+        CHECK(pids[r] >= 0, "fork failed: %s", strerror(errno));
+        if (pids[r] > 0) continue;
+        char err[600];
+        snprintf(err, sizeof(err), "%s/rdv%d.err", tmpdir, r);
+        if (!freopen(err, "w", stderr)) _exit(3);
+        setenv("GPTC_RUN_ID", r == odd_id ? "another-launch" : "test-launch", 1);
+        Rendezvous rv;
+        if (rendezvous_parse(&rv, spec, timeout_s) != NULL) _exit(3);
+        unsigned char want[128], blob[128];
+        for (int i = 0; i < 128; i++) want[i] = (unsigned char)(i * 7 + 1);
+        if (r == 0) {
+            memcpy(blob, want, sizeof(blob));
+            rendezvous_sleep_ms(late_ms);
+        } else {
+            memset(blob, 0, sizeof(blob));
+        }
+        int rc = rendezvous_share(&rv, r, world, blob, sizeof(blob));
+        fflush(stderr); /* a file now, buffered, and _exit does not flush */
+        _exit(rc != 0 ? 1 : memcmp(blob, want, sizeof(blob)) ? 2 : 0);
+    }
+    for (int r = 0; r < world; r++) {
+        int st = 0;
+        if (pids[r] > 0 && waitpid(pids[r], &st, 0) == pids[r]) status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 99;
+    }
+}
+
+/* Does <tmpdir>/rdv<rank>.err contain `text`? */
+static int rendezvous_said(int rank, const char* text) {
+    char path[600];
+    snprintf(path, sizeof(path), "%s/rdv%d.err", tmpdir, rank);
+    size_t n = 0;
+    char* s = file_read_all(path, &n);
+    int found = s && strstr(s, text) != NULL;
+    free(s);
+    return found;
+}
+
+/* The rendezvous that starts NCCL without MPI (train_gpt.cu): processes
+ * forked here stand in for ranks on other hosts. */
+static void test_rendezvous(void) {
+    char file_spec[600], tcp_spec[64], detail[200];
+    snprintf(file_spec, sizeof(file_spec), "file:%s/rendezvous", tmpdir);
+    int port = 20000 + (int)(getpid() % 20000);
+    int st[4];
+    for (int k = 0; k < 2; k++) {
+        snprintf(tcp_spec, sizeof(tcp_spec), "tcp:localhost:%d", port + k);
+        const char* spec = k ? tcp_spec : file_spec;
+        rendezvous_ranks(spec, 3, -1, -1, 200, 20.0, st);
+        snprintf(detail, sizeof(detail), "exit codes %d %d %d", st[0], st[1], st[2]);
+        check(st[0] == 0 && st[1] == 0 && st[2] == 0, k ? "rendezvous tcp: 3 ranks get rank 0's bytes (rank 0 late)"
+                                                        : "rendezvous file: 3 ranks get rank 0's bytes (rank 0 late)", detail);
+    }
+    /* a record left by an earlier launch, with other bytes: never taken */
+    char path[600];
+    snprintf(path, sizeof(path), "%s/rendezvous", tmpdir);
+    RendezvousRecord stale;
+    memset(&stale, 0, sizeof(stale));
+    memcpy(stale.magic, RENDEZVOUS_MAGIC, 8);
+    snprintf(stale.run_id, sizeof(stale.run_id), "an-earlier-launch");
+    stale.world = 3;
+    stale.bytes = 128;
+    WriteChunk chunk = {&stale, sizeof(stale)};
+    ALWAYS(write_file_atomic(path, &chunk, 1) == 0);
+    rendezvous_ranks(file_spec, 3, -1, -1, 500, 20.0, st);
+    snprintf(detail, sizeof(detail), "exit codes %d %d %d", st[0], st[1], st[2]);
+    check(st[0] == 0 && st[1] == 0 && st[2] == 0 && access(path, F_OK) != 0,
+          "rendezvous file: a stale record of another run is ignored, and every file is removed after", detail);
+    /* a rank that never comes: rank 0 gives up in time and names it */
+    snprintf(tcp_spec, sizeof(tcp_spec), "tcp:127.0.0.1:%d", port + 2);
+    const char* specs[2] = {file_spec, tcp_spec};
+    const char* says[2] = {"rank 2 of 3 never answered", "rank 2 of 3 never connected"};
+    for (int k = 0; k < 2; k++) {
+        double t0 = time_ms();
+        rendezvous_ranks(specs[k], 3, 2, -1, 0, 1.0, st);
+        double ms = time_ms() - t0;
+        snprintf(detail, sizeof(detail), "exit codes %d %d, %.0f ms", st[0], st[1], ms);
+        check(st[0] == 1 && st[1] == 0 && rendezvous_said(0, says[k]) && ms < 5000,
+              k ? "rendezvous tcp: a missing rank is named after the timeout" : "rendezvous file: a missing rank is named after the timeout",
+              detail);
+    }
+    /* a rank of another launch (other GPTC_RUN_ID) is turned away */
+    snprintf(tcp_spec, sizeof(tcp_spec), "tcp:localhost:%d", port + 3);
+    rendezvous_ranks(tcp_spec, 2, -1, 1, 0, 1.5, st);
+    snprintf(detail, sizeof(detail), "exit codes %d %d", st[0], st[1]);
+    check(st[0] == 1 && st[1] == 1 && rendezvous_said(1, "another run"), "rendezvous tcp: a rank of another run is turned away",
+          detail);
+    rendezvous_ranks(file_spec, 2, -1, 1, 0, 1.0, st);
+    snprintf(detail, sizeof(detail), "exit codes %d %d", st[0], st[1]);
+    check(st[0] == 1 && st[1] == 1 && rendezvous_said(1, "only one of another run"),
+          "rendezvous file: a rank of another run waits for its own and says why it gave up", detail);
+    /* bad specifications */
+    Rendezvous rv;
+    setenv("GPTC_RUN_ID", "x", 1);
+    check(rendezvous_parse(&rv, "tcp:node1", 5) != NULL && rendezvous_parse(&rv, "tcp:node1:99999", 5) != NULL &&
+          rendezvous_parse(&rv, "nccl://x", 5) != NULL && rendezvous_parse(&rv, "file:", 5) != NULL &&
+          rendezvous_parse(&rv, "tcp:node1:29500", 0) != NULL && rendezvous_parse(&rv, "tcp:node1:29500", 5) == NULL &&
+          rv.port == 29500 && !strcmp(rv.host, "node1"),
+          "rendezvous: bad specifications are refused, a good one parsed", "");
+    unsetenv("GPTC_RUN_ID");
+    const char* slurm = getenv("SLURM_JOB_ID");
+    if (!slurm) check(rendezvous_parse(&rv, "tcp:node1:29500", 5) != NULL, "rendezvous: refused without a run id", "");
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    int rank = -1, world = -1, local = -1;
+    int found = launch_rank_world(&rank, &world, &local);
+    int from_plain = !getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK");
+    if (from_plain) check(found == 0 && rank == 1 && world == 4 && local == 1, "launch_rank_world reads RANK/WORLD_SIZE/LOCAL_RANK", "");
+    setenv("RANK", "4", 1);
+    if (from_plain) check(launch_rank_world(&rank, &world, &local) != 0, "launch_rank_world refuses RANK >= WORLD_SIZE", "");
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+    unsetenv("LOCAL_RANK");
+}
+
 /* The default run (make train, reduced): its JSONL log, its falling
  * validation loss, its plot and its checkpoint. */
 static void test_default_run(const char* dir) {
@@ -1224,6 +1352,7 @@ int main(int argc, char** argv) {
     test_cli();
     test_trainer_binary();
     test_resume();
+    test_rendezvous();
     test_kv_cache(model);
     test_sampler();
     test_text_documents();
