@@ -276,6 +276,9 @@ typedef struct {
 static const char* const PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+/* The tensors with a layer dimension: ln1w .. fcprojb, indices [2, 14). */
+#define LAYER_TENSORS_BEGIN 2
+#define LAYER_TENSORS_END 14
 
 /* Which tensors are 2-D matmul/embedding weights: the ones weight decay
  * applies to by default (biases and LayerNorm parameters are not decayed,
@@ -2539,6 +2542,7 @@ typedef struct {
     size_t num_parameters;
     float* params_memory;
     float* grads_memory;    /* NULL until training is set up */
+    size_t num_grads;       /* its floats: num_parameters, fewer under ZeRO-2 (section 9) */
     /* AdamW moments */
     float* m_memory;
     float* v_memory;
@@ -2554,6 +2558,9 @@ typedef struct {
      * final (l = L-1 down to 0), so data parallelism can start reducing them
      * while backward goes on (section 9) */
     void (*on_layer_grads)(void* ctx, int layer);
+    /* optional: where backward writes layer l's parameter gradients (NULL:
+     * the flat buffer); ZeRO-2 hands out a zeroed one-layer bucket */
+    float* (*layer_grad_bucket)(void* ctx, int layer);
     void* on_layer_grads_ctx;
     /* the last forward pass */
     int last_B, last_T;
@@ -2632,6 +2639,7 @@ static void gpt2_alloc_training(GPT2* model, int B, int T) {
     model->v_memory = (float*)calloc(n, sizeof(float));
     CHECK(model->m_memory && model->v_memory, "out of memory for the AdamW moments (%zu floats each)", n);
     memset(model->grads_memory, 0, n * sizeof(float));
+    model->num_grads = n;
     parameters_point(&model->grads, model->grads_memory, &model->config);
 }
 
@@ -2712,7 +2720,24 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
 }
 
 static void gpt2_zero_grad(GPT2* model) {
-    memset(model->grads_memory, 0, model->num_parameters * sizeof(float));
+    memset(model->grads_memory, 0, model->num_grads * sizeof(float));
+}
+
+/* Layer l's parameter gradients: a ParameterTensors whose per-layer tensors
+ * point at layer l's slice, in the flat gradient buffer or, when the data
+ * parallel hook hands one out (ZeRO-2, section 9), in a one-layer bucket
+ * holding the 12 slices back to back in file order. */
+static ParameterTensors layer_grads(GPT2* model, int l) {
+    ParameterTensors g = model->grads;
+    float** gp = (float**)&g;
+    float* bucket = model->layer_grad_bucket ? model->layer_grad_bucket(model->on_layer_grads_ctx, l) : NULL;
+    size_t L = (size_t)model->config.num_layers, at = 0;
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
+        size_t per_layer = model->param_sizes[k] / L;
+        gp[k] = bucket ? bucket + at : gp[k] + (size_t)l * per_layer;
+        at += per_layer;
+    }
+    return g;
 }
 
 /* Backward pass of the last forward (which must have had targets): adds
@@ -2745,21 +2770,22 @@ static void gpt2_backward(GPT2* model, float loss_scale) {
         const float* ln2 = a.ln2 + l * BT * C;
         const float* fch = a.fch + l * BT * 4 * C;
         const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+        ParameterTensors lg = layer_grads(model, l); /* layer l's slices */
         /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
-        matmul_backward(s.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, s.dresidual,
+        matmul_backward(s.dfch, lg.fcprojw, lg.fcprojb, s.dresidual,
                         fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, BT, 4 * C, C, 0);
         gelu_backward(s.dfch, fch, s.dfch, BT * 4 * C);
-        matmul_backward(s.dbt_c, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.dfch, ln2,
+        matmul_backward(s.dbt_c, lg.fcw, lg.fcb, s.dfch, ln2,
                         p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C, 0);
-        layernorm_backward(s.dresidual, g.ln2w + l * C, g.ln2b + l * C, s.dbt_c, residual2,
+        layernorm_backward(s.dresidual, lg.ln2w, lg.ln2b, s.dbt_c, residual2,
                            p.ln2w + l * C, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, BT, C);
         /* attention: residual2 = residual + attproj(attn(ln1(residual))) */
-        matmul_backward(s.dbt_c, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.dresidual, atty,
+        matmul_backward(s.dbt_c, lg.attprojw, lg.attprojb, s.dresidual, atty,
                         p.attprojw + (size_t)l * C * C, BT, C, C, 0);
         attention_backward(s.dqkv, s.datt, s.dbt_c, qkv, att, B, T, C, NH);
-        matmul_backward(s.dbt_c, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.dqkv, ln1,
+        matmul_backward(s.dbt_c, lg.qkvw, lg.qkvb, s.dqkv, ln1,
                         p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C, 0);
-        layernorm_backward(s.dresidual, g.ln1w + l * C, g.ln1b + l * C, s.dbt_c, residual,
+        layernorm_backward(s.dresidual, lg.ln1w, lg.ln1b, s.dbt_c, residual,
                            p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
         if (model->on_layer_grads) model->on_layer_grads(model->on_layer_grads_ctx, l);
     }
@@ -2911,21 +2937,31 @@ static double lr_at(const LRSchedule* s, int step) {
  * runs forward and backward on it, and then:
  *   --zero 0  plain data parallel: the gradients are summed over the ranks
  *             (allreduce) and every rank runs the same AdamW on all weights;
- *             each layer's sums start as soon as backward has finished that
- *             layer (non-blocking, --overlap 1), the rest after backward;
- *   --zero 1  ZeRO-1 (Rajbhandari et al. 2020, sec. 5.1): the gradients are
- *             reduce-scattered, so rank r holds the summed gradient of its
- *             shard, the r-th of W equal slices of the flat parameter buffer
- *             (padded with zeros up to W x shard); it keeps AdamW moments for
- *             that shard only (8 bytes per parameter / W instead of 8), updates
- *             its shard of the weights, and all-gathers the weights.
- * Both send 2 (W - 1) / W x P floats per rank and step (reduce-scatter +
- * all-gather, which is also what a ring allreduce does; ZeRO-1's P padded).
- * The loss is scaled by 1/W before the sum, so the result is the mean
- * gradient of the global batch, equal to one process's up to the order of
- * the sums (fp32 round-off). ZeRO-2 (keeping only the gradient shard) needs
- * a backward that writes each layer's gradients into a bucket rather than
- * the full flat buffer: not implemented yet. */
+ *   --zero 1  ZeRO-1 (Rajbhandari et al. 2020, sec. 5.1): rank r owns the
+ *             r-th of W equal slices of the flat parameter buffer (padded
+ *             with zeros up to W x shard), holds AdamW moments for that shard
+ *             only (8 bytes per parameter / W instead of 8), receives the
+ *             summed gradient of its shard, updates its shard of the weights,
+ *             and all-gathers the weights;
+ *   --zero 2  ZeRO-2 (sec. 5.2): as ZeRO-1, and the gradients are not kept
+ *             whole either: backward writes each layer's gradients into one
+ *             of two one-layer buckets, which are summed to their owners
+ *             while backward goes on (every micro-batch); the owner adds its
+ *             part into its shard. Only the embedding and final-LayerNorm
+ *             gradients stay whole (backward writes wte's at both its ends).
+ * With --overlap 1 (the default; ZeRO-2 always) each layer's gradients are
+ * sent as soon as backward has finished that layer (non-blocking: an
+ * allreduce per tensor slice, or under ZeRO a reduce of each slice to the
+ * ranks that own it), hidden behind the layers still to go. The global
+ * gradient norm for clipping comes from the shards (one summed double).
+ * Communication: every parameter is reduced once and gathered once per
+ * step, 2P floats (Psi in the paper's words: 2 Psi for all three), of which
+ * a ring or tree sends (W - 1) / W per rank; ZeRO-2 reduces the layers once
+ * per micro-batch. The counts are kept (reduced, gathered) and checked by
+ * scripts/test_dp.sh. The loss is scaled by 1/W before the sum, so the
+ * result is the mean gradient of the global batch, equal to one process's
+ * up to the order of the sums (fp32 round-off). --zero also runs on one
+ * process (the same arithmetic, bitwise equal to plain: tested). */
 
 #ifdef USE_MPI
 #include <mpi.h>
@@ -2944,19 +2980,29 @@ static double lr_at(const LRSchedule* s, int step) {
 
 typedef struct {
     int rank, world;
-    int zero;            /* 0: plain data parallel, 1: ZeRO-1 */
+    int zero;            /* 0: plain data parallel, 1: ZeRO-1, 2: ZeRO-2 */
+    int overlap;         /* reduce each layer's gradients as backward finishes them */
     size_t shard;        /* parameters per rank: ceil(P / W) */
     size_t lo, hi;       /* this rank's shard [lo, hi) of the real parameters */
-    float* grad_shard;   /* (shard) ZeRO-1: the summed gradient of this shard */
-    double bytes_per_step; /* sent by this rank per optimizer step */
-    double comm_ms;        /* time spent in gradient/weight collectives, summed over steps */
-    double exposed_ms;     /* of which after backward, not hidden behind it (plain mode) */
-    GPT2* model;           /* plain mode: whose layer gradients the backward hook reduces */
-    int overlap;           /* plain mode: reduce each layer's gradients as backward finishes them */
+    size_t offsets[NUM_PARAMETER_TENSORS]; /* each tensor's place in the flat buffer */
+    size_t layer_floats; /* one layer's parameters: its 12 slices */
+    size_t head_floats;  /* wte, wpe, lnfw, lnfb */
+    float* grad_shard;   /* (shard) ZeRO: the summed gradient of this rank's shard */
+    float* buckets[2];   /* ZeRO-2: (layer_floats) each; backward fills one while the other's sums are in flight */
+    size_t grad_floats;  /* gradient floats this rank holds (printed, and checked by scripts/test_dp.sh) */
+    double reduced;      /* floats this rank handed to reductions in the last step */
+    double gathered;     /* floats it received from all-gathers (an allreduce counts in both) */
+    double comm_ms;      /* time spent in gradient/weight collectives, summed over steps */
+    double exposed_ms;   /* of which after backward, not hidden behind it */
+    GPT2* model;         /* whose layer gradients the backward hooks reduce */
     double t_start, t_comm; /* unix_ms() at process start and when the communicator was ready */
 #ifdef USE_MPI
-    MPI_Request* requests; /* (12 L) one non-blocking allreduce per tensor slice of a layer */
-    int num_requests;
+    MPI_Request* requests; /* collectives in flight */
+    float** owned;         /* per request: ZeRO-2, this rank's summed part to add into grad_shard (or NULL) */
+    size_t* owned_at;      /* per request: where in grad_shard */
+    int* owned_count;
+    int* group;            /* per request: bucket 0 or 1, or 2 for the rest */
+    int num_requests, cap_requests;
 #endif
 } Dist;
 
@@ -2981,9 +3027,15 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
  * other ranks may be waiting in a collective this rank will never join. */
 static void dist_finish(Dist* d, int failed) {
     free(d->grad_shard);
-    d->grad_shard = NULL;
+    free(d->buckets[0]);
+    free(d->buckets[1]);
+    d->grad_shard = d->buckets[0] = d->buckets[1] = NULL;
 #ifdef USE_MPI
     free(d->requests);
+    free(d->owned);
+    free(d->owned_at);
+    free(d->owned_count);
+    free(d->group);
     d->requests = NULL;
     if (failed && d->world > 1) {
         fflush(stdout);
@@ -3002,20 +3054,30 @@ static uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
     return h;
 }
 
-/* Shard geometry and buffers. ZeRO-1 pads the parameter and gradient
- * buffers to W x shard floats (the pad stays zero and is never updated). */
+/* Shard geometry and buffers. Under ZeRO the parameters are padded to
+ * W x shard floats (the pad stays zero and is never updated), so the
+ * all-gather is one call. ZeRO-1 keeps the full (padded) gradient buffer;
+ * ZeRO-2 keeps the embedding and final-LayerNorm gradients (backward writes
+ * wte's at both its ends, so they are final only at the very end), two
+ * one-layer buckets and its shard. */
 static void dist_setup_model(Dist* d, GPT2* model) {
-    size_t P = model->num_parameters, W = (size_t)d->world;
+    size_t P = model->num_parameters, W = (size_t)d->world, L = (size_t)model->config.num_layers;
     CHECK(d->world == 1 || P + W <= (size_t)INT32_MAX,
           "MPI counts are int: %zu parameters are too many for one collective (chunking is not implemented)", P);
+    size_t at = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+        d->offsets[k] = at;
+        at += model->param_sizes[k];
+    }
+    d->layer_floats = 0;
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) d->layer_floats += model->param_sizes[k] / L;
+    d->head_floats = P - L * d->layer_floats;
     d->shard = (P + W - 1) / W;
     d->lo = d->zero ? (size_t)d->rank * d->shard : 0;
     d->hi = d->zero ? (d->lo + d->shard < P ? d->lo + d->shard : P) : P;
     if (d->lo > P) d->lo = P;
-    /* a ring allreduce of n floats, or a reduce-scatter plus an all-gather of
-     * them, sends 2 (W - 1) / W x n floats per rank; ZeRO-1's n is padded */
-    double n = d->zero ? (double)(d->shard * W) : (double)P;
-    d->bytes_per_step = W > 1 ? 2.0 * (double)(W - 1) / W * n * sizeof(float) : 0.0;
+    d->model = model;
+    d->grad_floats = P;
     if (!d->zero) return;
     size_t padded = d->shard * W;
     float* params = xmalloc_floats(padded);
@@ -3024,11 +3086,26 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     free(model->params_memory);
     model->params_memory = params;
     parameters_point(&model->params, params, &model->config);
-    float* grads = xmalloc_floats(padded);
-    memset(grads, 0, padded * sizeof(float));
     free(model->grads_memory);
-    model->grads_memory = grads;
-    parameters_point(&model->grads, grads, &model->config);
+    if (d->zero == 1) {
+        model->grads_memory = xmalloc_floats(padded);
+        memset(model->grads_memory, 0, padded * sizeof(float));
+        parameters_point(&model->grads, model->grads_memory, &model->config);
+        d->grad_floats = padded + d->shard;
+    } else {
+        /* the head's gradients, in one buffer: [wte | wpe | lnfw | lnfb] */
+        size_t C = (size_t)model->config.channels;
+        model->grads_memory = xmalloc_floats(d->head_floats);
+        memset(model->grads_memory, 0, d->head_floats * sizeof(float));
+        memset(&model->grads, 0, sizeof(model->grads)); /* the layers' gradients live in the buckets */
+        model->grads.wte = model->grads_memory;
+        model->grads.wpe = model->grads.wte + model->param_sizes[0];
+        model->grads.lnfw = model->grads.wpe + model->param_sizes[1];
+        model->grads.lnfb = model->grads.lnfw + C;
+        for (int b = 0; b < 2; b++) d->buckets[b] = xmalloc_floats(d->layer_floats);
+        d->grad_floats = d->head_floats + 2 * d->layer_floats + d->shard;
+    }
+    model->num_grads = d->zero == 1 ? P : d->head_floats;
     /* AdamW moments for the shard only */
     free(model->m_memory);
     free(model->v_memory);
@@ -3037,6 +3114,7 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     memset(model->m_memory, 0, d->shard * sizeof(float));
     memset(model->v_memory, 0, d->shard * sizeof(float));
     d->grad_shard = xmalloc_floats(d->shard);
+    memset(d->grad_shard, 0, d->shard * sizeof(float));
 }
 
 /* Wait until every rank gets here. */
@@ -3058,64 +3136,183 @@ static double dist_sum(const Dist* d, double x) {
     return x;
 }
 
-/* The backward hook of plain data parallel: layer l's gradients are final,
- * so start summing them over the ranks (one non-blocking allreduce per
- * tensor slice: the 12 per-layer tensors are each contiguous per layer) and
- * let MPI progress the earlier ones. Only on the last micro-batch of a step:
- * before it the gradients are still accumulating. */
-static void dist_layer_grads(void* ctx, int layer) {
+/* ZeRO-2: this rank's part of a sum, now complete, goes into its shard. */
+static void dist_add_to_shard(Dist* d, const float* part, size_t shard_at, size_t n) {
+    float* RESTRICT dst = d->grad_shard + shard_at;
+    for (size_t i = 0; i < n; i++) dst[i] += part[i];
+}
+
 #ifdef USE_MPI
-    Dist* d = (Dist*)ctx;
-    GPT2* model = d->model;
-    size_t L = (size_t)model->config.num_layers;
-    float** g = (float**)&model->grads;
-    double t0 = time_ms();
-    for (int k = 2; k < 14; k++) { /* ln1w .. fcprojb: the tensors with a layer dimension */
-        size_t per_layer = model->param_sizes[k] / L;
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g[k] + (size_t)layer * per_layer, (int)per_layer, MPI_FLOAT, MPI_SUM,
-                                 MPI_COMM_WORLD, &d->requests[d->num_requests++]));
+/* A slot for one more collective in flight, of `group`: its index. */
+static int dist_request(Dist* d, int group) {
+    if (d->num_requests == d->cap_requests) {
+        int cap = d->cap_requests ? 2 * d->cap_requests : 256;
+        d->requests = (MPI_Request*)realloc(d->requests, sizeof(MPI_Request) * (size_t)cap);
+        d->owned = (float**)realloc(d->owned, sizeof(float*) * (size_t)cap);
+        d->owned_at = (size_t*)realloc(d->owned_at, sizeof(size_t) * (size_t)cap);
+        d->owned_count = (int*)realloc(d->owned_count, sizeof(int) * (size_t)cap);
+        d->group = (int*)realloc(d->group, sizeof(int) * (size_t)cap);
+        CHECK(d->requests && d->owned && d->owned_at && d->owned_count && d->group,
+              "out of memory for %d requests in flight", cap);
+        d->cap_requests = cap;
     }
-    int done = 0;
-    MPI_CHECK(MPI_Testall(d->num_requests, d->requests, &done, MPI_STATUSES_IGNORE));
-    d->comm_ms += time_ms() - t0;
+    int i = d->num_requests++;
+    d->owned[i] = NULL;
+    d->group[i] = group;
+    return i;
+}
+#endif
+
+/* ZeRO: start summing the gradients of the flat range [at, at + n), whose
+ * local values are in src, over the ranks; each part of the range goes to
+ * the rank whose shard holds it (MPI_Ireduce with that rank as root; the
+ * root's sum lands in place, in its part of src). A tree or ring reduction
+ * has each rank send about (W - 1) / W of what it hands in, as a
+ * reduce-scatter does. Under ZeRO-2 the owner adds its part into grad_shard
+ * when the request completes (dist_wait); `group` says which bucket src is. */
+static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int group) {
+    d->reduced += (double)n;
+    for (size_t a = at, end = at + n; a < end;) {
+        int owner = (int)(a / d->shard);
+        size_t b = (size_t)(owner + 1) * d->shard < end ? (size_t)(owner + 1) * d->shard : end;
+        float* part = src + (a - at);
+        int mine = owner == d->rank;
+#ifdef USE_MPI
+        if (d->world > 1) {
+            int i = dist_request(d, group);
+            MPI_CHECK(MPI_Ireduce(mine ? MPI_IN_PLACE : part, mine ? part : NULL, (int)(b - a), MPI_FLOAT, MPI_SUM,
+                                  owner, MPI_COMM_WORLD, &d->requests[i]));
+            d->owned[i] = mine && d->zero == 2 ? part : NULL;
+            d->owned_at[i] = a - d->lo;
+            d->owned_count[i] = (int)(b - a);
+            a = b;
+            continue;
+        }
+#endif
+        (void)group;
+        if (mine && d->zero == 2) dist_add_to_shard(d, part, a - d->lo, b - a); /* one rank: the sum is its own */
+        a = b;
+    }
+}
+
+/* Wait for the collectives in flight of `group` (-1: all), finishing each
+ * (ZeRO-2: the owner's part into grad_shard). */
+static void dist_wait(Dist* d, int group) {
+#ifdef USE_MPI
+    int kept = 0;
+    for (int i = 0; i < d->num_requests; i++) {
+        if (group >= 0 && d->group[i] != group) {
+            d->requests[kept] = d->requests[i];
+            d->owned[kept] = d->owned[i];
+            d->owned_at[kept] = d->owned_at[i];
+            d->owned_count[kept] = d->owned_count[i];
+            d->group[kept++] = d->group[i];
+            continue;
+        }
+        MPI_CHECK(MPI_Wait(&d->requests[i], MPI_STATUS_IGNORE));
+        if (d->owned[i]) dist_add_to_shard(d, d->owned[i], d->owned_at[i], (size_t)d->owned_count[i]);
+    }
+    d->num_requests = kept;
 #else
-    (void)ctx;
-    (void)layer;
+    (void)d;
+    (void)group;
 #endif
 }
 
-/* Arm (or disarm) the hook for the coming backward pass. */
-static void dist_overlap_arm(Dist* d, GPT2* model, int last_micro_batch) {
-    int on = d->world > 1 && !d->zero && d->overlap && last_micro_batch;
-    model->on_layer_grads = on ? dist_layer_grads : NULL;
-    model->on_layer_grads_ctx = on ? d : NULL;
+/* Let MPI progress what is in flight (Open MPI moves non-blocking
+ * collectives only inside MPI calls). */
+static void dist_progress(Dist* d) {
 #ifdef USE_MPI
-    if (on && !d->requests) d->requests = (MPI_Request*)xmalloc(sizeof(MPI_Request) * 12 * (size_t)model->config.num_layers);
+    int done = 0;
+    if (d->num_requests) MPI_CHECK(MPI_Testall(d->num_requests, d->requests, &done, MPI_STATUSES_IGNORE));
+    if (done) { /* all complete: finish them (MPI_Wait on a completed request returns at once) */
+        for (int i = 0; i < d->num_requests; i++) d->requests[i] = MPI_REQUEST_NULL;
+        for (int i = 0; i < d->num_requests; i++)
+            if (d->owned[i]) dist_add_to_shard(d, d->owned[i], d->owned_at[i], (size_t)d->owned_count[i]);
+        d->num_requests = 0;
+    }
+#else
+    (void)d;
 #endif
+}
+
+/* The backward hook: layer l's gradients are final (for this micro-batch),
+ * so start summing them: plain, one non-blocking allreduce per tensor slice;
+ * ZeRO-1, each slice to its owners; ZeRO-2, the bucket backward just filled,
+ * to its owners. */
+static void dist_layer_grads(void* ctx, int layer) {
+    Dist* d = (Dist*)ctx;
+    GPT2* model = d->model;
+    size_t L = (size_t)model->config.num_layers, at = 0;
+    float** g = (float**)&model->grads;
+    double t0 = time_ms();
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
+        size_t per_layer = model->param_sizes[k] / L, flat = d->offsets[k] + (size_t)layer * per_layer;
+        if (d->zero == 2) {
+            dist_reduce_to_owners(d, d->buckets[layer % 2] + at, flat, per_layer, layer % 2);
+        } else if (d->zero == 1) {
+            dist_reduce_to_owners(d, model->grads_memory + flat, flat, per_layer, 2);
+        } else {
+            d->reduced += (double)per_layer;
+            d->gathered += (double)per_layer;
+#ifdef USE_MPI
+            int i = dist_request(d, 2);
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g[k] + (size_t)layer * per_layer, (int)per_layer, MPI_FLOAT,
+                                     MPI_SUM, MPI_COMM_WORLD, &d->requests[i]));
+#endif
+        }
+        at += per_layer;
+    }
+    (void)g;
+    dist_progress(d);
+    d->comm_ms += time_ms() - t0;
+}
+
+/* ZeRO-2's other hook: before backward writes layer l, hand it a bucket
+ * whose previous sums (layer l + 2, or the last micro-batch's) are done. */
+static float* dist_layer_bucket(void* ctx, int layer) {
+    Dist* d = (Dist*)ctx;
+    double t0 = time_ms();
+    dist_wait(d, layer % 2);
+    d->comm_ms += time_ms() - t0;
+    memset(d->buckets[layer % 2], 0, d->layer_floats * sizeof(float));
+    return d->buckets[layer % 2];
+}
+
+/* Before each micro-batch's backward: arm the hooks. ZeRO-2 reduces every
+ * micro-batch's layer gradients (its buckets cannot hold a sum over
+ * micro-batches); plain and ZeRO-1 only the last one's, when the
+ * accumulated gradients are final. */
+static void dist_backward_begin(Dist* d, GPT2* model, int micro, int last_micro_batch) {
+    if (micro == 0) {
+        d->reduced = d->gathered = 0.0;
+        if (d->zero) memset(d->grad_shard, 0, d->shard * sizeof(float));
+    }
+    int on = d->zero == 2 || (d->world > 1 && d->overlap && last_micro_batch);
+    model->on_layer_grads = on ? dist_layer_grads : NULL;
+    model->layer_grad_bucket = d->zero == 2 ? dist_layer_bucket : NULL;
+    model->on_layer_grads_ctx = d;
     d->model = model;
 }
 
-/* After backward: reduce the gradients, clip by the global norm, AdamW, and
- * (ZeRO-1) gather the updated weights. Returns the norm before clipping; the
+/* After backward: finish the sums, clip by the global norm, AdamW, and
+ * (ZeRO) gather the updated weights. Returns the norm before clipping; the
  * update is skipped (on every rank alike) when it or the loss is not finite. */
 static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max_norm, float lr, int t, double loss,
                         int* finite) {
     double norm, t0 = time_ms();
+    size_t P = model->num_parameters, C = (size_t)model->config.channels;
+    size_t embed = model->param_sizes[0] + model->param_sizes[1]; /* wte, wpe: [0, embed) */
     if (!d->zero) {
+        size_t rest = d->world > 1 && d->overlap ? embed : P; /* the layers' slices are in flight already */
+        d->reduced += (double)(rest + (rest < P ? 2 * C : 0));
+        d->gathered += (double)(rest + (rest < P ? 2 * C : 0));
 #ifdef USE_MPI
-        if (d->world > 1 && d->overlap) {
-            /* the layers' slices are in flight since backward finished each
-             * (dist_layer_grads); what is left: the embeddings and the final
-             * LayerNorm, whose gradients were complete only at the end */
-            const ParameterTensors* g = &model->grads;
-            size_t Vp = model->config.padded_vocab_size, maxT = model->config.max_seq_len, C = model->config.channels;
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, g->wte, (int)((Vp + maxT) * C), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, g->lnfw, (int)(2 * C), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-            MPI_CHECK(MPI_Waitall(d->num_requests, d->requests, MPI_STATUSES_IGNORE));
-            d->num_requests = 0;
-        } else if (d->world > 1) {
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads_memory, (int)model->num_parameters, MPI_FLOAT, MPI_SUM,
-                                    MPI_COMM_WORLD));
+        if (d->world > 1) {
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads_memory, (int)rest, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+            if (rest < P)
+                MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads.lnfw, (int)(2 * C), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+            dist_wait(d, -1);
         }
 #endif
         d->exposed_ms += time_ms() - t0;
@@ -3125,12 +3322,21 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
         if (*finite) adamw_update(model, opt, lr, t);
         return norm;
     }
+    /* ZeRO: the sums of this rank's shard into grad_shard */
+    if (d->zero == 2 || (d->world > 1 && d->overlap)) {
+        dist_reduce_to_owners(d, model->grads.wte, 0, embed, 2);          /* wte, wpe */
+        dist_reduce_to_owners(d, model->grads.lnfw, P - 2 * C, 2 * C, 2); /* lnfw, lnfb */
+        dist_wait(d, -1);
+        if (d->zero == 1) memcpy(d->grad_shard, model->grads_memory + d->lo, (d->hi - d->lo) * sizeof(float));
+    } else { /* ZeRO-1 after backward: one reduce-scatter of the padded buffer */
+        d->reduced = (double)(d->shard * d->world);
 #ifdef USE_MPI
-    MPI_CHECK(MPI_Reduce_scatter_block(model->grads_memory, d->grad_shard, (int)d->shard, MPI_FLOAT, MPI_SUM,
-                                       MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Reduce_scatter_block(model->grads_memory, d->grad_shard, (int)d->shard, MPI_FLOAT, MPI_SUM,
+                                           MPI_COMM_WORLD));
 #else
-    memcpy(d->grad_shard, model->grads_memory, d->shard * sizeof(float));
+        memcpy(d->grad_shard, model->grads_memory, d->shard * sizeof(float));
 #endif
+    }
     d->comm_ms += time_ms() - t0;
     d->exposed_ms += time_ms() - t0;
     size_t n = d->hi - d->lo; /* the real parameters of this shard (the pad has zero gradient) */
@@ -3139,9 +3345,11 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
     *finite = isfinite(loss) && isfinite(norm);
     if (*finite) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
     t0 = time_ms();
+    d->gathered = (double)(d->shard * d->world);
 #ifdef USE_MPI
-    MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model->params_memory, (int)d->shard, MPI_FLOAT,
-                            MPI_COMM_WORLD));
+    if (d->world > 1)
+        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model->params_memory, (int)d->shard, MPI_FLOAT,
+                                MPI_COMM_WORLD));
 #endif
     d->comm_ms += time_ms() - t0;
     d->exposed_ms += time_ms() - t0;
@@ -3898,8 +4106,8 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
-    OPT("--zero", NULL, OPT_INT, zero, "0", "with several MPI ranks: 0 = plain data parallel (allreduce), 1 = ZeRO-1 (AdamW state sharded)"),
-    OPT("--overlap", NULL, OPT_INT, overlap, "1", "plain data parallel: 1 = reduce each layer's gradients during backward, 0 = after it"),
+    OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too)"),
+    OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
 };
 #undef OPT
 #define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
@@ -4036,7 +4244,7 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->stop_at > 0 && !o->output_dir[0], "--stop-at needs --output-dir (to save the state)");
     OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
     OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
-    OPTIONS_PROBLEM(o->zero != 0 && o->zero != 1, "--zero must be 0 or 1 (ZeRO-2 is not implemented yet)");
+    OPTIONS_PROBLEM(o->zero < 0 || o->zero > 2, "--zero must be 0, 1 or 2");
     OPTIONS_PROBLEM(o->overlap != 0 && o->overlap != 1, "--overlap must be 0 or 1");
     OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
                     "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");
@@ -4562,7 +4770,7 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         if (ok) {
             StateInfo now = state_info_of(r, d, model, o, step);
             differs = s.world != now.world ? "the number of ranks (resharding is not implemented)"
-                      : s.zero != now.zero ? "--zero"
+                      : (s.zero != 0) != (now.zero != 0) ? "--zero (plain vs sharded; ZeRO-1 and ZeRO-2 states are alike)"
                       : memcmp(&s.config, &now.config, sizeof(GPT2Config)) ? "the model's shape"
                       : s.B != now.B ? "--batch-size"
                       : s.T != now.T ? "--seq-len"
@@ -4625,14 +4833,13 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     dist_setup_model(dist, model);
     double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
     double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P;
-    printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB%s, activations %.0f MB, "
-           "backward scratch %.0f MB\n", P * 4 * mb, P * 4 * mb, opt_floats * 4 * mb,
-           dist->zero ? " (ZeRO-1: this rank's shard)" : "", model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
-    if (dist->world > 1)
-        printf("data parallel: %d ranks, %s; shard %zu parameters (padded to %zu); AdamW state per rank %.0f floats; "
-               "%.0f bytes sent per rank per step\n", dist->world,
-               dist->zero ? "ZeRO-1 (reduce-scatter, sharded AdamW, all-gather)" : "allreduce", dist->shard,
-               dist->shard * dist->world, opt_floats, dist->bytes_per_step);
+    static const char* const modes[3] = {"allreduce", "ZeRO-1: AdamW state sharded", "ZeRO-2: AdamW state and gradients sharded"};
+    printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, "
+           "backward scratch %.0f MB\n", P * 4 * mb, dist->grad_floats * 4 * mb, opt_floats * 4 * mb,
+           model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
+    printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
+           "gradients %zu floats\n", dist->world, modes[dist->zero], dist->shard, dist->shard * dist->world, opt_floats,
+           dist->grad_floats);
     timing_print(dist, "communicator ready", dist->t_comm);
     int start = 0;
     if (o->resume && (start = state_resume(&r, dist, model, o)) < 0) return -1;
@@ -4652,7 +4859,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         for (int micro = 0; micro < r.grad_accum; micro++) {
             if (dataloader_next(&r.train) != 0) return -1;
             loss += gpt2_forward(model, r.train.inputs, r.train.targets, r.B, r.T) / r.grad_accum;
-            dist_overlap_arm(dist, model, micro == r.grad_accum - 1);
+            dist_backward_begin(dist, model, micro, micro == r.grad_accum - 1);
             gpt2_backward(model, 1.0f / ((float)r.grad_accum * r.world));
         }
         loss = dist_sum(dist, loss) / r.world;
@@ -4675,9 +4882,13 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
             return 0;
         }
     }
-    if (dist->world > 1)
-        printf("communication: %.1f ms per step inside collectives, %.1f ms of it after backward\n",
-               dist->comm_ms / r.steps, dist->exposed_ms / r.steps);
+    if (dist->world > 1) {
+        double W = dist->world, wire = (W - 1) / W * (dist->reduced + dist->gathered) * sizeof(float);
+        printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
+               "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
+               dist->gathered, model->num_parameters, wire, dist->comm_ms / r.steps, dist->exposed_ms / r.steps,
+               dist->comm_ms > 0 ? 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms) : 0.0);
+    }
     if (r.rank == 0) checkpoint_save(model, o, r.steps);
     saver_snapshot(&saver, &r, dist, model, o, r.steps);
     saver_finish(&saver, dist, o);
@@ -4749,7 +4960,7 @@ int main(int argc, char** argv) {
         dist_finish(&dist, rc != 1);
         return rc == 1 ? 0 : EXIT_FAILURE;
     }
-    dist.zero = dist.world > 1 ? o.zero : 0;
+    dist.zero = o.zero;
     dist.overlap = o.overlap;
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
