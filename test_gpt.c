@@ -1126,7 +1126,14 @@ static void test_resume(void) {
     /* an incompatible run is refused, naming what differs */
     snprintf(cmd, sizeof(cmd), "%s -o %s/rsB --resume 1 -b 2 -x 20", common, tmpdir);
     rc = run_capture(cmd, out, sizeof(out));
-    check(rc != 0 && strstr(out, "--batch-size differs"), "resume: a run with another --batch-size is refused", strstr(out, "differs") ? "" : out);
+    check(rc != 0 && strstr(out, "tokens per step) differs"),
+          "resume: a run with another --batch-size (so another number of tokens per step) is refused", strstr(out, "differs") ? "" : out);
+    /* a compatible change: half the micro-batch, two of them per step (the same tokens per step), more steps */
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsC --resume 1 -b 2 -d 64 -x 14", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsC/model_00000014.bin", tmpdir);
+    check(rc == 0 && strstr(out, "resharding") && strstr(out, "continuing after step 12") && access(b, F_OK) == 0,
+          "resume: B=2 x 2 micro-batches continues a B=4 state (same tokens per step), and --steps may grow", rc ? out : "");
 }
 
 /* One child per rank runs rendezvous_share; it exits 0 when it holds rank

@@ -50,6 +50,8 @@
 #include <glob.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/mman.h>   /* snapshot slots (section 10) */
+#include <fcntl.h>
 #include <poll.h>       /* the rendezvous (section 9) */
 #include <netdb.h>
 #include <sys/socket.h>
@@ -3117,6 +3119,13 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     memset(d->grad_shard, 0, d->shard * sizeof(float));
 }
 
+/* The moments rank `rank` holds: [lo, hi) of the P parameters. */
+static void dist_range(const Dist* d, size_t P, int rank, size_t* lo, size_t* hi) {
+    *lo = d->zero ? (size_t)rank * d->shard : 0;
+    if (*lo > P) *lo = P;
+    *hi = d->zero ? (*lo + d->shard < P ? *lo + d->shard : P) : P;
+}
+
 /* Wait until every rank gets here. */
 static void dist_barrier(const Dist* d) {
 #ifdef USE_MPI
@@ -3297,9 +3306,10 @@ static void dist_backward_begin(Dist* d, GPT2* model, int micro, int last_micro_
 
 /* After backward: finish the sums, clip by the global norm, AdamW, and
  * (ZeRO) gather the updated weights. Returns the norm before clipping; the
- * update is skipped (on every rank alike) when it or the loss is not finite. */
+ * update is skipped (on every rank alike) when it or the loss is not
+ * finite, or the loss is a spike (section 10). */
 static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max_norm, float lr, int t, double loss,
-                        int* finite) {
+                        int spike, int* finite) {
     double norm, t0 = time_ms();
     size_t P = model->num_parameters, C = (size_t)model->config.channels;
     size_t embed = model->param_sizes[0] + model->param_sizes[1]; /* wte, wpe: [0, embed) */
@@ -3319,7 +3329,7 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
         d->comm_ms += time_ms() - t0;
         norm = gradients_clip(model, max_norm);
         *finite = isfinite(loss) && isfinite(norm);
-        if (*finite) adamw_update(model, opt, lr, t);
+        if (*finite && !spike) adamw_update(model, opt, lr, t);
         return norm;
     }
     /* ZeRO: the sums of this rank's shard into grad_shard */
@@ -3343,7 +3353,7 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
     norm = sqrt(dist_sum(d, sum_squares(d->grad_shard, n)));
     gradients_clip_to(d->grad_shard, n, norm, max_norm);
     *finite = isfinite(loss) && isfinite(norm);
-    if (*finite) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
+    if (*finite && !spike) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
     t0 = time_ms();
     d->gathered = (double)(d->shard * d->world);
 #ifdef USE_MPI
@@ -3681,45 +3691,76 @@ MAYBE_UNUSED static int rendezvous_share(const Rendezvous* rv, int rank, int wor
 }
 
 /* ------------------------------------------------------------------------ */
-/* 10. Training state checkpoints                                           */
+/* 10. Checkpoints and failover                                             */
 /* ------------------------------------------------------------------------ */
 /* A model file holds the weights only; resuming a run bit for bit needs the
- * rest too: the AdamW moments (this rank's shard under ZeRO-1), the step, the
- * data loader's position and the sampler's random state. Each rank writes
- * <dir>/state_<step>_rank<r>.bin; when every rank's file is on disk, rank 0
- * writes <dir>/state_<step>.complete. A step counts as saved only with that
- * marker. Format (all little-endian):
- *   256 int32 header: [0] magic 20261103, [1] version 1, [2] step, [3] rank,
+ * rest too: the AdamW moments (this rank's shard under ZeRO), the step, the
+ * data loader's position, the sampler's random state and the loss-spike
+ * detector's window. One rank's training state is one record, laid out the
+ * same everywhere it lives:
+ *   - in memory, in a snapshot slot: a file in /dev/shm (--shm-dir), mapped,
+ *     so it outlives a crashed process on that host; two slots, so a crash
+ *     while one is being filled leaves the other intact;
+ *   - in the neighbour's memory: rank (r+1) mod W keeps a byte copy of rank
+ *     r's newest snapshot in its own /dev/shm (a replica, sent over MPI);
+ *   - on disk: <dir>/state_<step>_rank<r>.bin, and once every rank's file is
+ *     there rank 0 writes <dir>/state_<step>.complete: a step counts as saved
+ *     on disk only with that marker.
+ * Format (all little-endian, fixed width, no raw structs):
+ *   256 int32 header: [0] magic 20261103, [1] version 2, [2] step, [3] rank,
  *     [4] world, [5] zero, [6] B, [7] T, [8] total batch, [9] seed,
  *     [10] shuffle, [11] L, [12] C, [13] NH, [14] maxT, [15] V, [16] Vp,
  *     [17] data epoch, [18] data shard position, [20..21] data cursor,
  *     [22..23] P, [24..25] lo, [26..27] hi (the moments held: [lo, hi)),
  *     [28..29] sampler RNG state, [30] CRC32C of the weights, [31] of m,
- *     [32] of v, [33] CRC32C of header words 0..32 (int64s as two int32, low first);
+ *     [32] of v, [33..34] the run's nonce (<dir>/run.id), [35..37] the loss
+ *     window's count, next slot and current run of bad steps, [40..103] its
+ *     losses (float bits), [255] CRC32C of header words 0..254 (int64s as
+ *     two int32, low first);
  *   then the P weights, then hi - lo floats of m, then of v.
- * Written to a temporary name, fsync'd and renamed: a crash or a full disk
- * leaves the previous state as it was. */
+ * Files are written to a temporary name, fsync'd and renamed (and the folder
+ * fsync'd): a crash or a full disk leaves the previous state as it was. */
 
 #define STATE_MAGIC 20261103
-#define STATE_VERSION 1
+#define STATE_VERSION 2
+#define STATE_HEADER_BYTES 1024
+#define LOSS_WINDOW 64
 
-/* CRC-32C (Castagnoli), reflected polynomial 0x82F63B78, bytewise table. */
+/* CRC-32C (Castagnoli), reflected polynomial 0x82F63B78: with the SSE4.2
+ * instruction where the build has it (about 20 GB/s, so checking a GPT-2
+ * 124M state costs ~0.1 s), else bytewise from a table. */
+#if defined(__SSE4_2__) && defined(__x86_64__)
+#include <nmmintrin.h>
 static uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
-    static uint32_t table[256];
-    static int ready = 0;
-    if (!ready) {
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-            table[i] = c;
-        }
-        ready = 1;
+    const unsigned char* p = (const unsigned char*)data;
+    uint64_t c = ~crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
     }
+    uint32_t c32 = (uint32_t)c;
+    for (; n > 0; n--, p++) c32 = _mm_crc32_u8(c32, *p);
+    return ~c32;
+}
+#else
+static uint32_t crc32c_table[256];
+static void crc32c_table_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc32c_table[i] = c;
+    }
+}
+static uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, crc32c_table_init); /* the snapshot threads call this too */
     const unsigned char* p = (const unsigned char*)data;
     crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    for (size_t i = 0; i < n; i++) crc = crc32c_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
     return ~crc;
 }
+#endif
 
 static void put_i64(int32_t* h, int at, int64_t v) {
     h[at] = (int32_t)(uint32_t)((uint64_t)v & 0xFFFFFFFFu);
@@ -3730,7 +3771,37 @@ static int64_t get_i64(const int32_t* h, int at) {
     return (int64_t)(((uint64_t)(uint32_t)h[at + 1] << 32) | (uint32_t)h[at]);
 }
 
-/* What a state file pins down besides the arrays. */
+/* Bad steps: a step whose loss or gradient norm is not finite, or whose loss
+ * is a spike, more than z standard deviations above the mean of the last
+ * LOSS_WINDOW accepted losses (once 16 are in), has its update skipped. */
+typedef struct {
+    float recent[LOSS_WINDOW]; /* ring of the last accepted losses */
+    int count;                 /* how many are in it */
+    int next;                  /* where the next one goes */
+    int bad_run;               /* consecutive bad steps so far */
+} LossWatch;
+
+/* Is `loss` a spike against the window? (z <= 0: never.) */
+static int losswatch_spike(const LossWatch* w, double loss, double z, double* zscore) {
+    *zscore = 0.0;
+    if (z <= 0.0 || w->count < 16) return 0;
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; i < w->count; i++) mean += w->recent[i];
+    mean /= w->count;
+    for (int i = 0; i < w->count; i++) var += (w->recent[i] - mean) * (w->recent[i] - mean);
+    double sd = sqrt(var / (w->count - 1));
+    *zscore = (loss - mean) / (sd > 1e-6 ? sd : 1e-6);
+    return *zscore > z;
+}
+
+static void losswatch_accept(LossWatch* w, float loss) {
+    w->recent[w->next] = loss;
+    w->next = (w->next + 1) % LOSS_WINDOW;
+    if (w->count < LOSS_WINDOW) w->count++;
+    w->bad_run = 0;
+}
+
+/* What a state pins down besides the arrays. */
 typedef struct {
     int step, rank, world, zero, B, T, total, seed, shuffle;
     GPT2Config config;
@@ -3738,16 +3809,20 @@ typedef struct {
     long long cursor;
     size_t P, lo, hi;
     uint64_t sample_rng;
+    uint64_t nonce;  /* the run's (<dir>/run.id): memory from another run is never taken */
+    LossWatch watch;
 } StateInfo;
+
+static size_t state_bytes(size_t P, size_t n) { return STATE_HEADER_BYTES + (P + 2 * n) * sizeof(float); }
 
 static void state_path(char* out, size_t cap, const char* dir, int step, int rank) {
     if (rank >= 0) snprintf(out, cap, "%s/state_%08d_rank%d.bin", dir, step, rank);
     else snprintf(out, cap, "%s/state_%08d.complete", dir, step);
 }
 
-static int state_write(const char* path, const StateInfo* s, const float* params, const float* m, const float* v) {
-    int32_t h[HEADER_INTS];
-    memset(h, 0, sizeof(h));
+/* The header of a state whose arrays are params (P), m and v (hi - lo). */
+static void state_header_make(int32_t* h, const StateInfo* s, const float* params, const float* m, const float* v) {
+    memset(h, 0, STATE_HEADER_BYTES);
     size_t n = s->hi - s->lo;
     h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[2] = s->step; h[3] = s->rank; h[4] = s->world; h[5] = s->zero;
     h[6] = s->B; h[7] = s->T; h[8] = s->total; h[9] = s->seed; h[10] = s->shuffle;
@@ -3762,9 +3837,47 @@ static int state_write(const char* path, const StateInfo* s, const float* params
     h[30] = (int32_t)crc32c(0, params, s->P * sizeof(float));
     h[31] = (int32_t)crc32c(0, m, n * sizeof(float));
     h[32] = (int32_t)crc32c(0, v, n * sizeof(float));
-    h[33] = (int32_t)crc32c(0, h, 33 * sizeof(int32_t));
-    WriteChunk chunks[4] = {{h, sizeof(h)}, {params, s->P * sizeof(float)}, {m, n * sizeof(float)}, {v, n * sizeof(float)}};
-    return write_file_atomic(path, chunks, 4);
+    put_i64(h, 33, (int64_t)s->nonce);
+    h[35] = s->watch.count; h[36] = s->watch.next; h[37] = s->watch.bad_run;
+    memcpy(h + 40, s->watch.recent, sizeof(s->watch.recent));
+    h[255] = (int32_t)crc32c(0, h, 255 * sizeof(int32_t));
+}
+
+/* Check a header read from a file of `size` bytes and unpack it. 0, or -1
+ * after a message naming `path`. */
+static int state_header_parse(const int32_t* h, long long size, const char* path, StateInfo* s) {
+    if (h[0] != STATE_MAGIC) {
+        FILE_ERROR(path, "bad magic %d, expected %d: not a gpt.c training state (or one being written when the "
+                   "run stopped)", h[0], STATE_MAGIC);
+        return -1;
+    }
+    if (h[1] != STATE_VERSION) {
+        FILE_ERROR(path, "training state of version %d; this build reads version %d: resume with the build that "
+                   "wrote it, or start a new --output-dir", h[1], STATE_VERSION);
+        return -1;
+    }
+    if ((uint32_t)h[255] != crc32c(0, h, 255 * sizeof(int32_t))) {
+        FILE_ERROR(path, "header checksum mismatch: the file is corrupt");
+        return -1;
+    }
+    memset(s, 0, sizeof(*s));
+    s->step = h[2]; s->rank = h[3]; s->world = h[4]; s->zero = h[5]; s->B = h[6]; s->T = h[7];
+    s->total = h[8]; s->seed = h[9]; s->shuffle = h[10];
+    s->config.num_layers = h[11]; s->config.channels = h[12]; s->config.num_heads = h[13];
+    s->config.max_seq_len = h[14]; s->config.vocab_size = h[15]; s->config.padded_vocab_size = h[16];
+    s->epoch = h[17]; s->shard_pos = h[18]; s->cursor = get_i64(h, 20);
+    s->P = (size_t)get_i64(h, 22); s->lo = (size_t)get_i64(h, 24); s->hi = (size_t)get_i64(h, 26);
+    s->sample_rng = (uint64_t)get_i64(h, 28);
+    s->nonce = (uint64_t)get_i64(h, 33);
+    s->watch.count = h[35]; s->watch.next = h[36]; s->watch.bad_run = h[37];
+    memcpy(s->watch.recent, h + 40, sizeof(s->watch.recent));
+    if (config_problem(&s->config) || s->P != parameter_count(&s->config) || s->lo > s->hi || s->hi > s->P ||
+        s->watch.count < 0 || s->watch.count > LOSS_WINDOW || s->watch.next < 0 || s->watch.next >= LOSS_WINDOW ||
+        size != (long long)state_bytes(s->P, s->hi - s->lo)) {
+        FILE_ERROR(path, "sizes in the header do not match the file (%lld bytes): truncated or corrupt", size);
+        return -1;
+    }
+    return 0;
 }
 
 /* Read a state file's header and check it and its size. 0, or -1 after a
@@ -3776,52 +3889,123 @@ static int state_read_header(const char* path, StateInfo* s, int32_t* h, int qui
         return -1;
     }
     long long size = file_size(f);
-    int rc = size >= 1024 ? read_exact(f, h, 1024, path) : -1;
+    int rc = size >= STATE_HEADER_BYTES ? read_exact(f, h, STATE_HEADER_BYTES, path) : -1;
     fclose(f);
-    if (rc != 0 || h[0] != STATE_MAGIC || h[1] != STATE_VERSION) {
-        FILE_ERROR(path, "not a gpt.c state file of version %d (or truncated)", STATE_VERSION);
+    if (rc != 0) {
+        FILE_ERROR(path, "%lld bytes: shorter than a training state's header (truncated?)", size);
         return -1;
     }
-    if ((uint32_t)h[33] != crc32c(0, h, 33 * sizeof(int32_t))) {
-        FILE_ERROR(path, "header checksum mismatch: the file is corrupt");
-        return -1;
-    }
-    s->step = h[2]; s->rank = h[3]; s->world = h[4]; s->zero = h[5]; s->B = h[6]; s->T = h[7];
-    s->total = h[8]; s->seed = h[9]; s->shuffle = h[10];
-    s->config.num_layers = h[11]; s->config.channels = h[12]; s->config.num_heads = h[13];
-    s->config.max_seq_len = h[14]; s->config.vocab_size = h[15]; s->config.padded_vocab_size = h[16];
-    s->epoch = h[17]; s->shard_pos = h[18]; s->cursor = get_i64(h, 20);
-    s->P = (size_t)get_i64(h, 22); s->lo = (size_t)get_i64(h, 24); s->hi = (size_t)get_i64(h, 26);
-    s->sample_rng = (uint64_t)get_i64(h, 28);
-    if (config_problem(&s->config) || s->P != parameter_count(&s->config) || s->lo > s->hi || s->hi > s->P ||
-        size != 1024 + (long long)(s->P + 2 * (s->hi - s->lo)) * 4) {
-        FILE_ERROR(path, "sizes in the header do not match the file (%lld bytes)", size);
-        return -1;
-    }
-    return 0;
+    return state_header_parse(h, size, path, s);
 }
 
 /* Read the arrays of a state file whose header `h` was checked, verifying
- * each section's checksum. 0 or -1. */
-static int state_read_arrays(const char* path, const StateInfo* s, const int32_t* h, float* params, float* m, float* v) {
+ * each section's checksum: params (P), and of the moments [lo, hi) the part
+ * [want_lo, want_hi) into m and v (resharding reads a part; m, v NULL: the
+ * weights only). 0 or -1. */
+static int state_read_arrays(const char* path, const StateInfo* s, const int32_t* h, float* params, float* m, float* v,
+                             size_t want_lo, size_t want_hi) {
     FILE* f = fopen(path, "rb");
     if (!f) {
         FILE_ERROR(path, "cannot open state file: %s", strerror(errno));
         return -1;
     }
     size_t n = s->hi - s->lo;
-    int rc = fseek(f, 1024, SEEK_SET) != 0 || read_exact(f, params, s->P * 4, path) != 0 ||
-             read_exact(f, m, n * 4, path) != 0 || read_exact(f, v, n * 4, path) != 0;
+    float* mm = m ? xmalloc_floats(n) : NULL;
+    float* vv = m ? xmalloc_floats(n) : NULL;
+    int rc = fseek(f, STATE_HEADER_BYTES, SEEK_SET) != 0 || (params && read_exact(f, params, s->P * 4, path) != 0) ||
+             (!params && fseek(f, (long)(s->P * 4), SEEK_CUR) != 0) ||
+             (m && (read_exact(f, mm, n * 4, path) != 0 || read_exact(f, vv, n * 4, path) != 0));
     fclose(f);
-    if (rc) return -1;
-    const char* bad = (uint32_t)h[30] != crc32c(0, params, s->P * 4) ? "weights"
-                      : (uint32_t)h[31] != crc32c(0, m, n * 4)       ? "first moments"
-                      : (uint32_t)h[32] != crc32c(0, v, n * 4)       ? "second moments" : NULL;
-    if (bad) {
-        FILE_ERROR(path, "checksum mismatch in the %s: the file is corrupt", bad);
+    const char* bad = rc ? NULL
+                      : params && (uint32_t)h[30] != crc32c(0, params, s->P * 4) ? "weights"
+                      : m && (uint32_t)h[31] != crc32c(0, mm, n * 4)             ? "first moments"
+                      : m && (uint32_t)h[32] != crc32c(0, vv, n * 4)             ? "second moments" : NULL;
+    if (bad) FILE_ERROR(path, "checksum mismatch in the %s: the file is corrupt", bad);
+    if (!rc && !bad && m) {
+        size_t a = want_lo > s->lo ? want_lo : s->lo, b = want_hi < s->hi ? want_hi : s->hi;
+        if (a < b) {
+            memcpy(m + (a - want_lo), mm + (a - s->lo), (b - a) * sizeof(float));
+            memcpy(v + (a - want_lo), vv + (a - s->lo), (b - a) * sizeof(float));
+        }
+    }
+    free(mm);
+    free(vv);
+    return rc || bad ? -1 : 0;
+}
+
+/* A snapshot slot: one state record in memory, backed by a file in
+ * /dev/shm (or anonymous memory when snapshots stay private), mapped and
+ * reserved up front (posix_fallocate: a full /dev/shm is an error now, not
+ * a SIGBUS mid-run) and touched once, so taking a snapshot never faults. */
+typedef struct {
+    char path[4400];     /* "" = anonymous */
+    unsigned char* base; /* (bytes) the record */
+    size_t bytes;
+} Slot;
+
+static int slot_map(Slot* sl, const char* path, size_t bytes) {
+    memset(sl, 0, sizeof(*sl));
+    sl->bytes = bytes;
+    if (!path) {
+        sl->base = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    } else {
+        snprintf(sl->path, sizeof(sl->path), "%s", path);
+        int fd = open(path, O_RDWR | O_CREAT, 0600);
+        if (fd < 0) {
+            FILE_ERROR(path, "cannot create a snapshot slot: %s", strerror(errno));
+            return -1;
+        }
+        struct stat st;
+        int rc = fstat(fd, &st) == 0 && (size_t)st.st_size != bytes ? ftruncate(fd, (off_t)bytes) : 0;
+        if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)bytes);
+        if (rc != 0) {
+            FILE_ERROR(path, "cannot reserve %.2f GB for a snapshot slot (%s): free space there, point --shm-dir "
+                       "elsewhere, or run with --snapshot-every 0", bytes / 1e9, strerror(rc > 0 ? rc : errno));
+            close(fd);
+            remove(path);
+            return -1;
+        }
+        sl->base = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+    }
+    if (sl->base == (unsigned char*)MAP_FAILED) {
+        sl->base = NULL;
+        fprintf(stderr, "error: cannot map %.2f GB for a snapshot slot: %s\n", bytes / 1e9, strerror(errno));
         return -1;
     }
+    /* touch every page now (a file slot keeps its contents: a snapshot from
+     * before a crash must survive until it is replaced) */
+    long page = sysconf(_SC_PAGESIZE);
+    for (size_t at = 0; at < bytes; at += (size_t)page) {
+        volatile unsigned char* p = sl->base + at;
+        *p = *p;
+    }
     return 0;
+}
+
+static void slot_unmap(Slot* sl, int remove_file) {
+    if (sl->base) munmap(sl->base, sl->bytes);
+    if (remove_file && sl->path[0]) remove(sl->path);
+    memset(sl, 0, sizeof(*sl));
+}
+
+/* Fill a slot with a state: invalidate it, copy the arrays (then set
+ * *copied), then write the header with its checksums, the magic last (a
+ * crash in between leaves a slot that reads as empty). Runs on a background
+ * thread while the trainer's next forward and backward only read the
+ * arrays. */
+static void slot_fill(Slot* sl, const StateInfo* s, const float* params, const float* m, const float* v, int* copied) {
+    __atomic_store_n((int32_t*)sl->base, 0, __ATOMIC_RELEASE);
+    size_t n = s->hi - s->lo;
+    float* dst = (float*)(sl->base + STATE_HEADER_BYTES);
+    memcpy(dst, params, s->P * sizeof(float));
+    memcpy(dst + s->P, m, n * sizeof(float));
+    memcpy(dst + s->P + n, v, n * sizeof(float));
+    __atomic_store_n(copied, 1, __ATOMIC_RELEASE); /* the trainer may change its arrays now */
+    int32_t h[HEADER_INTS];
+    state_header_make(h, s, dst, dst + s->P, dst + s->P + n);
+    memcpy(sl->base + sizeof(int32_t), h + 1, STATE_HEADER_BYTES - sizeof(int32_t));
+    __atomic_store_n((int32_t*)sl->base, h[0], __ATOMIC_RELEASE);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -4047,6 +4231,9 @@ typedef struct {
     int save_every, seed, shuffle, threads;
     int zero, overlap;
     int resume, stop_at, keep_last, keep_every;
+    int snapshot_every, save_async, rollback_after;
+    const char* shm_dir;
+    float spike_z;
 } Options;
 
 typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
@@ -4103,6 +4290,11 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--keep-last", NULL, OPT_INT, keep_last, "2", "keep the training states of the last this many saves (and every --keep-every-th); 0 = keep all"),
     OPT("--keep-every", NULL, OPT_INT, keep_every, "0", "also keep the training state of every step that is a multiple of this; 0 = none"),
     OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
+    OPT("--snapshot-every", NULL, OPT_INT, snapshot_every, "0", "copy the training state into memory (--shm-dir, and a replica at the next rank) every this many steps: a crash then costs at most this many; 0 = off"),
+    OPT("--shm-dir", NULL, OPT_STRING, shm_dir, "/dev/shm", "where memory snapshots live (a tmpfs outlives the process, not the host)"),
+    OPT("--save-async", NULL, OPT_INT, save_async, "1", "1 = copy snapshots while the next step computes and write them in the background; 0 = all at the step boundary"),
+    OPT("--spike-z", NULL, OPT_FLOAT, spike_z, "0", "skip the update when the loss is this many standard deviations above the last 64 steps' mean; 0 = off"),
+    OPT("--rollback-after", NULL, OPT_INT, rollback_after, "3", "after this many bad steps in a row (non-finite or spike), go back to the last memory snapshot, skipping the batches since; 0 = never"),
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
@@ -4242,6 +4434,11 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->stop_at < 0, "--stop-at must be >= 0");
     OPTIONS_PROBLEM(o->keep_last < 0 || o->keep_every < 0, "--keep-last and --keep-every must be >= 0");
     OPTIONS_PROBLEM(o->stop_at > 0 && !o->output_dir[0], "--stop-at needs --output-dir (to save the state)");
+    OPTIONS_PROBLEM(o->snapshot_every < 0, "--snapshot-every must be >= 0");
+    OPTIONS_PROBLEM(o->snapshot_every > 0 && !o->output_dir[0], "--snapshot-every needs --output-dir (the run's memory is named after it)");
+    OPTIONS_PROBLEM(o->save_async != 0 && o->save_async != 1, "--save-async must be 0 or 1");
+    OPTIONS_PROBLEM(!(o->spike_z >= 0.0f), "--spike-z must be >= 0");
+    OPTIONS_PROBLEM(o->rollback_after < 0, "--rollback-after must be >= 0");
     OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
     OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
     OPTIONS_PROBLEM(o->zero < 0 || o->zero > 2, "--zero must be 0, 1 or 2");
@@ -4325,7 +4522,7 @@ static void sample_print(const GPT2* model, const Tokenizer* tok, const Options*
     free(out);
 }
 
-static void checkpoint_save(const GPT2* model, const Options* o, int step) {
+MAYBE_UNUSED static void checkpoint_save(const GPT2* model, const Options* o, int step) {
     if (!o->output_dir[0]) return;
     char path[4096];
     snprintf(path, sizeof(path), "%s/model_%08d.bin", o->output_dir, step);
@@ -4462,6 +4659,8 @@ typedef struct {
     FILE* log;
     double start_ms;
     int rank, world;
+    uint64_t nonce;   /* this run's (section 10) */
+    LossWatch watch;  /* the loss-spike detector */
 } TrainRun;
 
 /* rank/world: this process's place among the data-parallel ranks (0, 1 alone). */
@@ -4610,6 +4809,8 @@ static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* mod
     s.epoch = r->train.epoch; s.shard_pos = r->train.shard_pos; s.cursor = r->train.cursor;
     s.P = model->num_parameters; s.lo = d->lo; s.hi = d->hi;
     s.sample_rng = r->sample_rng.state;
+    s.nonce = r->nonce;
+    s.watch = r->watch;
     return s;
 }
 
@@ -4618,25 +4819,35 @@ static int int_compare(const void* a, const void* b) {
     return (x > y) - (x < y);
 }
 
+/* The steps with a state_<step>.complete marker in `dir`, ascending; the
+ * count, or 0. Caller frees *steps. */
+static int state_complete_steps(const char* dir, int** steps) {
+    char pattern[4400];
+    snprintf(pattern, sizeof(pattern), "%s/state_*.complete", dir);
+    glob_t g;
+    int n = 0;
+    *steps = NULL;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        *steps = (int*)xmalloc(sizeof(int) * g.gl_pathc);
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            const char* base = strrchr(g.gl_pathv[i], '/');
+            (*steps)[n++] = atoi((base ? base + 1 : g.gl_pathv[i]) + 6);
+        }
+        globfree(&g);
+        qsort(*steps, (size_t)n, sizeof(int), int_compare);
+    }
+    return n;
+}
+
 /* Retention: keep the newest --keep-last complete states and every step
  * that is a multiple of --keep-every; remove the rest. Markers go first (so
  * a half-removed step is never taken for complete), then, after every rank
  * has seen the same list, each rank's own files. */
 static void state_prune(const Dist* d, const Options* o) {
     if (o->keep_last <= 0) return;
-    char pattern[4400], path[4400];
-    snprintf(pattern, sizeof(pattern), "%s/state_*.complete", o->output_dir);
-    glob_t g;
-    int n = 0, *steps = NULL;
-    if (glob(pattern, 0, NULL, &g) == 0) {
-        steps = (int*)xmalloc(sizeof(int) * g.gl_pathc);
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            const char* base = strrchr(g.gl_pathv[i], '/');
-            steps[n++] = atoi((base ? base + 1 : g.gl_pathv[i]) + 6);
-        }
-        globfree(&g);
-    }
-    if (n > 0) qsort(steps, (size_t)n, sizeof(int), int_compare);
+    char path[4400];
+    int* steps;
+    int n = state_complete_steps(o->output_dir, &steps);
     dist_barrier(d); /* everyone has the list before a marker goes */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < n - o->keep_last; i++) {
@@ -4654,47 +4865,153 @@ static void state_prune(const Dist* d, const Options* o) {
     free(steps);
 }
 
-/* Saving in two phases. At a step boundary the state is copied into host
- * memory: the only stall, three memcpys, measured and printed. A background
- * thread then writes the copy (CRC32C, temporary name, fsync, rename) while
- * training goes on. A new snapshot first waits for the previous write, so at
- * most one copy is held. A step is marked complete (state_<step>.complete,
- * by rank 0) only when every rank's write has succeeded; the ranks compare
- * notes on the main thread at the next snapshot or at the end, since MPI is
- * only called from there. A failed write (disk full...) leaves the previous
- * complete state the newest, with a warning, and training continues. */
+/* Where the snapshot slots of this run live: <shm-dir>/gptc-<tag>-state<of>-at<at>-<k>.bin,
+ * the state of rank `of` kept by rank `at` (its own when of == at, else the
+ * replica of its neighbour's), slot k; tag = a hash of the output folder's
+ * absolute path, so a restarted run finds its memory and two runs never
+ * share it. k = -1: the file a replica arrives in when recovering. */
+static void slot_path(char* out, size_t cap, const Options* o, int of, int at, int k) {
+    char real[4096];
+    const char* dir = realpath(o->output_dir, real) ? real : o->output_dir;
+    uint64_t tag = fnv1a(0xCBF29CE484222325ull, dir, strlen(dir));
+    if (k >= 0) snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-%d.bin", o->shm_dir, (unsigned long long)tag, of, at, k);
+    else snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-incoming.bin", o->shm_dir, (unsigned long long)tag, of, at);
+}
+
+/* Snapshots and saving, in two phases (CheckFreq, Mohan et al. 2021):
+ * at a step boundary a background thread copies the weights and moments
+ * into a snapshot slot while the next step's forward and backward run (they
+ * only read them); the trainer waits for the copy only before its next
+ * update, so the stall is what the copy did not hide (measured and
+ * printed). The same thread then writes the record's checksums. Next:
+ *   - every --snapshot-every steps the record stays in /dev/shm (three
+ *     slots: two taking turns, one more for the disk writer to hold) and is
+ *     sent to rank (r+1) mod W, which keeps it in one of two replica slots
+ *     (non-blocking MPI, progressed by the step's own collectives);
+ *   - every --save-every steps a second thread writes it to disk (state file
+ *     per rank, model file by rank 0); when every rank's write succeeded,
+ *     rank 0 writes state_<step>.complete. The ranks compare notes on the
+ *     main thread at step boundaries (MPI is only called from there). A
+ *     failed write (disk full...) leaves the previous complete state the
+ *     newest, with a warning, and training continues (protected by the
+ *     memory snapshots when they are on).
+ * With --save-async 0 everything happens at the step boundary instead, the
+ * usual synchronous way (for comparison: make bench-failover). */
+#define OWN_SLOTS 3
+#define HELD_SLOTS 2
 typedef struct {
-    pthread_t thread;
-    int busy;            /* a write is in flight */
-    int pending_step;    /* written (or being written), not yet marked; -1 none */
-    int result;          /* the write's outcome, 0 = ok */
+    int memory;            /* --snapshot-every > 0: slots in shm, replicas */
+    int nslots;            /* own slots in use: OWN_SLOTS, or 1 when only saving to disk */
+    Slot own[OWN_SLOTS];
+    Slot held[HELD_SLOTS]; /* replicas of rank (r - 1) mod W */
+    int newest;            /* own slot with the newest complete snapshot, -1 none */
+    int held_next;         /* the held slot the next replica goes to */
+    /* the copier (phase one) */
+    pthread_t copier;
+    int copier_busy;       /* a thread was started and not joined */
+    int copied;            /* set by the copier once the arrays are copied */
+    int confirmed;         /* the trainer saw `copied` (so every rank joins the copier at the same boundary) */
+    int fill;              /* the slot it fills */
+    int fill_save;         /* that snapshot also goes to disk */
     StateInfo info;
-    char path[4400];
-    float* params;       /* (P) the snapshot */
-    float* m;            /* (hi - lo) */
-    float* v;            /* (hi - lo) */
-    size_t cap_p, cap_n;
-    double t_start;      /* when the snapshot began: the time to a durable state */
+    const float *params, *m, *v;
+    double t_snap;         /* when the snapshot began */
+    /* the disk writer (phase two) */
+    pthread_t writer;
+    int writer_busy;
+    int written;           /* set by the writer when done */
+    int write_result;      /* 0 = ok */
+    int pinned;            /* the slot it reads, -1 none */
+    int write_step;
+    char state_file[4400], model_file[4400];
+    GPT2Config config;
+    /* figures */
+    double stall_ms, disk_wait_ms, max_stall_ms;
+    int snapshots;
+#ifdef USE_MPI
+    MPI_Request send[OWN_SLOTS];  /* replica of own slot k on its way to rank r + 1 */
+    MPI_Request recv[HELD_SLOTS]; /* replica arriving from rank r - 1 */
+#endif
 } Saver;
 
-static void* saver_thread(void* arg) {
+static void* saver_copier_main(void* arg) {
     Saver* sv = (Saver*)arg;
-    sv->result = state_write(sv->path, &sv->info, sv->params, sv->m, sv->v);
+    slot_fill(&sv->own[sv->fill], &sv->info, sv->params, sv->m, sv->v, &sv->copied);
     return NULL;
 }
 
-/* Wait for the write in flight, then (all ranks together) mark its step. */
-static void saver_finish(Saver* sv, const Dist* d, const Options* o) {
-    if (sv->busy) {
-        CHECK(pthread_join(sv->thread, NULL) == 0, "cannot join the state writer thread");
-        sv->busy = 0;
+static void* saver_writer_main(void* arg) {
+    Saver* sv = (Saver*)arg;
+    const Slot* sl = &sv->own[sv->pinned];
+    WriteChunk chunk = {sl->base, sl->bytes};
+    int rc = write_file_atomic(sv->state_file, &chunk, 1);
+    if (rc == 0 && sv->model_file[0])
+        rc = model_file_write(sv->model_file, &sv->config, (const float*)(sl->base + STATE_HEADER_BYTES));
+    sv->write_result = rc;
+    __atomic_store_n(&sv->written, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Map the slots. Returns 0 or -1 (with a message on this rank; collective). */
+static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options* o) {
+    memset(sv, 0, sizeof(*sv));
+    sv->newest = sv->pinned = -1;
+#ifdef USE_MPI
+    for (int k = 0; k < OWN_SLOTS; k++) sv->send[k] = MPI_REQUEST_NULL;
+    for (int k = 0; k < HELD_SLOTS; k++) sv->recv[k] = MPI_REQUEST_NULL;
+#endif
+    if (!o->output_dir[0]) return 0;
+    sv->memory = o->snapshot_every > 0;
+    sv->nslots = sv->memory ? OWN_SLOTS : 1;
+    size_t bytes = state_bytes(model->num_parameters, d->hi - d->lo);
+    CHECK(d->world == 1 || bytes / 4 <= (size_t)INT32_MAX, "a state of %zu bytes is too large for one MPI message", bytes);
+    int ok = 1;
+    char path[4400];
+    for (int k = 0; k < sv->nslots && ok; k++) {
+        slot_path(path, sizeof(path), o, d->rank, d->rank, k);
+        ok = slot_map(&sv->own[k], sv->memory ? path : NULL, bytes) == 0;
     }
-    if (sv->pending_step < 0) return;
-    int step = sv->pending_step;
-    sv->pending_step = -1;
-    if (dist_sum(d, sv->result == 0) < d->world) {
-        fprintf(stderr, "warning: rank %d: the training state of step %d is incomplete; the previous one stays the "
-                "newest, training continues\n", d->rank, step);
+    for (int k = 0; k < HELD_SLOTS && ok && sv->memory && d->world > 1; k++) {
+        int of = (d->rank + d->world - 1) % d->world;
+        slot_path(path, sizeof(path), o, of, d->rank, k);
+        size_t lo, hi;
+        dist_range(d, model->num_parameters, of, &lo, &hi);
+        ok = slot_map(&sv->held[k], path, state_bytes(model->num_parameters, hi - lo)) == 0;
+    }
+    if (dist_sum(d, ok) < d->world) return -1;
+    if (sv->memory)
+        printf("snapshots: every %d step(s) to %s (%d slots of %.2f GB%s)%s\n", o->snapshot_every, o->shm_dir,
+               sv->nslots, bytes / 1e9, d->world > 1 ? ", and a replica at rank (r+1) mod W" : "",
+               o->save_async ? "" : "; synchronous (--save-async 0)");
+    return 0;
+}
+
+/* The previous snapshot's copy must be done before the trainer changes its
+ * weights: call before each update. The wait is the snapshot's stall. */
+static void saver_before_update(Saver* sv) {
+    if (!sv->copier_busy) return;
+    sv->confirmed = 1;
+    if (__atomic_load_n(&sv->copied, __ATOMIC_ACQUIRE)) return;
+    double t0 = time_ms();
+    while (!__atomic_load_n(&sv->copied, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = {0, 20000}; /* 20 us */
+        nanosleep(&ts, NULL);
+    }
+    double ms = time_ms() - t0;
+    sv->stall_ms += ms;
+    if (ms > sv->max_stall_ms) sv->max_stall_ms = ms;
+}
+
+/* The disk writer is done: every rank's result decides the marker. */
+static void saver_mark(Saver* sv, const Dist* d, const Options* o) {
+    CHECK(pthread_join(sv->writer, NULL) == 0, "cannot join the state writer thread");
+    sv->writer_busy = 0;
+    sv->pinned = -1;
+    int step = sv->write_step;
+    if (dist_sum(d, sv->write_result == 0) < d->world) {
+        fprintf(stderr, "warning: rank %d: the training state of step %d is incomplete on disk; the previous one stays "
+                "the newest there, training continues%s\n", d->rank, step,
+                sv->memory ? " (protected by the memory snapshots)" : "");
         return;
     }
     if (d->rank == 0) {
@@ -4702,105 +5019,348 @@ static void saver_finish(Saver* sv, const Dist* d, const Options* o) {
         state_path(path, sizeof(path), o->output_dir, step, -1);
         WriteChunk c = {"complete\n", 9};
         if (write_file_atomic(path, &c, 1) == 0)
-            printf("training state of step %d complete on disk (%.0f ms after its snapshot)\n", step,
-                   time_ms() - sv->t_start);
+            printf("saved step %d: training state complete on disk (%.0f ms after its snapshot), model in %s\n", step,
+                   time_ms() - sv->t_snap, sv->model_file);
     }
     state_prune(d, o);
 }
 
-/* Phase one: copy the state (the stall), then hand it to the writer. */
-static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GPT2* model, const Options* o, int step) {
-    if (!o->output_dir[0]) return;
-    saver_finish(sv, d, o); /* bounded memory: one snapshot at a time */
-    double t0 = time_ms();
-    StateInfo s = state_info_of(r, d, model, o, step);
-    size_t n = s.hi - s.lo;
-    if (sv->cap_p < s.P || sv->cap_n < n) {
-        free(sv->params);
-        free(sv->m);
-        free(sv->v);
-        sv->params = xmalloc_floats(s.P);
-        sv->m = xmalloc_floats(n);
-        sv->v = xmalloc_floats(n);
-        sv->cap_p = s.P;
-        sv->cap_n = n;
+/* At a step boundary: finish what the background threads have finished.
+ * `wait`: wait for all of it (the end of the run). Collective. */
+static void saver_poll(Saver* sv, const Dist* d, const Options* o, int wait) {
+    if (sv->copier_busy && (wait || sv->confirmed)) {
+        /* the copy is done; the checksums take a little longer (counted in the stall) */
+        double t0 = time_ms();
+        CHECK(pthread_join(sv->copier, NULL) == 0, "cannot join the snapshot thread");
+        sv->stall_ms += time_ms() - t0;
+        sv->copier_busy = 0;
+        int k = sv->fill;
+        sv->newest = k;
+        sv->snapshots++;
+#ifdef USE_MPI
+        if (sv->memory && d->world > 1) { /* the replica: to r + 1, from r - 1 */
+            int to = (d->rank + 1) % d->world, from = (d->rank + d->world - 1) % d->world;
+            int j = sv->held_next;
+            sv->held_next = (j + 1) % HELD_SLOTS;
+            MPI_CHECK(MPI_Wait(&sv->recv[j], MPI_STATUS_IGNORE));
+            MPI_CHECK(MPI_Irecv(sv->held[j].base, (int)(sv->held[j].bytes / 4), MPI_FLOAT, from, 7, MPI_COMM_WORLD,
+                                &sv->recv[j]));
+            MPI_CHECK(MPI_Isend(sv->own[k].base, (int)(sv->own[k].bytes / 4), MPI_FLOAT, to, 7, MPI_COMM_WORLD,
+                                &sv->send[k]));
+        }
+#endif
+        if (sv->fill_save) { /* phase two: to disk, by the writer, from this slot */
+            if (sv->writer_busy) { /* the disk is slower than the saves: wait (bounded memory) */
+                double t0 = time_ms();
+                while (!__atomic_load_n(&sv->written, __ATOMIC_ACQUIRE)) {
+                    struct timespec ts = {0, 1000000};
+                    nanosleep(&ts, NULL);
+                }
+                saver_mark(sv, d, o);
+                sv->disk_wait_ms += time_ms() - t0;
+            }
+            sv->pinned = k;
+            sv->write_step = sv->info.step;
+            sv->written = 0;
+            sv->write_result = -1;
+            state_path(sv->state_file, sizeof(sv->state_file), o->output_dir, sv->info.step, d->rank);
+            sv->model_file[0] = '\0';
+            if (d->rank == 0)
+                snprintf(sv->model_file, sizeof(sv->model_file), "%s/model_%08d.bin", o->output_dir, sv->info.step);
+            sv->config = sv->info.config;
+            CHECK(pthread_create(&sv->writer, NULL, saver_writer_main, sv) == 0, "cannot start the state writer thread");
+            sv->writer_busy = 1;
+        }
     }
-    memcpy(sv->params, model->params_memory, s.P * sizeof(float));
-    memcpy(sv->m, model->m_memory, n * sizeof(float));
-    memcpy(sv->v, model->v_memory, n * sizeof(float));
-    sv->info = s;
-    state_path(sv->path, sizeof(sv->path), o->output_dir, step, d->rank);
-    sv->t_start = t0;
-    sv->pending_step = step;
-    sv->result = -1;
-    CHECK(pthread_create(&sv->thread, NULL, saver_thread, sv) == 0, "cannot start the state writer thread");
-    sv->busy = 1;
-    printf("snapshot of step %d: %.1f ms stall (copy to memory); written in the background\n", step, time_ms() - t0);
+    if (sv->writer_busy) { /* every rank's write done? (decided together) */
+        if (wait)
+            while (!__atomic_load_n(&sv->written, __ATOMIC_ACQUIRE)) {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+            }
+        if (dist_sum(d, __atomic_load_n(&sv->written, __ATOMIC_ACQUIRE)) == d->world) saver_mark(sv, d, o);
+    }
+#ifdef USE_MPI
+    if (wait) {
+        MPI_CHECK(MPI_Waitall(OWN_SLOTS, sv->send, MPI_STATUSES_IGNORE));
+        MPI_CHECK(MPI_Waitall(HELD_SLOTS, sv->recv, MPI_STATUSES_IGNORE));
+    }
+#endif
 }
 
-static void saver_free(Saver* sv) {
-    free(sv->params);
-    free(sv->m);
-    free(sv->v);
+/* Phase one, at the boundary after step `step`: start copying the state
+ * into a free slot. `save`: it also goes to disk. */
+static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GPT2* model, const Options* o, int step,
+                           int save) {
+    if (!o->output_dir[0]) return;
+    saver_poll(sv, d, o, 0);
+    if (sv->copier_busy) { /* snapshots closer together than a copy takes */
+        saver_before_update(sv);
+        saver_poll(sv, d, o, 0);
+    }
+    int k = 0;
+    while (k < sv->nslots && (k == sv->newest || k == sv->pinned)) k++;
+    if (k == sv->nslots) { /* one slot (disk only): it is pinned by the writer, wait for it */
+        saver_poll(sv, d, o, 1);
+        k = 0;
+    }
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Wait(&sv->send[k], MPI_STATUS_IGNORE)); /* its last replica has left */
+#endif
+    sv->fill = k;
+    sv->fill_save = save;
+    sv->info = state_info_of(r, d, model, o, step);
+    sv->params = model->params_memory;
+    sv->m = model->m_memory;
+    sv->v = model->v_memory;
+    sv->copied = sv->confirmed = 0;
+    sv->t_snap = time_ms();
+    CHECK(pthread_create(&sv->copier, NULL, saver_copier_main, sv) == 0, "cannot start the snapshot thread");
+    sv->copier_busy = 1;
+    if (!o->save_async) { /* the synchronous way: all of it now */
+        double t0 = time_ms();
+        saver_poll(sv, d, o, 1);
+        double ms = time_ms() - t0;
+        sv->stall_ms += ms;
+        if (ms > sv->max_stall_ms) sv->max_stall_ms = ms;
+    }
+}
+
+/* Take back the newest snapshot in memory (a rollback): weights, moments
+ * and the sampler; the data loader stays where it is, so the batches since
+ * are skipped. Returns its step, or -1 when there is none. */
+static int saver_restore_newest(Saver* sv, TrainRun* r, const Dist* d, GPT2* model, const Options* o) {
+    saver_before_update(sv);
+    saver_poll(sv, d, o, 0);
+    if (sv->newest < 0) return -1;
+    const Slot* sl = &sv->own[sv->newest];
+    const int32_t* h = (const int32_t*)sl->base;
+    size_t P = model->num_parameters, n = d->hi - d->lo;
+    const float* src = (const float*)(sl->base + STATE_HEADER_BYTES);
+    memcpy(model->params_memory, src, P * sizeof(float));
+    memcpy(model->m_memory, src + P, n * sizeof(float));
+    memcpy(model->v_memory, src + P + n, n * sizeof(float));
+    r->sample_rng.state = (uint64_t)get_i64(h, 28);
+    return h[2];
+}
+
+static void saver_free(Saver* sv, int remove_memory) {
+    for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
+    for (int k = 0; k < HELD_SLOTS; k++) slot_unmap(&sv->held[k], remove_memory);
     memset(sv, 0, sizeof(*sv));
-    sv->pending_step = -1;
 }
 
-/* Continue from the newest complete state in --output-dir that every rank
- * can read intact: a corrupt or missing newest state falls back to the one
- * before, with a warning. Returns the step to continue from (0 when there is
- * none), or -1 when a state exists but belongs to an incompatible run. */
-static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o) {
-    char pattern[4400];
-    snprintf(pattern, sizeof(pattern), "%s/state_*.complete", o->output_dir);
-    glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        printf("resume: no complete training state in %s: starting from step 0\n", o->output_dir);
+/* Why a state `s` cannot continue this run (`now`), or NULL. A state from
+ * another number of ranks or another --zero is fine from disk (every rank
+ * reads the parts of the moments its shard needs: resharding) as long as
+ * the tokens per step and T are the same; a snapshot in memory is one
+ * rank's and needs the same layout. */
+static const char* state_differs(const StateInfo* s, const StateInfo* now, int same_layout) {
+    return memcmp(&s->config, &now->config, sizeof(GPT2Config)) ? "the model's shape"
+           : s->T != now->T ? "--seq-len"
+           : s->total != now->total ? "--total-batch-size (tokens per step)"
+           : s->seed != now->seed ? "--seed"
+           : s->shuffle != now->shuffle ? "--shuffle"
+           : same_layout && (s->world != now->world || s->zero != now->zero || s->B != now->B ||
+                             s->lo != now->lo || s->hi != now->hi) ? "the ranks' layout" : NULL;
+}
+
+/* The run's nonce: <dir>/run.id, written (by rank 0) when a run starts from
+ * step 0. Snapshots in memory carry it, so memory left by another run in
+ * the same folder (wiped and restarted) is never taken for this one's. */
+static uint64_t run_nonce(const Dist* d, const Options* o, int create) {
+    char path[4400];
+    snprintf(path, sizeof(path), "%s/run.id", o->output_dir);
+    unsigned long long nonce = 0;
+    if (create && d->rank == 0) {
+        nonce = ((uint64_t)unix_ms() << 20) ^ (uint64_t)getpid() ^ ((uint64_t)rand() << 40);
+        char text[32];
+        int n = snprintf(text, sizeof(text), "%016llx\n", nonce);
+        WriteChunk c = {text, (size_t)n};
+        if (write_file_atomic(path, &c, 1) != 0) nonce = 0;
+    }
+    dist_barrier(d);
+    FILE* f = fopen(path, "r");
+    if (f) {
+        if (fscanf(f, "%llx", &nonce) != 1) nonce = 0;
+        fclose(f);
+    }
+    return nonce;
+}
+
+/* Load a state from disk for this rank: its own file when the layout is
+ * the same, else (resharding) the weights from rank 0's file and each part
+ * of this rank's moments from the file of the old rank that held it. */
+static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Options* o, int step, StateInfo* out) {
+    char path[4400];
+    int32_t h[HEADER_INTS];
+    StateInfo s0, s;
+    StateInfo now = state_info_of(r, d, model, o, step);
+    state_path(path, sizeof(path), o->output_dir, step, 0);
+    if (state_read_header(path, &s0, h, 0) != 0) return -1;
+    int same = s0.world == now.world && s0.zero == now.zero && s0.B == now.B;
+    if (same) {
+        state_path(path, sizeof(path), o->output_dir, step, d->rank);
+        if (state_read_header(path, &s, h, 0) != 0) return -1;
+        if (state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) != 0)
+            return -1;
+        *out = s;
         return 0;
     }
-    for (size_t i = g.gl_pathc; i-- > 0;) { /* glob sorts: newest (largest step) last */
-        const char* base = strrchr(g.gl_pathv[i], '/');
-        int step = atoi((base ? base + 1 : g.gl_pathv[i]) + 6);
-        char path[4400];
-        state_path(path, sizeof(path), o->output_dir, step, d->rank);
-        StateInfo s;
-        int32_t h[HEADER_INTS];
-        int ok = state_read_header(path, &s, h, 0) == 0;
-        const char* differs = NULL;
-        if (ok) {
-            StateInfo now = state_info_of(r, d, model, o, step);
-            differs = s.world != now.world ? "the number of ranks (resharding is not implemented)"
-                      : (s.zero != 0) != (now.zero != 0) ? "--zero (plain vs sharded; ZeRO-1 and ZeRO-2 states are alike)"
-                      : memcmp(&s.config, &now.config, sizeof(GPT2Config)) ? "the model's shape"
-                      : s.B != now.B ? "--batch-size"
-                      : s.T != now.T ? "--seq-len"
-                      : s.total != now.total ? "--total-batch-size"
-                      : s.seed != now.seed ? "--seed"
-                      : s.shuffle != now.shuffle ? "--shuffle"
-                      : s.lo != now.lo || s.hi != now.hi ? "the shard" : NULL;
-        }
-        /* decided together: a rank that returned alone would leave the
-         * others waiting in the next collective */
-        if (differs)
-            fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new --output-dir or "
-                    "run with the same settings\n", path, differs);
-        if (dist_sum(d, differs != NULL) > 0) {
-            globfree(&g);
-            return -1;
-        }
-        ok = ok && state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory) == 0 &&
-             dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
-        if (dist_sum(d, ok) == d->world) {
-            r->sample_rng.state = s.sample_rng;
-            printf("resume: continuing after step %d from %s\n", step, o->output_dir);
-            globfree(&g);
-            return step;
-        }
-        fprintf(stderr, "warning: the training state of step %d is not usable on every rank; trying the one before\n", step);
+    if (d->rank == 0)
+        printf("resume: resharding the state of %d rank(s) (--zero %d, B=%d) onto %d (--zero %d, B=%d)\n", s0.world,
+               s0.zero, s0.B, now.world, now.zero, now.B);
+    if (state_read_arrays(path, &s0, h, model->params_memory, NULL, NULL, 0, 0) != 0) return -1;
+    for (int j = 0; j < s0.world; j++) {
+        state_path(path, sizeof(path), o->output_dir, step, j);
+        if (state_read_header(path, &s, h, 0) != 0) return -1;
+        if (s.hi <= d->lo || s.lo >= d->hi || s.lo == s.hi) continue; /* holds none of this rank's moments */
+        if (state_read_arrays(path, &s, h, NULL, model->m_memory, model->v_memory, d->lo, d->hi) != 0) return -1;
+        if (s.lo <= d->lo && s.hi >= d->hi) break; /* a plain state: one file has them all */
     }
-    globfree(&g);
-    fprintf(stderr, "error: no usable training state in %s\n", o->output_dir);
-    return -1;
+    *out = s0;
+    return 0;
+}
+
+/* Continue from the freshest state that every rank can get, in order of
+ * preference: its own snapshot in memory (/dev/shm, survives the process),
+ * the replica its neighbour (r+1) mod W keeps of it, the newest complete
+ * state on disk. The ranks first agree on the newest step complete
+ * everywhere, then load; a corrupt or missing copy falls back to the next
+ * step, with a warning. Returns the step to continue from (0 when there is
+ * none), or -1 when a state of this run cannot continue it (a clear error:
+ * what differs). Collective. */
+typedef enum { SOURCE_NONE, SOURCE_OWN, SOURCE_REPLICA, SOURCE_DISK } StateSource;
+static const char* const SOURCE_NAMES[4] = {"nowhere", "its own snapshot in memory", "the neighbour's replica",
+                                            "disk"};
+
+static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, StateSource* source_out) {
+    int W = d->world, me = d->rank, next = (me + 1) % W, prev = (me + W - 1) % W;
+    StateInfo now = state_info_of(r, d, model, o, 0), s;
+    int32_t h[HEADER_INTS];
+    char path[4400];
+    /* what each rank holds in memory: 3 own slots, 2 replicas of its predecessor */
+    int mine[OWN_SLOTS + HELD_SLOTS];
+    for (int k = 0; k < OWN_SLOTS + HELD_SLOTS; k++) {
+        int own = k < OWN_SLOTS;
+        slot_path(path, sizeof(path), o, own ? me : prev, me, own ? k : k - OWN_SLOTS);
+        mine[k] = -1;
+        if (access(path, F_OK) == 0 && state_read_header(path, &s, h, 1) == 0 && r->nonce && s.nonce == r->nonce &&
+            s.rank == (own ? me : prev) && !state_differs(&s, &now, 0) && s.world == W && s.zero == now.zero && s.B == now.B)
+            mine[k] = s.step;
+    }
+    int* all = (int*)xmalloc(sizeof(int) * (OWN_SLOTS + HELD_SLOTS) * (size_t)W);
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Allgather(mine, OWN_SLOTS + HELD_SLOTS, MPI_INT, all, OWN_SLOTS + HELD_SLOTS, MPI_INT, MPI_COMM_WORLD));
+#else
+    memcpy(all, mine, sizeof(mine));
+#endif
+    int* disk;
+    int ndisk = state_complete_steps(o->output_dir, &disk);
+    /* every step anyone could offer, newest first */
+    int ncand = 0, *cand = (int*)xmalloc(sizeof(int) * ((OWN_SLOTS + HELD_SLOTS) * (size_t)W + (size_t)ndisk + 1));
+    for (int i = 0; i < (OWN_SLOTS + HELD_SLOTS) * W; i++)
+        if (all[i] > 0) cand[ncand++] = all[i];
+    for (int i = 0; i < ndisk; i++) cand[ncand++] = disk[i];
+    qsort(cand, (size_t)ncand, sizeof(int), int_compare);
+    int result = 0;
+    StateSource src = SOURCE_NONE;
+    for (int c = ncand - 1; c >= 0; c--) {
+        int step = cand[c];
+        if (c < ncand - 1 && cand[c + 1] == step) continue; /* tried */
+        int own_slot = -1, held_by_next = 0, on_disk = 0;
+        for (int k = 0; k < OWN_SLOTS; k++)
+            if (all[me * (OWN_SLOTS + HELD_SLOTS) + k] == step) own_slot = k;
+        for (int k = OWN_SLOTS; k < OWN_SLOTS + HELD_SLOTS; k++)
+            if (W > 1 && all[next * (OWN_SLOTS + HELD_SLOTS) + k] == step) held_by_next = 1;
+        for (int i = 0; i < ndisk; i++) on_disk |= disk[i] == step;
+        src = own_slot >= 0 ? SOURCE_OWN : held_by_next ? SOURCE_REPLICA : on_disk ? SOURCE_DISK : SOURCE_NONE;
+        if (dist_sum(d, src == SOURCE_NONE) > 0) continue; /* not complete everywhere */
+        /* a disk state of this run that cannot continue it: refuse, together */
+        const char* differs = NULL;
+        if (src == SOURCE_DISK) {
+            state_path(path, sizeof(path), o->output_dir, step, 0);
+            if (state_read_header(path, &s, h, 1) == 0 && (differs = state_differs(&s, &now, 0)))
+                fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new --output-dir "
+                        "or run with the same settings\n", path, differs);
+        }
+        if (dist_sum(d, differs != NULL) > 0) {
+            result = -1;
+            break;
+        }
+        /* a replica travels back to its owner: who needs one? */
+        int need = src == SOURCE_REPLICA, prev_needs = 0;
+#ifdef USE_MPI
+        int* needs = (int*)xmalloc(sizeof(int) * (size_t)W);
+        MPI_CHECK(MPI_Allgather(&need, 1, MPI_INT, needs, 1, MPI_INT, MPI_COMM_WORLD));
+        prev_needs = W > 1 && needs[prev];
+        free(needs);
+        if (prev_needs) { /* send the replica of prev's state that this rank holds */
+            int k = OWN_SLOTS;
+            while (all[me * (OWN_SLOTS + HELD_SLOTS) + k] != step) k++;
+            slot_path(path, sizeof(path), o, prev, me, k - OWN_SLOTS);
+            size_t bytes = 0;
+            char* buf = file_read_all(path, &bytes);
+            long long n = buf ? (long long)bytes / 4 : 0;
+            MPI_CHECK(MPI_Send(&n, 1, MPI_LONG_LONG, prev, 8, MPI_COMM_WORLD));
+            if (n) MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, prev, 9, MPI_COMM_WORLD));
+            free(buf);
+        }
+        if (need) { /* receive it into a file beside the slots, then read it like any state */
+            long long n = 0;
+            MPI_CHECK(MPI_Recv(&n, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+            float* buf = xmalloc_floats(n ? (size_t)n : 1);
+            if (n) MPI_CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, next, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+            slot_path(path, sizeof(path), o, me, me, -1);
+            WriteChunk chunk = {buf, (size_t)n * 4};
+            if (write_file_atomic(path, &chunk, 1) != 0) n = 0;
+            free(buf);
+        }
+#endif
+        (void)prev_needs;
+        (void)need;
+        int ok;
+        if (src == SOURCE_DISK) {
+            ok = state_load_disk(r, d, model, o, step, &s) == 0;
+        } else {
+            slot_path(path, sizeof(path), o, me, me, src == SOURCE_OWN ? own_slot : -1);
+            ok = state_read_header(path, &s, h, 0) == 0 && s.step == step &&
+                 state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
+            if (src == SOURCE_REPLICA) remove(path);
+        }
+        ok = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
+        if (dist_sum(d, ok) == W) {
+            r->sample_rng.state = s.sample_rng;
+            r->watch = s.watch;
+            result = step;
+            break;
+        }
+        fprintf(stderr, "warning: rank %d: the training state of step %d is not usable on every rank (this rank: %s, "
+                "%s); trying the one before\n", me, step, SOURCE_NAMES[src], ok ? "fine" : "unreadable");
+        src = SOURCE_NONE;
+    }
+    if (result == 0 && ncand > 0) {
+        fprintf(stderr, "error: no usable training state in %s (or in memory)\n", o->output_dir);
+        result = -1;
+    }
+    if (result == 0 && d->rank == 0) printf("resume: no training state in %s or in memory: starting from step 0\n", o->output_dir);
+    if (result > 0) { /* say where each rank's state came from */
+        int* srcs = (int*)xmalloc(sizeof(int) * (size_t)W);
+        int mine_src = (int)src;
+#ifdef USE_MPI
+        MPI_CHECK(MPI_Allgather(&mine_src, 1, MPI_INT, srcs, 1, MPI_INT, MPI_COMM_WORLD));
+#else
+        srcs[0] = mine_src;
+#endif
+        printf("resume: continuing after step %d;", result);
+        for (int q = 0; q < W; q++) printf(" rank %d from %s%s", q, SOURCE_NAMES[srcs[q]], q + 1 < W ? "," : "\n");
+        free(srcs);
+    }
+    *source_out = src;
+    free(cand);
+    free(disk);
+    free(all);
+    return result;
 }
 
 /* --heartbeat: after every step rank 0 rewrites a small file with the step
@@ -4822,8 +5382,26 @@ static void timing_print(const Dist* d, const char* what, double unix_now) {
     fflush(stdout);
 }
 
-/* The training loop, with validation, samples, logging and checkpoints,
- * on one process or as one rank of several (section 9). */
+/* Test hooks (for scripts/test_failover.sh): GPTC_INJECT_NAN and
+ * GPTC_INJECT_SPIKE list steps (1-based, comma-separated) at which rank 0
+ * puts a NaN into its gradients, or at which the loss the spike detector
+ * sees is raised by 100. Said aloud when set. */
+static int inject_at(const char* var, int step) {
+    const char* list = getenv(var);
+    if (!list) return 0;
+    for (const char* p = list; *p;) {
+        char* end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        if (v == step) return 1;
+        p = *end == ',' ? end + 1 : end;
+        if (end == p) break;
+    }
+    return 0;
+}
+
+/* The training loop, with validation, samples, logging, snapshots and
+ * checkpoints, on one process or as one rank of several (section 9). */
 static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                  const char* val_pattern, Dist* dist) {
     TrainRun r;
@@ -4840,14 +5418,20 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
            "gradients %zu floats\n", dist->world, modes[dist->zero], dist->shard, dist->shard * dist->world, opt_floats,
            dist->grad_floats);
+    if (getenv("GPTC_INJECT_NAN") || getenv("GPTC_INJECT_SPIKE"))
+        printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n",
+               getenv("GPTC_INJECT_NAN") ? getenv("GPTC_INJECT_NAN") : "", getenv("GPTC_INJECT_SPIKE") ? getenv("GPTC_INJECT_SPIKE") : "");
     timing_print(dist, "communicator ready", dist->t_comm);
     int start = 0;
-    if (o->resume && (start = state_resume(&r, dist, model, o)) < 0) return -1;
+    StateSource source = SOURCE_NONE;
+    if (o->output_dir[0]) r.nonce = run_nonce(dist, o, 0);
+    if (o->resume && (start = state_resume(&r, dist, model, o, &source)) < 0) return -1;
+    if (o->output_dir[0] && start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
     timing_print(dist, "state loaded", unix_ms());
-    heartbeat_write(o, r.rank, start);
     Saver saver;
-    memset(&saver, 0, sizeof(saver));
-    saver.pending_step = -1;
+    if (saver_init(&saver, dist, model, o) != 0) return -1;
+    heartbeat_write(o, r.rank, start);
+    int rollbacks = 0;
     for (int step = start; step <= r.steps; step++) {
         if (train_run_val_due(&r, o, step) && (step > start || start == 0))
             train_run_log_val(&r, step, (float)(dist_sum(dist, evaluate(model, &r.val, o->val_batches)) / r.world));
@@ -4863,21 +5447,44 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
             gpt2_backward(model, 1.0f / ((float)r.grad_accum * r.world));
         }
         loss = dist_sum(dist, loss) / r.world;
+        if (r.rank == 0 && inject_at("GPTC_INJECT_NAN", step + 1)) model->grads_memory[0] = NAN;
+        double z = 0.0;
+        int spike = losswatch_spike(&r.watch, loss + (inject_at("GPTC_INJECT_SPIKE", step + 1) ? 100.0 : 0.0),
+                                    o->spike_z, &z);
         float lr = (float)lr_at(&r.sched, step);
         int finite = 0;
-        double norm = dist_step(dist, model, &r.opt, o->grad_clip, lr, step + 1, loss, &finite);
+        saver_before_update(&saver); /* the last snapshot's copy must be done before the weights change */
+        double norm = dist_step(dist, model, &r.opt, o->grad_clip, lr, step + 1, loss, spike, &finite);
         train_run_log_step(&r, step, loss, lr, norm, time_ms() - t0, finite, "");
+        if (spike) printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, z, o->spike_z);
         if (step == start) timing_print(dist, "first step done", unix_ms());
         heartbeat_write(o, r.rank, step + 1);
-        int stop = o->stop_at > 0 && step + 1 == o->stop_at && step + 1 < r.steps;
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) || stop) {
-            if (r.rank == 0) checkpoint_save(model, o, step + 1);
-            saver_snapshot(&saver, &r, dist, model, o, step + 1);
+        if (finite && !spike) {
+            losswatch_accept(&r.watch, (float)loss);
+        } else if (++r.watch.bad_run >= o->rollback_after && o->rollback_after > 0) {
+            int back = saver_restore_newest(&saver, &r, dist, model, o);
+            if (back >= 0) {
+                printf("rollback: %d bad steps in a row; weights and moments back to the snapshot of step %d, "
+                       "skipping the batches of steps %d..%d\n", r.watch.bad_run, back, back + 1, step + 1);
+                r.watch.bad_run = 0;
+                rollbacks++;
+                step = back - 1; /* the loop's step++ continues after the snapshot's step */
+                continue;
+            }
+            printf("rollback: %d bad steps in a row but no snapshot in memory (--snapshot-every): skipping on\n",
+                   r.watch.bad_run);
         }
+        int done = step + 1;
+        int stop = o->stop_at > 0 && done == o->stop_at && done < r.steps;
+        int save = (o->save_every > 0 && done % o->save_every == 0 && done < r.steps) || stop;
+        int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r.steps;
+        if ((save || snap) && r.watch.bad_run == 0) saver_snapshot(&saver, &r, dist, model, o, done, save);
+        else saver_poll(&saver, dist, o, 0);
         if (stop) {
-            saver_finish(&saver, dist, o);
-            saver_free(&saver);
-            printf("stopping after step %d (--stop-at); continue with --resume 1\n", step + 1);
+            saver_before_update(&saver);
+            saver_poll(&saver, dist, o, 1);
+            printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
+            saver_free(&saver, 0); /* the memory stays for the next job on this host */
             train_run_free(&r);
             return 0;
         }
@@ -4889,10 +5496,16 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
                dist->gathered, model->num_parameters, wire, dist->comm_ms / r.steps, dist->exposed_ms / r.steps,
                dist->comm_ms > 0 ? 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms) : 0.0);
     }
-    if (r.rank == 0) checkpoint_save(model, o, r.steps);
-    saver_snapshot(&saver, &r, dist, model, o, r.steps);
-    saver_finish(&saver, dist, o);
-    saver_free(&saver);
+    if (saver.snapshots > 0)
+        printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
+               "in all\n", saver.snapshots, saver.stall_ms / saver.snapshots, saver.max_stall_ms, saver.disk_wait_ms);
+    if (rollbacks) printf("rollbacks: %d\n", rollbacks);
+    if (o->output_dir[0]) {
+        saver_snapshot(&saver, &r, dist, model, o, r.steps, 1); /* the final state and model */
+        saver_before_update(&saver);
+        saver_poll(&saver, dist, o, 1);
+    }
+    saver_free(&saver, 1); /* the run is over: its memory snapshots go */
     train_run_free(&r);
     return 0;
 }
