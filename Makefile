@@ -7,6 +7,7 @@
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
+#   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
@@ -149,6 +150,10 @@ train_gpt_mpi: train_gpt.c unicode_tables.h
 test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 	scripts/test_dp.sh ./train_gpt_mpi
 
+# SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
+test-failover: train_gpt train_gpt_mpi
+	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+
 # the training-step benchmark includes train_gpt.c, like the tests
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/bench_train.c $(LDLIBS)
@@ -216,4 +221,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu test_gpt_cu $(CUDA_DEV)
 
-.PHONY: all tokenizer train train-toy test test-dp bench-dp test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-failover bench-dp test-fast test-asan check-cxx bench clean

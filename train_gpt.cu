@@ -1,13 +1,14 @@
 /*
- * train_gpt.cu — GPT-2 pretraining on one NVIDIA GPU: the CUDA twin of train_gpt.c.
+ * train_gpt.cu — GPT-2 pretraining on NVIDIA GPUs: the CUDA twin of train_gpt.c.
  *
  * STATUS: not yet run on a GPU. Everything here compiles (sm_80, sm_90) but
- * no line of it has executed; see test_gpt.cu and scripts/gpu_check.sh for
- * the checks to run when a GPU is lent.
+ * no line of it has executed; see test_gpt.cu, scripts/gpu_check.sh and
+ * scripts/gpu_check_dp.sh for the checks to run when a GPU is lent.
  *
  * It #includes train_gpt.c for every host-side part (CLI, file formats,
- * tokenizer, data loader, schedules, sampling, checkpoints) and adds only
- * what differs on a GPU: device memory, kernels, cuBLASLt and mixed precision.
+ * tokenizer, data loader, schedules, sampling, checkpoints, the rendezvous)
+ * and adds only what differs on a GPU: device memory, kernels, cuBLASLt,
+ * mixed precision and NCCL collectives.
  *
  * Precision: bf16 parameters (a copy made from the master), bf16 activations
  * and activation gradients; fp32 master weights, AdamW moments and parameter
@@ -16,26 +17,38 @@
  * LayerNorm statistics, softmax statistics and the loss in fp32. The update
  * rounds master -> bf16 stochastically.
  *
+ * Data parallel (G6): one process per GPU, NCCL collectives on their own
+ * stream, each layer's gradients reduced while backward computes the layers
+ * below it; --zero 0 (allreduce), 1 (ZeRO-1: optimizer state sharded) or
+ * 2 (ZeRO-2: gradients sharded too). The ranks meet through MPI (a build
+ * with -DUSE_MPI, under mpirun or srun --mpi=pmix) or, without MPI, through
+ * a file or a TCP port (train_gpt.c's rendezvous). Launchers: scripts/
+ * launch_gpu.sh, slurm_gpu_pmix.sbatch, slurm_gpu_tcp.sbatch, run_gpt2.sh.
+ *
  * Build (see the Makefile's CUDA section for every flag):
- *   nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o train_gpt_cu train_gpt.cu -lcublasLt
+ *   nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o train_gpt_cu train_gpt.cu -lcublasLt -lnccl
  *   ./train_gpt_cu --model d12 --train-data "data/fineweb_train_*.bin" --batch-size 16 --seq-len 1024
+ *   mpirun -np 8 ./train_gpt_cu_mpi --init mpi --zero 1 ...     (make train_gpt_cu_mpi)
  * Same flags as train_gpt (./train_gpt_cu --help), plus the GPU-only ones in
- * CUDA_FLAGS below.
+ * CUDA_FLAGS_HELP below.
  *
  * Left out for now (honest list): flash-style attention (attention is
  * "variant 1": Q K^T and A V through batched cuBLASLt GEMMs with the T x T
  * probabilities kept per layer in bf16; the full square is computed, the
- * causal half wasted); activation recomputation; CUDA graphs; NCCL/multi-GPU;
- * a bf16 gradient-accumulation option; optimizer-state checkpoints.
+ * causal half wasted); activation recomputation; CUDA graphs; a bf16
+ * gradient-accumulation option; optimizer-state checkpoints (--resume);
+ * overlapping the ZeRO weight all-gather with the next forward.
  *
  * Banners:
- *   G1. Checked calls and device helpers
+ *   G1. Checked calls, host waits, device helpers
  *   G2. Kernels: encoder, layernorm, attention pieces, GELU, classifier,
- *       column sums (bias and LayerNorm parameter gradients), norm, AdamW
+ *       column sums (bias and LayerNorm parameter gradients), norm, AdamW,
+ *       the data-parallel layout (shard map, packing)
  *   G3. Matmul through cuBLASLt
  *   G4. The model on the GPU: memory, forward, backward, update
  *   G5. Throughput and MFU
- *   G6. Training loop and main
+ *   G6. Data parallel: start-up (MPI or rendezvous), NCCL, buckets and shards
+ *   G7. Training loop and main
  */
 #define GPTC_LIBRARY /* train_gpt.c without its main() */
 #include "train_gpt.c"
@@ -43,9 +56,11 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
+#include <nccl.h>
+#include <sched.h>
 
 /* ------------------------------------------------------------------------ */
-/* G1. Checked calls and device helpers                                     */
+/* G1. Checked calls, host waits, device helpers                            */
 /* ------------------------------------------------------------------------ */
 
 #define CUDA_CHECK(call)                                                              \
@@ -68,9 +83,62 @@
         }                                                                             \
     } while (0)
 
+/* ncclGetLastError names the cause (a peer that vanished, a network error)
+ * beyond the result code. The exit handler (G6) aborts the communicator, so
+ * the other ranks do not wait forever in a collective this one left. */
+#define NCCL_CHECK(call)                                                              \
+    do {                                                                              \
+        ncclResult_t nr_ = (call);                                                    \
+        if (nr_ != ncclSuccess) {                                                     \
+            fprintf(stderr, "error: %s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call, \
+                    ncclGetErrorString(nr_), ncclGetLastError(NULL));                 \
+            exit(EXIT_FAILURE);                                                       \
+        }                                                                             \
+    } while (0)
+
 /* After every launch: catches bad launch configurations at once. (Faults
  * inside a kernel surface at the next synchronising call.) */
 #define KERNEL_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* The communicator the host watches while it waits (G6 sets it; NULL with
+ * one process), and how long a wait may last. File scope because the exit
+ * handler (G6) needs the communicator too. */
+static ncclComm_t gpu_watched_comm = NULL;
+static double gpu_comm_timeout_s = 1800.0;
+
+/* Wait on the host until the work queued on `stream` (or, when `event` is
+ * given, up to that event) is done. Alone, a plain synchronize. With other
+ * ranks, poll instead: if a peer died, the NCCL kernels queued before would
+ * spin forever and a synchronize would never return; ncclCommGetAsyncError
+ * reports the broken connection, and a wait longer than --comm-timeout is
+ * taken for a hung peer. Either ends the process (the exit handler aborts
+ * the communicator, so the failure spreads instead of hanging). */
+static void gpu_wait(cudaStream_t stream, cudaEvent_t event) {
+    if (!gpu_watched_comm) {
+        if (event) CUDA_CHECK(cudaEventSynchronize(event));
+        else CUDA_CHECK(cudaStreamSynchronize(stream));
+        return;
+    }
+    double t0 = time_ms();
+    for (;;) {
+        cudaError_t st = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
+        if (st == cudaSuccess) return;
+        if (st != cudaErrorNotReady) CUDA_CHECK(st);
+        ncclResult_t async = ncclSuccess;
+        NCCL_CHECK(ncclCommGetAsyncError(gpu_watched_comm, &async));
+        if (async != ncclSuccess) {
+            fprintf(stderr, "error: NCCL reports %s (%s): another rank failed or the network broke; stopping\n",
+                    ncclGetErrorString(async), ncclGetLastError(NULL));
+            exit(EXIT_FAILURE);
+        }
+        if (time_ms() - t0 > gpu_comm_timeout_s * 1000.0) {
+            fprintf(stderr, "error: the GPU made no progress for %.0f s while waiting on a collective: another rank "
+                    "hangs or died without a word; stopping (--comm-timeout sets the limit)\n", gpu_comm_timeout_s);
+            exit(EXIT_FAILURE);
+        }
+        sched_yield();
+    }
+}
 
 typedef __nv_bfloat16 floatX; /* the storage type of parameters and activations */
 
@@ -537,12 +605,13 @@ __global__ void norm_squares_partial_kernel(float* partial, const float* g, size
     acc = block_sum(acc, shared);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
-__global__ void norm_finish_kernel(float* norm, const float* partial, int n) {
+/* out[0] = the sum of the partials, or its square root (the norm) */
+__global__ void norm_finish_kernel(float* out, const float* partial, int n, int take_sqrt) {
     __shared__ float shared[32];
     float acc = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
     acc = block_sum(acc, shared);
-    if (threadIdx.x == 0) norm[0] = sqrtf(acc);
+    if (threadIdx.x == 0) out[0] = take_sqrt ? sqrtf(acc) : acc;
 }
 
 /* ---- AdamW with stochastic rounding ------------------------------------ */
@@ -569,28 +638,40 @@ __device__ __forceinline__ floatX bf16_round_stochastic(float x, uint32_t random
     return floatX(raw);
 }
 
+/* Clip coefficient from the global norm: torch.nn.utils.clip_grad_norm_'s
+ * rule, as train_gpt.c's gradients_clip_to (max_norm <= 0: no clipping). */
+__device__ __forceinline__ float clip_coef(float norm, float max_norm) {
+    float coef = 1.0f;
+    if (max_norm > 0.0f && isfinite(norm)) {
+        float c = max_norm / (norm + 1e-6f);
+        if (c < 1.0f) coef = c;
+    }
+    return coef;
+}
+
+/* train_gpt.c's AdamW for one parameter (Loshchilov & Hutter 2019, Alg. 2):
+ * updates the moments *m, *v and returns the new master value. */
+__device__ __forceinline__ float adamw_element(float p, float g, float* m, float* v, float lr, float b1, float b2,
+                                               float bc1, float bc2, float eps, float wd) {
+    float mi = b1 * *m + (1.0f - b1) * g;
+    float vi = b2 * *v + (1.0f - b2) * g * g;
+    *m = mi;
+    *v = vi;
+    p = p - lr * wd * p;
+    return p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+}
+
 /* train_gpt.c's adamw_update for one tensor, on the fp32 master, with the
- * clip coefficient taken from the device-side norm (clip_grad_norm_'s rule,
- * as in gradients_clip), then the bf16 copy written with stochastic rounding. */
+ * clip coefficient taken from the device-side norm, then the bf16 copy
+ * written with stochastic rounding (element i of the tensor, `seed` for this
+ * step and tensor). */
 __global__ void adamw_kernel(floatX* param, float* master, const float* grad, float* m, float* v, size_t n,
                              float lr, float b1, float b2, float bc1, float bc2, float eps, float wd,
                              const float* norm, float max_norm, uint32_t seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float coef = 1.0f;
-    float nrm = norm[0];
-    if (max_norm > 0.0f && isfinite(nrm)) {
-        float c = max_norm / (nrm + 1e-6f);
-        if (c < 1.0f) coef = c;
-    }
-    float g = grad[i] * coef;
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = master[i];
-    p = p - lr * wd * p;
-    p = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    float g = grad[i] * clip_coef(norm[0], max_norm);
+    float p = adamw_element(master[i], g, &m[i], &v[i], lr, b1, b2, bc1, bc2, eps, wd);
     master[i] = p;
     param[i] = bf16_round_stochastic(p, hash_u32((uint32_t)i ^ hash_u32(seed)));
 }
@@ -605,6 +686,177 @@ __global__ void float_to_bf16_kernel(floatX* out, const float* in, size_t n) {
 __global__ void bf16_to_float_kernel(float* out, const floatX* in, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+/* ---- the data-parallel layout: buckets, shards, packing ----------------- */
+/* Data parallelism (G6) moves gradients and weights in buckets, each holding
+ * the parameters whose gradients backward finishes at one moment: bucket
+ * l < L is layer l's 12 tensor slices (ln1w .. fcprojb), bucket L "the rest"
+ * (wte, wpe, lnfw, lnfb: final only when backward ends, because wte gets
+ * gradients at both ends of it). In a bucket's packed order its slices lie
+ * back to back in file order (as in train_gpt.c's layer_grads), followed by
+ * zeros up to a multiple of W x DP_ALIGN. A reduce-scatter of a bucket hands
+ * rank r the r-th of W equal pieces; under ZeRO rank r's shard is its piece
+ * of every bucket, in bucket order (layer 0 .. L-1, then the rest). The pad
+ * absorbs the remainder, so any W works. One description of a bucket's shape
+ * serves every user: the gradient pointers backward writes through, the
+ * AdamW kernel's map from shard element to parameter, the unpacking of the
+ * gathered weights, the gathering of the master weights for checkpoints. */
+#define DP_MAX_SEGMENTS 12
+#define DP_ALIGN 64 /* pieces are multiples of 64 elements: 256-byte aligned in fp32, 128 in bf16 */
+#define NUM_LAYER_TENSORS (LAYER_TENSORS_END - LAYER_TENSORS_BEGIN)
+static_assert(NUM_LAYER_TENSORS <= DP_MAX_SEGMENTS && NUM_PARAMETER_TENSORS - NUM_LAYER_TENSORS <= DP_MAX_SEGMENTS,
+              "a bucket's slices must fit DP_MAX_SEGMENTS");
+
+typedef struct {
+    int nseg;                        /* tensor slices in the bucket: 12 for a layer, 4 for the rest */
+    int k[DP_MAX_SEGMENTS];          /* the parameter tensor of each slice */
+    size_t pre[DP_MAX_SEGMENTS + 1]; /* packed start of each slice; pre[nseg] = the real elements */
+    size_t off[DP_MAX_SEGMENTS];     /* that tensor's start in the flat (file-order) buffer */
+    size_t stride[DP_MAX_SEGMENTS];  /* layer l's slice is at off + l * stride of the tensor (rest: 0) */
+    size_t piece;                    /* padded length / W: each rank's part */
+} BucketShape;
+
+typedef struct {
+    BucketShape layer, rest; /* every layer bucket has the same shape */
+    int num_layers, rank, world;
+} ShardMap;
+
+static void shard_map_init(ShardMap* m, const size_t sizes[NUM_PARAMETER_TENSORS], int num_layers, int rank,
+                           int world) {
+    memset(m, 0, sizeof(*m));
+    m->num_layers = num_layers;
+    m->rank = rank;
+    m->world = world;
+    size_t offset = 0, unit = (size_t)world * DP_ALIGN;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+        int in_layer = k >= LAYER_TENSORS_BEGIN && k < LAYER_TENSORS_END;
+        BucketShape* s = in_layer ? &m->layer : &m->rest;
+        size_t n = in_layer ? sizes[k] / (size_t)num_layers : sizes[k];
+        s->k[s->nseg] = k;
+        s->off[s->nseg] = offset;
+        s->stride[s->nseg] = in_layer ? n : 0;
+        s->pre[s->nseg + 1] = s->pre[s->nseg] + n;
+        s->nseg++;
+        offset += sizes[k];
+    }
+    m->layer.piece = (m->layer.pre[m->layer.nseg] + unit - 1) / unit * DP_ALIGN;
+    m->rest.piece = (m->rest.pre[m->rest.nseg] + unit - 1) / unit * DP_ALIGN;
+}
+
+/* Bucket b's shape (b = L: the rest), and where its piece sits in a shard. */
+__host__ __device__ static const BucketShape* shard_map_bucket(const ShardMap* m, int b) {
+    return b < m->num_layers ? &m->layer : &m->rest;
+}
+static size_t shard_map_offset(const ShardMap* m, int b) { return (size_t)b * m->layer.piece; }
+/* Elements in a shard (the same on every rank), and in all padded buckets. */
+static size_t shard_map_elements(const ShardMap* m) { return shard_map_offset(m, m->num_layers) + m->rest.piece; }
+
+/* Element j of this rank's shard: the flat offset of the parameter it holds,
+ * or -1 for padding; *k is its tensor and *i its index in that tensor. */
+__host__ __device__ static long long shard_locate(const ShardMap* m, size_t j, int* k, size_t* i) {
+    size_t layers = (size_t)m->num_layers * m->layer.piece;
+    size_t l = j < layers ? j / m->layer.piece : 0;
+    const BucketShape* s = j < layers ? &m->layer : &m->rest;
+    size_t q = (size_t)m->rank * s->piece + (j < layers ? j - l * s->piece : j - layers); /* place in the packed bucket */
+    if (q >= s->pre[s->nseg]) return -1;
+    int g = 0;
+    while (q >= s->pre[g + 1]) g++;
+    *k = s->k[g];
+    *i = l * s->stride[g] + (q - s->pre[g]);
+    return (long long)(s->off[g] + *i);
+}
+
+/* Host side, for start-up and checkpoints. Rank r's piece of bucket b out
+ * of the flat parameters: shard (piece) = the slices' parts that fall in
+ * [r piece, (r+1) piece) of the packed bucket, zeros for the pad. */
+static void shard_pack_host(float* shard, const float* flat, const ShardMap* m, int b, int r) {
+    const BucketShape* s = shard_map_bucket(m, b);
+    size_t l = b < m->num_layers ? (size_t)b : 0, lo = (size_t)r * s->piece, hi = lo + s->piece;
+    memset(shard, 0, s->piece * sizeof(float));
+    for (int g = 0; g < s->nseg; g++) {
+        size_t a = s->pre[g] > lo ? s->pre[g] : lo, e = s->pre[g + 1] < hi ? s->pre[g + 1] : hi;
+        if (a < e) memcpy(shard + (a - lo), flat + s->off[g] + l * s->stride[g] + (a - s->pre[g]), (e - a) * sizeof(float));
+    }
+}
+
+/* A whole packed bucket (every rank's piece, gathered) back into the flat parameters. */
+static void bucket_unpack_host(float* flat, const float* packed, const ShardMap* m, int b) {
+    const BucketShape* s = shard_map_bucket(m, b);
+    size_t l = b < m->num_layers ? (size_t)b : 0;
+    for (int g = 0; g < s->nseg; g++)
+        memcpy(flat + s->off[g] + l * s->stride[g], packed + s->pre[g], (s->pre[g + 1] - s->pre[g]) * sizeof(float));
+}
+
+/* AdamW over this rank's shard (ZeRO): as adamw_kernel, with each element's
+ * tensor (weight decay: bit k of decay_mask) and index in it (the rounding's
+ * random bits, the same as adamw_kernel's for that parameter) found through
+ * the map; the global norm comes from the host. The pad stays 0. */
+__global__ void adamw_shard_kernel(floatX* param, float* master, const float* grad, float* m, float* v, size_t n,
+                                   const ShardMap* map, float lr, float b1, float b2, float bc1, float bc2, float eps,
+                                   float weight_decay, unsigned decay_mask, float norm, float max_norm, uint32_t seed) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    int k;
+    size_t i;
+    if (shard_locate(map, j, &k, &i) < 0) {
+        param[j] = __float2bfloat16_rn(0.0f);
+        return;
+    }
+    float wd = (decay_mask >> k) & 1u ? weight_decay : 0.0f;
+    float g = grad[j] * clip_coef(norm, max_norm);
+    float p = adamw_element(master[j], g, &m[j], &v[j], lr, b1, b2, bc1, bc2, eps, wd);
+    master[j] = p;
+    param[j] = bf16_round_stochastic(p, hash_u32((uint32_t)i ^ hash_u32(seed * 16u + (uint32_t)k)));
+}
+
+/* dst(n) += src(n): ZeRO-2 adds each micro-batch's reduced piece into the shard. */
+__global__ void accumulate_kernel(float* dst, const float* src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+
+/* Unpacking a bucket: dst[dst_s + i] = src[src_s + i] for i < n_s, one
+ * slice s per blockIdx.y; 8 bf16 at a time when every offset and length is
+ * a multiple of 8. */
+typedef struct {
+    int nseg, vec;
+    size_t src[DP_MAX_SEGMENTS], dst[DP_MAX_SEGMENTS], n[DP_MAX_SEGMENTS];
+} SegmentCopy;
+
+__global__ void segments_copy_kernel(floatX* dst, const floatX* src, SegmentCopy sc) {
+    int s = blockIdx.y;
+    size_t n = sc.vec ? sc.n[s] / 8 : sc.n[s];
+    const floatX* from = src + sc.src[s];
+    floatX* to = dst + sc.dst[s];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (sc.vec) ((Pack8*)to)[i] = ((const Pack8*)from)[i];
+        else to[i] = from[i];
+    }
+}
+
+/* Layer l's bucket (or the rest, l = 0 with the rest's shape): packed -> flat. */
+static SegmentCopy bucket_unpacking(const BucketShape* s, size_t l) {
+    SegmentCopy c;
+    memset(&c, 0, sizeof(c));
+    c.nseg = s->nseg;
+    c.vec = 1;
+    for (int g = 0; g < s->nseg; g++) {
+        c.src[g] = s->pre[g];
+        c.dst[g] = s->off[g] + l * s->stride[g];
+        c.n[g] = s->pre[g + 1] - s->pre[g];
+        if (c.src[g] % 8 || c.dst[g] % 8 || c.n[g] % 8) c.vec = 0;
+    }
+    return c;
+}
+
+static void segments_copy_gpu(floatX* dst, const floatX* src, const SegmentCopy* sc, cudaStream_t s) {
+    size_t most = 0;
+    for (int g = 0; g < sc->nseg; g++) most = sc->n[g] > most ? sc->n[g] : most;
+    long long blocks = ceil_div((long long)(sc->vec ? most / 8 : most), 256);
+    dim3 grid((unsigned)(blocks < 1 ? 1 : blocks > 1024 ? 1024 : blocks), (unsigned)sc->nseg);
+    segments_copy_kernel<<<grid, 256, 0, s>>>(dst, src, *sc);
+    KERNEL_CHECK();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -893,12 +1145,19 @@ typedef struct {
     int gelu_fusion;         /* 1: GELU in the cuBLASLt epilogues; 0: own kernels */
     cudaStream_t stream;
     LtContext lt;
-    /* model state: 18 bytes per parameter */
+    /* model state: 18 bytes per parameter (under ZeRO only the bf16 weights
+     * are whole here; G6 holds the gradients and the shard of the rest) */
     ParameterTensorsX params; floatX* params_memory; /* bf16 copy used by forward/backward */
     ParameterTensors grads; float* grads_memory;     /* fp32, accumulated over micro-batches */
     float* master_memory;                            /* fp32 master weights */
     float* m_memory;
     float* v_memory;
+    /* data parallelism (G6); all NULL with one GPU */
+    float** grad_buckets;                            /* (L) where backward writes layer l's gradients, packed
+                                                        (gpu_layer_grads); NULL: in the flat buffer */
+    void (*grads_begin)(void* ctx, int bucket);      /* before backward writes a bucket's gradients: layer l, */
+    void (*grads_end)(void* ctx, int bucket);        /* or L for wte, wpe, lnfw, lnfb; and once they are final */
+    void* grads_ctx;
     /* activations and scratch */
     GpuActivations acts; void* acts_memory; size_t acts_bytes;
     GpuScratch scratch; void* scratch_memory; size_t scratch_bytes;
@@ -909,7 +1168,7 @@ typedef struct {
     cudaEvent_t copied;
     /* the last forward */
     int last_B, last_T, has_targets, micro;
-    float* h_loss_mean;    /* pinned (MAX_MICRO_STEPS) */
+    float* h_loss_mean;    /* pinned (MAX_MICRO_STEPS + 1): the micro-batches' losses, then the norm */
 } GpuGPT2;
 
 /* What the plan says, in bytes, before allocating. */
@@ -947,8 +1206,11 @@ static void memory_plan_print(const MemoryPlan* p) {
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* Hopper's kernels want up to 32 MB */
 
 /* Copy the host model's fp32 parameters to the GPU (master, and bf16 by
- * rounding to nearest) and allocate everything training B x T needs. */
-static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
+ * rounding to nearest) and allocate everything training B x T needs. With
+ * full_state 0 (ZeRO, G6) the bf16 weights are allocated but not filled, and
+ * the rest is left to the data-parallel setup (dp_init): the gradients, and
+ * this rank's shard of the master weights and moments. */
+static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion, int full_state) {
     memset(g, 0, sizeof(*g));
     g->config = host->config;
     memcpy(g->param_sizes, host->param_sizes, sizeof(g->param_sizes));
@@ -963,18 +1225,20 @@ static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_
     lt_init(&g->lt, LT_WORKSPACE_BYTES);
     size_t P = g->num_parameters;
     CUDA_CHECK(cudaMalloc((void**)&g->params_memory, P * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&g->grads_memory, P * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&g->master_memory, P * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&g->m_memory, P * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&g->v_memory, P * sizeof(float)));
-    CUDA_CHECK(cudaMemset(g->grads_memory, 0, P * sizeof(float)));
-    CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
-    CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(g->master_memory, host->params_memory, P * sizeof(float), cudaMemcpyHostToDevice));
-    float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, g->master_memory, P);
-    KERNEL_CHECK();
     parameters_point_x(&g->params, g->params_memory, c);
-    parameters_point(&g->grads, g->grads_memory, c);
+    if (full_state) {
+        CUDA_CHECK(cudaMalloc((void**)&g->master_memory, P * sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(g->master_memory, host->params_memory, P * sizeof(float), cudaMemcpyHostToDevice));
+        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, g->master_memory, P);
+        KERNEL_CHECK();
+        CUDA_CHECK(cudaMalloc((void**)&g->grads_memory, P * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void**)&g->m_memory, P * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void**)&g->v_memory, P * sizeof(float)));
+        CUDA_CHECK(cudaMemset(g->grads_memory, 0, P * sizeof(float)));
+        CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
+        CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
+        parameters_point(&g->grads, g->grads_memory, c);
+    }
 
     size_t n[32], bytes[32];
     gpu_activation_sizes(n, bytes, c, B, T);
@@ -995,15 +1259,19 @@ static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_
     CUDA_CHECK(cudaMalloc(&dmem, tbytes));
     carve((void**)&g->host, (char*)hmem, tn, tb, NUM_TOKEN_BUFFERS);
     carve((void**)&g->dev, (char*)dmem, tn, tb, NUM_TOKEN_BUFFERS);
-    CUDA_CHECK(cudaMallocHost((void**)&g->h_loss_mean, MAX_MICRO_STEPS * sizeof(float)));
+    CUDA_CHECK(cudaMallocHost((void**)&g->h_loss_mean, (MAX_MICRO_STEPS + 1) * sizeof(float)));
     g->bucket_count = (int*)xmalloc(sizeof(int) * (size_t)c->vocab_size);
     CUDA_CHECK(cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(g->copied, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
 
+static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
+    gpu_model_init_with(g, host, B, T, gelu_fusion, 1);
+}
+
 static void gpu_model_free(GpuGPT2* g) {
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    gpu_wait(g->stream, NULL);
     CUDA_CHECK(cudaFree(g->params_memory));
     CUDA_CHECK(cudaFree(g->grads_memory));
     CUDA_CHECK(cudaFree(g->master_memory));
@@ -1030,7 +1298,7 @@ static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets,
         if (targets)
             CHECK(targets[i] >= 0 && targets[i] < V, "target token %d at %d out of range [0, %d)", targets[i], i, V);
     }
-    CUDA_CHECK(cudaEventSynchronize(g->copied)); /* the previous copies have read the pinned buffers */
+    gpu_wait(NULL, g->copied); /* the previous copies have read the pinned buffers */
     memcpy(g->host.inputs, inputs, sizeof(int) * (size_t)BT);
     if (targets) memcpy(g->host.targets, targets, sizeof(int) * (size_t)BT);
     g->num_buckets = encoder_buckets_build(inputs, BT, V, g->bucket_count, g->host.bucket_token,
@@ -1173,7 +1441,7 @@ static void gpu_forward(GpuGPT2* g, const int* inputs, const int* targets, int B
 static double gpu_losses_fetch(GpuGPT2* g, int n) {
     CUDA_CHECK(cudaMemcpyAsync(g->h_loss_mean, g->scratch.loss_mean, sizeof(float) * (size_t)n,
                                cudaMemcpyDeviceToHost, g->stream));
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    gpu_wait(g->stream, NULL);
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += g->h_loss_mean[i];
     return sum / n;
@@ -1183,8 +1451,25 @@ static void gpu_zero_grad(GpuGPT2* g) {
     CUDA_CHECK(cudaMemsetAsync(g->grads_memory, 0, g->num_parameters * sizeof(float), g->stream));
 }
 
+/* Layer l's parameter gradients (train_gpt.c's layer_grads): the per-layer
+ * tensors point at layer l's slices of the flat buffer or, under ZeRO (G6),
+ * into its bucket, the 12 slices back to back in file order. */
+static ParameterTensors gpu_layer_grads(const GpuGPT2* g, int l) {
+    ParameterTensors r = g->grads;
+    float** rp = (float**)&r;
+    size_t L = (size_t)g->config.num_layers, at = 0;
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
+        size_t per_layer = g->param_sizes[k] / L;
+        rp[k] = g->grad_buckets ? g->grad_buckets[l] + at : rp[k] + (size_t)l * per_layer;
+        at += per_layer;
+    }
+    return r;
+}
+
 /* Backward of the last forward, which must have had targets and dloss != 0
- * (its dlogits already hold the loss scale). Adds into the fp32 gradients. */
+ * (its dlogits already hold the loss scale). Adds into the fp32 gradients.
+ * The data-parallel hooks (G6) bracket each bucket: the rest (wte, wpe, lnf)
+ * opens first and closes last, the layers in between from L-1 down to 0. */
 static void gpu_backward(GpuGPT2* g) {
     const GPT2Config* cfg = &g->config;
     ALWAYS(g->has_targets);
@@ -1199,6 +1484,7 @@ static void gpu_backward(GpuGPT2* g) {
     GpuActivations a = g->acts;
     GpuScratch sc = g->scratch;
 
+    if (g->grads_begin) g->grads_begin(g->grads_ctx, L);
     /* dlnf = dlogits . wte; dwte += dlogits^T . lnf */
     matmul_backward_gpu(lt, s, sc.dbt_c, gr.wte, NULL, sc.part, a.logits, a.lnf, p.wte, NULL, N, C, Vp);
     CUDA_CHECK(cudaMemsetAsync(sc.dresidual, 0, BT * C * sizeof(floatX), s));
@@ -1215,29 +1501,32 @@ static void gpu_backward(GpuGPT2* g) {
         const floatX* ln2 = a.ln2 + l * BT * C;
         floatX* fch = a.fch + l * BT * 4 * C;
         const floatX* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+        if (g->grads_begin) g->grads_begin(g->grads_ctx, l);
+        ParameterTensors lg = gpu_layer_grads(g, l); /* layer l's slices */
         /* MLP */
-        matmul_backward_gpu(lt, s, sc.dfch, gr.fcprojw + (size_t)l * C * 4 * C, gr.fcprojb + l * C, sc.part,
-                            sc.dresidual, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, g->gelu_fusion ? fch : NULL,
-                            N, 4 * C, C);
+        matmul_backward_gpu(lt, s, sc.dfch, lg.fcprojw, lg.fcprojb, sc.part, sc.dresidual, fch_gelu,
+                            p.fcprojw + (size_t)l * C * 4 * C, g->gelu_fusion ? fch : NULL, N, 4 * C, C);
         if (!g->gelu_fusion) gelu_backward_gpu(sc.dfch, fch, sc.dfch, (long long)BT * 4 * C, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, gr.fcw + (size_t)l * 4 * C * C, gr.fcb + l * 4 * C, sc.part, sc.dfch,
-                            ln2, p.fcw + (size_t)l * 4 * C * C, NULL, N, C, 4 * C);
-        layernorm_backward_gpu(sc.dresidual, gr.ln2w + l * C, gr.ln2b + l * C, sc.part, sc.dbt_c, residual2,
-                               p.ln2w + l * C, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, N, C, s);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, ln2, p.fcw + (size_t)l * 4 * C * C,
+                            NULL, N, C, 4 * C);
+        layernorm_backward_gpu(sc.dresidual, lg.ln2w, lg.ln2b, sc.part, sc.dbt_c, residual2, p.ln2w + l * C,
+                               a.ln2_mean + l * BT, a.ln2_rstd + l * BT, N, C, s);
         /* attention */
-        matmul_backward_gpu(lt, s, sc.dbt_c, gr.attprojw + (size_t)l * C * C, gr.attprojb + l * C, sc.part,
-                            sc.dresidual, atty, p.attprojw + (size_t)l * C * C, NULL, N, C, C);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.attprojw, lg.attprojb, sc.part, sc.dresidual, atty,
+                            p.attprojw + (size_t)l * C * C, NULL, N, C, C);
         attention_backward_gpu(g, sc.dqkv, sc.dbt_c, qkv, att, B, T);
-        matmul_backward_gpu(lt, s, sc.dbt_c, gr.qkvw + (size_t)l * 3 * C * C, gr.qkvb + l * 3 * C, sc.part, sc.dqkv,
-                            ln1, p.qkvw + (size_t)l * 3 * C * C, NULL, N, C, 3 * C);
-        layernorm_backward_gpu(sc.dresidual, gr.ln1w + l * C, gr.ln1b + l * C, sc.part, sc.dbt_c, residual,
-                               p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, N, C, s);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, ln1, p.qkvw + (size_t)l * 3 * C * C,
+                            NULL, N, C, 3 * C);
+        layernorm_backward_gpu(sc.dresidual, lg.ln1w, lg.ln1b, sc.part, sc.dbt_c, residual, p.ln1w + l * C,
+                               a.ln1_mean + l * BT, a.ln1_rstd + l * BT, N, C, s);
+        if (g->grads_end) g->grads_end(g->grads_ctx, l);
     }
     encoder_backward_wte_kernel<<<g->num_buckets, 256, 0, s>>>(gr.wte, sc.dresidual, g->dev.bucket_token,
                                                                g->dev.bucket_start, g->dev.bucket_pos, C);
     KERNEL_CHECK();
     encoder_backward_wpe_kernel<<<ceil_div((long long)T * C, 256), 256, 0, s>>>(gr.wpe, sc.dresidual, B, T, C);
     KERNEL_CHECK();
+    if (g->grads_end) g->grads_end(g->grads_ctx, L);
 }
 
 /* Global gradient norm (fp32, deterministic), left on the device in
@@ -1246,12 +1535,12 @@ static double gpu_grad_norm(GpuGPT2* g) {
     float* partial = g->scratch.norm;
     norm_squares_partial_kernel<<<NORM_BLOCKS, 256, 0, g->stream>>>(partial, g->grads_memory, g->num_parameters);
     KERNEL_CHECK();
-    norm_finish_kernel<<<1, 1024, 0, g->stream>>>(partial + NORM_BLOCKS, partial, NORM_BLOCKS);
+    norm_finish_kernel<<<1, 1024, 0, g->stream>>>(partial + NORM_BLOCKS, partial, NORM_BLOCKS, 1);
     KERNEL_CHECK();
-    float norm;
-    CUDA_CHECK(cudaMemcpyAsync(&norm, partial + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    return norm;
+    float* h_norm = g->h_loss_mean + MAX_MICRO_STEPS;
+    CUDA_CHECK(cudaMemcpyAsync(h_norm, partial + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    gpu_wait(g->stream, NULL);
+    return *h_norm;
 }
 
 /* AdamW over every tensor (train_gpt.c's adamw_update), clipping with the
@@ -1274,7 +1563,7 @@ static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t
 
 /* The fp32 master weights into the host model (for samples and checkpoints). */
 static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    gpu_wait(g->stream, NULL);
     CUDA_CHECK(cudaMemcpy(host->params_memory, g->master_memory, g->num_parameters * sizeof(float),
                           cudaMemcpyDeviceToHost));
 }

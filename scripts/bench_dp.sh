@@ -5,10 +5,10 @@
 #   1 rank  x B=4                     the baseline
 #   2 ranks x B=4 (weak scaling)      same work per rank: efficiency = t1 / t2
 #   2 ranks x B=2 (strong scaling)    same global batch:  efficiency = t1 / (2 t2)
-# for plain data parallel (gradients reduced after backward, or layer by layer
-# during it) and ZeRO-1, with the time spent inside collectives and the part
-# of it left after backward. The share of communication hidden behind
-# backward = 1 - (after-backward ms with overlap) / (after-backward ms without).
+# for plain data parallel and ZeRO-1 (gradients reduced after backward, or
+# layer by layer during it) and ZeRO-2, with the memory per rank (parameters
+# + gradients + AdamW state, MB), the time spent inside collectives and the
+# part of it left after backward.
 set -eu
 cd "$(dirname "$0")/.."
 BIN=./train_gpt_mpi
@@ -24,18 +24,20 @@ run() { # run NAME NP B ZERO OVERLAP -> median step ms (steps 2..5)
         --val-every 0 --sample-every 0 --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
     grep -o '"ms": [0-9.]*' "$dir/$name.jsonl" | tail -n 4 | cut -d' ' -f2 | sort -n | awk '{ a[NR] = $1 } END { printf "%.0f", (a[2] + a[3]) / 2 }'
 }
-comm() { sed -n 's/communication: \([0-9.]*\) ms per step inside collectives, \([0-9.]*\) ms of it after backward.*/\1 \2/p' "$dir/$1.out"; }
+comm() { sed -n 's/.*step: \([0-9]*\) floats reduced.*; \([0-9.]*\) ms inside collectives, \([0-9.]*\) ms of it after backward (\([-0-9]*\)% hidden).*/\2 \3 (\4% hidden)/p' "$dir/$1.out"; }
+mem() { sed -n 's/memory per rank: parameters \([0-9]*\) MB, gradients \([0-9]*\) MB, AdamW \([0-9]*\) MB.*/\1+\2+\3/p' "$dir/$1.out"; }
 t1=$(run one 1 4 0 0)
-printf "%-44s %8s %11s   %s\n" "configuration" "ms/step" "efficiency" "ms in collectives, of which after backward"
-printf "%-44s %8s %11s   %s\n" "1 rank x B=4" "$t1" "-" "-"
-for mode in "0 0 allreduce after backward" "0 1 allreduce during backward" "1 0 ZeRO-1"; do
+printf "%-46s %8s %10s  %-14s %s\n" "configuration" "ms/step" "efficiency" "MB p+g+AdamW" "ms in collectives, of which after backward"
+printf "%-46s %8s %10s  %-14s %s\n" "1 rank x B=4" "$t1" "-" "$(mem one)" "-"
+for mode in "0 0 allreduce after backward" "0 1 allreduce during backward" "1 0 ZeRO-1 after backward" \
+            "1 1 ZeRO-1 during backward" "2 1 ZeRO-2"; do
     set -- $mode
     zero=$1 overlap=$2
     shift 2
     label="$*"
     tw=$(run weak$zero$overlap 2 4 $zero $overlap)
     ts=$(run strong$zero$overlap 2 2 $zero $overlap)
-    awk -v t1="$t1" -v t="$tw" -v c="$(comm weak$zero$overlap)" -v l="$label" 'BEGIN { printf "%-44s %8.0f %10.0f%%   %s\n", "2 ranks x B=4 (weak), " l, t, 100 * t1 / t, c }'
-    awk -v t1="$t1" -v t="$ts" -v c="$(comm strong$zero$overlap)" -v l="$label" 'BEGIN { printf "%-44s %8.0f %10.0f%%   %s\n", "2 ranks x B=2 (strong), " l, t, 100 * t1 / (2 * t), c }'
+    awk -v t1="$t1" -v t="$tw" -v c="$(comm weak$zero$overlap)" -v m="$(mem weak$zero$overlap)" -v l="$label" 'BEGIN { printf "%-46s %8.0f %9.0f%%  %-14s %s\n", "2 ranks x B=4 (weak), " l, t, 100 * t1 / t, m, c }'
+    awk -v t1="$t1" -v t="$ts" -v c="$(comm strong$zero$overlap)" -v m="$(mem strong$zero$overlap)" -v l="$label" 'BEGIN { printf "%-46s %8.0f %9.0f%%  %-14s %s\n", "2 ranks x B=2 (strong), " l, t, 100 * t1 / (2 * t), m, c }'
 done
-echo "communication hidden behind backward: 1 - (after-backward ms during) / (after-backward ms after), per row pair above"
+echo "hidden: the share of the time inside collectives that was spent during backward (1 - after / inside)"

@@ -19,6 +19,7 @@
 #     (2 Psi), P padded to W shards under ZeRO, and ZeRO-2's layers once per
 #     micro-batch: a slice reduced twice or never shows here;
 #   - stop and resume, bit for bit, under ZeRO-1; ZeRO-2 resumes its state;
+#     resharding onto 3 ranks and onto 1 (weights to 1e-4 of the update);
 #   - ranks launched with different seeds, data or model all stop with a
 #     clear error instead of hanging (each run under a timeout).
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
@@ -115,7 +116,7 @@ done
 RS="$COMMON -b 3 --zero 1 --shuffle 1 --save-every 4"
 timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsA" > "$dir/rsA.out" 2>&1 &&
 timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsB" --stop-at 6 > "$dir/rsB1.out" 2>&1 &&
-cp -r "$dir/rsB" "$dir/rsC" &&
+cp -r "$dir/rsB" "$dir/rsC" && cp -r "$dir/rsB" "$dir/rsD" && cp -r "$dir/rsB" "$dir/rsE" &&
 timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -o "$dir/rsB" --resume 1 > "$dir/rsB2.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && [ -f "$dir/rsB/state_00000006_rank1.bin" ] && grep -q "continuing after step 6" "$dir/rsB2.out" &&
@@ -127,11 +128,20 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "continuing after step 6" "$dir/rsB4.out" && grep -q "step     7/8" "$dir/rsB4.out" &&
     check ok "a ZeRO-1 state resumes under ZeRO-2 (the same shards)" ||
     check FAIL "a ZeRO-1 state resumes under ZeRO-2" "exit $rc: $(tail -3 "$dir/rsB4.out")"
-timeout -k 10 60 $MPIRUN -np 3 "$BIN" $RS -b 2 -o "$dir/rsB" --resume 1 > "$dir/rsB3.out" 2>&1
-rc=$?
-[ $rc -ne 0 ] && grep -q "number of ranks" "$dir/rsB3.out" &&
-    check ok "resuming 2-rank ZeRO-1 state on 3 ranks is refused (resharding is not implemented)" ||
-    check FAIL "resuming on another number of ranks is refused" "exit $rc: $(tail -3 "$dir/rsB3.out")"
+# resharding: the 2-rank ZeRO-1 state of step 6 continued on 3 ranks (B=2) and on 1 process (B=6, plain)
+for target in "3 -b 2 --zero 1 -o $dir/rsD" "1 -b 6 --zero 0 -o $dir/rsE"; do
+    set -- $target
+    np=$1
+    shift
+    timeout -k 10 120 $MPIRUN -np $np "$BIN" $RS "$@" --resume 1 > "$dir/rs$np.out" 2>&1
+    rc=$?
+    out=${@: -1}
+    cmp=$($PY scripts/compare_models.py "$out/model_00000008.bin" "$dir/rsA/model_00000008.bin" "$dir/init/model_00000001.bin" 1e-4)
+    cmprc=$?
+    [ $rc -eq 0 ] && grep -q "resharding the state of 2 rank" "$dir/rs$np.out" && grep -q "continuing after step 6" "$dir/rs$np.out" &&
+        [ $cmprc -eq 0 ] && check ok "a 2-rank ZeRO-1 state resharded onto $np rank(s) ($*): final weights equal the uninterrupted run's" "$cmp" ||
+        check FAIL "a 2-rank ZeRO-1 state resharded onto $np rank(s)" "exit $rc: $cmp $(tail -3 "$dir/rs$np.out")"
+done
 
 # --data with several ranks: rank 0 tokenizes once, the others wait and reuse the cache
 if [ -f data/tokenizer/gpt2_merges.bin ]; then
