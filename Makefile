@@ -166,12 +166,15 @@ bench: dev/cpu/bench_train $(TOKENIZER_FILES)
 	scripts/bench.sh
 
 # ---- CUDA twin ------------------------------------------------------------------
-# Nothing here has run on a GPU yet; check-cuda only compiles.
+# Nothing here has run on a GPU yet; check-cuda only compiles (and runs the
+# host-only layout check).
 #
-#   make train_gpt_cu   the GPU trainer
-#   make test_gpt_cu    its tests (CPU trainer in the same binary)
-#   make dev-cuda       the kernel lab binaries in dev/cuda/
-#   make check-cuda     compile-only of every .cu file, for CI (no GPU needed)
+#   make train_gpt_cu      the GPU trainer: one GPU, or one process per GPU meeting through --init file:/tcp:
+#   make train_gpt_cu_mpi  the same with MPI compiled in: --init mpi under mpirun or srun --mpi=pmix
+#   make test_gpt_cu       its tests (CPU trainer in the same binary)
+#   make dev-cuda          the kernel lab binaries in dev/cuda/
+#   make dp-layout         check the data-parallel bucket/shard layout on the host (no GPU needed)
+#   make check-cuda        compile-only of every .cu file, for CI (no GPU needed)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 # CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
@@ -186,11 +189,28 @@ CUDA_ARCH ?= sm_90
 # -I.                 dev/cuda files include "train_gpt.cu" from the root
 NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -I.
 # -lcublasLt          cuBLASLt: every matmul (the CUDA runtime is linked by nvcc)
-CUDA_LDLIBS = -lcublasLt
+# -lnccl              NCCL: the data-parallel collectives (beside cuBLASLt in the CUDA toolkit's
+#                     lib64 here; elsewhere add -L/path/to/nccl/lib)
+CUDA_LDLIBS = -lcublasLt -lnccl
 CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
+
+# MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
+# (--showme:compile, --showme:link); nvcc takes -I, -D, -L and -l as they
+# are, anything else (-pthread, -Wl,...) goes to the host compiler or linker.
+# -DUSE_MPI           compiles train_gpt.c's MPI parts and --init mpi in
+# -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX  the C API only: no C++ bindings to link
+comma := ,
+MPI_CUFLAGS = -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
+	$(foreach f,$(shell $(MPICC) --showme:compile 2>/dev/null),$(if $(filter -I% -D%,$(f)),$(f),-Xcompiler $(f)))
+MPI_CULIBS = $(foreach f,$(shell $(MPICC) --showme:link 2>/dev/null),$(if $(filter -L% -l%,$(f)),$(f),$(if $(filter -Wl$(comma)%,$(f)),-Xlinker $(patsubst -Wl$(comma)%,%,$(f)),-Xcompiler $(f))))
+HAVE_MPICC = $(shell command -v $(MPICC) >/dev/null 2>&1 && echo yes)
 
 train_gpt_cu: train_gpt.cu train_gpt.c unicode_tables.h
 	$(NVCC) $(NVCCFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS)
+
+train_gpt_cu_mpi: train_gpt.cu train_gpt.c unicode_tables.h
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	$(NVCC) $(NVCCFLAGS) $(MPI_CUFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS)
 
 test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c unicode_tables.h
 	$(NVCC) $(NVCCFLAGS) -o $@ test_gpt.cu $(CUDA_LDLIBS)
@@ -200,25 +220,38 @@ dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c
 
 dev-cuda: $(CUDA_DEV)
 
-# CI (no GPU): every .cu file must compile, warning-free, for Hopper and Ampere.
+# host-only: every rank's shard map against the flat parameters (dev/cuda/dp_layout.cu)
+dp-layout: dev/cuda/dp_layout
+	./dev/cuda/dp_layout > dp_layout.log || { cat dp_layout.log; exit 1; }
+	@tail -n 1 dp_layout.log
+
+# CI (no GPU): every .cu file must compile, warning-free, for Hopper and Ampere,
+# and train_gpt.cu once more with MPI (when mpicc is there; said aloud when not).
 # -Werror all-warnings: nvcc's own diagnostics become errors too.
+CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I.
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	for arch in sm_90 sm_80; do \
-	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu; do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu; do \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
-	    $(NVCC) -O3 -arch=$$arch -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. \
-	      -o /dev/null $$f $(CUDA_LDLIBS) || exit 1; \
+	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o /dev/null $$f $(CUDA_LDLIBS) || exit 1; \
 	  done; \
+	  if [ -n "$(HAVE_MPICC)" ]; then \
+	    echo "$(NVCC) -arch=$$arch -DUSE_MPI train_gpt.cu (train_gpt_cu_mpi)"; \
+	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) $(MPI_CUFLAGS) -o /dev/null train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS) || exit 1; \
+	  else \
+	    echo "check-cuda: train_gpt_cu_mpi SKIPPED: $(MPICC) not found (apt-get install libopenmpi-dev openmpi-bin)"; \
+	  fi; \
 	done
+	$(MAKE) --no-print-directory dp-layout CUDA_ARCH=sm_90
 
 gpu-check:
 	scripts/gpu_check.sh
 
-.PHONY: dev-cuda check-cuda gpu-check
+.PHONY: dev-cuda dp-layout check-cuda gpu-check
 
 clean:
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
-		train_gpt_cu test_gpt_cu $(CUDA_DEV)
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover bench-dp test-fast test-asan check-cxx bench clean

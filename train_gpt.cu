@@ -1266,7 +1266,8 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
 
-static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
+/* (test_gpt.cu's entry: one GPU, the whole state) */
+[[maybe_unused]] static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
     gpu_model_init_with(g, host, B, T, gelu_fusion, 1);
 }
 
@@ -1604,41 +1605,767 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
 }
 
 /* ------------------------------------------------------------------------ */
-/* G6. Training loop and main                                               */
+/* G6. Data parallel                                                        */
+/* ------------------------------------------------------------------------ */
+/* One process per GPU. Each rank trains on its own slice of the global batch
+ * (train_gpt.c's data loader with rank/world), its loss scaled by 1/W, so
+ * that the summed gradient is the global batch's mean. The ranks combine
+ * with NCCL (ZeRO: Rajbhandari et al. 2020, sec. 5):
+ *   --zero 0  every rank keeps everything (18 bytes per parameter); each
+ *             bucket's gradients (G2: a layer's 12 slices, or the rest) are
+ *             summed by in-place ncclAllReduce, one group per bucket, and
+ *             every rank runs the same AdamW on all of them;
+ *   --zero 1  ZeRO-1, the optimizer state sharded: backward writes every
+ *             bucket packed (G2's layout); ncclReduceScatter hands rank r the
+ *             sum of its piece of each bucket; rank r runs AdamW on its shard
+ *             of the fp32 master weights and moments; ncclAllGather of the
+ *             updated bf16 pieces, unpacked, rebuilds the weights everywhere;
+ *   --zero 2  ZeRO-2, the gradients sharded too: backward writes layer l
+ *             into one of two one-layer slots (l % 2), reduce-scattered in
+ *             place as soon as the layer is done, on every micro-batch, and
+ *             the piece added into the shard's gradient; layer l - 1 fills
+ *             the other slot meanwhile, and layer l - 2 waits until slot
+ *             l % 2 has been reduced. The rest (wte, wpe, lnf) is the one
+ *             whole bucket kept: its gradients are final only at the end.
+ * Streams and events: every collective runs on the communication stream
+ * (highest priority). When backward, on the compute stream, has finished a
+ * bucket, an event recorded there lets the communication stream start that
+ * bucket's reduction, while backward goes on with the layers below
+ * (--overlap 0: all at the end; ZeRO-2 always overlaps). The compute stream
+ * waits for the reductions ("reduced") before the norm and the update, and
+ * for the all-gather ("comm_idle") before the next step reads the weights.
+ * Plain and ZeRO-1 reduce once per step, on the last micro-batch, when the
+ * gradients are complete; ZeRO-2 on every micro-batch (no whole gradient to
+ * accumulate in). The clipping norm: each rank's sum of squares over its
+ * shard, summed over the ranks (plain: the whole summed gradient, the same
+ * on every rank). The loss: the ranks' means, summed, divided by W.
+ * Bytes sent per rank and step, as a ring sends them (NCCL may pick a tree;
+ * P' = P padded, the sum of the buckets; fp32 gradients, bf16 weights):
+ *   plain   2 (W-1)/W x 4 P
+ *   ZeRO-1  (W-1)/W x (4 P' + 2 P')
+ *   ZeRO-2  (W-1)/W x (4 P' x micro-batches + 2 P')
+ * Memory per rank, bytes (S = P'/W, the shard):
+ *   plain   2 P weights + 4 P gradients + 12 P master, m, v
+ *   ZeRO-1  2 P + 4 P' (packed gradients) + 4 S (shard's gradient) + 12 S + 2 S (bf16 piece to send)
+ *   ZeRO-2  2 P + 4 (2 layer slots + the rest, padded) + 4 S + 12 S + 2 S
+ * One GPU with --zero 1|2 runs the same sharded code as one rank (W = 1):
+ * the path to test when only one GPU is at hand.
+ *
+ * Start-up: rank and world come from MPI (--init mpi, a build with
+ * -DUSE_MPI) or from the launcher's environment (train_gpt.c's
+ * launch_rank_world); rank 0's ncclUniqueId reaches the others by
+ * MPI_Bcast or by train_gpt.c's rendezvous (file:PATH, tcp:HOST:PORT). Each
+ * process takes GPU local_rank % (visible GPUs). Failure: a rank that exits
+ * with its communicator up aborts it (the exit handler below; MPI_Abort
+ * under MPI), and ranks waiting on the host poll NCCL for errors instead of
+ * blocking (gpu_wait), so one rank's death ends the job instead of hanging
+ * it. */
+
+#define DP_SCALARS 16 /* 8-byte slots for sums; 3 W more for the fingerprints */
+
+typedef struct {
+    int rank, world, local_rank, device;
+    char how[300];       /* how the ranks met, for the log */
+    int mpi;             /* MPI was started here (finalised, or aborted on failure, at the end) */
+    ncclComm_t nccl;     /* NULL: one GPU, plain */
+    cudaStream_t stream; /* the communication stream */
+    uint64_t* d_slots;   /* device (DP_SCALARS + 3 W) */
+    uint64_t* h_slots;   /* pinned host twin */
+    Dist dist;           /* the same rank/world for train_gpt.c's helpers: timing lines, the --data barrier (MPI) */
+} GpuComm;
+
+#ifdef USE_MPI
+static int gpu_mpi_live = 0; /* MPI_Init done and MPI_Finalize not yet */
+#endif
+
+/* Runs at every exit(); does something only when the exit is not the clean
+ * one (gpu_comm_free clears both flags): a CUDA_CHECK, NCCL_CHECK or CHECK
+ * failed with the communicator up. Abort it, so the other ranks' collectives
+ * fail instead of waiting for this rank forever; under MPI take the job down. */
+static void gpu_comm_exit_handler(void) {
+    if (gpu_watched_comm) {
+        ncclComm_t c = gpu_watched_comm;
+        gpu_watched_comm = NULL;
+        fprintf(stderr, "error: exiting with the communicator up: aborting it, so the other ranks stop too\n");
+        ncclResult_t r = ncclCommAbort(c);
+        if (r != ncclSuccess) fprintf(stderr, "error: ncclCommAbort failed: %s\n", ncclGetErrorString(r));
+    }
+#ifdef USE_MPI
+    if (gpu_mpi_live) {
+        gpu_mpi_live = 0;
+        MPI_Abort(MPI_COMM_WORLD, 1); /* no MPI_CHECK: it does not return, and must not recurse into exit */
+    }
+#endif
+}
+
+/* Whether a launcher's rank and size variables are set (the pairs
+ * launch_rank_world reads): then its -1 means they are wrong, not absent. */
+static int launcher_env_present(void) {
+    static const char* const pairs[4][2] = {{"SLURM_PROCID", "SLURM_NTASKS"},
+                                            {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                            {"PMI_RANK", "PMI_SIZE"},
+                                            {"RANK", "WORLD_SIZE"}};
+    for (int i = 0; i < 4; i++)
+        if (getenv(pairs[i][0]) && getenv(pairs[i][1])) return 1;
+    return 0;
+}
+
+/* Learn rank and world, take a GPU, and (with several ranks, or sharding on
+ * one) build the NCCL communicator. `init`: auto, mpi, file:PATH or
+ * tcp:HOST:PORT (--init). 0, or -1 after a message (then gpu_comm_free). */
+static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int sharded, int* argc, char*** argv) {
+    memset(cm, 0, sizeof(*cm));
+    cm->world = 1;
+    cm->dist.world = 1;
+    cm->dist.t_start = unix_ms();
+    static int handler_set = 0;
+    if (!handler_set) {
+        CHECK(atexit(gpu_comm_exit_handler) == 0, "cannot register the exit handler");
+        handler_set = 1;
+    }
+    int env_rank = 0, env_world = 1, env_local = 0;
+    int launched = launch_rank_world(&env_rank, &env_world, &env_local) == 0;
+    if (!launched && launcher_env_present()) return -1; /* launch_rank_world said what is wrong */
+    if (!launched) {
+        env_rank = 0;
+        env_world = 1;
+        env_local = 0;
+    }
+    if (!strcmp(init, "auto")) {
+#ifdef USE_MPI
+        init = env_world > 1 ? "mpi" : "none";
+#else
+        if (env_world > 1) {
+            fprintf(stderr, "error: the launcher started %d ranks (this is rank %d), but this build has no MPI for them "
+                    "to meet through: pass --init file:PATH (a path every rank sees) or --init tcp:HOST:PORT (rank "
+                    "0's host), or build train_gpt_cu_mpi and pass --init mpi\n", env_world, env_rank);
+            return -1;
+        }
+        init = "none";
+#endif
+    }
+    Rendezvous rv;
+    memset(&rv, 0, sizeof(rv));
+    if (!strcmp(init, "none")) {
+        snprintf(cm->how, sizeof(cm->how), "one process");
+    } else if (!strcmp(init, "mpi")) {
+#ifdef USE_MPI
+        dist_init(&cm->dist, argc, argv); /* MPI_Init_thread, rank and size */
+        cm->mpi = gpu_mpi_live = 1;
+        cm->rank = cm->dist.rank;
+        cm->world = cm->dist.world;
+        /* srun without PMI starts each process as an MPI world of its own (under mpirun inside an
+         * allocation the Slurm variables describe mpirun's daemons, so only this case is checked) */
+        if (cm->world == 1 && env_world > 1) {
+            fprintf(stderr, "error: MPI sees 1 rank but the launcher's environment says %d: under Slurm launch with "
+                    "srun --mpi=pmix (scripts/slurm_gpu_pmix.sbatch), or without PMIx use --init tcp:HOST:PORT "
+                    "(scripts/slurm_gpu_tcp.sbatch); for one GPU inside an allocation, run srun -n 1\n", env_world);
+            return -1;
+        }
+        MPI_Comm node; /* the ranks on this machine: the local rank picks the GPU */
+        MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, cm->rank, MPI_INFO_NULL, &node));
+        MPI_CHECK(MPI_Comm_rank(node, &cm->local_rank));
+        MPI_CHECK(MPI_Comm_free(&node));
+        snprintf(cm->how, sizeof(cm->how), "MPI");
+#else
+        (void)argc;
+        (void)argv;
+        fprintf(stderr, "error: --init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this "
+                "build meets through --init file:PATH or --init tcp:HOST:PORT\n");
+        return -1;
+#endif
+    } else {
+        const char* problem = rendezvous_parse(&rv, init, init_timeout);
+        if (problem) {
+            fprintf(stderr, "error: --init %s: %s\n", init, problem);
+            return -1;
+        }
+        if (!launched) {
+            fprintf(stderr, "error: --init %s: this process does not know its rank: start one process per GPU with "
+                    "srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or mpirun, or set RANK, WORLD_SIZE and "
+                    "LOCAL_RANK\n", init);
+            return -1;
+        }
+        cm->rank = env_rank;
+        cm->world = env_world;
+        cm->local_rank = env_local;
+        snprintf(cm->how, sizeof(cm->how), "%s", init);
+    }
+    cm->dist.rank = cm->rank;
+    cm->dist.world = cm->world;
+    int ndev = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    cm->device = cm->local_rank % ndev;
+    CUDA_CHECK(cudaSetDevice(cm->device));
+    if (cm->world == 1 && !sharded) {
+        cm->dist.t_comm = unix_ms();
+        return 0;
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (cm->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+#ifdef USE_MPI
+    if (cm->mpi) MPI_CHECK(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+#endif
+    if (!cm->mpi && cm->world > 1 && rendezvous_share(&rv, cm->rank, cm->world, &id, sizeof(id)) != 0) return -1;
+    NCCL_CHECK(ncclCommInitRank(&cm->nccl, cm->world, id, cm->rank));
+    gpu_watched_comm = cm->nccl;
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&cm->stream, cudaStreamNonBlocking, greatest));
+    size_t slots = DP_SCALARS + 3 * (size_t)cm->world;
+    CUDA_CHECK(cudaMalloc((void**)&cm->d_slots, slots * sizeof(uint64_t)));
+    CUDA_CHECK(cudaMallocHost((void**)&cm->h_slots, slots * sizeof(uint64_t)));
+    cm->dist.t_comm = unix_ms();
+    return 0;
+}
+
+/* End the communicator and MPI. After a failure with several ranks, abort:
+ * the others may wait in a collective this rank will never join. */
+static void gpu_comm_free(GpuComm* cm, int failed) {
+    if (cm->nccl) {
+        gpu_watched_comm = NULL;
+        if (failed) {
+            NCCL_CHECK(ncclCommAbort(cm->nccl));
+        } else {
+            CUDA_CHECK(cudaStreamSynchronize(cm->stream));
+            NCCL_CHECK(ncclCommDestroy(cm->nccl));
+            CUDA_CHECK(cudaStreamDestroy(cm->stream));
+            CUDA_CHECK(cudaFree(cm->d_slots));
+            CUDA_CHECK(cudaFreeHost(cm->h_slots));
+        }
+        cm->nccl = NULL;
+    }
+#ifdef USE_MPI
+    if (cm->mpi) {
+        gpu_mpi_live = 0;
+        dist_finish(&cm->dist, failed); /* MPI_Abort after a failure with several ranks, else MPI_Finalize */
+        cm->mpi = 0;
+    }
+#endif
+}
+
+/* Sum n doubles over the ranks, in place (the host waits). */
+static void gpu_comm_sum(GpuComm* cm, double* x, int n) {
+    if (!cm->nccl || cm->world == 1) return;
+    ALWAYS(n <= DP_SCALARS);
+    memcpy(cm->h_slots, x, (size_t)n * sizeof(double));
+    CUDA_CHECK(cudaMemcpyAsync(cm->d_slots, cm->h_slots, (size_t)n * 8, cudaMemcpyHostToDevice, cm->stream));
+    NCCL_CHECK(ncclAllReduce(cm->d_slots, cm->d_slots, (size_t)n, ncclFloat64, ncclSum, cm->nccl, cm->stream));
+    CUDA_CHECK(cudaMemcpyAsync(cm->h_slots, cm->d_slots, (size_t)n * 8, cudaMemcpyDeviceToHost, cm->stream));
+    gpu_wait(cm->stream, NULL);
+    memcpy(x, cm->h_slots, (size_t)n * sizeof(double));
+}
+
+/* Before the first step, as train_gpt.c's dist_check_agreement (its recipe,
+ * through NCCL): every rank must hold the same configuration, initial
+ * weights and data files, or the run would train nonsense or hang in a
+ * collective of the wrong size. All ranks compare all fingerprints, so they
+ * all stop together on a mismatch. */
+static int gpu_comm_check_agreement(GpuComm* cm, const GPT2* model, const Options* o, int zero,
+                                    const DataLoader* train) {
+    if (!cm->nccl || cm->world == 1) return 0;
+    uint64_t h[3] = {0xCBF29CE484222325ull, 0xCBF29CE484222325ull, 0xCBF29CE484222325ull};
+    h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
+    int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
+                  o->decay_all, zero, o->overlap};
+    float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
+    h[0] = fnv1a(h[0], ints, sizeof(ints));
+    h[0] = fnv1a(h[0], floats, sizeof(floats));
+    h[0] = fnv1a(h[0], o->lr_schedule, strlen(o->lr_schedule));
+    h[1] = fnv1a(h[1], model->params_memory, model->num_parameters * sizeof(float));
+    for (int i = 0; i < train->num_shards; i++) {
+        const char* name = train->files.gl_pathv[i];
+        h[2] = fnv1a(h[2], name, strlen(name));
+        h[2] = fnv1a(h[2], &train->shard_tokens[i], sizeof(long long));
+    }
+    uint64_t* all = cm->h_slots + DP_SCALARS;
+    memcpy(cm->h_slots, h, sizeof(h));
+    CUDA_CHECK(cudaMemcpyAsync(cm->d_slots, cm->h_slots, sizeof(h), cudaMemcpyHostToDevice, cm->stream));
+    NCCL_CHECK(ncclAllGather(cm->d_slots, cm->d_slots + DP_SCALARS, 3, ncclUint64, cm->nccl, cm->stream));
+    CUDA_CHECK(cudaMemcpyAsync(all, cm->d_slots + DP_SCALARS, 3 * sizeof(uint64_t) * (size_t)cm->world,
+                               cudaMemcpyDeviceToHost, cm->stream));
+    gpu_wait(cm->stream, NULL);
+    static const char* const what[3] = {"configuration (model shape or training flags)", "initial weights",
+                                        "training data (shard names or sizes)"};
+    int bad = 0;
+    for (int r = 1; r < cm->world; r++)
+        for (int k = 0; k < 3; k++)
+            if (all[3 * r + k] != all[k]) {
+                if (cm->rank == 0 || cm->rank == r)
+                    fprintf(stderr, "error: rank %d: its %s differs from rank 0's: launch every rank with the same "
+                            "flags and files\n", r, what[k]);
+                bad = 1;
+            }
+    return bad ? -1 : 0;
+}
+
+/* ---- gradients and weights across the ranks ----------------------------- */
+
+typedef struct {
+    GpuComm* comm;
+    GpuGPT2* g;
+    int zero, rank, world, L;
+    int active;            /* collectives run: several ranks, or ZeRO on one */
+    int overlap;           /* reduce each bucket as backward finishes it (ZeRO-2: always) */
+    ShardMap map;          /* this rank's layout (G2) */
+    ShardMap* map_dev;     /* the same on the device, for adamw_shard_kernel */
+    size_t shard;          /* S: elements of every rank's shard */
+    /* ZeRO (NULL in plain mode) */
+    float* grad_shard;     /* (S) the summed gradient of this rank's shard */
+    float* master;         /* (S) fp32 master weights of the shard */
+    float* m;              /* (S) AdamW moments */
+    float* v;              /* (S) */
+    floatX* param_shard;   /* (S) the shard's updated bf16 weights, which the all-gather sends */
+    float* grad_memory;    /* the gradient buckets: ZeRO-1 all L + 1, ZeRO-2 two layer slots and the rest */
+    size_t grad_floats;
+    float** bucket;        /* (L + 1) each bucket's packed gradients (ZeRO-2: the layers share two slots) */
+    /* events */
+    cudaEvent_t grads_ready;  /* compute: a bucket's gradients are final */
+    cudaEvent_t reduced;      /* communication: the step's reductions are done */
+    cudaEvent_t updated;      /* compute: AdamW has written the bf16 shard */
+    cudaEvent_t comm_idle;    /* communication: everything queued so far is done (the weights are whole) */
+    cudaEvent_t slot_free[3]; /* ZeRO-2: layer slots 0 and 1 and the rest's bucket have been reduced */
+    cudaEvent_t t_backward, t_reduced, t_gather0, t_gather1; /* timing */
+    int armed;                /* this backward's end hooks reduce */
+    int gathered;             /* this step ran the all-gather */
+    double exposed_ms, gather_ms; /* sums over steps: reduction left after backward, all-gather */
+    int steps_timed;
+} GpuDataParallel;
+
+/* Shapes and sizes only (nothing allocated): enough for the memory plan. */
+static void dp_layout(GpuDataParallel* dp, GpuComm* comm, const GPT2Config* c, int zero, int overlap) {
+    memset(dp, 0, sizeof(*dp));
+    dp->comm = comm;
+    dp->zero = zero;
+    dp->rank = comm->rank;
+    dp->world = comm->world;
+    dp->L = c->num_layers;
+    dp->active = comm->nccl != NULL;
+    dp->overlap = overlap || zero == 2;
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    shard_map_init(&dp->map, sizes, c->num_layers, comm->rank, comm->world);
+    dp->shard = shard_map_elements(&dp->map);
+    if (zero == 1) dp->grad_floats = dp->shard * (size_t)dp->world;
+    if (zero == 2) dp->grad_floats = (2 * dp->map.layer.piece + dp->map.rest.piece) * (size_t)dp->world;
+}
+
+/* Bucket b's padded length (W pieces). */
+static size_t dp_bucket_floats(const GpuDataParallel* dp, int b) {
+    return shard_map_bucket(&dp->map, b)->piece * (size_t)dp->world;
+}
+
+/* The per-rank model state under this layout, into the plan. */
+static void dp_memory_plan(const GpuDataParallel* dp, MemoryPlan* p, size_t P) {
+    if (dp->zero == 0) return;
+    size_t S = dp->shard;
+    p->params = 2 * P + 2 * S;
+    p->grads = 4 * dp->grad_floats + 4 * S;
+    p->optimizer = 12 * S;
+}
+
+/* The backward hooks (GpuGPT2's grads_begin / grads_end). */
+static void dp_reduce_bucket(GpuDataParallel* dp, int b);
+
+static void dp_grads_begin(void* ctx, int b) {
+    GpuDataParallel* dp = (GpuDataParallel*)ctx;
+    if (dp->zero != 2) return;
+    /* ZeRO-2: the slot must be reduced (layer b + 2, or the previous micro-batch) before backward refills it */
+    cudaStream_t s = dp->g->stream;
+    CUDA_CHECK(cudaStreamWaitEvent(s, dp->slot_free[b == dp->L ? 2 : b % 2], 0));
+    CUDA_CHECK(cudaMemsetAsync(dp->bucket[b], 0, dp_bucket_floats(dp, b) * sizeof(float), s));
+}
+
+static void dp_grads_end(void* ctx, int b) {
+    GpuDataParallel* dp = (GpuDataParallel*)ctx;
+    if (!dp->armed) return;
+    if (dp->overlap) {
+        dp_reduce_bucket(dp, b);
+    } else if (b == dp->L) { /* --overlap 0: everything after backward, in the same order */
+        for (int l = dp->L - 1; l >= 0; l--) dp_reduce_bucket(dp, l);
+        dp_reduce_bucket(dp, dp->L);
+    }
+    if (b == dp->L) {
+        CUDA_CHECK(cudaEventRecord(dp->reduced, dp->comm->stream));
+        CUDA_CHECK(cudaEventRecord(dp->t_reduced, dp->comm->stream));
+    }
+}
+
+/* Bucket b's gradients are final on the compute stream: sum them over the
+ * ranks on the communication stream (plain: allreduce in place; ZeRO-1:
+ * reduce-scatter into the shard; ZeRO-2: reduce-scatter in place, then the
+ * piece added into the shard and the slot released). */
+static void dp_reduce_bucket(GpuDataParallel* dp, int b) {
+    GpuGPT2* g = dp->g;
+    cudaStream_t cs = dp->comm->stream;
+    ncclComm_t nc = dp->comm->nccl;
+    CUDA_CHECK(cudaEventRecord(dp->grads_ready, g->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->grads_ready, 0));
+    const BucketShape* s = shard_map_bucket(&dp->map, b);
+    size_t l = b < dp->L ? (size_t)b : 0;
+    if (dp->zero == 0) {
+        NCCL_CHECK(ncclGroupStart()); /* one launch for the bucket's slices */
+        for (int k = 0; k < s->nseg; k++) {
+            float* p = g->grads_memory + s->off[k] + l * s->stride[k];
+            NCCL_CHECK(ncclAllReduce(p, p, s->pre[k + 1] - s->pre[k], ncclFloat, ncclSum, nc, cs));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+        return;
+    }
+    float* shard_part = dp->grad_shard + shard_map_offset(&dp->map, b);
+    if (dp->zero == 1) {
+        NCCL_CHECK(ncclReduceScatter(dp->bucket[b], shard_part, s->piece, ncclFloat, ncclSum, nc, cs));
+        return;
+    }
+    float* mine = dp->bucket[b] + (size_t)dp->rank * s->piece; /* in place: rank r's piece of the bucket */
+    NCCL_CHECK(ncclReduceScatter(dp->bucket[b], mine, s->piece, ncclFloat, ncclSum, nc, cs));
+    accumulate_kernel<<<ceil_div((long long)s->piece, 256), 256, 0, cs>>>(shard_part, mine, s->piece);
+    KERNEL_CHECK();
+    CUDA_CHECK(cudaEventRecord(dp->slot_free[b == dp->L ? 2 : b % 2], cs));
+}
+
+/* Allocate what the mode needs, fill the master shard and the bf16 weights
+ * from the host model, and hook into g's backward. */
+static void dp_init(GpuDataParallel* dp, GpuGPT2* g, const GPT2* host) {
+    dp->g = g;
+    if (!dp->active) return; /* one GPU, plain: gpu_model_init did everything */
+    cudaEvent_t* sync[] = {&dp->grads_ready, &dp->reduced, &dp->updated, &dp->comm_idle,
+                           &dp->slot_free[0], &dp->slot_free[1], &dp->slot_free[2]};
+    for (size_t i = 0; i < sizeof(sync) / sizeof(sync[0]); i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(sync[i], cudaEventDisableTiming));
+    cudaEvent_t* timing[] = {&dp->t_backward, &dp->t_reduced, &dp->t_gather0, &dp->t_gather1};
+    for (size_t i = 0; i < sizeof(timing) / sizeof(timing[0]); i++) CUDA_CHECK(cudaEventCreate(timing[i]));
+    g->grads_begin = dp_grads_begin;
+    g->grads_end = dp_grads_end;
+    g->grads_ctx = dp;
+    if (dp->zero == 0) return; /* the flat gradients of gpu_model_init, reduced in place */
+
+    size_t S = dp->shard, W = (size_t)dp->world;
+    int L = dp->L;
+    CUDA_CHECK(cudaMalloc((void**)&dp->map_dev, sizeof(ShardMap)));
+    CUDA_CHECK(cudaMemcpy(dp->map_dev, &dp->map, sizeof(ShardMap), cudaMemcpyHostToDevice));
+    float** f32[] = {&dp->grad_shard, &dp->master, &dp->m, &dp->v};
+    for (int i = 0; i < 4; i++) {
+        CUDA_CHECK(cudaMalloc((void**)f32[i], S * sizeof(float)));
+        CUDA_CHECK(cudaMemset(*f32[i], 0, S * sizeof(float)));
+    }
+    CUDA_CHECK(cudaMalloc((void**)&dp->param_shard, S * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&dp->grad_memory, dp->grad_floats * sizeof(float)));
+    dp->bucket = (float**)xmalloc(sizeof(float*) * (size_t)(L + 1));
+    for (int b = 0; b <= L; b++) {
+        size_t at = dp->zero == 1 ? W * shard_map_offset(&dp->map, b)            /* every bucket its own */
+                    : b < L ? (size_t)(b % 2) * W * dp->map.layer.piece           /* two layer slots */
+                            : 2 * W * dp->map.layer.piece;                        /* then the rest */
+        dp->bucket[b] = dp->grad_memory + at;
+    }
+    /* backward writes the layers into their buckets, and the rest's tensors into its own */
+    g->grad_buckets = dp->bucket;
+    memset(&g->grads, 0, sizeof(g->grads));
+    const BucketShape* rest = &dp->map.rest;
+    for (int k = 0; k < rest->nseg; k++) ((float**)&g->grads)[rest->k[k]] = dp->bucket[L] + rest->pre[k];
+
+    /* the master shard, packed on the host, bucket by bucket */
+    float* h = xmalloc_floats(S);
+    for (int b = 0; b <= L; b++) shard_pack_host(h + shard_map_offset(&dp->map, b), host->params_memory, &dp->map, b, dp->rank);
+    CUDA_CHECK(cudaMemcpy(dp->master, h, S * sizeof(float), cudaMemcpyHostToDevice));
+    free(h);
+    /* the whole bf16 weights, rounded to nearest as gpu_model_init does, through the gradient buffer in chunks */
+    size_t P = g->num_parameters;
+    for (size_t at = 0; at < P; at += dp->grad_floats) {
+        size_t n = P - at < dp->grad_floats ? P - at : dp->grad_floats;
+        CUDA_CHECK(cudaMemcpy(dp->grad_memory, host->params_memory + at, n * sizeof(float), cudaMemcpyHostToDevice));
+        float_to_bf16_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(g->params_memory + at, dp->grad_memory, n);
+        KERNEL_CHECK();
+        gpu_wait(g->stream, NULL); /* before the next chunk overwrites the staging */
+    }
+    CUDA_CHECK(cudaMemset(dp->grad_memory, 0, dp->grad_floats * sizeof(float)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+static void dp_free(GpuDataParallel* dp) {
+    if (!dp->active) return;
+    gpu_wait(dp->comm->stream, NULL);
+    cudaEvent_t ev[] = {dp->grads_ready, dp->reduced, dp->updated, dp->comm_idle, dp->slot_free[0], dp->slot_free[1],
+                        dp->slot_free[2], dp->t_backward, dp->t_reduced, dp->t_gather0, dp->t_gather1};
+    for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
+    void* mem[] = {dp->map_dev, dp->grad_shard, dp->master, dp->m, dp->v, dp->param_shard, dp->grad_memory};
+    for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) CUDA_CHECK(cudaFree(mem[i]));
+    free(dp->bucket);
+    if (dp->g) {
+        dp->g->grads_begin = dp->g->grads_end = NULL;
+        dp->g->grad_buckets = NULL;
+    }
+    memset(dp, 0, sizeof(*dp));
+}
+
+/* What the run prints at the start: mode, memory per rank, traffic per step. */
+static void dp_print(const GpuDataParallel* dp, size_t P, int micro_batches) {
+    double mb = 1.0 / (1024.0 * 1024.0), W = dp->world, S = (double)dp->shard, Pp = S * W;
+    if (!dp->active) {
+        printf("data parallel: off (one GPU, --zero 0)\n");
+        return;
+    }
+    int nc = 0;
+    NCCL_CHECK(ncclGetVersion(&nc));
+    static const char* const names[3] = {"plain (allreduce)", "ZeRO-1 (optimizer state sharded)",
+                                         "ZeRO-2 (optimizer state and gradients sharded)"};
+    printf("data parallel: %s over %d rank(s) met through %s, NCCL %d.%d.%d; this rank %d, GPU %d; reductions %s\n",
+           names[dp->zero], dp->world, dp->comm->how, nc / 10000, (nc / 100) % 100, nc % 100, dp->rank,
+           dp->comm->device, dp->overlap ? "overlap backward, bucket by bucket" : "after backward (--overlap 0)");
+    printf("buckets: %d layers of %zu parameters, then wte+wpe+lnf with %zu; pieces of %zu and %zu per rank "
+           "(padded to %d x %d)\n", dp->L, dp->map.layer.pre[dp->map.layer.nseg], dp->map.rest.pre[dp->map.rest.nseg],
+           dp->map.layer.piece, dp->map.rest.piece, dp->world, DP_ALIGN);
+    double bytes;
+    if (dp->zero == 0) {
+        printf("per-rank state: bf16 weights %.0f MB, fp32 gradients %.0f MB, fp32 master + AdamW %.0f MB\n",
+               2 * P * mb, 4 * P * mb, 12 * P * mb);
+        bytes = 2.0 * (W - 1) / W * 4.0 * (double)P;
+        printf("sent per rank and step: allreduce 2 (W-1)/W x 4 B x P = %.1f MB (fp32 gradients, ring)\n", bytes * mb);
+        return;
+    }
+    printf("per-rank state: bf16 weights %.0f MB (+ %.0f MB the shard's, to send), fp32 gradients %.0f MB (%s) "
+           "+ %.0f MB the shard's, fp32 master + AdamW %.0f MB (shard of %zu)\n", 2 * P * mb, 2 * S * mb,
+           4.0 * dp->grad_floats * mb, dp->zero == 1 ? "every bucket, packed" : "2 layer slots + the rest",
+           4 * S * mb, 12 * S * mb, dp->shard);
+    double reductions = dp->zero == 2 ? micro_batches : 1;
+    bytes = (W - 1) / W * (4.0 * Pp * reductions + 2.0 * Pp);
+    printf("sent per rank and step: (W-1)/W x (4 B x P' x %.0f reduce-scatter(s) + 2 B x P' all-gather) = %.1f MB "
+           "(P' = %.0f padded parameters; fp32 gradients, bf16 weights, ring)\n", reductions, bytes * mb, Pp);
+}
+
+/* The next kernels on the compute stream wait for the communication stream
+ * (the weights are whole again, and the buckets free). */
+static void dp_params_ready(GpuDataParallel* dp) {
+    if (dp->active) CUDA_CHECK(cudaStreamWaitEvent(dp->g->stream, dp->comm_idle, 0));
+}
+
+static void dp_zero_grad(GpuDataParallel* dp) {
+    GpuGPT2* g = dp->g;
+    dp_params_ready(dp);
+    if (dp->zero == 0) gpu_zero_grad(g);
+    else if (dp->zero == 1) CUDA_CHECK(cudaMemsetAsync(dp->grad_memory, 0, dp->grad_floats * sizeof(float), g->stream));
+    else CUDA_CHECK(cudaMemsetAsync(dp->grad_shard, 0, dp->shard * sizeof(float), g->stream)); /* slots: as opened */
+    dp->gathered = 0;
+}
+
+/* Before each micro-batch's backward: plain and ZeRO-1 reduce only after the
+ * last one (the gradients accumulate until then); ZeRO-2 after every one. */
+static void dp_arm(GpuDataParallel* dp, int last_micro_batch) {
+    dp->armed = dp->active && (dp->zero == 2 || last_micro_batch);
+}
+
+static void dp_backward_done(GpuDataParallel* dp) {
+    if (dp->active) CUDA_CHECK(cudaEventRecord(dp->t_backward, dp->g->stream));
+}
+
+/* The updated bf16 pieces to every rank, each bucket then unpacked into
+ * the flat weights (the buckets' gradient memory is the staging). */
+static void dp_gather_weights(GpuDataParallel* dp) {
+    GpuGPT2* g = dp->g;
+    cudaStream_t cs = dp->comm->stream;
+    CUDA_CHECK(cudaEventRecord(dp->updated, g->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->updated, 0));
+    CUDA_CHECK(cudaEventRecord(dp->t_gather0, cs));
+    for (int b = 0; b <= dp->L; b++) {
+        const BucketShape* s = shard_map_bucket(&dp->map, b);
+        floatX* staging = (floatX*)dp->bucket[b]; /* W pieces of bf16 fit in half the fp32 bucket */
+        NCCL_CHECK(ncclAllGather(dp->param_shard + shard_map_offset(&dp->map, b), staging, s->piece, ncclBfloat16,
+                                 dp->comm->nccl, cs));
+        SegmentCopy sc = bucket_unpacking(s, b < dp->L ? (size_t)b : 0);
+        segments_copy_gpu(g->params_memory, staging, &sc, cs);
+    }
+    CUDA_CHECK(cudaEventRecord(dp->t_gather1, cs));
+    dp->gathered = 1;
+}
+
+/* After the step's backward: finish the reductions, the clipping norm, the
+ * mean loss over micro-batches and ranks, AdamW (skipped on every rank alike
+ * when the loss or the norm is not finite), and under ZeRO the all-gather.
+ * Returns the norm before clipping. */
+static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed,
+                      int micro_batches, double* loss, int* finite) {
+    GpuGPT2* g = dp->g;
+    double W = dp->world, norm;
+    if (dp->active) CUDA_CHECK(cudaStreamWaitEvent(g->stream, dp->reduced, 0));
+    if (dp->zero == 0) {
+        norm = gpu_grad_norm(g); /* the summed gradient: the same on every rank */
+        *loss = gpu_losses_fetch(g, micro_batches);
+        gpu_comm_sum(dp->comm, loss, 1);
+        *loss /= W;
+        *finite = isfinite(*loss) && isfinite(norm);
+        if (*finite) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
+        if (dp->active) CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
+        return norm;
+    }
+    /* ZeRO: the shard's sum of squares (fp32, fixed order), summed over the ranks in double */
+    float* partial = g->scratch.norm;
+    norm_squares_partial_kernel<<<NORM_BLOCKS, 256, 0, g->stream>>>(partial, dp->grad_shard, dp->shard);
+    KERNEL_CHECK();
+    norm_finish_kernel<<<1, 1024, 0, g->stream>>>(partial + NORM_BLOCKS, partial, NORM_BLOCKS, 0);
+    KERNEL_CHECK();
+    float* h_sum = g->h_loss_mean + MAX_MICRO_STEPS;
+    CUDA_CHECK(cudaMemcpyAsync(h_sum, partial + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    gpu_wait(g->stream, NULL);
+    double sums[2] = {*h_sum, gpu_losses_fetch(g, micro_batches)};
+    gpu_comm_sum(dp->comm, sums, 2);
+    norm = sqrt(sums[0]);
+    *loss = sums[1] / W;
+    *finite = isfinite(*loss) && isfinite(norm);
+    if (*finite) {
+        float bc1 = 1.0f - (float)pow(opt->beta1, t), bc2 = 1.0f - (float)pow(opt->beta2, t);
+        unsigned decay_mask = 0;
+        for (int k = 0; k < NUM_PARAMETER_TENSORS; k++)
+            if (opt->decay_all || PARAMETER_IS_MATRIX[k]) decay_mask |= 1u << k;
+        adamw_shard_kernel<<<ceil_div((long long)dp->shard, 256), 256, 0, g->stream>>>(
+            dp->param_shard, dp->master, dp->grad_shard, dp->m, dp->v, dp->shard, dp->map_dev, lr, opt->beta1,
+            opt->beta2, bc1, bc2, opt->eps, opt->weight_decay, decay_mask, (float)norm, max_norm, seed);
+        KERNEL_CHECK();
+        dp_gather_weights(dp);
+    }
+    CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
+    return norm;
+}
+
+/* Wait for the step (and its collectives), then add up where the time of
+ * the communication went. */
+static void dp_step_wait(GpuDataParallel* dp) {
+    gpu_wait(dp->g->stream, NULL);
+    if (!dp->active) return;
+    gpu_wait(dp->comm->stream, NULL);
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, dp->t_backward, dp->t_reduced));
+    dp->exposed_ms += ms;
+    if (dp->gathered) {
+        CUDA_CHECK(cudaEventElapsedTime(&ms, dp->t_gather0, dp->t_gather1));
+        dp->gather_ms += ms;
+    }
+    dp->steps_timed++;
+}
+
+/* The fp32 master weights into the host model (samples, checkpoints). Under
+ * ZeRO a collective: every rank must call it. Each bucket's master pieces
+ * are all-gathered into its gradient memory (free between steps), copied
+ * out and unpacked. */
+static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
+    GpuGPT2* g = dp->g;
+    if (dp->zero == 0) {
+        gpu_params_to_host(g, host);
+        return;
+    }
+    cudaStream_t cs = dp->comm->stream;
+    gpu_wait(g->stream, NULL);
+    gpu_wait(cs, NULL);
+    size_t most = dp_bucket_floats(dp, dp->L) > dp_bucket_floats(dp, 0) ? dp_bucket_floats(dp, dp->L)
+                                                                          : dp_bucket_floats(dp, 0);
+    float* packed = xmalloc_floats(most);
+    for (int b = 0; b <= dp->L; b++) {
+        const BucketShape* s = shard_map_bucket(&dp->map, b);
+        NCCL_CHECK(ncclAllGather(dp->master + shard_map_offset(&dp->map, b), dp->bucket[b], s->piece, ncclFloat,
+                                 dp->comm->nccl, cs));
+        gpu_wait(cs, NULL);
+        CUDA_CHECK(cudaMemcpy(packed, dp->bucket[b], s->pre[s->nseg] * sizeof(float), cudaMemcpyDeviceToHost));
+        bucket_unpack_host(host->params_memory, packed, &dp->map, b);
+    }
+    free(packed);
+    CUDA_CHECK(cudaEventRecord(dp->comm_idle, cs)); /* (the buckets are zeroed again before backward writes them) */
+}
+
+/* ------------------------------------------------------------------------ */
+/* G7. Training loop and main                                               */
 /* ------------------------------------------------------------------------ */
 
 /* GPU-only flags, taken out of argv before train_gpt.c's parser sees it. */
 typedef struct {
-    int gelu_fusion; /* --gelu-fusion 0|1 */
+    int gelu_fusion;      /* --gelu-fusion 0|1 */
+    const char* init;     /* --init auto|mpi|file:PATH|tcp:HOST:PORT */
+    double init_timeout;  /* --init-timeout, seconds */
+    double comm_timeout;  /* --comm-timeout, seconds */
 } CudaOptions;
 
 #define CUDA_FLAGS_HELP \
-    "  --gelu-fusion            GPU: 1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels [1]\n"
+    "  --gelu-fusion            GPU: 1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels [1]\n" \
+    "  --init                   GPU, one process per GPU: how the ranks meet: mpi (a build with MPI, make\n" \
+    "                           train_gpt_cu_mpi; under mpirun or srun --mpi=pmix), file:PATH (a path every rank\n" \
+    "                           sees) or tcp:HOST:PORT (rank 0's host and a free port), with rank and size from the\n" \
+    "                           launcher (Slurm, Open MPI, PMI, or RANK/WORLD_SIZE/LOCAL_RANK) and a run id\n" \
+    "                           (GPTC_RUN_ID, or Slurm's job and step); auto = mpi in an MPI build started as\n" \
+    "                           several ranks, else one GPU [auto]\n" \
+    "  --init-timeout           GPU: seconds to wait for every rank at a file: or tcp: rendezvous [300]\n" \
+    "  --comm-timeout           GPU, several ranks: stop when a wait on a collective lasts this many seconds\n" \
+    "                           (a rank hung or died) [1800]\n" \
+    "  --zero                   (shared) on GPUs: 0 = allreduce, 1 = ZeRO-1, 2 = ZeRO-2; 1 and 2 also run on one\n" \
+    "                           GPU, as one rank of the sharded code\n"
 
 /* Remove the GPU flags from argv (in place); returns the new argc or -1. */
 static int cuda_options_parse(CudaOptions* co, int argc, char** argv) {
+    static const char* const names[4] = {"--gelu-fusion", "--init", "--init-timeout", "--comm-timeout"};
     co->gelu_fusion = 1;
+    co->init = "auto";
+    co->init_timeout = 300.0;
+    co->comm_timeout = 1800.0;
     int out = 1;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* value = NULL;
-        if (!strcmp(a, "--gelu-fusion")) {
-            if (i + 1 >= argc) { fprintf(stderr, "error: --gelu-fusion needs a value\n"); return -1; }
-            value = argv[++i];
-        } else if (!strncmp(a, "--gelu-fusion=", 14)) {
-            value = a + 14;
-        } else {
+        int which = -1;
+        for (int f = 0; f < 4 && which < 0; f++) {
+            size_t n = strlen(names[f]);
+            if (!strcmp(a, names[f])) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "error: %s needs a value\n", names[f]);
+                    return -1;
+                }
+                value = argv[++i];
+                which = f;
+            } else if (!strncmp(a, names[f], n) && a[n] == '=') {
+                value = a + n + 1;
+                which = f;
+            }
+        }
+        if (which < 0) {
             argv[out++] = argv[i];
             continue;
         }
-        if (strcmp(value, "0") && strcmp(value, "1")) {
-            fprintf(stderr, "error: --gelu-fusion must be 0 or 1, got \"%s\"\n", value);
-            return -1;
+        if (which == 0) {
+            if (strcmp(value, "0") && strcmp(value, "1")) {
+                fprintf(stderr, "error: --gelu-fusion must be 0 or 1, got \"%s\"\n", value);
+                return -1;
+            }
+            co->gelu_fusion = value[0] == '1';
+        } else if (which == 1) {
+            if (strcmp(value, "auto") && strcmp(value, "mpi") && strncmp(value, "file:", 5) && strncmp(value, "tcp:", 4)) {
+                fprintf(stderr, "error: --init must be auto, mpi, file:PATH or tcp:HOST:PORT, got \"%s\"\n", value);
+                return -1;
+            }
+            co->init = value;
+        } else {
+            char* end = NULL;
+            double v = strtod(value, &end);
+            if (end == value || *end != '\0' || !(v > 0.0) || !isfinite(v)) {
+                fprintf(stderr, "error: %s must be a number of seconds > 0, got \"%s\"\n", names[which], value);
+                return -1;
+            }
+            if (which == 2) co->init_timeout = v;
+            else co->comm_timeout = v;
         }
-        co->gelu_fusion = value[0] == '1';
     }
     argv[out] = NULL;
     return out;
+}
+
+/* What the flags ask that this build cannot do (checked before any GPU is touched). */
+static const char* cuda_options_problem(const CudaOptions* co, const Options* o) {
+#ifndef USE_MPI
+    if (!strcmp(co->init, "mpi"))
+        return "--init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this build meets through "
+               "--init file:PATH or --init tcp:HOST:PORT";
+#else
+    (void)co;
+#endif
+    if (o->resume) return "--resume: the CUDA twin writes no training states yet (only model checkpoints, --save-every)";
+    if (o->stop_at) return "--stop-at: the CUDA twin writes no training states yet to continue from";
+    return NULL;
 }
 
 /* Mean loss over up to `batches` validation micro-batches, on the GPU. */
@@ -1654,19 +2381,29 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
     return (float)gpu_losses_fetch(g, batches);
 }
 
+/* What gpu_train needs beyond train_gpt.c's arguments. */
+typedef struct {
+    const CudaOptions* co;
+    GpuComm* comm;
+} GpuRunContext;
+
 /* The training loop: train_gpt.c's train() with the GPU doing the steps;
- * the data, schedule and log lines come from the same TrainRun (plus MFU). */
-static int gpu_train(GPT2* host, const Options* o, const CudaOptions* co, const Tokenizer* tok,
+ * the data, schedule and log lines come from the same TrainRun (plus MFU).
+ * With several ranks each trains on its slice of every step's batch (G6). */
+static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, const Tokenizer* tok,
                      const char* train_pattern, const char* val_pattern) {
     const GPT2Config* c = &host->config;
+    GpuComm* comm = ctx->comm;
+    int rank = comm->rank, world = comm->world;
     TrainRun r;
-    if (train_run_init(&r, c, o, train_pattern, val_pattern, 0, 1) != 0) return -1; /* one GPU: NCCL is to come */
+    if (train_run_init(&r, c, o, train_pattern, val_pattern, rank, world) != 0) return -1;
     int B = r.B, T = r.T;
     if (r.grad_accum > MAX_MICRO_STEPS) {
         fprintf(stderr, "error: %d micro-batches per step; this build allows %d: raise --batch-size\n", r.grad_accum,
                 MAX_MICRO_STEPS);
         return -1;
     }
+    if (gpu_comm_check_agreement(comm, host, o, o->zero, &r.train) != 0) return -1;
     int dev;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -1675,65 +2412,85 @@ static int gpu_train(GPT2* host, const Options* o, const CudaOptions* co, const 
     printf("device: %s, %.1f GB, compute capability %d.%d, peak bf16 %s\n", prop.name,
            prop.totalGlobalMem / 1e9, prop.major, prop.minor, peak > 0 ? "" : "unknown (MFU n/a)");
     if (peak > 0) printf("peak bf16 dense: %.0f TFLOP/s (datasheet)\n", peak);
+    GpuDataParallel dp;
+    dp_layout(&dp, comm, c, o->zero, o->overlap);
     MemoryPlan plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES);
+    dp_memory_plan(&dp, &plan, host->num_parameters);
     memory_plan_print(&plan);
     size_t free0, free1, total_mem;
     CUDA_CHECK(cudaMemGetInfo(&free0, &total_mem));
     if (memory_plan_total(&plan) > free0) {
-        fprintf(stderr, "error: the plan needs %.0f MB, the GPU has %.0f MB free: lower --batch-size\n",
-                memory_plan_total(&plan) / 1048576.0, free0 / 1048576.0);
+        fprintf(stderr, "error: rank %d: the plan needs %.0f MB, the GPU has %.0f MB free: lower --batch-size%s\n", rank,
+                memory_plan_total(&plan) / 1048576.0, free0 / 1048576.0, world > 1 && o->zero < 2 ? " or raise --zero" : "");
         return -1;
     }
     GpuGPT2 g;
-    gpu_model_init(&g, host, B, T, co->gelu_fusion);
+    gpu_model_init_with(&g, host, B, T, ctx->co->gelu_fusion, o->zero == 0 || !dp.active);
+    dp_init(&dp, &g, host);
     CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem));
     printf("memory: cudaMemGetInfo says %.0f MB taken by this run (the plan: %.0f MB; the difference is the "
-           "CUDA context, allocator rounding and cuBLASLt), %.0f MB free\n",
+           "CUDA context, allocator rounding, cuBLASLt and NCCL), %.0f MB free\n",
            (free0 - free1) / 1048576.0, memory_plan_total(&plan) / 1048576.0, free1 / 1048576.0);
     printf("GELU: %s\n", g.gelu_fusion ? "cuBLASLt epilogues" : "own kernels");
+    dp_print(&dp, host->num_parameters, r.grad_accum);
     double fpt = flops_per_token(c, host->num_parameters, T);
+    timing_print(&comm->dist, "communicator ready", comm->dist.t_comm);
+    heartbeat_write(o, rank, 0);
 
     for (int step = 0; step <= r.steps; step++) {
-        if (train_run_val_due(&r, o, step)) train_run_log_val(&r, step, gpu_evaluate(&g, &r.val, o->val_batches));
+        dp_params_ready(&dp);
+        if (train_run_val_due(&r, o, step)) {
+            double val = gpu_evaluate(&g, &r.val, o->val_batches);
+            gpu_comm_sum(comm, &val, 1);
+            train_run_log_val(&r, step, (float)(val / world));
+        }
         if (train_run_sample_due(&r, o, step)) {
-            gpu_params_to_host(&g, host); /* the sampler runs on the CPU, with the KV cache */
-            sample_print(host, tok, o, &r.sample_rng);
+            dp_params_to_host(&dp, host); /* the sampler runs on the CPU, with the KV cache */
+            if (rank == 0) sample_print(host, tok, o, &r.sample_rng);
         }
         if (step == r.steps) break;
         double t0 = time_ms();
-        gpu_zero_grad(&g);
+        dp_zero_grad(&dp);
         for (int micro = 0; micro < r.grad_accum; micro++) {
             if (dataloader_next(&r.train) != 0) return -1;
-            gpu_forward(&g, r.train.inputs, r.train.targets, B, T, 1.0f / ((float)r.grad_accum * B * T), micro);
+            gpu_forward(&g, r.train.inputs, r.train.targets, B, T, 1.0f / ((float)r.grad_accum * B * T * world), micro);
+            dp_arm(&dp, micro == r.grad_accum - 1);
             gpu_backward(&g);
         }
-        double norm = gpu_grad_norm(&g);
-        double loss = gpu_losses_fetch(&g, r.grad_accum);
+        dp_backward_done(&dp);
         float lr = (float)lr_at(&r.sched, step);
-        int finite = isfinite(loss) && isfinite(norm);
-        if (finite) gpu_adamw_update(&g, &r.opt, lr, step + 1, o->grad_clip, (uint32_t)(o->seed * 1000003u + step));
-        CUDA_CHECK(cudaStreamSynchronize(g.stream)); /* the step's time includes the update */
+        double loss = 0.0;
+        int finite = 0;
+        double norm = dp_step(&dp, &r.opt, lr, step + 1, o->grad_clip, (uint32_t)(o->seed * 1000003u + step),
+                              r.grad_accum, &loss, &finite);
+        dp_step_wait(&dp); /* the step's time includes the update and the all-gather */
         double ms = time_ms() - t0;
         char mfu[64];
-        mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0), fpt, peak);
+        mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, fpt, peak); /* per GPU */
         train_run_log_step(&r, step, loss, lr, norm, ms, finite, mfu);
+        if (step == 0) timing_print(&comm->dist, "first step done", unix_ms());
+        heartbeat_write(o, rank, step + 1);
         if (o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) {
-            gpu_params_to_host(&g, host);
-            checkpoint_save(host, o, step + 1);
+            dp_params_to_host(&dp, host);
+            if (rank == 0) checkpoint_save(host, o, step + 1);
         }
     }
-    gpu_params_to_host(&g, host);
-    checkpoint_save(host, o, r.steps);
+    if (dp.active && dp.steps_timed > 0)
+        printf("communication per step: %.2f ms of reduction left after backward, %.2f ms all-gather (means over %d "
+               "steps)\n", dp.exposed_ms / dp.steps_timed, dp.gather_ms / dp.steps_timed, dp.steps_timed);
+    dp_params_to_host(&dp, host);
+    if (rank == 0) checkpoint_save(host, o, r.steps);
     train_run_free(&r);
+    dp_free(&dp);
     gpu_model_free(&g);
     return 0;
 }
 
-/* gpu_train as train_gpt.c's TrainFn; ctx holds the GPU-only flags.
+/* gpu_train as train_gpt.c's TrainFn; ctx is a GpuRunContext.
  * (--prompt stays on the CPU: the sampler with its KV cache.) */
 static int gpu_train_fn(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                         const char* val_pattern, void* ctx) {
-    return gpu_train(model, o, (const CudaOptions*)ctx, tok, train_pattern, val_pattern);
+    return gpu_train(model, o, (const GpuRunContext*)ctx, tok, train_pattern, val_pattern);
 }
 
 #ifndef GPTCU_LIBRARY /* test_gpt.cu and dev/cuda/ include this file for its kernels */
@@ -1749,6 +2506,7 @@ int main(int argc, char** argv) {
         return rc == 1 ? 0 : EXIT_FAILURE;
     }
     const char* problem = options_problem(&o);
+    if (!problem) problem = cuda_options_problem(&co, &o);
     if (problem) {
         fprintf(stderr, "error: %s\n", problem);
         return EXIT_FAILURE;
@@ -1758,10 +2516,30 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: no CUDA device found; train on the CPU with ./train_gpt (same flags)\n");
         return EXIT_FAILURE;
     }
+    gpu_comm_timeout_s = co.comm_timeout;
+    GpuComm comm;
+    if (gpu_comm_init(&comm, co.init, co.init_timeout, o.zero > 0, &argc, &argv) != 0) {
+        gpu_comm_free(&comm, 1);
+        return EXIT_FAILURE;
+    }
+    /* ranks other than 0 train silently: their errors still go to stderr */
+    if (comm.rank != 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "warning: rank %d prints\n", comm.rank);
+    if (o.data[0] && comm.world > 1 && !comm.mpi) {
+        fprintf(stderr, "error: --data with several ranks needs --init mpi (the others wait at a barrier while rank 0 "
+                "tokenizes); without MPI tokenize first with one process (./train_gpt_cu --data %s --steps 1), then "
+                "give the ranks --train-data \"%s.gptc/shard_train_*.bin\" --val-data \"%s.gptc/shard_val_*.bin\"\n",
+                o.data, o.data, o.data);
+        gpu_comm_free(&comm, 1);
+        return EXIT_FAILURE;
+    }
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
-    printf("threads: %d (OpenMP, host side: data, sampling)\n", num_threads());
+    printf("threads: %d (OpenMP, host side: data, sampling)%s\n", num_threads(), comm.world > 1 ? " per rank" : "");
 #endif
-    return gptc_run(&o, gpu_train_fn, &co, NULL) == 0 ? 0 : EXIT_FAILURE; /* train_gpt.c: model, tokenizer, --prompt, --data */
+    GpuRunContext ctx = {&co, &comm};
+    /* train_gpt.c: model, tokenizer, --prompt, --data (rank 0 tokenizes; under MPI the others wait) */
+    rc = gptc_run(&o, gpu_train_fn, &ctx, comm.mpi ? &comm.dist : NULL);
+    gpu_comm_free(&comm, rc != 0);
+    return rc == 0 ? 0 : EXIT_FAILURE;
 }
 #endif /* !GPTCU_LIBRARY */
