@@ -1136,6 +1136,79 @@ static void test_resume(void) {
           "resume: B=2 x 2 micro-batches continues a B=4 state (same tokens per step), and --steps may grow", rc ? out : "");
 }
 
+/* Bad steps: a NaN in the gradients skips the update; three in a row roll
+ * back to the last memory snapshot; a loss spike (z-score) is skipped. The
+ * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*). */
+static void test_bad_steps(void) {
+    const char* shard = tmp_path("bad_train_000.bin");
+    write_shard(shard, 20000, 50, 3, SHARD_MAGIC, 1, 20000);
+    char common[1400], cmd[2000], a[800], b[800];
+    static char out[1 << 17];
+    snprintf(common, sizeof(common),
+             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -b 4 -t 16 "
+             "-x 40 --lr 3e-3 --val-every 0 --sample-every 0 --threads 2 --snapshot-every 4 --shm-dir %s",
+             shard, tmpdir);
+    snprintf(cmd, sizeof(cmd), "%s -o %s/badA --spike-z 6", common, tmpdir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0 && !strstr(out, "spike"), "bad steps: a clean run has no loss spike at z = 6 (no false alarm)", rc ? out : "");
+    snprintf(cmd, sizeof(cmd), "GPTC_INJECT_NAN=10 %s -o %s/badB", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    const char* line = strstr(out, "step    10/40");
+    int skipped = line && strstr(line, "non-finite: update skipped") && strstr(line, "\n") > strstr(line, "skipped");
+    check(rc == 0 && skipped && !strstr(out, "rollback"), "bad steps: a NaN in the gradients at step 10 skips that update only", rc ? out : "");
+    snprintf(cmd, sizeof(cmd), "GPTC_INJECT_NAN=14,15,16 %s -o %s/badC", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(a, sizeof(a), "%s/badC/model_00000040.bin", tmpdir);
+    check(rc == 0 && strstr(out, "rollback: 3 bad steps in a row; weights and moments back to the snapshot of step 12, "
+                                 "skipping the batches of steps 13..16") && access(a, F_OK) == 0,
+          "bad steps: three NaN steps in a row roll back to the snapshot of step 12 and skip their batches", rc ? out : "");
+    /* the rolled-back run trained on other batches from step 13 on: its weights differ from the clean run's */
+    snprintf(b, sizeof(b), "%s/badA/model_00000040.bin", tmpdir);
+    check(!files_equal(a, b), "bad steps: the rolled-back run differs from the clean one (it skipped data)", "");
+    snprintf(cmd, sizeof(cmd), "GPTC_INJECT_SPIKE=30 %s -o %s/badD --spike-z 6", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0 && strstr(out, "step 30: loss") && strstr(out, "is a spike") && strstr(out, "update skipped"),
+          "bad steps: a loss spike at step 30 is detected (z > 6) and its update skipped", rc ? out : "");
+    snprintf(cmd, sizeof(cmd), "GPTC_INJECT_NAN=14,15,16 %s -o %s/badE --rollback-after 0", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0 && !strstr(out, "rollback:"), "bad steps: --rollback-after 0 only skips", rc ? out : "");
+}
+
+/* A full disk while saving (a file-size limit makes every large write fail
+ * with EFBIG, as ENOSPC would): the run says so, the complete state before
+ * stays intact, and resuming from it later ends bit for bit where an
+ * uninterrupted run does. */
+static void test_disk_full(void) {
+    const char* shard = tmp_path("full_train_000.bin");
+    write_shard(shard, 6000, 50, 3, SHARD_MAGIC, 1, 6000);
+    char common[1400], cmd[2000], a[800], b[800];
+    static char out[1 << 16];
+    snprintf(common, sizeof(common),
+             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -b 4 -t 16 "
+             "-x 12 --lr 3e-3 --val-every 0 --sample-every 0 --save-every 4 --threads 2", shard);
+    snprintf(cmd, sizeof(cmd), "%s -o %s/fullA", common, tmpdir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s -o %s/fullB --stop-at 4", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    /* 16 blocks of 512 bytes: the small files fit, no state or model does */
+    snprintf(cmd, sizeof(cmd), "trap '' XFSZ; ulimit -f 16; %s -o %s/fullB --resume 1", common, tmpdir);
+    int full = run_capture(cmd, out, sizeof(out));
+    char st4[800], mk8[800];
+    snprintf(st4, sizeof(st4), "%s/fullB/state_00000004.complete", tmpdir);
+    snprintf(mk8, sizeof(mk8), "%s/fullB/state_00000008.complete", tmpdir);
+    check(rc == 0 && full != 0 && strstr(out, "write failed") && strstr(out, "incomplete on disk") &&
+          strstr(out, "the final model and training state could not be written") && access(st4, F_OK) == 0 &&
+          access(mk8, F_OK) != 0,
+          "disk full: the failed writes are reported, the run ends with an error, the state of step 4 stays the newest",
+          rc ? out : "");
+    snprintf(cmd, sizeof(cmd), "%s -o %s/fullB --resume 1", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(a, sizeof(a), "%s/fullA/model_00000012.bin", tmpdir);
+    snprintf(b, sizeof(b), "%s/fullB/model_00000012.bin", tmpdir);
+    check(rc == 0 && strstr(out, "continuing after step 4") && files_equal(a, b),
+          "disk full: with room again, resuming from step 4 ends bit for bit where the uninterrupted run does", rc ? out : "");
+}
+
 /* One child per rank runs rendezvous_share; it exits 0 when it holds rank
  * 0's bytes, 1 when the rendezvous failed, 2 when it holds other bytes.
  * `skip` names a rank that never starts (-1: none); `odd_id` a rank that
@@ -1360,6 +1433,8 @@ int main(int argc, char** argv) {
     test_trainer_binary();
     test_resume();
     test_rendezvous();
+    test_bad_steps();
+    test_disk_full();
     test_kv_cache(model);
     test_sampler();
     test_text_documents();

@@ -4928,6 +4928,7 @@ typedef struct {
     /* figures */
     double stall_ms, disk_wait_ms, max_stall_ms;
     int snapshots;
+    int last_failed;       /* the last disk write failed on some rank */
 #ifdef USE_MPI
     MPI_Request send[OWN_SLOTS];  /* replica of own slot k on its way to rank r + 1 */
     MPI_Request recv[HELD_SLOTS]; /* replica arriving from rank r - 1 */
@@ -5008,7 +5009,8 @@ static void saver_mark(Saver* sv, const Dist* d, const Options* o) {
     sv->writer_busy = 0;
     sv->pinned = -1;
     int step = sv->write_step;
-    if (dist_sum(d, sv->write_result == 0) < d->world) {
+    sv->last_failed = dist_sum(d, sv->write_result == 0) < d->world;
+    if (sv->last_failed) {
         fprintf(stderr, "warning: rank %d: the training state of step %d is incomplete on disk; the previous one stays "
                 "the newest there, training continues%s\n", d->rank, step,
                 sv->memory ? " (protected by the memory snapshots)" : "");
@@ -5385,15 +5387,19 @@ static void timing_print(const Dist* d, const char* what, double unix_now) {
 /* Test hooks (for scripts/test_failover.sh): GPTC_INJECT_NAN and
  * GPTC_INJECT_SPIKE list steps (1-based, comma-separated) at which rank 0
  * puts a NaN into its gradients, or at which the loss the spike detector
- * sees is raised by 100. Said aloud when set. */
-static int inject_at(const char* var, int step) {
+ * sees is raised by 100 (each step once, though a rollback replays it).
+ * Said aloud when set. */
+static int inject_at(const char* var, int step, int* done_upto) {
     const char* list = getenv(var);
-    if (!list) return 0;
+    if (!list || step <= *done_upto) return 0; /* once per step: a rollback replays step numbers */
     for (const char* p = list; *p;) {
         char* end;
         long v = strtol(p, &end, 10);
         if (end == p) break;
-        if (v == step) return 1;
+        if (v == step) {
+            *done_upto = step;
+            return 1;
+        }
         p = *end == ',' ? end + 1 : end;
         if (end == p) break;
     }
@@ -5431,7 +5437,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     Saver saver;
     if (saver_init(&saver, dist, model, o) != 0) return -1;
     heartbeat_write(o, r.rank, start);
-    int rollbacks = 0;
+    int rollbacks = 0, nan_upto = 0, spike_upto = 0;
     for (int step = start; step <= r.steps; step++) {
         if (train_run_val_due(&r, o, step) && (step > start || start == 0))
             train_run_log_val(&r, step, (float)(dist_sum(dist, evaluate(model, &r.val, o->val_batches)) / r.world));
@@ -5447,9 +5453,9 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
             gpt2_backward(model, 1.0f / ((float)r.grad_accum * r.world));
         }
         loss = dist_sum(dist, loss) / r.world;
-        if (r.rank == 0 && inject_at("GPTC_INJECT_NAN", step + 1)) model->grads_memory[0] = NAN;
+        if (inject_at("GPTC_INJECT_NAN", step + 1, &nan_upto) && r.rank == 0) model->grads_memory[0] = NAN;
         double z = 0.0;
-        int spike = losswatch_spike(&r.watch, loss + (inject_at("GPTC_INJECT_SPIKE", step + 1) ? 100.0 : 0.0),
+        int spike = losswatch_spike(&r.watch, loss + (inject_at("GPTC_INJECT_SPIKE", step + 1, &spike_upto) ? 100.0 : 0.0),
                                     o->spike_z, &z);
         float lr = (float)lr_at(&r.sched, step);
         int finite = 0;
@@ -5500,14 +5506,21 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
                "in all\n", saver.snapshots, saver.stall_ms / saver.snapshots, saver.max_stall_ms, saver.disk_wait_ms);
     if (rollbacks) printf("rollbacks: %d\n", rollbacks);
+    int rc = 0;
     if (o->output_dir[0]) {
         saver_snapshot(&saver, &r, dist, model, o, r.steps, 1); /* the final state and model */
         saver_before_update(&saver);
         saver_poll(&saver, dist, o, 1);
+        if (saver.last_failed) {
+            fprintf(stderr, "error: the final model and training state could not be written (see above); make room "
+                    "in %s and run again with --resume 1 to write them%s\n", o->output_dir,
+                    saver.memory ? " (from the memory snapshots, still in place)" : "");
+            rc = -1;
+        }
     }
-    saver_free(&saver, 1); /* the run is over: its memory snapshots go */
+    saver_free(&saver, rc == 0); /* the run is over: its memory snapshots go (kept if the last write failed) */
     train_run_free(&r);
-    return 0;
+    return rc;
 }
 
 /* A training loop: train() here, gpu_train() in the CUDA twin. */
