@@ -4,10 +4,14 @@
 # lab, run test_gpt.cu (first under compute-sanitizer when it is there), then
 # time GPT-2 124M training at T=1024 with the largest micro-batch that fits,
 # beside PyTorch (torch.compile + SDPA flash attention, same model and batch)
-# when torch with CUDA is importable. Prints a short table last.
+# when torch with CUDA is importable; with two or more GPUs, the data-parallel
+# (NCCL) path too: scripts/gpu_check_dp.sh (2 GPUs against 1 for --zero
+# 0/1/2, and the scaling; about 3 more minutes, none with one GPU). Prints a
+# short table last.
 # Logs go to $OUT/gpu_check/ when OUT is set, else to ./gpu_check_logs/.
 #   scripts/gpu_check.sh                 # everything
 #   BENCH_STEPS=10 scripts/gpu_check.sh  # shorter benchmark
+#   scripts/gpu_check_dp.sh              # the NCCL checks alone (with one GPU: ZeRO as one rank, ~1 min)
 # STATUS: not yet run on a GPU.
 set -u
 cd "$(dirname "$0")/.."
@@ -33,8 +37,8 @@ FLAGS="-O3 -arch=$ARCH -std=c++17 -Xcompiler -fopenmp -I."
 build_ok=1
 for t in "train_gpt_cu train_gpt.cu" "test_gpt_cu test_gpt.cu"; do
     set -- $t
-    echo "$NVCC $FLAGS -o $1 $2 -lcublasLt"
-    "$NVCC" $FLAGS -o "$1" "$2" -lcublasLt > "$LOG/build_$1.log" 2>&1 || { cat "$LOG/build_$1.log"; build_ok=0; }
+    echo "$NVCC $FLAGS -o $1 $2 -lcublasLt -lnccl"
+    "$NVCC" $FLAGS -o "$1" "$2" -lcublasLt -lnccl > "$LOG/build_$1.log" 2>&1 || { cat "$LOG/build_$1.log"; build_ok=0; }
 done
 [ $build_ok -eq 1 ] && note "build: ok ($ARCH, $(elapsed))" || { note "build: FAILED"; printf "$summary"; exit 1; }
 
@@ -95,6 +99,16 @@ if [ -n "$BENCH_B" ] && $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_a
     fi
 else
     note "PyTorch with CUDA: not importable, skipped"
+fi
+
+# 6. data parallel over NCCL: only with two or more GPUs (the one-GPU budget is untouched)
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$NGPU" -ge 2 ]; then
+    BIN=./train_gpt_cu timeout 420 scripts/gpu_check_dp.sh > "$LOG/dp.log" 2>&1
+    note "data parallel ($NGPU GPUs): $(tail -n 1 "$LOG/dp.log") ($(elapsed))"
+    while IFS= read -r l; do summary="$summary  ${l//%/%%}\n"; done < <(sed -n '/==== gpu_check_dp summary/,$p' "$LOG/dp.log" | sed '1d;$d')
+else
+    note "data parallel: one GPU visible, NCCL checks skipped (scripts/gpu_check_dp.sh runs them as one rank)"
 fi
 
 echo

@@ -1,0 +1,178 @@
+#!/bin/bash
+# scripts/gpu_check_dp.sh — the data-parallel (NCCL) path of train_gpt_cu on
+# a machine with GPUs. STATUS: not yet run on a GPU (written where there is
+# none); expect to fix things on its first run.
+#
+#   scripts/gpu_check_dp.sh             # ./train_gpt_cu must exist (gpu_check.sh builds it)
+#   BENCH_STEPS=10 scripts/gpu_check_dp.sh
+#
+# With one GPU (about a minute): --zero 1 and --zero 2 run the sharded code
+# as one rank of a one-rank NCCL communicator; with --grad-clip 0 their
+# losses must equal --zero 0's bit for bit (same gradients, same AdamW, same
+# stochastic rounding; only the order of the norm's sum differs, and without
+# clipping the norm is not used), except ZeRO-2 with 2 micro-batches (its
+# shard sums them in another order when cuBLASLt splits K: LOSS_TOL).
+# With two or more GPUs (gpu_check.sh calls this only then; about 3 minutes):
+#   - correctness: a small GPT for 8 steps on the same global batch, one GPU
+#     (2 micro-batches of B) against 2 ranks of B each, --zero 0, 1 and 2,
+#     clipping on (the sharded norm is used); the ranks meet through
+#     --init tcp:127.0.0.1:PORT (zero 0, 2) and --init file:PATH (zero 1),
+#     started with RANK/WORLD_SIZE/LOCAL_RANK (no MPI needed). Losses must
+#     agree to LOSS_TOL relative (bf16 weights: the ranks sum the gradients
+#     in another order, so a few roundings differ); with 3+ GPUs also all of
+#     them (--zero 1: the shards are padded);
+#   - scaling: GPT-2 124M at T=1024, B=16 per GPU, on 1 GPU and on 2 (the
+#     global batch doubles: weak scaling), each --zero: median tokens/s, the
+#     2-GPU speed-up, and where the communication time went.
+# Logs go to $OUT/gpu_check/dp/ when OUT is set, else ./gpu_check_logs/dp/.
+# The last line is "dp: N passed, N failed"; exit status non-zero on failure.
+set -u
+cd "$(dirname "$0")/.."
+LOG=${OUT:+$OUT/gpu_check/dp}
+LOG=${LOG:-gpu_check_logs/dp}
+mkdir -p "$LOG"
+BIN=${BIN:-./train_gpt_cu}
+PY=${PYTHON:-python3}
+BENCH_STEPS=${BENCH_STEPS:-10}
+LOSS_TOL=${LOSS_TOL:-2e-3}
+START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - START ))s; }
+passed=0
+failed=0
+summary=""
+check() { # check ok|FAIL what [detail]
+    if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    line="$( [ "$1" = ok ] && echo "ok  " || echo "FAIL") $2${3:+  ($3)}"
+    echo "$line"
+    summary="$summary$line\n"
+}
+[ -x "$BIN" ] || { echo "gpu_check_dp: $BIN not found: make train_gpt_cu (or run scripts/gpu_check.sh)"; exit 1; }
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+echo "gpu_check_dp: $NGPU GPU(s) visible"
+[ "$NGPU" -ge 1 ] || { echo "gpu_check_dp: no GPU"; exit 77; }
+
+# the launcher variables of an outer job would make every process think it is one of its ranks
+CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
+    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
+
+TOY=/tmp/gptc_dp_toy.bin
+[ -f $TOY ] || $PY scripts/toy_shard.py $TOY 400000 256 0 > /dev/null || { echo "gpu_check_dp: cannot write $TOY"; exit 1; }
+SMALL="--model d2 --channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --seq-len 64
+       --steps 8 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
+
+# one process: name, flags...
+run1() {
+    local name=$1
+    shift
+    $CLEAN_ENV timeout 180 "$BIN" "$@" --log-file "$LOG/$name.jsonl" > "$LOG/$name.log" 2>&1
+}
+
+# W ranks on GPUs 0..W-1: name, W, init (tcp or file), flags...
+runw() {
+    local name=$1 w=$2 how=$3
+    shift 3
+    local init="tcp:127.0.0.1:$((29500 + RANDOM % 2000))"
+    [ "$how" = file ] && init="file:$LOG/$name.rendezvous"
+    local pids=() rc=0
+    for ((r = 0; r < w; r++)); do
+        $CLEAN_ENV RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r GPTC_RUN_ID="gpu-check-dp-$$-$name" \
+            timeout 300 "$BIN" --init "$init" --init-timeout 60 --comm-timeout 120 "$@" \
+            --log-file "$LOG/$name.jsonl" > "$LOG/$name.rank$r.log" 2>&1 &  # (rank 0 alone writes the log)
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    cp "$LOG/$name.rank0.log" "$LOG/$name.log"
+    return $rc
+}
+
+# max |loss_a - loss_b| / |loss_b| over the steps of two JSONL logs, or "n/a" when they differ in length
+loss_diff() {
+    awk -F'"loss": ' '/"loss"/ { split($2, v, ","); if (FILENAME == ARGV[1]) a[++n] = v[1]; else b[++m] = v[1] }
+        END { if (n == 0 || n != m) { print "n/a"; exit }
+              worst = 0; for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d; r = d / (b[i] < 0 ? -b[i] : b[i]);
+              if (r > worst) worst = r } printf "%.3g\n", worst }' "$1" "$2"
+}
+same_losses() { # bit for bit as logged (%.6f)
+    [ -s "$1" ] && [ -s "$2" ] && diff -q <(grep -o '"loss": [^,]*' "$1") <(grep -o '"loss": [^,]*' "$2") > /dev/null
+}
+
+# ---- one GPU: the sharded code as one rank --------------------------------
+# one micro-batch: every mode must be bit for bit --zero 0; two micro-batches:
+# ZeRO-1 accumulates as plain does (bit for bit), ZeRO-2 adds each micro-batch's
+# reduced piece into its shard, a different order of the same fp32 sums when
+# cuBLASLt splits K (within LOSS_TOL)
+for a in 1 2; do
+    for z in 0 1 2; do
+        run1 one_acc${a}_zero$z $SMALL --batch-size $((8 / a)) --total-batch-size 512 --grad-clip 0 --zero $z
+        echo "rc=$? (one GPU, --zero $z, $a micro-batches)" >> "$LOG/one_acc${a}_zero$z.log"
+    done
+    check "$(grep -q '^step' "$LOG/one_acc${a}_zero0.log" && echo ok || echo FAIL)" "one GPU, --zero 0, $a micro-batch(es): trains" \
+        "$(grep '^step' "$LOG/one_acc${a}_zero0.log" | tail -n 1 | cut -d'|' -f1-2)"
+    for z in 1 2; do
+        ref="$LOG/one_acc${a}_zero0.jsonl" got="$LOG/one_acc${a}_zero$z.jsonl"
+        d=$(loss_diff "$got" "$ref")
+        if same_losses "$got" "$ref"; then
+            check ok "one GPU, $a micro-batch(es): --zero $z (one-rank NCCL, sharded AdamW, all-gather) = --zero 0 bit for bit"
+        elif [ $a -eq 2 ] && [ $z -eq 2 ] && awk -v d="$d" -v t="$LOSS_TOL" 'BEGIN { exit !(d != "n/a" && d + 0 <= t + 0) }'; then
+            check ok "one GPU, 2 micro-batches: --zero 2 = --zero 0 within $LOSS_TOL" "max rel diff $d"
+        else
+            check FAIL "one GPU, $a micro-batch(es): --zero $z = --zero 0" "max rel diff $d; see $LOG/one_acc${a}_zero$z.log"
+        fi
+    done
+done
+grep -h -E '^(data parallel|buckets|per-rank state|sent per rank|communication)' "$LOG/one_acc2_zero2.log"
+echo "== one GPU done ($(elapsed))"
+
+if [ "$NGPU" -ge 2 ]; then
+    # ---- correctness: 2 ranks (and all GPUs) against one GPU, same global batch ----
+    run1 ref2 $SMALL --batch-size 4 --total-batch-size 512 --zero 0
+    for z in 0 1 2; do
+        how=tcp
+        [ $z -eq 1 ] && how=file
+        runw two_zero$z 2 $how $SMALL --batch-size 4 --total-batch-size 512 --zero $z
+        rc=$?
+        d=$(loss_diff "$LOG/two_zero$z.jsonl" "$LOG/ref2.jsonl")
+        ok=$(awk -v d="$d" -v t="$LOSS_TOL" 'BEGIN { print (d != "n/a" && d + 0 <= t + 0) ? "ok" : "FAIL" }')
+        [ $rc -eq 0 ] || ok=FAIL
+        check $ok "2 GPUs --zero $z ($how rendezvous) vs 1 GPU, same global batch: losses within $LOSS_TOL" \
+            "max rel diff $d, rc=$rc"
+    done
+    if [ "$NGPU" -ge 3 ]; then
+        W=$NGPU
+        run1 refw $SMALL --batch-size 2 --total-batch-size $((2 * 64 * W)) --zero 0
+        runw all_zero1 "$W" tcp $SMALL --batch-size 2 --total-batch-size $((2 * 64 * W)) --zero 1
+        rc=$?
+        d=$(loss_diff "$LOG/all_zero1.jsonl" "$LOG/refw.jsonl")
+        ok=$(awk -v d="$d" -v t="$LOSS_TOL" 'BEGIN { print (d != "n/a" && d + 0 <= t + 0) ? "ok" : "FAIL" }')
+        [ $rc -eq 0 ] || ok=FAIL
+        check $ok "$W GPUs --zero 1 vs 1 GPU, same global batch: losses within $LOSS_TOL" "max rel diff $d, rc=$rc"
+    fi
+    echo "== correctness done ($(elapsed))"
+
+    # ---- scaling: GPT-2 124M, T=1024, B=16 per GPU -------------------------
+    SHARD=/tmp/gptc_bench_train.bin
+    [ -f $SHARD ] || $PY scripts/toy_shard.py $SHARD 3000000 50257 0 > /dev/null
+    BIG="--model d12 --train-data $SHARD --batch-size 16 --seq-len 1024 --steps $BENCH_STEPS --lr 3e-4
+         --val-every 0 --sample-every 0"
+    # median tokens/s over the steps after the first three
+    tps() { grep '^step' "$1" | tail -n +4 | grep -o '[0-9]* tok/s' | awk '{print $1}' | sort -n |
+            awk '{a[NR] = $1} END { if (NR) print a[int((NR + 1) / 2)]; else print 0 }'; }
+    run1 scale_one $BIG --zero 0
+    t1=$(tps "$LOG/scale_one.log")
+    summary="${summary}scaling, GPT-2 124M T=1024 B=16 per GPU: 1 GPU $t1 tok/s\n"
+    for z in 0 1 2; do
+        runw scale_two_zero$z 2 tcp $BIG --zero $z
+        t2=$(tps "$LOG/scale_two_zero$z.log")
+        comm=$(grep -h '^communication per step' "$LOG/scale_two_zero$z.log" | sed 's/^communication per step: //')
+        line=$(awk -v a="$t2" -v b="$t1" 'BEGIN { if (b > 0) printf "%.2fx one GPU (%.0f%% efficiency)", a / b, 50 * a / b; else print "n/a" }')
+        summary="${summary}  2 GPUs --zero $z: $t2 tok/s = $line; $comm\n"
+        grep -h -E '^(per-rank state|sent per rank)' "$LOG/scale_two_zero$z.log"
+    done
+    echo "== scaling done ($(elapsed))"
+fi
+
+echo
+echo "==== gpu_check_dp summary ($(elapsed), logs in $LOG)"
+printf '%b' "$summary"
+echo "dp: $passed passed, $failed failed"
+[ $failed -eq 0 ]
