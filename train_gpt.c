@@ -2985,7 +2985,8 @@ typedef struct {
     int zero;            /* 0: plain data parallel, 1: ZeRO-1, 2: ZeRO-2 */
     int overlap;         /* reduce each layer's gradients as backward finishes them */
     size_t shard;        /* parameters per rank: ceil(P / W) */
-    size_t lo, hi;       /* this rank's shard [lo, hi) of the real parameters */
+    size_t lo, hi;       /* the moments this rank holds: [lo, hi) of the real parameters (all under plain) */
+    size_t save_lo, save_hi; /* the slice of weights and moments it snapshots and saves (its shard in every mode) */
     size_t offsets[NUM_PARAMETER_TENSORS]; /* each tensor's place in the flat buffer */
     size_t layer_floats; /* one layer's parameters: its 12 slices */
     size_t head_floats;  /* wte, wpe, lnfw, lnfb */
@@ -3056,6 +3057,37 @@ static uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
     return h;
 }
 
+/* Rank `rank`'s slice [lo, hi) of the P parameters: the r-th of W equal
+ * slices (the last one shorter, or empty). Under ZeRO its shard; in every
+ * mode the part of the weights and moments it snapshots and saves. */
+static void dist_slice(const Dist* d, size_t P, int rank, size_t* lo, size_t* hi) {
+    size_t W = (size_t)d->world, shard = (P + W - 1) / W;
+    *lo = (size_t)rank * shard < P ? (size_t)rank * shard : P;
+    *hi = *lo + shard < P ? *lo + shard : P;
+}
+
+/* Every rank holds its slice of `full` (P floats): give every rank all of
+ * it (MPI_Allgatherv, in place). */
+static void dist_allgather_slices(const Dist* d, float* full, size_t P) {
+#ifdef USE_MPI
+    if (d->world == 1) return;
+    int* counts = (int*)xmalloc(sizeof(int) * 2 * (size_t)d->world);
+    for (int q = 0; q < d->world; q++) {
+        size_t lo, hi;
+        dist_slice(d, P, q, &lo, &hi);
+        counts[q] = (int)(hi - lo);
+        counts[d->world + q] = (int)lo;
+    }
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, counts, counts + d->world, MPI_FLOAT,
+                             MPI_COMM_WORLD));
+    free(counts);
+#else
+    (void)d;
+    (void)full;
+    (void)P;
+#endif
+}
+
 /* Shard geometry and buffers. Under ZeRO the parameters are padded to
  * W x shard floats (the pad stays zero and is never updated), so the
  * all-gather is one call. ZeRO-1 keeps the full (padded) gradient buffer;
@@ -3078,6 +3110,7 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     d->lo = d->zero ? (size_t)d->rank * d->shard : 0;
     d->hi = d->zero ? (d->lo + d->shard < P ? d->lo + d->shard : P) : P;
     if (d->lo > P) d->lo = P;
+    dist_slice(d, P, d->rank, &d->save_lo, &d->save_hi);
     d->model = model;
     d->grad_floats = P;
     if (!d->zero) return;
@@ -3117,13 +3150,6 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     memset(model->v_memory, 0, d->shard * sizeof(float));
     d->grad_shard = xmalloc_floats(d->shard);
     memset(d->grad_shard, 0, d->shard * sizeof(float));
-}
-
-/* The moments rank `rank` holds: [lo, hi) of the P parameters. */
-static void dist_range(const Dist* d, size_t P, int rank, size_t* lo, size_t* hi) {
-    *lo = d->zero ? (size_t)rank * d->shard : 0;
-    if (*lo > P) *lo = P;
-    *hi = d->zero ? (*lo + d->shard < P ? *lo + d->shard : P) : P;
 }
 
 /* Wait until every rank gets here. */
@@ -3711,13 +3737,16 @@ MAYBE_UNUSED static int rendezvous_share(const Rendezvous* rv, int rank, int wor
  *     [4] world, [5] zero, [6] B, [7] T, [8] total batch, [9] seed,
  *     [10] shuffle, [11] L, [12] C, [13] NH, [14] maxT, [15] V, [16] Vp,
  *     [17] data epoch, [18] data shard position, [20..21] data cursor,
- *     [22..23] P, [24..25] lo, [26..27] hi (the moments held: [lo, hi)),
+ *     [22..23] P, [24..25] lo, [26..27] hi (the slice held: [lo, hi)),
  *     [28..29] sampler RNG state, [30] CRC32C of the weights, [31] of m,
  *     [32] of v, [33..34] the run's nonce (<dir>/run.id), [35..37] the loss
  *     window's count, next slot and current run of bad steps, [40..103] its
  *     losses (float bits), [255] CRC32C of header words 0..254 (int64s as
  *     two int32, low first);
- *   then the P weights, then hi - lo floats of m, then of v.
+ *   then hi - lo floats of the weights, of m, of v: rank r's slice, the
+ *   r-th of W equal ones (its shard under ZeRO; under plain data parallel,
+ *   where every rank holds the same, each still saves only 1/W of it). A
+ *   state is all the ranks' files together; loading gathers the slices.
  * Files are written to a temporary name, fsync'd and renamed (and the folder
  * fsync'd): a crash or a full disk leaves the previous state as it was. */
 
@@ -3813,14 +3842,14 @@ typedef struct {
     LossWatch watch;
 } StateInfo;
 
-static size_t state_bytes(size_t P, size_t n) { return STATE_HEADER_BYTES + (P + 2 * n) * sizeof(float); }
+static size_t state_bytes(size_t n) { return STATE_HEADER_BYTES + 3 * n * sizeof(float); }
 
 static void state_path(char* out, size_t cap, const char* dir, int step, int rank) {
     if (rank >= 0) snprintf(out, cap, "%s/state_%08d_rank%d.bin", dir, step, rank);
     else snprintf(out, cap, "%s/state_%08d.complete", dir, step);
 }
 
-/* The header of a state whose arrays are params (P), m and v (hi - lo). */
+/* The header of a state whose arrays are its slices of the weights, m and v (hi - lo floats each). */
 static void state_header_make(int32_t* h, const StateInfo* s, const float* params, const float* m, const float* v) {
     memset(h, 0, STATE_HEADER_BYTES);
     size_t n = s->hi - s->lo;
@@ -3834,7 +3863,7 @@ static void state_header_make(int32_t* h, const StateInfo* s, const float* param
     put_i64(h, 24, (int64_t)s->lo);
     put_i64(h, 26, (int64_t)s->hi);
     put_i64(h, 28, (int64_t)s->sample_rng);
-    h[30] = (int32_t)crc32c(0, params, s->P * sizeof(float));
+    h[30] = (int32_t)crc32c(0, params, n * sizeof(float));
     h[31] = (int32_t)crc32c(0, m, n * sizeof(float));
     h[32] = (int32_t)crc32c(0, v, n * sizeof(float));
     put_i64(h, 33, (int64_t)s->nonce);
@@ -3873,7 +3902,7 @@ static int state_header_parse(const int32_t* h, long long size, const char* path
     memcpy(s->watch.recent, h + 40, sizeof(s->watch.recent));
     if (config_problem(&s->config) || s->P != parameter_count(&s->config) || s->lo > s->hi || s->hi > s->P ||
         s->watch.count < 0 || s->watch.count > LOSS_WINDOW || s->watch.next < 0 || s->watch.next >= LOSS_WINDOW ||
-        size != (long long)state_bytes(s->P, s->hi - s->lo)) {
+        size != (long long)state_bytes(s->hi - s->lo)) {
         FILE_ERROR(path, "sizes in the header do not match the file (%lld bytes): truncated or corrupt", size);
         return -1;
     }
@@ -3899,37 +3928,35 @@ static int state_read_header(const char* path, StateInfo* s, int32_t* h, int qui
 }
 
 /* Read the arrays of a state file whose header `h` was checked, verifying
- * each section's checksum: params (P), and of the moments [lo, hi) the part
- * [want_lo, want_hi) into m and v (resharding reads a part; m, v NULL: the
- * weights only). 0 or -1. */
-static int state_read_arrays(const char* path, const StateInfo* s, const int32_t* h, float* params, float* m, float* v,
-                             size_t want_lo, size_t want_hi) {
+ * each section's checksum. Its slice [lo, hi) of the weights goes into
+ * params_full (P floats; NULL: skipped); of its moments, the part inside
+ * [want_lo, want_hi) goes into m and v, which hold that range (NULL:
+ * skipped). 0 or -1. */
+static int state_read_arrays(const char* path, const StateInfo* s, const int32_t* h, float* params_full, float* m,
+                             float* v, size_t want_lo, size_t want_hi) {
     FILE* f = fopen(path, "rb");
     if (!f) {
         FILE_ERROR(path, "cannot open state file: %s", strerror(errno));
         return -1;
     }
     size_t n = s->hi - s->lo;
-    float* mm = m ? xmalloc_floats(n) : NULL;
-    float* vv = m ? xmalloc_floats(n) : NULL;
-    int rc = fseek(f, STATE_HEADER_BYTES, SEEK_SET) != 0 || (params && read_exact(f, params, s->P * 4, path) != 0) ||
-             (!params && fseek(f, (long)(s->P * 4), SEEK_CUR) != 0) ||
-             (m && (read_exact(f, mm, n * 4, path) != 0 || read_exact(f, vv, n * 4, path) != 0));
+    float* arrays = xmalloc_floats(3 * n); /* weights, m, v */
+    int rc = fseek(f, STATE_HEADER_BYTES, SEEK_SET) != 0 || read_exact(f, arrays, 3 * n * 4, path) != 0;
     fclose(f);
     const char* bad = rc ? NULL
-                      : params && (uint32_t)h[30] != crc32c(0, params, s->P * 4) ? "weights"
-                      : m && (uint32_t)h[31] != crc32c(0, mm, n * 4)             ? "first moments"
-                      : m && (uint32_t)h[32] != crc32c(0, vv, n * 4)             ? "second moments" : NULL;
+                      : (uint32_t)h[30] != crc32c(0, arrays, n * 4)         ? "weights"
+                      : (uint32_t)h[31] != crc32c(0, arrays + n, n * 4)     ? "first moments"
+                      : (uint32_t)h[32] != crc32c(0, arrays + 2 * n, n * 4) ? "second moments" : NULL;
     if (bad) FILE_ERROR(path, "checksum mismatch in the %s: the file is corrupt", bad);
-    if (!rc && !bad && m) {
+    if (!rc && !bad) {
+        if (params_full) memcpy(params_full + s->lo, arrays, n * sizeof(float));
         size_t a = want_lo > s->lo ? want_lo : s->lo, b = want_hi < s->hi ? want_hi : s->hi;
-        if (a < b) {
-            memcpy(m + (a - want_lo), mm + (a - s->lo), (b - a) * sizeof(float));
-            memcpy(v + (a - want_lo), vv + (a - s->lo), (b - a) * sizeof(float));
+        if (m && a < b) {
+            memcpy(m + (a - want_lo), arrays + n + (a - s->lo), (b - a) * sizeof(float));
+            memcpy(v + (a - want_lo), arrays + 2 * n + (a - s->lo), (b - a) * sizeof(float));
         }
     }
-    free(mm);
-    free(vv);
+    free(arrays);
     return rc || bad ? -1 : 0;
 }
 
@@ -3989,21 +4016,24 @@ static void slot_unmap(Slot* sl, int remove_file) {
     memset(sl, 0, sizeof(*sl));
 }
 
-/* Fill a slot with a state: invalidate it, copy the arrays (then set
+/* Fill a slot with a state: invalidate it, copy the slices (and, when
+ * model_copy is given, all the weights for the model file; then set
  * *copied), then write the header with its checksums, the magic last (a
  * crash in between leaves a slot that reads as empty). Runs on a background
  * thread while the trainer's next forward and backward only read the
  * arrays. */
-static void slot_fill(Slot* sl, const StateInfo* s, const float* params, const float* m, const float* v, int* copied) {
+static void slot_fill(Slot* sl, const StateInfo* s, const float* params, const float* m, const float* v, int* copied,
+                      const float* model_params, float* model_copy) {
     __atomic_store_n((int32_t*)sl->base, 0, __ATOMIC_RELEASE);
     size_t n = s->hi - s->lo;
     float* dst = (float*)(sl->base + STATE_HEADER_BYTES);
-    memcpy(dst, params, s->P * sizeof(float));
-    memcpy(dst + s->P, m, n * sizeof(float));
-    memcpy(dst + s->P + n, v, n * sizeof(float));
+    memcpy(dst, params, n * sizeof(float));
+    memcpy(dst + n, m, n * sizeof(float));
+    memcpy(dst + 2 * n, v, n * sizeof(float));
+    if (model_copy) memcpy(model_copy, model_params, s->P * sizeof(float)); /* all the weights, for the model file */
     __atomic_store_n(copied, 1, __ATOMIC_RELEASE); /* the trainer may change its arrays now */
     int32_t h[HEADER_INTS];
-    state_header_make(h, s, dst, dst + s->P, dst + s->P + n);
+    state_header_make(h, s, dst, dst + n, dst + 2 * n);
     memcpy(sl->base + sizeof(int32_t), h + 1, STATE_HEADER_BYTES - sizeof(int32_t));
     __atomic_store_n((int32_t*)sl->base, h[0], __ATOMIC_RELEASE);
 }
@@ -4807,7 +4837,7 @@ static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* mod
     s.B = r->B; s.T = r->T; s.total = r->total; s.seed = o->seed; s.shuffle = r->train.shuffle;
     s.config = model->config;
     s.epoch = r->train.epoch; s.shard_pos = r->train.shard_pos; s.cursor = r->train.cursor;
-    s.P = model->num_parameters; s.lo = d->lo; s.hi = d->hi;
+    s.P = model->num_parameters; s.lo = d->save_lo; s.hi = d->save_hi;
     s.sample_rng = r->sample_rng.state;
     s.nonce = r->nonce;
     s.watch = r->watch;
@@ -4914,7 +4944,9 @@ typedef struct {
     int fill;              /* the slot it fills */
     int fill_save;         /* that snapshot also goes to disk */
     StateInfo info;
-    const float *params, *m, *v;
+    const float *params, *m, *v; /* this rank's slices of the trainer's arrays */
+    const float* all_params;     /* rank 0, saving: all the weights, copied to model_params */
+    float* model_params;         /* (P) rank 0: the weights the model file is written from */
     double t_snap;         /* when the snapshot began */
     /* the disk writer (phase two) */
     pthread_t writer;
@@ -4937,7 +4969,8 @@ typedef struct {
 
 static void* saver_copier_main(void* arg) {
     Saver* sv = (Saver*)arg;
-    slot_fill(&sv->own[sv->fill], &sv->info, sv->params, sv->m, sv->v, &sv->copied);
+    slot_fill(&sv->own[sv->fill], &sv->info, sv->params, sv->m, sv->v, &sv->copied, sv->all_params,
+              sv->all_params ? sv->model_params : NULL);
     return NULL;
 }
 
@@ -4947,7 +4980,7 @@ static void* saver_writer_main(void* arg) {
     WriteChunk chunk = {sl->base, sl->bytes};
     int rc = write_file_atomic(sv->state_file, &chunk, 1);
     if (rc == 0 && sv->model_file[0])
-        rc = model_file_write(sv->model_file, &sv->config, (const float*)(sl->base + STATE_HEADER_BYTES));
+        rc = model_file_write(sv->model_file, &sv->config, sv->model_params);
     sv->write_result = rc;
     __atomic_store_n(&sv->written, 1, __ATOMIC_RELEASE);
     return NULL;
@@ -4964,7 +4997,7 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
     if (!o->output_dir[0]) return 0;
     sv->memory = o->snapshot_every > 0;
     sv->nslots = sv->memory ? OWN_SLOTS : 1;
-    size_t bytes = state_bytes(model->num_parameters, d->hi - d->lo);
+    size_t bytes = state_bytes(d->save_hi - d->save_lo);
     CHECK(d->world == 1 || bytes / 4 <= (size_t)INT32_MAX, "a state of %zu bytes is too large for one MPI message", bytes);
     int ok = 1;
     char path[4400];
@@ -4976,9 +5009,10 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
         int of = (d->rank + d->world - 1) % d->world;
         slot_path(path, sizeof(path), o, of, d->rank, k);
         size_t lo, hi;
-        dist_range(d, model->num_parameters, of, &lo, &hi);
-        ok = slot_map(&sv->held[k], path, state_bytes(model->num_parameters, hi - lo)) == 0;
+        dist_slice(d, model->num_parameters, of, &lo, &hi);
+        ok = slot_map(&sv->held[k], path, state_bytes(hi - lo)) == 0;
     }
+    if (d->rank == 0) sv->model_params = xmalloc_floats(model->num_parameters);
     if (dist_sum(d, ok) < d->world) return -1;
     if (sv->memory)
         printf("snapshots: every %d step(s) to %s (%d slots of %.2f GB%s)%s\n", o->snapshot_every, o->shm_dir,
@@ -5112,9 +5146,11 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
     sv->fill = k;
     sv->fill_save = save;
     sv->info = state_info_of(r, d, model, o, step);
-    sv->params = model->params_memory;
-    sv->m = model->m_memory;
-    sv->v = model->v_memory;
+    size_t at = d->zero ? 0 : d->save_lo; /* under ZeRO the moments arrays begin at the shard */
+    sv->params = model->params_memory + d->save_lo;
+    sv->m = model->m_memory + at;
+    sv->v = model->v_memory + at;
+    sv->all_params = save && d->rank == 0 ? model->params_memory : NULL;
     sv->copied = sv->confirmed = 0;
     sv->t_snap = time_ms();
     CHECK(pthread_create(&sv->copier, NULL, saver_copier_main, sv) == 0, "cannot start the snapshot thread");
@@ -5130,23 +5166,29 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
 
 /* Take back the newest snapshot in memory (a rollback): weights, moments
  * and the sampler; the data loader stays where it is, so the batches since
- * are skipped. Returns its step, or -1 when there is none. */
+ * are skipped. Returns its step, or -1 when there is none. Collective. */
 static int saver_restore_newest(Saver* sv, TrainRun* r, const Dist* d, GPT2* model, const Options* o) {
     saver_before_update(sv);
     saver_poll(sv, d, o, 0);
     if (sv->newest < 0) return -1;
     const Slot* sl = &sv->own[sv->newest];
     const int32_t* h = (const int32_t*)sl->base;
-    size_t P = model->num_parameters, n = d->hi - d->lo;
+    size_t P = model->num_parameters, n = d->save_hi - d->save_lo, at = d->zero ? 0 : d->save_lo;
     const float* src = (const float*)(sl->base + STATE_HEADER_BYTES);
-    memcpy(model->params_memory, src, P * sizeof(float));
-    memcpy(model->m_memory, src + P, n * sizeof(float));
-    memcpy(model->v_memory, src + P + n, n * sizeof(float));
+    memcpy(model->params_memory + d->save_lo, src, n * sizeof(float));
+    memcpy(model->m_memory + at, src + n, n * sizeof(float));
+    memcpy(model->v_memory + at, src + 2 * n, n * sizeof(float));
+    dist_allgather_slices(d, model->params_memory, P);
+    if (!d->zero) { /* plain: every rank holds all the moments */
+        dist_allgather_slices(d, model->m_memory, P);
+        dist_allgather_slices(d, model->v_memory, P);
+    }
     r->sample_rng.state = (uint64_t)get_i64(h, 28);
     return h[2];
 }
 
 static void saver_free(Saver* sv, int remove_memory) {
+    free(sv->model_params);
     for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
     for (int k = 0; k < HELD_SLOTS; k++) slot_unmap(&sv->held[k], remove_memory);
     memset(sv, 0, sizeof(*sv));
@@ -5190,9 +5232,11 @@ static uint64_t run_nonce(const Dist* d, const Options* o, int create) {
     return nonce;
 }
 
-/* Load a state from disk for this rank: its own file when the layout is
- * the same, else (resharding) the weights from rank 0's file and each part
- * of this rank's moments from the file of the old rank that held it. */
+/* Load a state from disk: every rank reads every file of the step, taking
+ * each file's slice of the weights and the part of its moments this rank
+ * holds (all of them under plain data parallel, its shard under ZeRO). So
+ * a state saved by another number of ranks, another --zero or another B
+ * (the same tokens per step) loads the same way: resharding. */
 static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Options* o, int step, StateInfo* out) {
     char path[4400];
     int32_t h[HEADER_INTS];
@@ -5200,25 +5244,25 @@ static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Option
     StateInfo now = state_info_of(r, d, model, o, step);
     state_path(path, sizeof(path), o->output_dir, step, 0);
     if (state_read_header(path, &s0, h, 0) != 0) return -1;
-    int same = s0.world == now.world && s0.zero == now.zero && s0.B == now.B;
-    if (same) {
-        state_path(path, sizeof(path), o->output_dir, step, d->rank);
-        if (state_read_header(path, &s, h, 0) != 0) return -1;
-        if (state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) != 0)
-            return -1;
-        *out = s;
-        return 0;
-    }
-    if (d->rank == 0)
+    if (d->rank == 0 && (s0.world != now.world || s0.zero != now.zero || s0.B != now.B))
         printf("resume: resharding the state of %d rank(s) (--zero %d, B=%d) onto %d (--zero %d, B=%d)\n", s0.world,
                s0.zero, s0.B, now.world, now.zero, now.B);
-    if (state_read_arrays(path, &s0, h, model->params_memory, NULL, NULL, 0, 0) != 0) return -1;
+    size_t covered = 0;
     for (int j = 0; j < s0.world; j++) {
         state_path(path, sizeof(path), o->output_dir, step, j);
         if (state_read_header(path, &s, h, 0) != 0) return -1;
-        if (s.hi <= d->lo || s.lo >= d->hi || s.lo == s.hi) continue; /* holds none of this rank's moments */
-        if (state_read_arrays(path, &s, h, NULL, model->m_memory, model->v_memory, d->lo, d->hi) != 0) return -1;
-        if (s.lo <= d->lo && s.hi >= d->hi) break; /* a plain state: one file has them all */
+        if (s.world != s0.world || s.step != step || s.lo != covered) {
+            FILE_ERROR(path, "does not continue rank %d's slice (world %d, step %d, from %zu): a mixed-up state", j - 1,
+                       s.world, s.step, s.lo);
+            return -1;
+        }
+        covered = s.hi;
+        if (state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) != 0)
+            return -1;
+    }
+    if (covered != model->num_parameters) {
+        FILE_ERROR(path, "the state's files cover %zu of %zu parameters", covered, model->num_parameters);
+        return -1;
     }
     *out = s0;
     return 0;
@@ -5247,7 +5291,13 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         int own = k < OWN_SLOTS;
         slot_path(path, sizeof(path), o, own ? me : prev, me, own ? k : k - OWN_SLOTS);
         mine[k] = -1;
-        if (access(path, F_OK) == 0 && state_read_header(path, &s, h, 1) == 0 && r->nonce && s.nonce == r->nonce &&
+        int32_t magic = 0;
+        FILE* f = fopen(path, "rb");
+        if (f) { /* a slot that was being filled when the run stopped reads as empty: skip it quietly */
+            if (fread(&magic, sizeof(magic), 1, f) != 1) magic = 0;
+            fclose(f);
+        }
+        if (magic == STATE_MAGIC && state_read_header(path, &s, h, 1) == 0 && r->nonce && s.nonce == r->nonce &&
             s.rank == (own ? me : prev) && !state_differs(&s, &now, 0) && s.world == W && s.zero == now.zero && s.B == now.B)
             mine[k] = s.step;
     }
@@ -5329,6 +5379,13 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             ok = state_read_header(path, &s, h, 0) == 0 && s.step == step &&
                  state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
             if (src == SOURCE_REPLICA) remove(path);
+        }
+        if (dist_sum(d, src != SOURCE_DISK) > 0 && dist_sum(d, ok) == W) { /* memory holds slices: gather them */
+            dist_allgather_slices(d, model->params_memory, model->num_parameters);
+            if (!d->zero) {
+                dist_allgather_slices(d, model->m_memory, model->num_parameters);
+                dist_allgather_slices(d, model->v_memory, model->num_parameters);
+            }
         }
         ok = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
         if (dist_sum(d, ok) == W) {
