@@ -3279,7 +3279,6 @@ static void dist_layer_grads(void* ctx, int layer) {
     Dist* d = (Dist*)ctx;
     GPT2* model = d->model;
     size_t L = (size_t)model->config.num_layers, at = 0;
-    float** g = (float**)&model->grads;
     double t0 = time_ms();
     for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
         size_t per_layer = model->param_sizes[k] / L, flat = d->offsets[k] + (size_t)layer * per_layer;
@@ -3292,13 +3291,13 @@ static void dist_layer_grads(void* ctx, int layer) {
             d->gathered += (double)per_layer;
 #ifdef USE_MPI
             int i = dist_request(d, 2);
+            float** g = (float**)&model->grads;
             MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g[k] + (size_t)layer * per_layer, (int)per_layer, MPI_FLOAT,
                                      MPI_SUM, MPI_COMM_WORLD, &d->requests[i]));
 #endif
         }
         at += per_layer;
     }
-    (void)g;
     dist_progress(d);
     d->comm_ms += time_ms() - t0;
 }
@@ -3425,8 +3424,10 @@ typedef struct {
  * environment: Slurm, Open MPI, PMI, or plain RANK/WORLD_SIZE/LOCAL_RANK.
  * 0, or -1 when no launcher says. */
 MAYBE_UNUSED static int launch_rank_world(int* rank, int* world, int* local_rank) {
-    static const char* const vars[4][3] = {{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-                                           {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+    /* Open MPI first: under mpirun inside a Slurm allocation, the SLURM_ ones
+     * describe mpirun's daemons, not the ranks */
+    static const char* const vars[4][3] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
                                            {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
                                            {"RANK", "WORLD_SIZE", "LOCAL_RANK"}};
     for (int i = 0; i < 4; i++) {
@@ -4335,7 +4336,7 @@ static const OptSpec OPTION_SPECS[] = {
 #define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
 
 static void usage(FILE* out, const char* prog) {
-    fprintf(out, "usage: %s [flags]\n\nTrain GPT-2 on the CPU. Flags (default in brackets):\n", prog);
+    fprintf(out, "usage: %s [flags]\n\nTrain GPT-2 (train_gpt on the CPU, train_gpt_cu on a GPU). Flags (default in brackets):\n", prog);
     for (int i = 0; i < NUM_OPTIONS; i++) {
         const OptSpec* s = &OPTION_SPECS[i];
         char names[64];
@@ -5341,8 +5342,8 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             break;
         }
         /* a replica travels back to its owner: who needs one? */
-        int need = src == SOURCE_REPLICA, prev_needs = 0;
 #ifdef USE_MPI
+        int need = src == SOURCE_REPLICA, prev_needs = 0;
         int* needs = (int*)xmalloc(sizeof(int) * (size_t)W);
         MPI_CHECK(MPI_Allgather(&need, 1, MPI_INT, needs, 1, MPI_INT, MPI_COMM_WORLD));
         prev_needs = W > 1 && needs[prev];
@@ -5369,8 +5370,6 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             free(buf);
         }
 #endif
-        (void)prev_needs;
-        (void)need;
         int ok;
         if (src == SOURCE_DISK) {
             ok = state_load_disk(r, d, model, o, step, &s) == 0;
