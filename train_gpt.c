@@ -4987,8 +4987,11 @@ static void* saver_writer_main(void* arg) {
     return NULL;
 }
 
-/* Map the slots. Returns 0 or -1 (with a message on this rank; collective). */
-static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options* o) {
+/* Map the slots. A slot left by an earlier process that holds a step past
+ * `start` (where this one resumed: some rank lacked that step) is cleared,
+ * so it can never be mixed with this run's later snapshots. Returns 0 or -1
+ * (with a message on this rank; collective). */
+static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options* o, int start) {
     memset(sv, 0, sizeof(*sv));
     sv->newest = sv->pinned = -1;
 #ifdef USE_MPI
@@ -5012,6 +5015,11 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
         size_t lo, hi;
         dist_slice(d, model->num_parameters, of, &lo, &hi);
         ok = slot_map(&sv->held[k], path, state_bytes(hi - lo)) == 0;
+    }
+    for (int k = 0; k < OWN_SLOTS + HELD_SLOTS && ok; k++) {
+        Slot* sl = k < OWN_SLOTS ? &sv->own[k] : &sv->held[k - OWN_SLOTS];
+        int32_t* h = sl->base ? (int32_t*)sl->base : NULL;
+        if (h && h[0] == STATE_MAGIC && h[2] > start) h[0] = 0;
     }
     if (d->rank == 0) sv->model_params = xmalloc_floats(model->num_parameters);
     if (dist_sum(d, ok) < d->world) return -1;
@@ -5491,7 +5499,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     if (o->output_dir[0] && start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
     timing_print(dist, "state loaded", unix_ms());
     Saver saver;
-    if (saver_init(&saver, dist, model, o) != 0) return -1;
+    if (saver_init(&saver, dist, model, o, start) != 0) return -1;
     heartbeat_write(o, r.rank, start);
     int rollbacks = 0, nan_upto = 0, spike_upto = 0;
     for (int step = start; step <= r.steps; step++) {
