@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# test_failover.sh — a run that is killed again and again under
+# scripts/supervise.py ends bit for bit where an uninterrupted run ends.
+#
+#   scripts/test_failover.sh [./train_gpt] [./train_gpt_mpi]   (make test-failover builds both and runs this)
+#
+# A small GPT (d2, C=128, T=64: 10-25 ms a step and about 30 ms to write a
+# state here, so kills land in every phase) trains 48 steps with a state
+# saved after every step (--save-every 1 --keep-last 2, shuffled data), as
+# one process and as 2 MPI ranks (--zero 1, and --zero 0 with mpirun --mca
+# odls_base_sigkill_timeout 0: by default mpirun waits 1 s before it kills
+# the surviving ranks of a failed job, which "kill -> detected" shows); and
+# with memory snapshots (--snapshot-every 1 --save-every 8), as one process
+# and as 2 ranks under ZeRO-1, against the same references. Checked:
+#   - killed runs: a background killer sends SIGKILL to a trainer process
+#     (1 rank: train_gpt; 2 ranks: one rank of train_gpt_mpi at random,
+#     found among the supervisor's descendants) up to 4 times per run, 2
+#     seeds per configuration, at one of three kinds of moment: a random
+#     delay after the attempt's process appears (start-up: MPI_Init, loading
+#     the state), a random delay after its first heartbeat (mid-step,
+#     mid-snapshot), or while it holds a *.tmp file open (mid-write of a
+#     state or model file; "late" when it opened none within ~300 ms, as
+#     between two saves with --save-every 8). The final model is
+#     cmp-identical to the uninterrupted run's, every step's last logged
+#     loss, lr and norm are the same text, the supervisor restarted once per
+#     kill, and each restart has its recovery record with the time split.
+#     The killer never kills within 6 steps of the end (a kill that lands
+#     after the job's last step would not be a failure to recover from) and
+#     kills each attempt at most once (told apart by GPTC_ATTEMPT in
+#     /proc/PID/environ), so every kill it counts must show up as one restart;
+#   - a hang: SIGSTOP to one rank; the heartbeat goes stale (--stale-s 4),
+#     the supervisor kills the attempt's whole session and restarts it; the
+#     final model is still cmp-identical;
+#   - retries exhausted: a bad flag (exits at once), and a command that never
+#     writes a heartbeat (--startup-s 1): the supervisor gives up with its
+#     message and exit status 1, and leaves no process behind;
+#   - SIGTERM to the supervisor: passed on to the job, no restart, exit 143;
+#   - the checker: a log with one planted wrong loss must be rejected.
+# Each run is under `timeout -k`. The last line is "N passed, N failed"; the
+# exit status is non-zero on failure.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${1:-./train_gpt}
+BIN_MPI=${2:-./train_gpt_mpi}
+PY=${PYTHON:-/usr/bin/python3}
+SUP="$PY scripts/supervise.py"
+STEPS=48
+dir=$(mktemp -d /tmp/gptc_failover.XXXXXX)
+# memory snapshots (--shm-dir) and Open MPI's shared-memory segments go to a
+# tmpfs folder of our own, removed at the end: a SIGKILLed process leaves its
+# files behind, and /dev/shm is not ours to fill. Ranks that wait in a
+# collective yield the core (mpi_yield_when_idle) instead of spinning: 2
+# ranks on 2 cores beside other jobs ran 1.5x slower spinning here.
+shm=$(mktemp -d /dev/shm/gptc_failover.XXXXXX)
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl_vader_backing_directory $shm --mca mpi_yield_when_idle 1"
+trap 'rm -rf "$shm"; [ -n "${KEEP:-}" ] && echo "kept $dir" || rm -rf "$dir"' EXIT
+passed=0
+failed=0
+check() { # check OK|FAIL what [detail]
+    if [ "$1" = ok ]; then passed=$((passed + 1)); echo "ok   $2${3:+  $3}"; else failed=$((failed + 1)); echo "FAIL $2${3:+  $3}"; fi
+}
+$PY scripts/toy_shard.py "$dir/train.bin" 60000 256 0 >/dev/null && $PY scripts/toy_shard.py "$dir/val.bin" 6000 256 1 >/dev/null || exit 1
+# every run uses the same build, even if the tree's binaries are rebuilt meanwhile
+mkdir "$dir/bin" && cp "$BIN" "$BIN_MPI" "$dir/bin/" || exit 1
+BIN="$dir/bin/$(basename "$BIN")"
+BIN_MPI="$dir/bin/$(basename "$BIN_MPI")"
+COMMON="--model d2 --channels 128 --num-heads 2 --max-seq-len 64 --vocab-size 256 -i $dir/train.bin -j $dir/val.bin
+        -t 64 --lr 3e-3 --warmup-steps 2 --val-every 4 --val-batches 2 --sample-every 0 --threads 1 --shuffle 1
+        -x $STEPS --save-every 1 --keep-last 2"
+MEM="--snapshot-every 1 --save-every 8 --shm-dir $shm"
+declare -A CMD=( [one]="$BIN $COMMON -b 6"
+                 [np2-zero1]="$MPIRUN -np 2 $BIN_MPI $COMMON -b 3 --zero 1"
+                 [np2-zero0]="$MPIRUN --mca odls_base_sigkill_timeout 0 -np 2 $BIN_MPI $COMMON -b 3 --zero 0"
+                 [one-mem]="$BIN $COMMON -b 6 $MEM"
+                 [np2-zero1-mem]="$MPIRUN -np 2 $BIN_MPI $COMMON -b 3 --zero 1 $MEM" )
+declare -A PROC=( [one]=train_gpt [np2-zero1]=train_gpt_mpi [np2-zero0]=train_gpt_mpi [one-mem]=train_gpt
+                  [np2-zero1-mem]=train_gpt_mpi )
+declare -A REF=( [one]=one [np2-zero1]=np2-zero1 [np2-zero0]=np2-zero0 [one-mem]=one [np2-zero1-mem]=np2-zero1 )
+FINAL=$(printf "model_%08d.bin" $STEPS)
+
+# "step loss lr norm" for every step, from the last line logged for it (a
+# resumed run appends the steps it does again)
+steps_table() {
+    sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": \([^,]*\), "norm": \([^,]*\),.*/\1 \2 \3 \4/p' "$1" |
+        awk -v n=$STEPS '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
+}
+# every step's last logged values equal the reference's, as text
+same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }
+
+# processes below pid $1, depth first
+descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
+proc_state() { local s; read -r s 2>/dev/null < "/proc/$1/stat" || return 1; s=${s##*) }; echo "${s%% *}"; }
+proc_gone() { case "$(proc_state "$1")" in ""|Z|X) return 0 ;; esac; return 1; } # exited (a zombie counts)
+proc_attempt() { { tr '\0' '\n' < "/proc/$1/environ"; } 2>/dev/null | sed -n 's/^GPTC_ATTEMPT=//p'; }
+
+# the step in heartbeat file $1 ("step N <ms>"), or nothing
+hb_step() { local word="" step="" rest=""; { read -r word step rest < "$1"; } 2>/dev/null; [[ "$step" =~ ^[0-9]+$ ]] && echo "$step"; }
+
+# killer ROOT NAME KILLS SEED HEARTBEAT LOG: SIGKILL one live NAME process
+# below ROOT, of an attempt not killed before, up to KILLS times; one line per
+# kill in LOG: "unix_ms attempt pid how step". When to kill is counted in
+# steps past the furthest step seen so far (`last`), so that it does not
+# depend on how fast this machine is today.
+killer() {
+    local root=$1 name=$2 kills=$3 heartbeat=$5 log=$6 killed=" " k=0 last=0 p att how hb i
+    RANDOM=$4
+    while [ $k -lt "$kills" ] && kill -0 "$root" 2>/dev/null; do
+        local pids=()
+        for p in $(descendants "$root"); do
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$name" ] || continue
+            att=$(proc_attempt "$p")
+            [ -n "$att" ] && [[ "$killed" != *" $att "* ]] && pids+=("$p")
+        done
+        if [ ${#pids[@]} -eq 0 ]; then sleep 0.01; continue; fi
+        p=${pids[RANDOM % ${#pids[@]}]}
+        att=$(proc_attempt "$p")
+        case $((RANDOM % 3)) in
+        0)  how=start # 0-300 ms after it appeared: in start-up (MPI_Init, loading the state) or the first steps
+            for ((i = RANDOM % 60; i > 0; i--)); do hb=$(hb_step "$heartbeat"); [ "${hb:-0}" -ge $((last + 3)) ] && break; sleep 0.005; done ;;
+        1)  how=step # 1-6 steps past the furthest step so far (this attempt's heartbeat), then 0-9 ms into the next
+            local want=$((last + 1 + RANDOM % 6))
+            for ((i = 0; i < 1000; i++)); do hb=$(hb_step "$heartbeat"); [ "${hb:-0}" -ge $want ] && break; sleep 0.005; done
+            sleep "0.00$((RANDOM % 10))" ;;
+        2)  how=late # while it writes a state or model file, if it opens one within 8 steps
+            for ((i = 0; i < 1000; i++)); do
+                [[ $(ls -l "/proc/$p/fd" 2>/dev/null) == *.tmp* ]] && { how=write; break; }
+                hb=$(hb_step "$heartbeat"); [ "${hb:-0}" -ge $((last + 8)) ] && break
+            done ;;
+        esac
+        hb=$(hb_step "$heartbeat")
+        [ -n "$hb" ] && [ "$hb" -gt "$last" ] && last=$hb
+        [ "$last" -ge $((STEPS - 6)) ] && break # near the end: stop
+        proc_gone "$p" && continue
+        if kill -KILL "$p" 2>/dev/null; then
+            k=$((k + 1))
+            killed="$killed$att "
+            echo "$(date +%s%3N) $att $p $how $last" >> "$log"
+        fi
+    done
+}
+
+# the recovery records: N restarts, each with failure detected and relaunch;
+# every one that reached its first step with all phases; prints a summary
+recovery_check() { # recovery_check FILE.jsonl WANT [KILL_LOG]
+    $PY - "$@" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+want = int(sys.argv[2])
+kills = [float(l.split()[0]) for l in open(sys.argv[3])] if len(sys.argv) > 3 else []
+rec = [r for r in recs if r["event"] == "recovery"]
+fin = [r for r in recs if r["event"] == "finished"]
+problems = []
+if len(rec) != want: problems.append(f"{len(rec)} recovery records, want {want}")
+if not fin or fin[-1]["restarts"] != want: problems.append(f"finished record: {fin}")
+full = ["relaunch", "launch", "comm_init", "state_load", "first_step", "total"]
+for r in rec:
+    if "relaunch" not in r["ms"] or not r.get("failure"): problems.append(f"attempt {r['attempt']}: no failure/relaunch")
+    # steps lost: unknown (None) only when no heartbeat came before the failure
+    if r["outcome"] == "first step done" and (any(k not in r["ms"] for k in full) or r["resumed_from"] is None
+            or (r["steps_lost"] is None) != (r["last_step"] is None) or (r["steps_lost"] or 0) < 0):
+        problems.append(f"attempt {r['attempt']}: incomplete split {r['ms']}, lost {r['steps_lost']}")
+done = [r for r in rec if r["outcome"] == "first step done"]
+if rec and not done: problems.append("no recovery reached its first step")
+if problems:
+    print("; ".join(problems)); sys.exit(1)
+def mean(k): return sum(r["ms"][k] for r in done) / len(done)
+lat = [r["at"]["detected"] - k for r, k in zip(rec, sorted(kills))]
+print(f"{len(done)} complete: mean " + " + ".join(f"{k} {mean(k):.0f}" for k in full[:-1])
+      + f" = {mean('total'):.0f} ms, {sum(r['steps_lost'] or 0 for r in done) / len(done):.1f} steps lost"
+      + (f"; kill -> detected {sum(lat) / len(lat):.0f} ms" if lat else "")
+      + "; states from " + ", ".join(f"{w} {sum(w in r['resumed_how'] for r in done)}" for w in ("memory", "replica", "disk")))
+EOF
+}
+
+# the uninterrupted references; the step checker must reject a planted wrong loss
+timeout -k 10 120 $BIN $COMMON -b 6 -o "$dir/one.ref" --log-file "$dir/one.ref.jsonl" > "$dir/one.ref.out" 2>&1
+[ $? -eq 0 ] && check ok "one: uninterrupted reference" || check FAIL "one: uninterrupted reference" "$(tail -3 "$dir/one.ref.out")"
+awk '/^{"step": 20, "loss"/ { match($0, /"loss": [0-9.]+/); v = substr($0, RSTART + 8, RLENGTH - 8)
+                              sub(/"loss": [0-9.]+/, sprintf("\"loss\": %.6f", v + 1e-6)) } 1' "$dir/one.ref.jsonl" > "$dir/planted.jsonl"
+! cmp -s "$dir/one.ref.jsonl" "$dir/planted.jsonl" && ! same_steps "$dir/one.ref.jsonl" "$dir/planted.jsonl" &&
+    same_steps "$dir/one.ref.jsonl" "$dir/one.ref.jsonl" &&
+    check ok "the step checker rejects a log with one loss changed in its last digit" ||
+    check FAIL "the step checker rejects a log with one loss changed in its last digit"
+for name in np2-zero1 np2-zero0; do
+    timeout -k 10 120 ${CMD[$name]} -o "$dir/$name.ref" --log-file "$dir/$name.ref.jsonl" > "$dir/$name.ref.out" 2>&1
+    [ $? -eq 0 ] && check ok "$name: uninterrupted reference" || check FAIL "$name: uninterrupted reference" "$(tail -3 "$dir/$name.ref.out")"
+done
+
+# killed runs, 2 seeds per configuration
+seed=0
+for name in one np2-zero1 np2-zero0 one-mem np2-zero1-mem; do
+    ref=${REF[$name]}
+    for _ in 1 2; do
+        seed=$((seed + 1))
+        run="$name-s$seed"
+        timeout -k 10 120 $SUP --retries 10 --stale-s 20 --heartbeat "$dir/$run.hb" --recovery-log "$dir/$run.rec.jsonl" \
+            -- ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" > "$dir/$run.out" 2>&1 &
+        sup=$!
+        : > "$dir/$run.kills"
+        killer $sup ${PROC[$name]} 4 $seed "$dir/$run.hb" "$dir/$run.kills"
+        wait $sup
+        rc=$?
+        kills=$(wc -l < "$dir/$run.kills")
+        how=$(awk '{ n[$4]++ } END { for (h in n) printf "%s%d %s", (s++ ? ", " : ""), n[h], h }' "$dir/$run.kills")
+        if [ $rc -ne 0 ]; then check FAIL "$run: supervised run" "exit $rc: $(tail -3 "$dir/$run.out")"; continue; fi
+        [ "$kills" -ge 2 ] && cmp -s "$dir/$ref.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/$ref.ref.jsonl" "$dir/$run.jsonl" &&
+            check ok "$run: killed $kills times ($how), final model cmp-identical, every step's loss/lr/norm the same" ||
+            check FAIL "$run: killed $kills times ($how): final model and every step's loss identical" \
+                "$(cmp "$dir/$ref.ref/$FINAL" "$dir/$run/$FINAL" 2>&1 | head -1) $(diff <(steps_table "$dir/$ref.ref.jsonl") <(steps_table "$dir/$run.jsonl") | head -3)"
+        summary=$(recovery_check "$dir/$run.rec.jsonl" "$kills" "$dir/$run.kills")
+        [ $? -eq 0 ] && [ "$(grep -c '^supervisor: recovery: ' "$dir/$run.out")" = "$kills" ] &&
+            check ok "$run: $kills restarts for $kills kills, each with its recovery split" "$summary" ||
+            check FAIL "$run: one restart and one recovery record per kill" "$summary"
+    done
+done
+grep -h '^supervisor: recovery: ' "$dir"/one-s1.out "$dir"/np2-zero1-s3.out 2>/dev/null | head -2 | sed 's/^/     /'
+
+# a hang: one rank stopped; the heartbeat goes stale
+name=np2-zero1
+run=$name-hang
+timeout -k 10 120 $SUP --stale-s 4 --startup-s 60 --heartbeat "$dir/$run.hb" --recovery-log "$dir/$run.rec.jsonl" \
+    -- ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" > "$dir/$run.out" 2>&1 &
+sup=$!
+stopped=""
+for _ in $(seq 300); do # wait for step 8, then stop a rank chosen at random
+    hb=$(hb_step "$dir/$run.hb")
+    if [[ "$hb" =~ ^[0-9]+$ ]] && [ "$hb" -ge 8 ]; then
+        ranks=($(for p in $(descendants $sup); do [ "$(cat /proc/$p/comm 2>/dev/null)" = train_gpt_mpi ] && echo $p; done))
+        stopped=${ranks[RANDOM % ${#ranks[@]}]}
+        kill -STOP "$stopped"
+        break
+    fi
+    sleep 0.05
+done
+wait $sup
+rc=$?
+[ $rc -eq 0 ] && [ -n "$stopped" ] && grep -q "hangs: heartbeat unchanged for 4 s" "$dir/$run.out" &&
+    cmp -s "$dir/$name.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/$name.ref.jsonl" "$dir/$run.jsonl" &&
+    recovery_check "$dir/$run.rec.jsonl" 1 > /dev/null && proc_gone "$stopped" &&
+    check ok "$name: a rank stopped (SIGSTOP) at step $hb: stale heartbeat seen, session killed, restarted, final model cmp-identical" \
+        "$(grep -m1 '^supervisor: recovery' "$dir/$run.out" | sed 's/.*): //')" ||
+    check FAIL "$name: a stopped rank is detected and the run recovers" "exit $rc, stopped '$stopped': $(tail -3 "$dir/$run.out")"
+
+# retries exhausted: a command that always fails at once, and one that never starts
+out=$(timeout -k 10 60 $SUP --retries 2 -- $BIN --no-such-flag 2>&1)
+rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "^supervisor: giving up: attempt 3 failed (exit status 1)" &&
+    [ "$(echo "$out" | grep -c '^supervisor: attempt [0-9]* failed')" = 2 ] &&
+    check ok "a command that always fails: 2 retries, then exit 1" "$(echo "$out" | grep -m1 'giving up' | cut -c1-90)..." ||
+    check FAIL "a command that always fails: 2 retries, then exit 1" "exit $rc: $(echo "$out" | tail -2)"
+marker="gptc_failover_$$"
+start=$(date +%s)
+out=$(timeout -k 10 60 $SUP --retries 1 --startup-s 1 -- sh -c "sleep 50; : $marker" sh 2>&1)
+rc=$?
+[ $rc -eq 1 ] && echo "$out" | grep -q "hangs: no heartbeat 1 s after the launch" && echo "$out" | grep -q "giving up" &&
+    ! pgrep -f "$marker" > /dev/null &&
+    check ok "a command that never writes a heartbeat: killed after --startup-s 1, retried once, exit 1, nothing left" "$(( $(date +%s) - start )) s" ||
+    check FAIL "a command that never writes a heartbeat gives up" "exit $rc: $(echo "$out" | tail -2); left: $(pgrep -f "$marker")"
+pkill -KILL -f "$marker" 2>/dev/null
+
+# SIGTERM to the supervisor: passed on, no restart
+run=one-term
+timeout -k 10 60 $SUP --heartbeat "$dir/$run.hb" -- ${CMD[one]} -x 2000 -o "$dir/$run" > "$dir/$run.out" 2>&1 &
+sup=$!
+trainer=""
+for _ in $(seq 200); do
+    hb=$(hb_step "$dir/$run.hb")
+    if [[ "$hb" =~ ^[0-9]+$ ]] && [ "$hb" -ge 3 ]; then
+        trainer=$(for p in $(descendants $sup); do [ "$(cat /proc/$p/comm 2>/dev/null)" = train_gpt ] && echo $p; done)
+        supervisor=$(pgrep -P $sup)  # timeout's child
+        kill -TERM "$supervisor"
+        break
+    fi
+    sleep 0.05
+done
+wait $sup
+rc=$?
+[ $rc -eq 143 ] && [ -n "$trainer" ] && proc_gone "$trainer" && grep -q "stopped by SIGTERM" "$dir/$run.out" &&
+    ! grep -q "attempt 2" "$dir/$run.out" &&
+    check ok "SIGTERM to the supervisor: passed to the trainer, no restart, exit 143" ||
+    check FAIL "SIGTERM to the supervisor: passed to the trainer, no restart, exit 143" "exit $rc: $(tail -2 "$dir/$run.out")"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
