@@ -168,7 +168,7 @@ lat = [r["at"]["detected"] - k for r, k in zip(rec, sorted(kills))]
 print(f"{len(done)} complete: mean " + " + ".join(f"{k} {mean(k):.0f}" for k in full[:-1])
       + f" = {mean('total'):.0f} ms, {sum(r['steps_lost'] or 0 for r in done) / len(done):.1f} steps lost"
       + (f"; kill -> detected {sum(lat) / len(lat):.0f} ms" if lat else "")
-      + "; states from " + ", ".join(f"{w} {sum(w in r['resumed_how'] for r in done)}" for w in ("memory", "replica", "disk")))
+      + "; states from " + ", ".join(f"{w} {sum(w in r['resumed_how'] for r in done)}" for w in ("memory", "replica", "disk", "fresh")))
 EOF
 }
 
