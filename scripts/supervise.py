@@ -493,6 +493,9 @@ def main():
     if not args.heartbeat:
         tmpdir = tempfile.mkdtemp(prefix="gptc_supervise.")
         args.heartbeat = os.path.join(tmpdir, "heartbeat")
+    for path in (args.heartbeat, args.recovery_log):  # e.g. in --output-dir, which the trainer makes later
+        if path and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
     log = open(args.recovery_log, "a") if args.recovery_log else None
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
