@@ -11,6 +11,7 @@
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
+#   make bench-failover  snapshot stall per step, recovery time from memory vs disk (GPT-2 124M)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 
 CC ?= gcc
@@ -104,9 +105,12 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@echo "== the CUDA twin compiles (no GPU needed)"
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
 	 else echo "check-cuda: SKIPPED, nvcc not found (install the CUDA toolkit to compile train_gpt.cu)"; fi
-	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain and ZeRO-1"
+	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain, ZeRO-1 and ZeRO-2, resharding"
 	scripts/test_dp.sh ./train_gpt_mpi > test_dp.log 2>&1 || { cat test_dp.log; exit 1; }
 	@tail -n 1 test_dp.log
+	@echo "== failover: runs killed (SIGKILL), hung (SIGSTOP) and host-replaced under scripts/supervise.py end bit for bit"
+	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi > test_failover.log 2>&1 || { cat test_failover.log; exit 1; }
+	@tail -n 1 test_failover.log
 	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
 	rm -rf /tmp/gptc_default_run
 	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=/tmp/gptc_default_run > /tmp/gptc_default_run.log 2>&1 || { cat /tmp/gptc_default_run.log; exit 1; }
@@ -161,6 +165,10 @@ dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
 bench-dp: train_gpt_mpi
 	scripts/bench_dp.sh
+
+# What snapshots cost per step and what a crash costs (GPT-2 124M).
+bench-failover: train_gpt
+	scripts/bench_failover.sh
 
 bench: dev/cpu/bench_train $(TOKENIZER_FILES)
 	scripts/bench.sh
@@ -254,4 +262,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
 
-.PHONY: all tokenizer train train-toy test test-dp test-failover bench-dp test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-failover bench-dp bench-failover test-fast test-asan check-cxx bench clean

@@ -4878,6 +4878,7 @@ static void state_prune(const Dist* d, const Options* o) {
     if (o->keep_last <= 0) return;
     char path[4400];
     int* steps;
+    dist_barrier(d); /* rank 0's newest marker is on disk before anyone lists */
     int n = state_complete_steps(o->output_dir, &steps);
     dist_barrier(d); /* everyone has the list before a marker goes */
     for (int pass = 0; pass < 2; pass++) {
@@ -5434,10 +5435,12 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
  * from a slow one. Not fsync'd: it is a sign of life, not a record. */
 static void heartbeat_write(const Options* o, int rank, int step) {
     if (!o->heartbeat[0] || rank != 0) return;
-    FILE* f = fopen(o->heartbeat, "w");
+    char tmp[4400];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", o->heartbeat);
+    FILE* f = fopen(tmp, "w");
     if (!f) return; /* a missing heartbeat is the supervisor's to notice */
     fprintf(f, "step %d %.0f\n", step, unix_ms());
-    fclose(f);
+    if (fclose(f) == 0) rename(tmp, o->heartbeat); /* never seen half-written */
 }
 
 /* Where a (re)start spent its time, in wall-clock ms since the process
@@ -5448,7 +5451,7 @@ static void timing_print(const Dist* d, const char* what, double unix_now) {
     fflush(stdout);
 }
 
-/* Test hooks (for scripts/test_failover.sh): GPTC_INJECT_NAN and
+/* Test hooks (test_gpt.c's bad-step tests): GPTC_INJECT_NAN and
  * GPTC_INJECT_SPIKE list steps (1-based, comma-separated) at which rank 0
  * puts a NaN into its gradients, or at which the loss the spike detector
  * sees is raised by 100 (each step once, though a rollback replays it).

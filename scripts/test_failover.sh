@@ -28,6 +28,9 @@
 #     after the job's last step would not be a failure to recover from) and
 #     kills each attempt at most once (told apart by GPTC_ATTEMPT in
 #     /proc/PID/environ), so every kill it counts must show up as one restart;
+#   - a replaced host: a rank is killed and its own memory snapshots removed
+#     before the restart: it recovers from the replica its neighbour keeps,
+#     and the final model is still cmp-identical (for rank 1 and rank 0);
 #   - a hang: SIGSTOP to one rank; the heartbeat goes stale (--stale-s 4),
 #     the supervisor kills the attempt's whole session and restarts it; the
 #     final model is still cmp-identical;
@@ -214,6 +217,32 @@ for name in one np2-zero1 np2-zero0 one-mem np2-zero1-mem; do
     done
 done
 grep -h '^supervisor: recovery: ' "$dir"/one-s1.out "$dir"/np2-zero1-s3.out 2>/dev/null | head -2 | sed 's/^/     /'
+
+# a replaced host: rank 1 is killed and its own memory snapshots are gone
+# before the restart (as on a new machine); it recovers from the replica
+# its neighbour keeps, and the run still ends bit for bit
+name=np2-zero1-mem
+for victim in 1 0; do
+    run=$name-host$victim
+    ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --heartbeat "$dir/$run.hb" > "$dir/$run.1.out" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do hb=$(hb_step "$dir/$run.hb"); [ "${hb:-0}" -ge 12 ] && break; sleep 0.02; done
+    ranks=($(for p in $(descendants $job); do [ "$(cat /proc/$p/comm 2>/dev/null)" = train_gpt_mpi ] && echo $p; done))
+    # rank r's process: the one whose environment says OMPI_COMM_WORLD_RANK=r
+    for p in "${ranks[@]}"; do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim" && kill -KILL $p
+    done
+    timeout -k 5 30 tail --pid=$job -f /dev/null
+    wait $job 2>/dev/null
+    rm -f "$shm"/gptc-*-state$victim-at$victim-*.bin
+    timeout -k 10 120 ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --resume 1 > "$dir/$run.2.out" 2>&1
+    rc=$?
+    from=$(grep -m1 "^resume: continuing" "$dir/$run.2.out")
+    [ $rc -eq 0 ] && [[ "$from" == *"rank $victim from the neighbour's replica"* ]] &&
+        cmp -s "$dir/np2-zero1.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/np2-zero1.ref.jsonl" "$dir/$run.jsonl" &&
+        check ok "$name: rank $victim killed at step ${hb:-?} and its own snapshots removed: restored from its neighbour's replica, final model cmp-identical" "$from" ||
+        check FAIL "$name: rank $victim restored from its neighbour's replica" "exit $rc: $from $(tail -2 "$dir/$run.2.out")"
+done
 
 # a hang: one rank stopped; the heartbeat goes stale
 name=np2-zero1
