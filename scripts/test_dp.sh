@@ -143,6 +143,13 @@ for target in "3 -b 2 --zero 1 -o $dir/rsD" "1 -b 6 --zero 0 -o $dir/rsE"; do
         check FAIL "a 2-rank ZeRO-1 state resharded onto $np rank(s)" "exit $rc: $cmp $(tail -3 "$dir/rs$np.out")"
 done
 
+# retention on 2 ranks: with a state every step and --keep-last 2, each rank keeps only its two newest files
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $COMMON -b 3 -x 6 --save-every 1 --keep-last 2 -o "$dir/keep" > "$dir/keep.out" 2>&1
+left=$(cd "$dir/keep" && ls state_* 2>/dev/null | tr '\n' ' ')
+[ "$left" = "state_00000005.complete state_00000005_rank0.bin state_00000005_rank1.bin state_00000006.complete state_00000006_rank0.bin state_00000006_rank1.bin " ] &&
+    check ok "retention on 2 ranks: every rank keeps only the two newest states" ||
+    check FAIL "retention on 2 ranks: every rank keeps only the two newest states" "left: $left"
+
 # --data with several ranks: rank 0 tokenizes once, the others wait and reuse the cache
 if [ -f data/tokenizer/gpt2_merges.bin ]; then
     cp README.md "$dir/text.txt"
