@@ -3792,6 +3792,46 @@ static uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
 }
 #endif
 
+/* Copy three arrays of n floats into dst (back to back) and take each
+ * one's CRC32C on the way: one pass over the memory instead of a copy and
+ * then a read, the three CRC chains interleaved so the instruction's
+ * latency is hidden, and the stores non-temporal (the copy is not read
+ * again soon: no need to pull it through the cache). */
+static void copy3_crc32c(float* dst, const float* a, const float* b, const float* c, size_t n, uint32_t crc[3]) {
+#if defined(__SSE4_2__) && defined(__x86_64__)
+    const unsigned char* src[3] = {(const unsigned char*)a, (const unsigned char*)b, (const unsigned char*)c};
+    unsigned char* out[3] = {(unsigned char*)dst, (unsigned char*)(dst + n), (unsigned char*)(dst + 2 * n)};
+    uint64_t c0 = 0xFFFFFFFFu, c1 = 0xFFFFFFFFu, c2 = 0xFFFFFFFFu;
+    size_t bytes = n * sizeof(float), words = bytes / 8, i = 0;
+    int aligned = ((uintptr_t)out[0] | (uintptr_t)out[1] | (uintptr_t)out[2]) % 8 == 0;
+    for (; aligned && i < words; i++) {
+        long long w0, w1, w2;
+        memcpy(&w0, src[0] + 8 * i, 8);
+        memcpy(&w1, src[1] + 8 * i, 8);
+        memcpy(&w2, src[2] + 8 * i, 8);
+        c0 = _mm_crc32_u64(c0, (uint64_t)w0);
+        c1 = _mm_crc32_u64(c1, (uint64_t)w1);
+        c2 = _mm_crc32_u64(c2, (uint64_t)w2);
+        _mm_stream_si64((long long*)(out[0] + 8 * i), w0);
+        _mm_stream_si64((long long*)(out[1] + 8 * i), w1);
+        _mm_stream_si64((long long*)(out[2] + 8 * i), w2);
+    }
+    _mm_sfence(); /* the streamed stores are visible before whatever follows */
+    uint32_t cs[3] = {(uint32_t)c0, (uint32_t)c1, (uint32_t)c2};
+    for (int k = 0; k < 3; k++) {
+        memcpy(out[k] + 8 * i, src[k] + 8 * i, bytes - 8 * i);
+        for (size_t j = 8 * i; j < bytes; j++) cs[k] = _mm_crc32_u8(cs[k], src[k][j]);
+        crc[k] = ~cs[k];
+    }
+#else
+    const float* srcs[3] = {a, b, c};
+    for (int k = 0; k < 3; k++) {
+        memcpy(dst + (size_t)k * n, srcs[k], n * sizeof(float));
+        crc[k] = crc32c(0, srcs[k], n * sizeof(float));
+    }
+#endif
+}
+
 static void put_i64(int32_t* h, int at, int64_t v) {
     h[at] = (int32_t)(uint32_t)((uint64_t)v & 0xFFFFFFFFu);
     h[at + 1] = (int32_t)(uint32_t)((uint64_t)v >> 32);
@@ -3850,10 +3890,10 @@ static void state_path(char* out, size_t cap, const char* dir, int step, int ran
     else snprintf(out, cap, "%s/state_%08d.complete", dir, step);
 }
 
-/* The header of a state whose arrays are its slices of the weights, m and v (hi - lo floats each). */
-static void state_header_make(int32_t* h, const StateInfo* s, const float* params, const float* m, const float* v) {
+/* The header of a state whose arrays (its slices of the weights, m and v,
+ * hi - lo floats each) have the CRC32Cs crc[0..2]. */
+static void state_header_make(int32_t* h, const StateInfo* s, const uint32_t crc[3]) {
     memset(h, 0, STATE_HEADER_BYTES);
-    size_t n = s->hi - s->lo;
     h[0] = STATE_MAGIC; h[1] = STATE_VERSION; h[2] = s->step; h[3] = s->rank; h[4] = s->world; h[5] = s->zero;
     h[6] = s->B; h[7] = s->T; h[8] = s->total; h[9] = s->seed; h[10] = s->shuffle;
     h[11] = s->config.num_layers; h[12] = s->config.channels; h[13] = s->config.num_heads;
@@ -3864,9 +3904,9 @@ static void state_header_make(int32_t* h, const StateInfo* s, const float* param
     put_i64(h, 24, (int64_t)s->lo);
     put_i64(h, 26, (int64_t)s->hi);
     put_i64(h, 28, (int64_t)s->sample_rng);
-    h[30] = (int32_t)crc32c(0, params, n * sizeof(float));
-    h[31] = (int32_t)crc32c(0, m, n * sizeof(float));
-    h[32] = (int32_t)crc32c(0, v, n * sizeof(float));
+    h[30] = (int32_t)crc[0];
+    h[31] = (int32_t)crc[1];
+    h[32] = (int32_t)crc[2];
     put_i64(h, 33, (int64_t)s->nonce);
     h[35] = s->watch.count; h[36] = s->watch.next; h[37] = s->watch.bad_run;
     memcpy(h + 40, s->watch.recent, sizeof(s->watch.recent));
@@ -4028,13 +4068,12 @@ static void slot_fill(Slot* sl, const StateInfo* s, const float* params, const f
     __atomic_store_n((int32_t*)sl->base, 0, __ATOMIC_RELEASE);
     size_t n = s->hi - s->lo;
     float* dst = (float*)(sl->base + STATE_HEADER_BYTES);
-    memcpy(dst, params, n * sizeof(float));
-    memcpy(dst + n, m, n * sizeof(float));
-    memcpy(dst + 2 * n, v, n * sizeof(float));
+    uint32_t crc[3];
+    copy3_crc32c(dst, params, m, v, n, crc);
     if (model_copy) memcpy(model_copy, model_params, s->P * sizeof(float)); /* all the weights, for the model file */
     __atomic_store_n(copied, 1, __ATOMIC_RELEASE); /* the trainer may change its arrays now */
     int32_t h[HEADER_INTS];
-    state_header_make(h, s, dst, dst + n, dst + 2 * n);
+    state_header_make(h, s, crc);
     memcpy(sl->base + sizeof(int32_t), h + 1, STATE_HEADER_BYTES - sizeof(int32_t));
     __atomic_store_n((int32_t*)sl->base, h[0], __ATOMIC_RELEASE);
 }
@@ -4782,8 +4821,8 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
            finite ? "" : " | non-finite: update skipped");
     fflush(stdout);
     if (r->log) {
-        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f}\n", step + 1,
-                loss, lr, norm, ms);
+        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f, \"unix_ms\": %.0f}\n",
+                step + 1, loss, lr, norm, ms, unix_ms());
         fflush(r->log);
     }
 }
@@ -4960,7 +4999,8 @@ typedef struct {
     char state_file[4400], model_file[4400];
     GPT2Config config;
     /* figures */
-    double stall_ms, disk_wait_ms, max_stall_ms;
+    double stall_ms, disk_wait_ms, max_stall_ms; /* over all snapshots, and the worst one */
+    double snap_stall;     /* the stall of the snapshot in progress so far */
     int snapshots;
     int last_failed;       /* the last disk write failed on some rank */
 #ifdef USE_MPI
@@ -4988,11 +5028,10 @@ static void* saver_writer_main(void* arg) {
     return NULL;
 }
 
-/* Map the slots. A slot left by an earlier process that holds a step past
- * `start` (where this one resumed: some rank lacked that step) is cleared,
- * so it can never be mixed with this run's later snapshots. Returns 0 or -1
- * (with a message on this rank; collective). */
-static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options* o, int start) {
+/* Map the slots (what an earlier process left in them stays, for
+ * state_resume to read). Returns 0 or -1 (with a message on this rank;
+ * collective). */
+static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options* o) {
     memset(sv, 0, sizeof(*sv));
     sv->newest = sv->pinned = -1;
 #ifdef USE_MPI
@@ -5017,11 +5056,6 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
         dist_slice(d, model->num_parameters, of, &lo, &hi);
         ok = slot_map(&sv->held[k], path, state_bytes(hi - lo)) == 0;
     }
-    for (int k = 0; k < OWN_SLOTS + HELD_SLOTS && ok; k++) {
-        Slot* sl = k < OWN_SLOTS ? &sv->own[k] : &sv->held[k - OWN_SLOTS];
-        int32_t* h = sl->base ? (int32_t*)sl->base : NULL;
-        if (h && h[0] == STATE_MAGIC && h[2] > start) h[0] = 0;
-    }
     if (d->rank == 0) sv->model_params = xmalloc_floats(model->num_parameters);
     if (dist_sum(d, ok) < d->world) return -1;
     if (sv->memory)
@@ -5029,6 +5063,17 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
                sv->nslots, bytes / 1e9, d->world > 1 ? ", and a replica at rank (r+1) mod W" : "",
                o->save_async ? "" : "; synchronous (--save-async 0)");
     return 0;
+}
+
+/* After resuming at `start`: a slot left by an earlier process that holds
+ * a later step (some rank lacked it, so the run went back further) is
+ * cleared, so it can never be mixed with this run's later snapshots. */
+static void saver_forget_after(Saver* sv, int start) {
+    for (int k = 0; k < OWN_SLOTS + HELD_SLOTS; k++) {
+        Slot* sl = k < OWN_SLOTS ? &sv->own[k] : &sv->held[k - OWN_SLOTS];
+        int32_t* h = (int32_t*)sl->base;
+        if (h && h[0] == STATE_MAGIC && h[2] > start) h[0] = 0;
+    }
 }
 
 /* The previous snapshot's copy must be done before the trainer changes its
@@ -5042,9 +5087,14 @@ static void saver_before_update(Saver* sv) {
         struct timespec ts = {0, 20000}; /* 20 us */
         nanosleep(&ts, NULL);
     }
-    double ms = time_ms() - t0;
-    sv->stall_ms += ms;
-    if (ms > sv->max_stall_ms) sv->max_stall_ms = ms;
+    sv->snap_stall += time_ms() - t0;
+}
+
+/* The snapshot in progress is done stalling: count it. */
+static void saver_stall_close(Saver* sv) {
+    sv->stall_ms += sv->snap_stall;
+    if (sv->snap_stall > sv->max_stall_ms) sv->max_stall_ms = sv->snap_stall;
+    sv->snap_stall = 0.0;
 }
 
 /* The disk writer is done: every rank's result decides the marker. */
@@ -5078,7 +5128,7 @@ static void saver_poll(Saver* sv, const Dist* d, const Options* o, int wait) {
         /* the copy is done; the checksums take a little longer (counted in the stall) */
         double t0 = time_ms();
         CHECK(pthread_join(sv->copier, NULL) == 0, "cannot join the snapshot thread");
-        sv->stall_ms += time_ms() - t0;
+        if (o->save_async) sv->snap_stall += time_ms() - t0;
         sv->copier_busy = 0;
         int k = sv->fill;
         sv->newest = k;
@@ -5161,6 +5211,7 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
     sv->m = model->m_memory + at;
     sv->v = model->v_memory + at;
     sv->all_params = save && d->rank == 0 ? model->params_memory : NULL;
+    saver_stall_close(sv); /* the previous snapshot's stall is all counted by now */
     sv->copied = sv->confirmed = 0;
     sv->t_snap = time_ms();
     CHECK(pthread_create(&sv->copier, NULL, saver_copier_main, sv) == 0, "cannot start the snapshot thread");
@@ -5168,9 +5219,7 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
     if (!o->save_async) { /* the synchronous way: all of it now */
         double t0 = time_ms();
         saver_poll(sv, d, o, 1);
-        double ms = time_ms() - t0;
-        sv->stall_ms += ms;
-        if (ms > sv->max_stall_ms) sv->max_stall_ms = ms;
+        sv->snap_stall += time_ms() - t0;
     }
 }
 
@@ -5495,14 +5544,16 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n",
                getenv("GPTC_INJECT_NAN") ? getenv("GPTC_INJECT_NAN") : "", getenv("GPTC_INJECT_SPIKE") ? getenv("GPTC_INJECT_SPIKE") : "");
     timing_print(dist, "communicator ready", dist->t_comm);
+    Saver saver;
+    if (saver_init(&saver, dist, model, o) != 0) return -1;
+    timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
     int start = 0;
     StateSource source = SOURCE_NONE;
     if (o->output_dir[0]) r.nonce = run_nonce(dist, o, 0);
     if (o->resume && (start = state_resume(&r, dist, model, o, &source)) < 0) return -1;
     if (o->output_dir[0] && start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
+    saver_forget_after(&saver, start);
     timing_print(dist, "state loaded", unix_ms());
-    Saver saver;
-    if (saver_init(&saver, dist, model, o, start) != 0) return -1;
     heartbeat_write(o, r.rank, start);
     int rollbacks = 0, nan_upto = 0, spike_upto = 0;
     for (int step = start; step <= r.steps; step++) {
@@ -5569,6 +5620,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
                dist->gathered, model->num_parameters, wire, dist->comm_ms / r.steps, dist->exposed_ms / r.steps,
                dist->comm_ms > 0 ? 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms) : 0.0);
     }
+    saver_stall_close(&saver);
     if (saver.snapshots > 0)
         printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
                "in all\n", saver.snapshots, saver.stall_ms / saver.snapshots, saver.max_stall_ms, saver.disk_wait_ms);

@@ -51,7 +51,8 @@ The recovery log. For each restart, a line on stdout, prefixed
     relaunch     detected -> the new attempt spawned (cleaning up the old one)
     launch       spawned -> the trainer's process start (`timing: ... since process start T`; with mpirun, its start-up)
     comm init    process start -> communicator ready (MPI_Init)
-    state load   communicator ready -> state loaded (--resume finds the newest usable state)
+    model setup  communicator ready -> model ready (the model built, the snapshot memory mapped)
+    state load   model ready -> state loaded (--resume finds the freshest usable state and reads it)
     first step   state loaded -> first step done
     total        detected -> first step done
 plus the step it resumed from and where the state came from (the trainer's
@@ -271,8 +272,9 @@ def output_pump(stream, sink, attempt, parse):
         m = TIMING_RE.match(line)
         if m:
             attempt.at.setdefault("process_start", float(m.group(3)))
-            attempt.at.setdefault({"communicator ready": "comm_ready", "state loaded": "state_loaded",
-                                   "first step done": "first_step"}.get(m.group(1), m.group(1)), float(m.group(2)))
+            attempt.at.setdefault({"communicator ready": "comm_ready", "model ready": "model_ready",
+                                   "state loaded": "state_loaded", "first step done": "first_step"}.get(m.group(1), m.group(1)),
+                                  float(m.group(2)))
         m = STEP_RE.match(line)
         if m:
             attempt.step_seen(int(m.group(1)), heartbeat=False)
@@ -434,7 +436,8 @@ def attempt_run(args, n, run_id, previous, log):
 # The recovery log
 # ---------------------------------------------------------------------------
 PHASES = [("relaunch", "detected", "spawned"), ("launch", "spawned", "process_start"),
-          ("comm_init", "process_start", "comm_ready"), ("state_load", "comm_ready", "state_loaded"),
+          ("comm_init", "process_start", "comm_ready"), ("model_setup", "comm_ready", "model_ready"),
+          ("state_load", "model_ready", "state_loaded"),
           ("first_step", "state_loaded", "first_step")]
 
 

@@ -155,7 +155,7 @@ fin = [r for r in recs if r["event"] == "finished"]
 problems = []
 if len(rec) != want: problems.append(f"{len(rec)} recovery records, want {want}")
 if not fin or fin[-1]["restarts"] != want: problems.append(f"finished record: {fin}")
-full = ["relaunch", "launch", "comm_init", "state_load", "first_step", "total"]
+full = ["relaunch", "launch", "comm_init", "model_setup", "state_load", "first_step", "total"]
 for r in rec:
     if "relaunch" not in r["ms"] or not r.get("failure"): problems.append(f"attempt {r['attempt']}: no failure/relaunch")
     # steps lost: unknown (None) only when no heartbeat came before the failure
