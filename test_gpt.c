@@ -1128,6 +1128,18 @@ static void test_resume(void) {
     rc = run_capture(cmd, out, sizeof(out));
     check(rc != 0 && strstr(out, "tokens per step) differs"),
           "resume: a run with another --batch-size (so another number of tokens per step) is refused", strstr(out, "differs") ? "" : out);
+    /* a run started afresh (no --resume) in a folder holding an earlier run's states: on a later resume the
+     * earlier run's newer state (step 8) is passed over for this run's own (step 4) */
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsE --stop-at 8 --seed 7", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsE --stop-at 4", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsE --resume 1", common, tmpdir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsE/model_00000012.bin", tmpdir);
+    check(rc == 0 && strstr(out, "belongs to an earlier run") && strstr(out, "continuing after step 4") && files_equal(a, b),
+          "resume: an earlier run's state in the same folder is passed over (run.id), this run's continues bit for bit",
+          rc ? out : "");
     /* a compatible change: half the micro-batch, two of them per step (the same tokens per step), more steps */
     snprintf(cmd, sizeof(cmd), "%s -o %s/rsC --resume 1 -b 2 -d 64 -x 14", common, tmpdir);
     rc = run_capture(cmd, out, sizeof(out));

@@ -2564,6 +2564,10 @@ typedef struct {
      * the flat buffer); ZeRO-2 hands out a zeroed one-layer bucket */
     float* (*layer_grad_bucket)(void* ctx, int layer);
     void* on_layer_grads_ctx;
+    /* a random init put off (model_from_options) until train() knows no
+     * training state will replace it; the weights are zero meanwhile */
+    int init_deferred;
+    uint64_t init_seed;
     /* the last forward pass */
     int last_B, last_T;
     const int* last_inputs;
@@ -2586,9 +2590,8 @@ static void gpt2_init_with(GPT2* model, const GPT2Config* config, float* params)
  * residual stream (attprojw, fcprojw) scaled by 1/sqrt(2L); biases 0;
  * LayerNorm weights 1, biases 0. The pad rows of wte are zero, so the pad
  * logits are exactly 0 and never matter. Deterministic for a given seed. */
-static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t seed) {
-    float* params = xmalloc_floats(parameter_count(config));
-    gpt2_init_with(model, config, params);
+static void gpt2_fill_random(GPT2* model, uint64_t seed) {
+    const GPT2Config* config = &model->config;
     Rng rng;
     rng_init(&rng, seed);
     float** ptrs = (float**)&model->params;
@@ -2608,6 +2611,12 @@ static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t see
     size_t C = config->channels;
     memset(model->params.wte + (size_t)config->vocab_size * C, 0,
            sizeof(float) * (size_t)(config->padded_vocab_size - config->vocab_size) * C);
+}
+
+static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t seed) {
+    float* params = xmalloc_floats(parameter_count(config));
+    gpt2_init_with(model, config, params);
+    gpt2_fill_random(model, seed);
 }
 
 static int gpt2_load(GPT2* model, const char* path) {
@@ -3792,23 +3801,23 @@ static uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
 }
 #endif
 
-/* Copy three arrays of n floats into dst (back to back) and take each
- * one's CRC32C on the way: one pass over the memory instead of a copy and
- * then a read, the three CRC chains interleaved so the instruction's
- * latency is hidden, and the stores non-temporal (the copy is not read
- * again soon: no need to pull it through the cache). */
-static void copy3_crc32c(float* dst, const float* a, const float* b, const float* c, size_t n, uint32_t crc[3]) {
+/* Copy three arrays of n floats, src[k] to dst[k], and take each one's
+ * CRC32C on the way: one pass over the memory instead of a copy and then a
+ * read, the three CRC chains interleaved so the instruction's latency is
+ * hidden, and the stores non-temporal (a snapshot is not read again soon:
+ * no need to pull it through the cache). */
+static void copy3_crc32c(float* const dst[3], const float* const src[3], size_t n, uint32_t crc[3]) {
 #if defined(__SSE4_2__) && defined(__x86_64__)
-    const unsigned char* src[3] = {(const unsigned char*)a, (const unsigned char*)b, (const unsigned char*)c};
-    unsigned char* out[3] = {(unsigned char*)dst, (unsigned char*)(dst + n), (unsigned char*)(dst + 2 * n)};
+    const unsigned char* in[3] = {(const unsigned char*)src[0], (const unsigned char*)src[1], (const unsigned char*)src[2]};
+    unsigned char* out[3] = {(unsigned char*)dst[0], (unsigned char*)dst[1], (unsigned char*)dst[2]};
     uint64_t c0 = 0xFFFFFFFFu, c1 = 0xFFFFFFFFu, c2 = 0xFFFFFFFFu;
     size_t bytes = n * sizeof(float), words = bytes / 8, i = 0;
     int aligned = ((uintptr_t)out[0] | (uintptr_t)out[1] | (uintptr_t)out[2]) % 8 == 0;
     for (; aligned && i < words; i++) {
         long long w0, w1, w2;
-        memcpy(&w0, src[0] + 8 * i, 8);
-        memcpy(&w1, src[1] + 8 * i, 8);
-        memcpy(&w2, src[2] + 8 * i, 8);
+        memcpy(&w0, in[0] + 8 * i, 8);
+        memcpy(&w1, in[1] + 8 * i, 8);
+        memcpy(&w2, in[2] + 8 * i, 8);
         c0 = _mm_crc32_u64(c0, (uint64_t)w0);
         c1 = _mm_crc32_u64(c1, (uint64_t)w1);
         c2 = _mm_crc32_u64(c2, (uint64_t)w2);
@@ -3819,15 +3828,14 @@ static void copy3_crc32c(float* dst, const float* a, const float* b, const float
     _mm_sfence(); /* the streamed stores are visible before whatever follows */
     uint32_t cs[3] = {(uint32_t)c0, (uint32_t)c1, (uint32_t)c2};
     for (int k = 0; k < 3; k++) {
-        memcpy(out[k] + 8 * i, src[k] + 8 * i, bytes - 8 * i);
-        for (size_t j = 8 * i; j < bytes; j++) cs[k] = _mm_crc32_u8(cs[k], src[k][j]);
+        memcpy(out[k] + 8 * i, in[k] + 8 * i, bytes - 8 * i);
+        for (size_t j = 8 * i; j < bytes; j++) cs[k] = _mm_crc32_u8(cs[k], in[k][j]);
         crc[k] = ~cs[k];
     }
 #else
-    const float* srcs[3] = {a, b, c};
     for (int k = 0; k < 3; k++) {
-        memcpy(dst + (size_t)k * n, srcs[k], n * sizeof(float));
-        crc[k] = crc32c(0, srcs[k], n * sizeof(float));
+        memcpy(dst[k], src[k], n * sizeof(float));
+        crc[k] = crc32c(0, src[k], n * sizeof(float));
     }
 #endif
 }
@@ -4001,6 +4009,34 @@ static int state_read_arrays(const char* path, const StateInfo* s, const int32_t
     return rc || bad ? -1 : 0;
 }
 
+/* Load this rank's slice from a state record in memory (a mapped slot, or
+ * a replica received): check the header, copy the arrays out while taking
+ * their CRC32Cs, compare. The weights go to params_full + lo, the moments
+ * to m and v (which hold [lo, hi)). 0, or -1 after a message. */
+static int state_load_record(const unsigned char* base, size_t bytes, const char* what, StateInfo* s, float* params_full,
+                             float* m, float* v) {
+    int32_t h[HEADER_INTS];
+    if (bytes < STATE_HEADER_BYTES) {
+        FILE_ERROR(what, "%zu bytes: shorter than a training state's header", bytes);
+        return -1;
+    }
+    memcpy(h, base, STATE_HEADER_BYTES);
+    if (state_header_parse(h, (long long)bytes, what, s) != 0) return -1;
+    size_t n = s->hi - s->lo;
+    const float* arrays = (const float*)(base + STATE_HEADER_BYTES);
+    float* const to[3] = {params_full + s->lo, m, v};
+    const float* const from[3] = {arrays, arrays + n, arrays + 2 * n};
+    uint32_t crc[3];
+    copy3_crc32c(to, from, n, crc);
+    static const char* const names[3] = {"weights", "first moments", "second moments"};
+    for (int k = 0; k < 3; k++)
+        if (crc[k] != (uint32_t)h[30 + k]) {
+            FILE_ERROR(what, "checksum mismatch in the %s: the copy is corrupt", names[k]);
+            return -1;
+        }
+    return 0;
+}
+
 /* A snapshot slot: one state record in memory, backed by a file in
  * /dev/shm (or anonymous memory when snapshots stay private), mapped and
  * reserved up front (posix_fallocate: a full /dev/shm is an error now, not
@@ -4069,7 +4105,9 @@ static void slot_fill(Slot* sl, const StateInfo* s, const float* params, const f
     size_t n = s->hi - s->lo;
     float* dst = (float*)(sl->base + STATE_HEADER_BYTES);
     uint32_t crc[3];
-    copy3_crc32c(dst, params, m, v, n, crc);
+    float* const to[3] = {dst, dst + n, dst + 2 * n};
+    const float* const from[3] = {params, m, v};
+    copy3_crc32c(to, from, n, crc);
     if (model_copy) memcpy(model_copy, model_params, s->P * sizeof(float)); /* all the weights, for the model file */
     __atomic_store_n(copied, 1, __ATOMIC_RELEASE); /* the trainer may change its arrays now */
     int32_t h[HEADER_INTS];
@@ -4542,6 +4580,19 @@ static int model_from_options(GPT2* model, const Options* o) {
                 c.num_heads, c.max_seq_len, c.vocab_size, problem);
         return -1;
     }
+    char run_id[4400];
+    snprintf(run_id, sizeof(run_id), "%s/run.id", o->output_dir);
+    if (o->resume && o->output_dir[0] && access(run_id, F_OK) == 0) {
+        /* resuming a run that exists: its state will replace the weights, so
+         * the random init (seconds for GPT-2 124M) waits until train() knows
+         * whether there is one; zeros meanwhile, the same on every rank */
+        float* params = xmalloc_floats(parameter_count(&c));
+        memset(params, 0, parameter_count(&c) * sizeof(float));
+        gpt2_init_with(model, &c, params);
+        model->init_deferred = 1;
+        model->init_seed = (uint64_t)o->seed;
+        return 0;
+    }
     gpt2_init_random(model, &c, (uint64_t)o->seed);
     return 0;
 }
@@ -4940,13 +4991,12 @@ static void state_prune(const Dist* d, const Options* o) {
  * the state of rank `of` kept by rank `at` (its own when of == at, else the
  * replica of its neighbour's), slot k; tag = a hash of the output folder's
  * absolute path, so a restarted run finds its memory and two runs never
- * share it. k = -1: the file a replica arrives in when recovering. */
+ * share it. */
 static void slot_path(char* out, size_t cap, const Options* o, int of, int at, int k) {
     char real[4096];
     const char* dir = realpath(o->output_dir, real) ? real : o->output_dir;
     uint64_t tag = fnv1a(0xCBF29CE484222325ull, dir, strlen(dir));
-    if (k >= 0) snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-%d.bin", o->shm_dir, (unsigned long long)tag, of, at, k);
-    else snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-incoming.bin", o->shm_dir, (unsigned long long)tag, of, at);
+    snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-%d.bin", o->shm_dir, (unsigned long long)tag, of, at, k);
 }
 
 /* Snapshots and saving, in two phases (CheckFreq, Mohan et al. 2021):
@@ -5339,7 +5389,8 @@ typedef enum { SOURCE_NONE, SOURCE_OWN, SOURCE_REPLICA, SOURCE_DISK } StateSourc
 static const char* const SOURCE_NAMES[4] = {"nowhere", "its own snapshot in memory", "the neighbour's replica",
                                             "disk"};
 
-static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, StateSource* source_out) {
+static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, const Saver* sv,
+                        StateSource* source_out) {
     int W = d->world, me = d->rank, next = (me + 1) % W, prev = (me + W - 1) % W;
     StateInfo now = state_info_of(r, d, model, o, 0), s;
     int32_t h[HEADER_INTS];
@@ -5374,7 +5425,7 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         if (all[i] > 0) cand[ncand++] = all[i];
     for (int i = 0; i < ndisk; i++) cand[ncand++] = disk[i];
     qsort(cand, (size_t)ncand, sizeof(int), int_compare);
-    int result = 0;
+    int result = 0, unreadable = 0;
     StateSource src = SOURCE_NONE;
     for (int c = ncand - 1; c >= 0; c--) {
         int step = cand[c];
@@ -5387,13 +5438,25 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         for (int i = 0; i < ndisk; i++) on_disk |= disk[i] == step;
         src = own_slot >= 0 ? SOURCE_OWN : held_by_next ? SOURCE_REPLICA : on_disk ? SOURCE_DISK : SOURCE_NONE;
         if (dist_sum(d, src == SOURCE_NONE) > 0) continue; /* not complete everywhere */
-        /* a disk state of this run that cannot continue it: refuse, together */
+        /* a disk state of an earlier run in this folder (one started afresh
+         * since, with a new run.id) is passed over; one of this run that
+         * cannot continue it is refused, together */
         const char* differs = NULL;
+        int earlier = 0;
         if (src == SOURCE_DISK) {
             state_path(path, sizeof(path), o->output_dir, step, 0);
-            if (state_read_header(path, &s, h, 1) == 0 && (differs = state_differs(&s, &now, 0)))
-                fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new --output-dir "
-                        "or run with the same settings\n", path, differs);
+            if (state_read_header(path, &s, h, 1) == 0) {
+                earlier = r->nonce && s.nonce != r->nonce;
+                if (!earlier && (differs = state_differs(&s, &now, 0)))
+                    fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new "
+                            "--output-dir or run with the same settings\n", path, differs);
+            }
+        }
+        if (dist_sum(d, earlier) > 0) {
+            if (d->rank == 0)
+                fprintf(stderr, "warning: %s belongs to an earlier run in this folder (its run.id differs): passed over\n",
+                        path);
+            continue;
         }
         if (dist_sum(d, differs != NULL) > 0) {
             result = -1;
@@ -5417,25 +5480,36 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             if (n) MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, prev, 9, MPI_COMM_WORLD));
             free(buf);
         }
-        if (need) { /* receive it into a file beside the slots, then read it like any state */
-            long long n = 0;
-            MPI_CHECK(MPI_Recv(&n, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-            float* buf = xmalloc_floats(n ? (size_t)n : 1);
-            if (n) MPI_CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, next, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-            slot_path(path, sizeof(path), o, me, me, -1);
-            WriteChunk chunk = {buf, (size_t)n * 4};
-            if (write_file_atomic(path, &chunk, 1) != 0) n = 0;
-            free(buf);
+        float* replica = NULL; /* the replica of this rank's state, received from its neighbour */
+        long long replica_floats = 0;
+        if (need) {
+            MPI_CHECK(MPI_Recv(&replica_floats, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+            replica = xmalloc_floats(replica_floats ? (size_t)replica_floats : 1);
+            if (replica_floats)
+                MPI_CHECK(MPI_Recv(replica, (int)replica_floats, MPI_FLOAT, next, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
         }
 #endif
         int ok;
+        float* m_at = model->m_memory + (d->zero ? 0 : d->save_lo); /* where this rank's slice of the moments goes */
+        float* v_at = model->v_memory + (d->zero ? 0 : d->save_lo);
         if (src == SOURCE_DISK) {
             ok = state_load_disk(r, d, model, o, step, &s) == 0;
-        } else {
-            slot_path(path, sizeof(path), o, me, me, src == SOURCE_OWN ? own_slot : -1);
+        } else if (src == SOURCE_OWN && sv->memory) { /* the slot is mapped already: straight from memory */
+            slot_path(path, sizeof(path), o, me, me, own_slot);
+            ok = state_load_record(sv->own[own_slot].base, sv->own[own_slot].bytes, path, &s, model->params_memory, m_at,
+                                   v_at) == 0 && s.step == step;
+        } else if (src == SOURCE_OWN) { /* (this run takes no memory snapshots: read the file) */
+            slot_path(path, sizeof(path), o, me, me, own_slot);
             ok = state_read_header(path, &s, h, 0) == 0 && s.step == step &&
                  state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
-            if (src == SOURCE_REPLICA) remove(path);
+        } else {
+#ifdef USE_MPI
+            ok = state_load_record((const unsigned char*)replica, (size_t)replica_floats * 4, "the neighbour's replica",
+                                   &s, model->params_memory, m_at, v_at) == 0 && s.step == step;
+            free(replica);
+#else
+            ok = 0;
+#endif
         }
         if (dist_sum(d, src != SOURCE_DISK) > 0 && dist_sum(d, ok) == W) { /* memory holds slices: gather them */
             dist_allgather_slices(d, model->params_memory, model->num_parameters);
@@ -5454,9 +5528,11 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         fprintf(stderr, "warning: rank %d: the training state of step %d is not usable on every rank (this rank: %s, "
                 "%s); trying the one before\n", me, step, SOURCE_NAMES[src], ok ? "fine" : "unreadable");
         src = SOURCE_NONE;
+        unreadable++;
     }
-    if (result == 0 && ncand > 0) {
-        fprintf(stderr, "error: no usable training state in %s (or in memory)\n", o->output_dir);
+    if (result == 0 && unreadable > 0) { /* states of this run exist, none could be read: do not start over silently */
+        fprintf(stderr, "error: no usable training state in %s (or in memory): repair or remove them, or start a new "
+                "--output-dir\n", o->output_dir);
         result = -1;
     }
     if (result == 0 && d->rank == 0) printf("resume: no training state in %s or in memory: starting from step 0\n", o->output_dir);
@@ -5550,9 +5626,11 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     int start = 0;
     StateSource source = SOURCE_NONE;
     if (o->output_dir[0]) r.nonce = run_nonce(dist, o, 0);
-    if (o->resume && (start = state_resume(&r, dist, model, o, &source)) < 0) return -1;
+    if (o->resume && (start = state_resume(&r, dist, model, o, &saver, &source)) < 0) return -1;
     if (o->output_dir[0] && start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
     saver_forget_after(&saver, start);
+    if (start == 0 && model->init_deferred) gpt2_fill_random(model, model->init_seed); /* no state: the init after all */
+    model->init_deferred = 0;
     timing_print(dist, "state loaded", unix_ms());
     heartbeat_write(o, r.rank, start);
     int rollbacks = 0, nan_upto = 0, spike_upto = 0;

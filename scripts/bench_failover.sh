@@ -10,9 +10,11 @@
 #      memory snapshots every step, synchronous       --snapshot-every 1 --save-async 0
 #      + disk every 5 steps, two-phase                --snapshot-every 1 --save-every 5
 #      disk every 5 steps, synchronous                --save-every 5 --save-async 0
-#    Printed: the median step time (steps 3..N), its overhead against the
-#    baseline, and the stall per snapshot the trainer measured (the time the
-#    step waited for the copy; the whole copy and write when synchronous).
+#    Printed: the median step time (steps 3..N, wall clock from one step's
+#    end to the next's, so it includes everything a snapshot costs), its
+#    overhead against the baseline, and the stall per snapshot the trainer
+#    measured (the time the step waited for the copy; the whole copy, and
+#    the write, when synchronous).
 # 2. Recovery. A run with memory snapshots every step and disk every 5 is
 #    killed (SIGKILL) after step 8 and restarted with --resume 1:
 #      from memory: the /dev/shm snapshot is there;
@@ -20,7 +22,8 @@
 #                   files dropped from the page cache (posix_fadvise), so they
 #                   are read from the disk.
 #    Printed: crash -> first completed step, split into launch (to main),
-#    start-up (model, data, communicator), state load and the first step; and
+#    model (built, data opened, snapshot memory mapped), state load and the
+#    first step; and
 #    the steps lost (the last completed step before the kill minus the step
 #    resumed from).
 # 3. Bytes written per save: one rank's state file against the full state
@@ -38,8 +41,8 @@ $PY scripts/toy_shard.py "$dir/train.bin" 400000 50257 0 >/dev/null
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%F)"
 COMMON="--model d12 -i $dir/train.bin -b 4 -t 64 --val-every 0 --sample-every 0 --shm-dir $shm"
 
-median_ms() { # the median step time of steps 3.. in a JSONL log
-    grep -o '"ms": [0-9.]*' "$1" | tail -n +3 | cut -d' ' -f2 | sort -n |
+median_ms() { # the median step time of steps 3.. in a JSONL log: wall clock from one step's end to the next's
+    grep -o '"unix_ms": [0-9]*' "$1" | cut -d' ' -f2 | awk 'NR > 2 { print $1 - prev } { prev = $1 }' | sort -n |
         awk '{ a[NR] = $1 } END { if (NR % 2) printf "%.0f", a[(NR + 1) / 2]; else printf "%.0f", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
 echo
@@ -67,7 +70,7 @@ done
 
 echo
 echo "2. recovery after SIGKILL (memory snapshots every step, disk every 5)"
-printf "%-12s %9s %8s %9s %8s %9s %9s %6s\n" "from" "total ms" "launch" "start-up" "load" "1st step" "resumed" "lost"
+printf "%-12s %9s %8s %9s %8s %9s %9s %6s\n" "from" "total ms" "launch" "model" "load" "1st step" "resumed" "lost"
 fadvise_dontneed() { # drop files from the page cache (they are fsync'd, so clean)
     $PY - "$@" <<'EOF'
 import os, sys
@@ -97,12 +100,13 @@ for from in memory disk; do
     at() { sed -n "s/^timing: $1 at \([0-9]*\).*/\1/p" "$run.2.out"; }
     start=$(sed -n 's/^timing: communicator ready at [0-9]* (+[0-9]* ms since process start \([0-9]*\)).*/\1/p' "$run.2.out")
     resumed=$(sed -n 's/^resume: continuing after step \([0-9]*\).*/\1/p' "$run.2.out")
-    awk -v f="$from" -v c="$crash" -v sp="$spawn" -v st="$start" -v comm="$(at 'communicator ready')" \
+    awk -v f="$from" -v c="$crash" -v st="$start" -v mr="$(at 'model ready')" \
         -v ld="$(at 'state loaded')" -v fs="$(at 'first step done')" -v last="$last" -v res="${resumed:-0}" \
-        'BEGIN { printf "%-12s %9d %8d %9d %8d %9d %9d %6d\n", f, fs - c, st - c, comm - st, ld - comm, fs - ld, res, last - res }'
+        'BEGIN { printf "%-12s %9d %8d %9d %8d %9d %9d %6d\n", f, fs - c, st - c, mr - st, ld - mr, fs - ld, res, last - res }'
     grep -h "resume:" "$run.2.out" | sed 's/^/    /'
 done
-echo "(launch counts from the kill; start-up is the model's random init and the data, done before the state is read)"
+echo "(launch: from the kill to main(); model: building the model (a random init, then overwritten), the data, and mapping"
+echo " the snapshot memory; load: finding and reading the state; 1st step: the first step, with its page faults)"
 
 echo
 echo "3. bytes written per save"
