@@ -8,7 +8,8 @@
  *   nvcc -O2 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o test_gpt_cu test_gpt.cu -lcublasLt
  *   ./test_gpt_cu                                   # tiny fixture in dev/fixtures
  *   ./test_gpt_cu --ref MODEL REF                   # another reference (scripts/gpt2_reference.py)
- *   ./test_gpt_cu --binary ./train_gpt_cu           # also the trainer's bad-input errors
+ *   ./test_gpt_cu --binary ./train_gpt_cu           # also the trainer's bad-input errors and training states
+ *   ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt   # and a GPU state resumed on the CPU
  *
  * What is checked:
  *   - the checker itself (a planted wrong value must be rejected);
@@ -21,7 +22,11 @@
  *     identical on a second run (no order-dependent atomics);
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
  *     and the final weights against PyTorch;
- *   - stochastic rounding is unbiased.
+ *   - stochastic rounding is unbiased;
+ *   - with --binary: training states (save, stop, resume from disk and from
+ *     memory: the final weights bit for bit the uninterrupted run's; a
+ *     snapshot every step changes nothing; with --cpu-binary the CPU
+ *     trainer continues a GPU state; --zero 1 refuses them).
  * Exit status non-zero on any failure; the last line is "N passed, N failed".
  * Without a GPU the GPU checks are skipped, said so, and the exit status is 77.
  */
@@ -284,14 +289,127 @@ static void test_binary(const char* binary) {
     }
 }
 
+/* ---- training states through the trainer binary (test_gpt.c's test_resume) */
+
+/* Run a command, its stdout and stderr into out (the tail when longer). Exit status. */
+static int run_capture(const char* cmd, char* out, size_t cap) {
+    char full[4096];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE* p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = 0;
+    int ch;
+    while ((ch = fgetc(p)) != EOF) {
+        if (n + 1 == cap) { /* keep the tail */
+            memmove(out, out + cap / 2, n - cap / 2);
+            n -= cap / 2;
+        }
+        out[n++] = (char)ch;
+    }
+    out[n] = '\0';
+    int status = pclose(p);
+    return status == 0 ? 0 : -1;
+}
+
+static int files_equal(const char* a, const char* b) {
+    size_t na = 0, nb = 0;
+    char* x = file_read_all(a, &na);
+    char* y = file_read_all(b, &nb);
+    int eq = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+/* A token shard of n tokens (i * 7 + seed) mod V, as test_gpt.c writes them. */
+static void write_shard(const char* path, int n, int V, int seed) {
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = SHARD_MAGIC;
+    h[1] = 1;
+    h[2] = n;
+    uint16_t* tok = (uint16_t*)xmalloc(2 * (size_t)n);
+    for (int i = 0; i < n; i++) tok[i] = (uint16_t)((i * 7 + seed) % V);
+    FILE* f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot write %s", path);
+    CHECK(fwrite(h, 4, 256, f) == 256 && fwrite(tok, 2, (size_t)n, f) == (size_t)n && fclose(f) == 0, "write %s", path);
+    free(tok);
+}
+
+/* Save, stop, resume, continue: the final weights bit for bit the
+ * uninterrupted run's (from disk, and from the snapshot in memory); taking a
+ * snapshot every step changes nothing; the CPU trainer (cpu_binary, when
+ * given) continues a state the GPU wrote; --zero 1 refuses --resume. */
+static void test_resume(const char* binary, const char* cpu_binary) {
+    char dir[] = "/tmp/gptc_cu_resume_XXXXXX";
+    if (!mkdtemp(dir)) { check(0, "make a temporary folder", strerror(errno)); return; }
+    char shard[600], common[2400], cmd[3000], a[700], b[700];
+    static char out[1 << 16];
+    snprintf(shard, sizeof(shard), "%s/rs_train_000.bin", dir);
+    write_shard(shard, 6000, 50, 3);
+    snprintf(common, sizeof(common),
+             "--model d2 --channels 64 --num-heads 4 --max-seq-len 32 --vocab-size 50 -i %s -j %s -b 4 -t 16 -x 12 "
+             "--lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 5 --val-batches 2 --sample-every 0 --shuffle 1 "
+             "--save-every 4", shard, shard);
+    snprintf(a, sizeof(a), "%s/rsA/model_00000012.bin", dir);
+    /* A: uninterrupted */
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsA", binary, common, dir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    char state8[700];
+    snprintf(state8, sizeof(state8), "%s/rsA/state_00000008.complete", dir);
+    check(rc == 0 && access(a, F_OK) == 0 && access(state8, F_OK) == 0,
+          "GPU states: a run with --save-every 4 writes its model files and complete training states", rc ? out : "");
+    /* B: stopped at 6, resumed from disk */
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsB --stop-at 6", binary, common, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    int stopped = strstr(out, "stopping after step 6") != NULL;
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsB --resume 1", binary, common, dir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsB/model_00000012.bin", dir);
+    check(rc == 0 && stopped && strstr(out, "continuing after step 6") && strstr(out, "rank 0 from disk") &&
+              files_equal(a, b),
+          "GPU resume: stopped at step 6 and resumed from disk, the final weights are bit for bit the uninterrupted "
+          "run's", rc ? out : "");
+    /* C: a snapshot in memory every step (the side-stream copies), stopped at 6, resumed from its memory */
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsC --snapshot-every 1 --stop-at 6", binary, common, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsC --snapshot-every 1 --resume 1", binary, common, dir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsC/model_00000012.bin", dir);
+    check(rc == 0 && strstr(out, "continuing after step 6") && strstr(out, "its own snapshot in memory") &&
+              strstr(out, "snapshots: ") && files_equal(a, b),
+          "GPU resume: snapshots every step change nothing, and a run resumed from its memory snapshot continues bit "
+          "for bit", rc ? out : "");
+    /* D: the CPU trainer continues the GPU's state (not bit for bit: fp32 against bf16) */
+    if (cpu_binary) {
+        snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsB --resume 1 --threads 2", cpu_binary, common, dir);
+        snprintf(b, sizeof(b), "%s/rsB/state_00000012.complete", dir);
+        remove(b); /* so that the CPU continues from step 8, the newest state before the end */
+        rc = run_capture(cmd, out, sizeof(out));
+        check(rc == 0 && strstr(out, "continuing after step 8") && access(b, F_OK) == 0,
+              "GPU -> CPU: train_gpt continues a training state written by train_gpt_cu (the same format)", rc ? out : "");
+    }
+    /* E: states need the flat layout */
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsE --zero 1 --stop-at 6", binary, common, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc != 0 && strstr(out, "need --zero 0 on GPUs"), "GPU states: --zero 1 with --stop-at is refused, saying why", out);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
 int main(int argc, char** argv) {
     const char* model_path = "dev/fixtures/tiny_model.bin";
     const char* ref_path = "dev/fixtures/tiny_ref.bin";
     const char* binary = NULL;
+    const char* cpu_binary = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ref") && i + 2 < argc) { model_path = argv[++i]; ref_path = argv[++i]; }
         else if (!strcmp(argv[i], "--binary") && i + 1 < argc) binary = argv[++i];
-        else { fprintf(stderr, "usage: %s [--ref MODEL REF] [--binary ./train_gpt_cu]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--cpu-binary") && i + 1 < argc) cpu_binary = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--ref MODEL REF] [--binary ./train_gpt_cu [--cpu-binary ./train_gpt]]\n", argv[0]);
+            return 2;
+        }
     }
     test_the_tester();
     test_buckets();
@@ -305,6 +423,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s\n", prop.name);
     if (binary) test_binary(binary);
+    if (binary) test_resume(binary, cpu_binary);
     test_stochastic_rounding();
     Reference ref;
     if (reference_read(&ref, ref_path) != 0) {

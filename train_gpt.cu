@@ -36,8 +36,14 @@
  * "variant 1": Q K^T and A V through batched cuBLASLt GEMMs with the T x T
  * probabilities kept per layer in bf16; the full square is computed, the
  * causal half wasted); activation recomputation; CUDA graphs; a bf16
- * gradient-accumulation option; optimizer-state checkpoints (--resume);
+ * gradient-accumulation option; training states (--resume, --stop-at,
+ * --snapshot-every) under --zero 1|2 (G7: one GPU and --zero 0 have them);
  * overlapping the ZeRO weight all-gather with the next forward.
+ *
+ * Training states (G7): train_gpt.c's format and Saver, unchanged, so a state
+ * written here resumes in train_gpt and the other way round: the fp32 master
+ * weights and moments are copied to pinned host arrays on a side stream while
+ * the next step computes, then handed to the Saver.
  *
  * Banners:
  *   G1. Checked calls, host waits, device helpers
@@ -48,7 +54,7 @@
  *   G4. The model on the GPU: memory, forward, backward, update
  *   G5. Throughput and MFU
  *   G6. Data parallel: start-up (MPI or rendezvous), NCCL, buckets and shards
- *   G7. Training loop and main
+ *   G7. Training loop and main: training states (snapshots, resume), the loop
  */
 #define GPTC_LIBRARY /* train_gpt.c without its main() */
 #include "train_gpt.c"
@@ -682,6 +688,14 @@ __global__ void float_to_bf16_kernel(floatX* out, const float* in, size_t n) {
     if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 
+/* fp32 -> bf16 with the stochastic rounding adamw_kernel applies to tensor
+ * element i under `seed` (that kernel's seed argument): from the master an
+ * update wrote, the bf16 weights it wrote, bit for bit (a resumed run). */
+__global__ void bf16_round_stochastic_kernel(floatX* out, const float* in, size_t n, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = bf16_round_stochastic(in[i], hash_u32((uint32_t)i ^ hash_u32(seed)));
+}
+
 /* bf16 -> fp32 (copies for the host: logits, activations in the tests). */
 __global__ void bf16_to_float_kernel(float* out, const floatX* in, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1205,6 +1219,42 @@ static void memory_plan_print(const MemoryPlan* p) {
 
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* Hopper's kernels want up to 32 MB */
 
+/* The seed of step `step`'s (0-based) stochastic rounding: gpu_train's
+ * update passes it, and gpu_weights_upload re-derives that update's bf16
+ * weights with it. */
+static uint32_t gpu_update_seed(int seed, int step) { return (uint32_t)seed * 1000003u + (uint32_t)step; }
+
+/* The host's fp32 weights (P) into the device's master weights, and when
+ * given the AdamW moments into m and v (one GPU or --zero 0: the whole
+ * state here), then the bf16 copy from the master: rounded to nearest for
+ * fresh weights (`update` < 0), or stochastically as update `update`
+ * (0-based step of the run with --seed `run_seed`) rounded what it wrote,
+ * so that after a resume or a rollback the bf16 weights are the very ones
+ * the uninterrupted run had. Waits until the copies are done. */
+static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, const float* v, int run_seed,
+                               int update) {
+    size_t P = g->num_parameters;
+    uint32_t seed = update < 0 ? 0u : gpu_update_seed(run_seed, update);
+    ALWAYS(g->master_memory != NULL);
+    CUDA_CHECK(cudaMemcpyAsync(g->master_memory, params, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    if (m) CUDA_CHECK(cudaMemcpyAsync(g->m_memory, m, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    if (v) CUDA_CHECK(cudaMemcpyAsync(g->v_memory, v, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    if (update < 0) {
+        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, g->master_memory, P);
+        KERNEL_CHECK();
+    } else {
+        size_t offset = 0; /* tensor by tensor, with adamw_kernel's seeds (gpu_adamw_update) */
+        for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+            size_t n = g->param_sizes[k];
+            bf16_round_stochastic_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(
+                g->params_memory + offset, g->master_memory + offset, n, seed * 16u + (uint32_t)k);
+            KERNEL_CHECK();
+            offset += n;
+        }
+    }
+    gpu_wait(g->stream, NULL); /* the host arrays may change once this returns */
+}
+
 /* Copy the host model's fp32 parameters to the GPU (master, and bf16 by
  * rounding to nearest) and allocate everything training B x T needs. With
  * full_state 0 (ZeRO, G6) the bf16 weights are allocated but not filled, and
@@ -1228,9 +1278,6 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     parameters_point_x(&g->params, g->params_memory, c);
     if (full_state) {
         CUDA_CHECK(cudaMalloc((void**)&g->master_memory, P * sizeof(float)));
-        CUDA_CHECK(cudaMemcpy(g->master_memory, host->params_memory, P * sizeof(float), cudaMemcpyHostToDevice));
-        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, g->master_memory, P);
-        KERNEL_CHECK();
         CUDA_CHECK(cudaMalloc((void**)&g->grads_memory, P * sizeof(float)));
         CUDA_CHECK(cudaMalloc((void**)&g->m_memory, P * sizeof(float)));
         CUDA_CHECK(cudaMalloc((void**)&g->v_memory, P * sizeof(float)));
@@ -1238,6 +1285,7 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
         CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
         CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
         parameters_point(&g->grads, g->grads_memory, c);
+        gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1);
     }
 
     size_t n[32], bytes[32];
@@ -2179,12 +2227,32 @@ static void dp_gather_weights(GpuDataParallel* dp) {
     dp->gathered = 1;
 }
 
+/* train_gpt.c's loss-spike rule (section 10), asked by dp_step once the
+ * step's loss is known: a spike, more than z_max standard deviations above
+ * the window's mean, has its update skipped, on every rank alike (the loss
+ * is the ranks' mean). */
+typedef struct {
+    const LossWatch* watch;
+    double z_max;     /* --spike-z; 0: never a spike */
+    double loss_bias; /* added to the loss the rule sees (GPTC_INJECT_SPIKE's +100) */
+    int spike;        /* out: the step is a spike */
+    double z;         /* out: its z-score */
+} SpikeGate;
+
+/* Is the step a spike? (gate NULL: never.) */
+static int spike_gate_test(SpikeGate* gate, double loss) {
+    if (!gate) return 0;
+    gate->spike = losswatch_spike(gate->watch, loss + gate->loss_bias, gate->z_max, &gate->z);
+    return gate->spike;
+}
+
 /* After the step's backward: finish the reductions, the clipping norm, the
  * mean loss over micro-batches and ranks, AdamW (skipped on every rank alike
- * when the loss or the norm is not finite), and under ZeRO the all-gather.
- * Returns the norm before clipping. */
+ * when the loss or the norm is not finite, or the loss is a spike by
+ * `gate`, which may be NULL), and under ZeRO the all-gather. Returns the
+ * norm before clipping. */
 static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed,
-                      int micro_batches, double* loss, int* finite) {
+                      int micro_batches, SpikeGate* gate, double* loss, int* finite) {
     GpuGPT2* g = dp->g;
     double W = dp->world, norm;
     if (dp->active) CUDA_CHECK(cudaStreamWaitEvent(g->stream, dp->reduced, 0));
@@ -2194,7 +2262,8 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
         gpu_comm_sum(dp->comm, loss, 1);
         *loss /= W;
         *finite = isfinite(*loss) && isfinite(norm);
-        if (*finite) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
+        int spike = spike_gate_test(gate, *loss);
+        if (*finite && !spike) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
         if (dp->active) CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
         return norm;
     }
@@ -2212,7 +2281,8 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
     norm = sqrt(sums[0]);
     *loss = sums[1] / W;
     *finite = isfinite(*loss) && isfinite(norm);
-    if (*finite) {
+    int spike = spike_gate_test(gate, *loss);
+    if (*finite && !spike) {
         float bc1 = 1.0f - (float)pow(opt->beta1, t), bc2 = 1.0f - (float)pow(opt->beta2, t);
         unsigned decay_mask = 0;
         for (int k = 0; k < NUM_PARAMETER_TENSORS; k++)
@@ -2363,8 +2433,11 @@ static const char* cuda_options_problem(const CudaOptions* co, const Options* o)
 #else
     (void)co;
 #endif
-    if (o->resume) return "--resume: the CUDA twin writes no training states yet (only model checkpoints, --save-every)";
-    if (o->stop_at) return "--stop-at: the CUDA twin writes no training states yet to continue from";
+    if (o->zero > 0 && (o->resume || o->stop_at || o->snapshot_every))
+        return "--resume, --stop-at and --snapshot-every need --zero 0 on GPUs: under ZeRO-1/2 each GPU holds its shard "
+               "of the master weights and moments interleaved bucket by bucket (G6), not the flat slice of a training "
+               "state (train_gpt.c, section 10), so no state is written to continue from; train with --zero 0 (or on "
+               "the CPU, train_gpt, with any --zero)";
     return NULL;
 }
 
@@ -2381,15 +2454,136 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
     return (float)gpu_losses_fetch(g, batches);
 }
 
+/* ---- training states ------------------------------------------------------ */
+/* train_gpt.c's Saver, fed from the GPU (one GPU, or several under --zero 0,
+ * where every rank holds the whole state). Its arrays are the host model's
+ * params_memory, m_memory and v_memory, pinned. At the boundary after a
+ * snapshot step the update is done on the compute stream; an event there
+ * starts three device-to-host copies (master, m, v) on a stream of their
+ * own, which overlap the next step's forward and backward: those read only
+ * the bf16 weights. Before the next update (the only thing that changes
+ * master, m and v) the host waits for them and hands the arrays to the
+ * Saver (saver_snapshot), whose thread copies them into a slot meanwhile;
+ * the host arrays are not written again (next copies, samples, a rollback)
+ * before saver_before_update says that copy is done. So the Saver sees each
+ * snapshot one step later than train() does, with the run as it was at the
+ * snapshot's boundary (data position, sampler, loss window: `at`). One set
+ * of host arrays: with --snapshot-every 1 the Saver's copy must be done by
+ * the next boundary (what it does not hide is its stall, printed at the end). */
+typedef struct {
+    cudaStream_t stream; /* non-blocking: the copies overlap the compute stream */
+    cudaEvent_t updated; /* compute stream: the snapshot step's update is done */
+    cudaEvent_t copied;  /* copy stream: master, m and v are in the host arrays */
+    int pending;         /* copies started and not yet handed to the Saver */
+    int step, save;      /* theirs: the step, and whether it goes to disk too */
+    TrainRun at;         /* the run at that boundary (only what state_info_of reads counts) */
+    float* params;       /* (P) the host arrays, pinned: host->params_memory, m_memory, v_memory */
+    float* m;            /* (P) */
+    float* v;            /* (P) */
+    size_t P;
+} GpuSnapshots;
+
+/* Give the host model its AdamW moments (as gpt2_alloc_training does; zeros,
+ * so gpt2_free frees them) and pin the three arrays. */
+static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host) {
+    memset(gs, 0, sizeof(*gs));
+    gs->P = host->num_parameters;
+    if (!host->m_memory) host->m_memory = (float*)calloc(gs->P, sizeof(float));
+    if (!host->v_memory) host->v_memory = (float*)calloc(gs->P, sizeof(float));
+    CHECK(host->m_memory && host->v_memory, "out of memory for the host's AdamW moments (%zu floats each)", gs->P);
+    gs->params = host->params_memory;
+    gs->m = host->m_memory;
+    gs->v = host->v_memory;
+    float* arrays[3] = {gs->params, gs->m, gs->v};
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostRegister(arrays[k], gs->P * sizeof(float), cudaHostRegisterDefault));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&gs->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&gs->updated, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming));
+}
+
+static void gpu_snapshots_free(GpuSnapshots* gs) {
+    if (!gs->stream) return;
+    CUDA_CHECK(cudaStreamSynchronize(gs->stream));
+    CUDA_CHECK(cudaEventDestroy(gs->updated));
+    CUDA_CHECK(cudaEventDestroy(gs->copied));
+    CUDA_CHECK(cudaStreamDestroy(gs->stream));
+    float* arrays[3] = {gs->params, gs->m, gs->v};
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
+    memset(gs, 0, sizeof(*gs));
+}
+
+/* At the boundary after step `step` (its update queued on the compute
+ * stream): start copying master, m and v to the host. */
+static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, const GpuGPT2* g, const TrainRun* r, int step, int save) {
+    ALWAYS(!gs->pending);
+    saver_before_update(sv); /* the Saver's thread has copied the last snapshot out of the host arrays */
+    CUDA_CHECK(cudaEventRecord(gs->updated, g->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(gs->stream, gs->updated, 0));
+    size_t bytes = gs->P * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(gs->params, g->master_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+    CUDA_CHECK(cudaMemcpyAsync(gs->m, g->m_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+    CUDA_CHECK(cudaMemcpyAsync(gs->v, g->v_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+    CUDA_CHECK(cudaEventRecord(gs->copied, gs->stream));
+    gs->at = *r; /* a shallow copy: state_info_of reads its numbers, nothing reads through its pointers */
+    gs->step = step;
+    gs->save = save;
+    gs->pending = 1;
+}
+
+/* Before the next update (or whatever else needs the host arrays): wait for
+ * the copies and hand the snapshot to the Saver, which copies it into a
+ * slot in the background. (The wait is not counted as the Saver's stall:
+ * the copies run on the copy engines beside the forward and backward the
+ * host is waiting for anyway; what they do not hide shows in the step's ms.) */
+static void gpu_snapshot_hand_over(GpuSnapshots* gs, Saver* sv, const Dist* d, const GPT2* host, const Options* o) {
+    if (!gs->pending) return;
+    gpu_wait(gs->stream, gs->copied);
+    saver_snapshot(sv, &gs->at, d, host, o, gs->step, gs->save);
+    gs->pending = 0;
+}
+
 /* What gpu_train needs beyond train_gpt.c's arguments. */
 typedef struct {
     const CudaOptions* co;
     GpuComm* comm;
 } GpuRunContext;
 
+/* Why this run cannot keep training states (NULL: it can). */
+static const char* gpu_states_problem(const GpuComm* comm, const Options* o) {
+    if (o->zero > 0)
+        return "under --zero 1|2 each GPU holds its shard of the master weights and moments interleaved bucket by "
+               "bucket (G6), not the flat slice of a training state";
+#ifdef USE_MPI
+    if (comm->world > 1 && !comm->mpi)
+        return "several ranks keep their states together through MPI (train_gpt.c's Saver): launch with --init mpi";
+#else
+    if (comm->world > 1)
+        return "several ranks keep their states together through MPI (train_gpt.c's Saver): build train_gpt_cu_mpi "
+               "(make train_gpt_cu_mpi) and launch with --init mpi";
+#endif
+    return NULL;
+}
+
+#ifdef USE_MPI
+/* One process of an MPI build, not started as MPI ranks: the Saver and
+ * state_resume call MPI even alone, so start it as a world of one
+ * (gpu_comm_free finalises it). */
+static void gpu_comm_mpi_alone(GpuComm* cm) {
+    if (cm->mpi) return;
+    double t_start = cm->dist.t_start, t_comm = cm->dist.t_comm;
+    dist_init(&cm->dist, NULL, NULL);
+    cm->dist.t_start = t_start; /* the process's start and its communicator's, as gpu_comm_init measured them */
+    cm->dist.t_comm = t_comm;
+    cm->mpi = gpu_mpi_live = 1;
+    CHECK(cm->dist.world == 1 && cm->dist.rank == 0, "MPI started for one process sees %d ranks", cm->dist.world);
+}
+#endif
+
 /* The training loop: train_gpt.c's train() with the GPU doing the steps;
- * the data, schedule and log lines come from the same TrainRun (plus MFU).
- * With several ranks each trains on its slice of every step's batch (G6). */
+ * the data, schedule, log lines, training states (snapshots in memory and
+ * on disk, --resume, --stop-at, rollback after bad steps) come from the same
+ * TrainRun and Saver (plus MFU). With several ranks each trains on its
+ * slice of every step's batch (G6). */
 static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, const Tokenizer* tok,
                      const char* train_pattern, const char* val_pattern) {
     const GPT2Config* c = &host->config;
@@ -2403,6 +2597,17 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
                 MAX_MICRO_STEPS);
         return -1;
     }
+    /* training states (train_gpt.c's section 10), or why not */
+    const char* no_states = o->output_dir[0] ? gpu_states_problem(comm, o) : "no --output-dir";
+    int states = no_states == NULL;
+    if (!states && (o->resume || o->stop_at || o->snapshot_every)) {
+        fprintf(stderr, "error: --resume, --stop-at and --snapshot-every need training states, which this run cannot "
+                "keep: %s\n", no_states);
+        return -1;
+    }
+    if (!states && o->output_dir[0]) printf("training states: off (%s); --save-every writes model files only\n", no_states);
+    if (getenv("GPTC_INJECT_SPIKE")) printf("test hooks: loss spikes at steps [%s]\n", getenv("GPTC_INJECT_SPIKE"));
+    if (getenv("GPTC_INJECT_NAN")) printf("test hooks: GPTC_INJECT_NAN is not implemented on the GPU (ignored)\n");
     if (gpu_comm_check_agreement(comm, host, o, o->zero, &r.train) != 0) return -1;
     int dev;
     cudaDeviceProp prop;
@@ -2434,18 +2639,58 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
     printf("GELU: %s\n", g.gelu_fusion ? "cuBLASLt epilogues" : "own kernels");
     dp_print(&dp, host->num_parameters, r.grad_accum);
     double fpt = flops_per_token(c, host->num_parameters, T);
-    timing_print(&comm->dist, "communicator ready", comm->dist.t_comm);
-    heartbeat_write(o, rank, 0);
+    Dist* dist = &comm->dist; /* rank and world for train_gpt.c's helpers; with states, the slices too */
+    timing_print(dist, "communicator ready", dist->t_comm);
 
-    for (int step = 0; step <= r.steps; step++) {
+    Saver saver;
+    memset(&saver, 0, sizeof(saver)); /* (without states only saver_before_update sees it: a no-op then) */
+    saver.newest = saver.pinned = -1;
+    GpuSnapshots gs;
+    memset(&gs, 0, sizeof(gs));
+    if (states) {
+#ifdef USE_MPI
+        gpu_comm_mpi_alone(comm);
+#endif
+        dist->zero = 0;
+        dist_setup_model(dist, host); /* each rank's slice of the state: [save_lo, save_hi) */
+        gpu_snapshots_init(&gs, host);
+        if (saver_init(&saver, dist, host, o) != 0) return -1;
+    }
+    timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
+    int start = 0;
+    if (states) { /* as train(): the run's nonce, the newest state every rank can get, this run's memory only */
+        StateSource source = SOURCE_NONE;
+        r.nonce = run_nonce(dist, o, 0);
+        if (o->resume && (start = state_resume(&r, dist, host, o, &saver, &source)) < 0) return -1;
+        if (start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
+        saver_forget_after(&saver, start);
+    }
+    int deferred = host->init_deferred;
+    ALWAYS(!deferred || states); /* (deferred only under --resume) */
+    if (start == 0 && deferred) gpt2_fill_random(host, host->init_seed); /* no state: the init after all */
+    host->init_deferred = 0;
+    if (start > 0) /* the state's weights and moments; bf16 as the update of step start - 1 rounded them */
+        gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
+    else if (deferred)
+        gpu_weights_upload(&g, host->params_memory, NULL, NULL, o->seed, -1);
+    timing_print(dist, "state loaded", unix_ms());
+    heartbeat_write(o, rank, start);
+
+    int rollbacks = 0, spike_upto = 0;
+    for (int step = start; step <= r.steps; step++) {
         dp_params_ready(&dp);
-        if (train_run_val_due(&r, o, step)) {
+        if (train_run_val_due(&r, o, step) && (step > start || start == 0)) {
             double val = gpu_evaluate(&g, &r.val, o->val_batches);
             gpu_comm_sum(comm, &val, 1);
             train_run_log_val(&r, step, (float)(val / world));
         }
-        if (train_run_sample_due(&r, o, step)) {
-            dp_params_to_host(&dp, host); /* the sampler runs on the CPU, with the KV cache */
+        if (train_run_sample_due(&r, o, step)) { /* the sampler runs on the CPU, with the KV cache */
+            if (gs.pending) { /* the snapshot's copies are this very master: take them */
+                gpu_snapshot_hand_over(&gs, &saver, dist, host, o);
+            } else {
+                saver_before_update(&saver); /* the Saver's thread is done with the host weights */
+                dp_params_to_host(&dp, host);
+            }
             if (rank == 0) sample_print(host, tok, o, &r.sample_rng);
         }
         if (step == r.steps) break;
@@ -2461,29 +2706,96 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
         float lr = (float)lr_at(&r.sched, step);
         double loss = 0.0;
         int finite = 0;
-        double norm = dp_step(&dp, &r.opt, lr, step + 1, o->grad_clip, (uint32_t)(o->seed * 1000003u + step),
-                              r.grad_accum, &loss, &finite);
+        saver_before_update(&saver); /* the snapshot handed over before the last update is copied out */
+        gpu_snapshot_hand_over(&gs, &saver, dist, host, o); /* the last boundary's copies, before master, m, v change */
+        SpikeGate gate = {&r.watch, o->spike_z, inject_at("GPTC_INJECT_SPIKE", step + 1, &spike_upto) ? 100.0 : 0.0,
+                          0, 0.0};
+        double norm = dp_step(&dp, &r.opt, lr, step + 1, o->grad_clip, gpu_update_seed(o->seed, step), r.grad_accum,
+                              &gate, &loss, &finite);
         dp_step_wait(&dp); /* the step's time includes the update and the all-gather */
         double ms = time_ms() - t0;
         char mfu[64];
         mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, fpt, peak); /* per GPU */
         train_run_log_step(&r, step, loss, lr, norm, ms, finite, mfu);
-        if (step == 0) timing_print(&comm->dist, "first step done", unix_ms());
+        if (gate.spike)
+            printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, gate.z, o->spike_z);
+        if (step == start) timing_print(dist, "first step done", unix_ms());
         heartbeat_write(o, rank, step + 1);
-        if (o->save_every > 0 && (step + 1) % o->save_every == 0 && step + 1 < r.steps) {
-            dp_params_to_host(&dp, host);
-            if (rank == 0) checkpoint_save(host, o, step + 1);
+        if (finite && !gate.spike) {
+            losswatch_accept(&r.watch, (float)loss);
+        } else if (++r.watch.bad_run >= o->rollback_after && o->rollback_after > 0) {
+            ALWAYS(!gs.pending); /* handed over before this step's update */
+            int back = states ? saver_restore_newest(&saver, &r, dist, host, o) : -1;
+            if (back >= 0) { /* the host arrays hold the snapshot: to the GPU (a snapshot's last update was applied) */
+                gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, back - 1);
+                printf("rollback: %d bad steps in a row; weights and moments back to the snapshot of step %d, "
+                       "skipping the batches of steps %d..%d\n", r.watch.bad_run, back, back + 1, step + 1);
+                r.watch.bad_run = 0;
+                rollbacks++;
+                step = back - 1; /* the loop's step++ continues after the snapshot's step */
+                continue;
+            }
+            printf("rollback: %d bad steps in a row but no snapshot in memory (--snapshot-every): skipping on\n",
+                   r.watch.bad_run);
+        }
+        int done = step + 1;
+        if (!states) {
+            if (o->save_every > 0 && done % o->save_every == 0 && done < r.steps) {
+                dp_params_to_host(&dp, host);
+                if (rank == 0) checkpoint_save(host, o, done);
+            }
+            continue;
+        }
+        int stop = o->stop_at > 0 && done == o->stop_at && done < r.steps;
+        int save = (o->save_every > 0 && done % o->save_every == 0 && done < r.steps) || stop;
+        int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r.steps;
+        if ((save || snap) && r.watch.bad_run == 0) gpu_snapshot_start(&gs, &saver, &g, &r, done, save);
+        saver_poll(&saver, dist, o, 0);
+        if (stop) {
+            gpu_snapshot_hand_over(&gs, &saver, dist, host, o);
+            saver_before_update(&saver);
+            saver_poll(&saver, dist, o, 1);
+            printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
+            saver_free(&saver, 0); /* the memory stays for the next job on this host */
+            gpu_snapshots_free(&gs);
+            train_run_free(&r);
+            dp_free(&dp);
+            gpu_model_free(&g);
+            return 0;
         }
     }
     if (dp.active && dp.steps_timed > 0)
         printf("communication per step: %.2f ms of reduction left after backward, %.2f ms all-gather (means over %d "
                "steps)\n", dp.exposed_ms / dp.steps_timed, dp.gather_ms / dp.steps_timed, dp.steps_timed);
-    dp_params_to_host(&dp, host);
-    if (rank == 0) checkpoint_save(host, o, r.steps);
+    int rc = 0;
+    if (states) {
+        gpu_snapshot_hand_over(&gs, &saver, dist, host, o); /* (none is pending here: each is handed over by the next update) */
+        saver_stall_close(&saver);
+        if (saver.snapshots > 0)
+            printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk "
+                   "%.0f ms in all\n", saver.snapshots, saver.stall_ms / saver.snapshots, saver.max_stall_ms,
+                   saver.disk_wait_ms);
+        if (rollbacks) printf("rollbacks: %d\n", rollbacks);
+        gpu_snapshot_start(&gs, &saver, &g, &r, r.steps, 1); /* the final state and model */
+        gpu_snapshot_hand_over(&gs, &saver, dist, host, o);
+        saver_before_update(&saver);
+        saver_poll(&saver, dist, o, 1);
+        if (saver.last_failed) {
+            fprintf(stderr, "error: the final model and training state could not be written (see above); make room "
+                    "in %s and run again with --resume 1 to write them%s\n", o->output_dir,
+                    saver.memory ? " (from the memory snapshots, still in place)" : "");
+            rc = -1;
+        }
+        saver_free(&saver, rc == 0); /* the run is over: its memory snapshots go (kept if the last write failed) */
+    } else {
+        dp_params_to_host(&dp, host);
+        if (rank == 0) checkpoint_save(host, o, r.steps);
+    }
+    gpu_snapshots_free(&gs);
     train_run_free(&r);
     dp_free(&dp);
     gpu_model_free(&g);
-    return 0;
+    return rc;
 }
 
 /* gpu_train as train_gpt.c's TrainFn; ctx is a GpuRunContext.
