@@ -1144,7 +1144,8 @@ static void test_resume(void) {
     snprintf(cmd, sizeof(cmd), "%s -o %s/rsC --resume 1 -b 2 -d 64 -x 14", common, tmpdir);
     rc = run_capture(cmd, out, sizeof(out));
     snprintf(b, sizeof(b), "%s/rsC/model_00000014.bin", tmpdir);
-    check(rc == 0 && strstr(out, "resharding") && strstr(out, "continuing after step 12") && access(b, F_OK) == 0,
+    check(rc == 0 && strstr(out, "resharding") && strstr(out, "continuing after step 12") &&
+              strstr(out, "--steps is 14, the state's run had 12") && access(b, F_OK) == 0,
           "resume: B=2 x 2 micro-batches continues a B=4 state (same tokens per step), and --steps may grow", rc ? out : "");
 }
 

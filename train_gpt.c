@@ -3289,12 +3289,17 @@ static void dist_layer_grads(void* ctx, int layer) {
     GPT2* model = d->model;
     size_t L = (size_t)model->config.num_layers, at = 0;
     double t0 = time_ms();
+    /* ZeRO-1: finish the sums of layer l + 2 first (Open MPI moves
+     * non-blocking reductions along only inside MPI calls; waiting here, two
+     * layers behind, makes them run while backward goes on, as ZeRO-2's
+     * bucket turns do) */
+    if (d->zero == 1) dist_wait(d, layer % 2);
     for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
         size_t per_layer = model->param_sizes[k] / L, flat = d->offsets[k] + (size_t)layer * per_layer;
         if (d->zero == 2) {
             dist_reduce_to_owners(d, d->buckets[layer % 2] + at, flat, per_layer, layer % 2);
         } else if (d->zero == 1) {
-            dist_reduce_to_owners(d, model->grads_memory + flat, flat, per_layer, 2);
+            dist_reduce_to_owners(d, model->grads_memory + flat, flat, per_layer, layer % 2);
         } else {
             d->reduced += (double)per_layer;
             d->gathered += (double)per_layer;
@@ -3750,7 +3755,7 @@ MAYBE_UNUSED static int rendezvous_share(const Rendezvous* rv, int rank, int wor
  *     [22..23] P, [24..25] lo, [26..27] hi (the slice held: [lo, hi)),
  *     [28..29] sampler RNG state, [30] CRC32C of the weights, [31] of m,
  *     [32] of v, [33..34] the run's nonce (<dir>/run.id), [35..37] the loss
- *     window's count, next slot and current run of bad steps, [40..103] its
+ *     window's count, next slot and current run of bad steps, [38] --steps, [40..103] its
  *     losses (float bits), [255] CRC32C of header words 0..254 (int64s as
  *     two int32, low first);
  *   then hi - lo floats of the weights, of m, of v: rank r's slice, the
@@ -3888,6 +3893,7 @@ typedef struct {
     size_t P, lo, hi;
     uint64_t sample_rng;
     uint64_t nonce;  /* the run's (<dir>/run.id): memory from another run is never taken */
+    int steps;       /* --steps of the run that wrote it (a change is allowed, and said) */
     LossWatch watch;
 } StateInfo;
 
@@ -3916,7 +3922,7 @@ static void state_header_make(int32_t* h, const StateInfo* s, const uint32_t crc
     h[31] = (int32_t)crc[1];
     h[32] = (int32_t)crc[2];
     put_i64(h, 33, (int64_t)s->nonce);
-    h[35] = s->watch.count; h[36] = s->watch.next; h[37] = s->watch.bad_run;
+    h[35] = s->watch.count; h[36] = s->watch.next; h[37] = s->watch.bad_run; h[38] = s->steps;
     memcpy(h + 40, s->watch.recent, sizeof(s->watch.recent));
     h[255] = (int32_t)crc32c(0, h, 255 * sizeof(int32_t));
 }
@@ -3947,7 +3953,7 @@ static int state_header_parse(const int32_t* h, long long size, const char* path
     s->P = (size_t)get_i64(h, 22); s->lo = (size_t)get_i64(h, 24); s->hi = (size_t)get_i64(h, 26);
     s->sample_rng = (uint64_t)get_i64(h, 28);
     s->nonce = (uint64_t)get_i64(h, 33);
-    s->watch.count = h[35]; s->watch.next = h[36]; s->watch.bad_run = h[37];
+    s->watch.count = h[35]; s->watch.next = h[36]; s->watch.bad_run = h[37]; s->steps = h[38];
     memcpy(s->watch.recent, h + 40, sizeof(s->watch.recent));
     if (config_problem(&s->config) || s->P != parameter_count(&s->config) || s->lo > s->hi || s->hi > s->P ||
         s->watch.count < 0 || s->watch.count > LOSS_WINDOW || s->watch.next < 0 || s->watch.next >= LOSS_WINDOW ||
@@ -4931,6 +4937,7 @@ static StateInfo state_info_of(const TrainRun* r, const Dist* d, const GPT2* mod
     s.P = model->num_parameters; s.lo = d->save_lo; s.hi = d->save_hi;
     s.sample_rng = r->sample_rng.state;
     s.nonce = r->nonce;
+    s.steps = r->steps;
     s.watch = r->watch;
     return s;
 }
@@ -5520,6 +5527,9 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         }
         ok = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
         if (dist_sum(d, ok) == W) {
+            if (s.steps != r->steps && d->rank == 0)
+                printf("resume: --steps is %d, the state's run had %d: allowed; the schedule follows the new count\n",
+                       r->steps, s.steps);
             r->sample_rng.state = s.sample_rng;
             r->watch = s.watch;
             result = step;

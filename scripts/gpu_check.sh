@@ -57,7 +57,9 @@ if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/comp
 else
     note "compute-sanitizer: not installed, skipped"
 fi
-timeout 180 ./test_gpt_cu --binary ./train_gpt_cu > "$LOG/test_gpt_cu.log" 2>&1
+# (--cpu-binary: the CPU trainer must continue a training state the GPU wrote)
+[ -x ./train_gpt ] || make train_gpt > /dev/null 2>&1
+timeout 300 ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt > "$LOG/test_gpt_cu.log" 2>&1
 rc=$?
 grep -E '^FAIL' "$LOG/test_gpt_cu.log" | head -30
 note "test_gpt_cu: $(tail -n 1 "$LOG/test_gpt_cu.log") (rc=$rc, $(elapsed))"

@@ -54,7 +54,9 @@ dir=$(mktemp -d /tmp/gptc_failover.XXXXXX)
 # files behind, and /dev/shm is not ours to fill. Ranks that wait in a
 # collective yield the core (mpi_yield_when_idle) instead of spinning: 2
 # ranks on 2 cores beside other jobs ran 1.5x slower spinning here.
-shm=$(mktemp -d /dev/shm/gptc_failover.XXXXXX)
+shm_free_mb=$(df -Pm /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+if [ "${shm_free_mb:-0}" -ge 512 ]; then shm=$(mktemp -d /dev/shm/gptc_failover.XXXXXX)
+else shm=$(mktemp -d /tmp/gptc_failover_shm.XXXXXX); echo "note: /dev/shm has ${shm_free_mb:-no} MB free: snapshots go to $shm (a disk folder) instead"; fi
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl_vader_backing_directory $shm --mca mpi_yield_when_idle 1"
 trap 'rm -rf "$shm"; [ -n "${KEEP:-}" ] && echo "kept $dir" || rm -rf "$dir"' EXIT
 passed=0
