@@ -5706,7 +5706,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
                "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
                dist->gathered, model->num_parameters, wire, dist->comm_ms / r.steps, dist->exposed_ms / r.steps,
-               dist->comm_ms > 0 ? 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms) : 0.0);
+               dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
     }
     saver_stall_close(&saver);
     if (saver.snapshots > 0)
