@@ -4889,11 +4889,15 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
  * train nonsense (or hang in a collective of the wrong size). Each rank
  * hashes the three; all compare with rank 0; on a mismatch every rank says
  * what differs and the run stops, on every rank, with no hang. */
-static int dist_check_agreement(const Dist* d, const GPT2* model, const Options* o, const DataLoader* train) {
-    uint64_t h[3] = {0xCBF29CE484222325ull, 0xCBF29CE484222325ull, 0xCBF29CE484222325ull};
+/* The fingerprints the ranks compare: [0] the configuration (model shape
+ * and training flags), [1] the initial weights, [2] the training data
+ * files (names and sizes). Shared with train_gpt.cu. */
+MAYBE_UNUSED static void run_fingerprint(const GPT2* model, const Options* o, int zero, int overlap,
+                                         const DataLoader* train, uint64_t h[3]) {
+    h[0] = h[1] = h[2] = 0xCBF29CE484222325ull;
     h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
     int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
-                  o->decay_all, d->zero, d->overlap};
+                  o->decay_all, zero, overlap};
     float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
     h[0] = fnv1a(h[0], ints, sizeof(ints));
     h[0] = fnv1a(h[0], floats, sizeof(floats));
@@ -4904,20 +4908,33 @@ static int dist_check_agreement(const Dist* d, const GPT2* model, const Options*
         h[2] = fnv1a(h[2], name, strlen(name));
         h[2] = fnv1a(h[2], &train->shard_tokens[i], sizeof(long long));
     }
-#ifdef USE_MPI
-    uint64_t* all = (uint64_t*)xmalloc(sizeof(uint64_t) * 3 * (size_t)d->world);
-    MPI_CHECK(MPI_Allgather(h, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD));
+}
+
+/* Every rank's fingerprints (`all`: world x 3, gathered): rank 0 and each
+ * rank that differs from it say what differs. 1 if any does. */
+MAYBE_UNUSED static int fingerprints_differ(const uint64_t* all, int rank, int world) {
     static const char* const what[3] = {"configuration (model shape or training flags)", "initial weights",
                                         "training data (shard names or sizes)"};
     int bad = 0;
-    for (int r = 1; r < d->world; r++)
+    for (int r = 1; r < world; r++)
         for (int k = 0; k < 3; k++)
             if (all[3 * r + k] != all[k]) {
-                if (d->rank == 0 || d->rank == r)
+                if (rank == 0 || rank == r)
                     fprintf(stderr, "error: rank %d: its %s differs from rank 0's: launch every rank with the same "
                             "flags and files\n", r, what[k]);
                 bad = 1;
             }
+    return bad;
+}
+
+static int dist_check_agreement(const Dist* d, const GPT2* model, const Options* o, const DataLoader* train) {
+    if (d->world == 1) return 0; /* (hashing GPT-2 124M's weights takes half a second) */
+    uint64_t h[3];
+    run_fingerprint(model, o, d->zero, d->overlap, train, h);
+#ifdef USE_MPI
+    uint64_t* all = (uint64_t*)xmalloc(sizeof(uint64_t) * 3 * (size_t)d->world);
+    MPI_CHECK(MPI_Allgather(h, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD));
+    int bad = fingerprints_differ(all, d->rank, d->world);
     free(all);
     if (bad && d->rank != 0) fprintf(stderr, "error: rank %d: the ranks disagree (see rank 0's message); stopping\n", d->rank);
     return bad ? -1 : 0;

@@ -1905,28 +1905,16 @@ static void gpu_comm_sum(GpuComm* cm, double* x, int n) {
     memcpy(x, cm->h_slots, (size_t)n * sizeof(double));
 }
 
-/* Before the first step, as train_gpt.c's dist_check_agreement (its recipe,
- * through NCCL): every rank must hold the same configuration, initial
+/* Before the first step, as train_gpt.c's dist_check_agreement (its
+ * run_fingerprint and fingerprints_differ, through NCCL): every rank must hold the same configuration, initial
  * weights and data files, or the run would train nonsense or hang in a
  * collective of the wrong size. All ranks compare all fingerprints, so they
  * all stop together on a mismatch. */
 static int gpu_comm_check_agreement(GpuComm* cm, const GPT2* model, const Options* o, int zero,
                                     const DataLoader* train) {
     if (!cm->nccl || cm->world == 1) return 0;
-    uint64_t h[3] = {0xCBF29CE484222325ull, 0xCBF29CE484222325ull, 0xCBF29CE484222325ull};
-    h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
-    int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
-                  o->decay_all, zero, o->overlap};
-    float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
-    h[0] = fnv1a(h[0], ints, sizeof(ints));
-    h[0] = fnv1a(h[0], floats, sizeof(floats));
-    h[0] = fnv1a(h[0], o->lr_schedule, strlen(o->lr_schedule));
-    h[1] = fnv1a(h[1], model->params_memory, model->num_parameters * sizeof(float));
-    for (int i = 0; i < train->num_shards; i++) {
-        const char* name = train->files.gl_pathv[i];
-        h[2] = fnv1a(h[2], name, strlen(name));
-        h[2] = fnv1a(h[2], &train->shard_tokens[i], sizeof(long long));
-    }
+    uint64_t h[3];
+    run_fingerprint(model, o, zero, o->overlap, train, h);
     uint64_t* all = cm->h_slots + DP_SCALARS;
     memcpy(cm->h_slots, h, sizeof(h));
     CUDA_CHECK(cudaMemcpyAsync(cm->d_slots, cm->h_slots, sizeof(h), cudaMemcpyHostToDevice, cm->stream));
@@ -1934,17 +1922,7 @@ static int gpu_comm_check_agreement(GpuComm* cm, const GPT2* model, const Option
     CUDA_CHECK(cudaMemcpyAsync(all, cm->d_slots + DP_SCALARS, 3 * sizeof(uint64_t) * (size_t)cm->world,
                                cudaMemcpyDeviceToHost, cm->stream));
     gpu_wait(cm->stream, NULL);
-    static const char* const what[3] = {"configuration (model shape or training flags)", "initial weights",
-                                        "training data (shard names or sizes)"};
-    int bad = 0;
-    for (int r = 1; r < cm->world; r++)
-        for (int k = 0; k < 3; k++)
-            if (all[3 * r + k] != all[k]) {
-                if (cm->rank == 0 || cm->rank == r)
-                    fprintf(stderr, "error: rank %d: its %s differs from rank 0's: launch every rank with the same "
-                            "flags and files\n", r, what[k]);
-                bad = 1;
-            }
+    int bad = fingerprints_differ(all, cm->rank, cm->world);
     return bad ? -1 : 0;
 }
 
