@@ -5493,25 +5493,34 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         MPI_CHECK(MPI_Allgather(&need, 1, MPI_INT, needs, 1, MPI_INT, MPI_COMM_WORLD));
         prev_needs = W > 1 && needs[prev];
         free(needs);
-        if (prev_needs) { /* send the replica of prev's state that this rank holds */
+        /* a rank may both need its replica and hold the one its predecessor
+         * needs (each lost its newest own snapshot): both directions are
+         * posted non-blocking, sizes first, so no pair of sends can wait on
+         * each other */
+        char* out = NULL;               /* the replica of prev's state that this rank holds */
+        long long out_floats = 0, replica_floats = 0;
+        float* replica = NULL;          /* the replica of this rank's state, from its neighbour */
+        MPI_Request rq[2];
+        int nrq = 0;
+        if (prev_needs) {
             int k = OWN_SLOTS;
             while (all[me * (OWN_SLOTS + HELD_SLOTS) + k] != step) k++;
             slot_path(path, sizeof(path), o, prev, me, k - OWN_SLOTS);
             size_t bytes = 0;
-            char* buf = file_read_all(path, &bytes);
-            long long n = buf ? (long long)bytes / 4 : 0;
-            MPI_CHECK(MPI_Send(&n, 1, MPI_LONG_LONG, prev, 8, MPI_COMM_WORLD));
-            if (n) MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, prev, 9, MPI_COMM_WORLD));
-            free(buf);
+            out = file_read_all(path, &bytes);
+            out_floats = out ? (long long)bytes / 4 : 0;
         }
-        float* replica = NULL; /* the replica of this rank's state, received from its neighbour */
-        long long replica_floats = 0;
-        if (need) {
-            MPI_CHECK(MPI_Recv(&replica_floats, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-            replica = xmalloc_floats(replica_floats ? (size_t)replica_floats : 1);
-            if (replica_floats)
-                MPI_CHECK(MPI_Recv(replica, (int)replica_floats, MPI_FLOAT, next, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-        }
+        if (need) MPI_CHECK(MPI_Irecv(&replica_floats, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, &rq[nrq++]));
+        if (prev_needs) MPI_CHECK(MPI_Isend(&out_floats, 1, MPI_LONG_LONG, prev, 8, MPI_COMM_WORLD, &rq[nrq++]));
+        MPI_CHECK(MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE));
+        nrq = 0;
+        if (need) replica = xmalloc_floats(replica_floats ? (size_t)replica_floats : 1);
+        if (need && replica_floats)
+            MPI_CHECK(MPI_Irecv(replica, (int)replica_floats, MPI_FLOAT, next, 9, MPI_COMM_WORLD, &rq[nrq++]));
+        if (prev_needs && out_floats)
+            MPI_CHECK(MPI_Isend(out, (int)out_floats, MPI_FLOAT, prev, 9, MPI_COMM_WORLD, &rq[nrq++]));
+        MPI_CHECK(MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE));
+        free(out);
 #endif
         int ok;
         float* m_at = model->m_memory + (d->zero ? 0 : d->save_lo); /* where this rank's slice of the moments goes */

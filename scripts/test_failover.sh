@@ -30,7 +30,9 @@
 #     /proc/PID/environ), so every kill it counts must show up as one restart;
 #   - a replaced host: a rank is killed and its own memory snapshots removed
 #     before the restart: it recovers from the replica its neighbour keeps,
-#     and the final model is still cmp-identical (for rank 1 and rank 0);
+#     and the final model is still cmp-identical (for rank 1, rank 0, and
+#     both at once: each then holds the replica the other needs, and the two
+#     transfers must not wait on each other, which a blocking send did);
 #   - a hang: SIGSTOP to one rank; the heartbeat goes stale (--stale-s 4),
 #     the supervisor kills the attempt's whole session and restarts it; the
 #     final model is still cmp-identical;
@@ -224,25 +226,29 @@ grep -h '^supervisor: recovery: ' "$dir"/one-s1.out "$dir"/np2-zero1-s3.out 2>/d
 # before the restart (as on a new machine); it recovers from the replica
 # its neighbour keeps, and the run still ends bit for bit
 name=np2-zero1-mem
-for victim in 1 0; do
+for victim in 1 0 both; do # both: each rank lost its own snapshots, each holds the other's replica
     run=$name-host$victim
+    killed=$([ $victim = both ] && echo 0 || echo $victim)
     ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --heartbeat "$dir/$run.hb" > "$dir/$run.1.out" 2>&1 &
     job=$!
     for _ in $(seq 600); do hb=$(hb_step "$dir/$run.hb"); [ "${hb:-0}" -ge 12 ] && break; sleep 0.02; done
     ranks=($(for p in $(descendants $job); do [ "$(cat /proc/$p/comm 2>/dev/null)" = train_gpt_mpi ] && echo $p; done))
     # rank r's process: the one whose environment says OMPI_COMM_WORLD_RANK=r
     for p in "${ranks[@]}"; do
-        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim" && kill -KILL $p
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$killed" && kill -KILL $p
     done
     timeout -k 5 30 tail --pid=$job -f /dev/null
     wait $job 2>/dev/null
-    rm -f "$shm"/gptc-*-state$victim-at$victim-*.bin
+    if [ $victim = both ]; then rm -f "$shm"/gptc-*-state0-at0-*.bin "$shm"/gptc-*-state1-at1-*.bin
+    else rm -f "$shm"/gptc-*-state$victim-at$victim-*.bin; fi
     timeout -k 10 120 ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --resume 1 > "$dir/$run.2.out" 2>&1
     rc=$?
     from=$(grep -m1 "^resume: continuing" "$dir/$run.2.out")
-    [ $rc -eq 0 ] && [[ "$from" == *"rank $victim from the neighbour's replica"* ]] &&
+    want=$([ $victim = both ] && echo "rank 0 from the neighbour's replica, rank 1 from the neighbour's replica" ||
+           echo "rank $victim from the neighbour's replica")
+    [ $rc -eq 0 ] && [[ "$from" == *"$want"* ]] &&
         cmp -s "$dir/np2-zero1.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/np2-zero1.ref.jsonl" "$dir/$run.jsonl" &&
-        check ok "$name: rank $victim killed at step ${hb:-?} and its own snapshots removed: restored from its neighbour's replica, final model cmp-identical" "$from" ||
+        check ok "$name: $([ $victim = both ] && echo "rank 0 killed and both ranks' own snapshots removed" || echo "rank $victim killed and its own snapshots removed") at step ${hb:-?}: restored from the neighbour's replica, final model cmp-identical" "$from" ||
         check FAIL "$name: rank $victim restored from its neighbour's replica" "exit $rc: $from $(tail -2 "$dir/$run.2.out")"
 done
 
