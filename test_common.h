@@ -1,11 +1,14 @@
 /*
  * test_common.h — what test_gpt.c and test_gpt.cu share: the check counter,
- * the tensor comparison, and the reader of the PyTorch reference file written
- * by scripts/gpt2_reference.py (format documented there). Include it after
- * train_gpt.c (it uses read_exact, xmalloc_floats, file_size, FILE_ERROR).
+ * the tensor comparison, the reader of the PyTorch reference file written
+ * by scripts/gpt2_reference.py (format documented there), and the helpers of
+ * the tests that run the trainer binaries (files, shards, commands). Include
+ * it after train_gpt.c (it uses read_exact, xmalloc_floats, file_size,
+ * FILE_ERROR, SHARD_MAGIC).
  */
 #ifndef TEST_COMMON_H
 #define TEST_COMMON_H
+#include <sys/wait.h> /* run_capture's exit status */
 
 static int tests_passed = 0, tests_failed = 0;
 
@@ -115,6 +118,65 @@ static int reference_read(Reference* r, const char* path) {
 static void reference_free(Reference* r) {
     free(r->x); free(r->y); free(r->logits); free(r->grads); free(r->losses); free(r->norms);
     free(r->final_params);
+}
+
+
+/* ---- files and commands, for the tests that run the trainer binaries ---- */
+
+static unsigned char* read_all(const char* path, size_t* n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return NULL;
+    long long sz = file_size(f);
+    unsigned char* buf = (unsigned char*)xmalloc((size_t)sz);
+    *n = fread(buf, 1, (size_t)sz, f);
+    fclose(f);
+    return buf;
+}
+
+static int files_equal(const char* a, const char* b) {
+    size_t na = 0, nb = 0;
+    unsigned char* x = read_all(a, &na);
+    unsigned char* y = read_all(b, &nb);
+    int eq = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+/* Write a shard of `n` tokens: token i = (i * 7 + seed) % V */
+static void write_shard(const char* path, int n, int V, int seed, int32_t magic, int version, int claimed) {
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = magic;
+    h[1] = version;
+    h[2] = claimed;
+    uint16_t* tok = (uint16_t*)xmalloc(2 * (size_t)n);
+    for (int i = 0; i < n; i++) tok[i] = (uint16_t)((i * 7 + seed) % V);
+    FILE* f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot write %s", path);
+    CHECK(fwrite(h, 4, 256, f) == 256 && fwrite(tok, 2, (size_t)n, f) == (size_t)n && fclose(f) == 0, "write %s", path);
+    free(tok);
+}
+
+/* Run a shell command, capture stdout+stderr into out (truncated), return
+ * its exit status. */
+static int run_capture(const char* cmd, char* out, size_t cap) {
+    char full[2048];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE* p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = 0;
+    int ch;
+    while ((ch = fgetc(p)) != EOF) {
+        if (n + 1 == cap) { /* keep the tail: the end of a run is what the checks read */
+            memmove(out, out + cap / 2, n - cap / 2);
+            n -= cap / 2;
+        }
+        out[n++] = (char)ch;
+    }
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 #endif /* TEST_COMMON_H */

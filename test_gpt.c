@@ -430,16 +430,6 @@ static int write_bytes(const char* path, const void* data, size_t n) {
     return (fclose(f) == 0 && w == n) ? 0 : -1;
 }
 
-static unsigned char* read_all(const char* path, size_t* n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) return NULL;
-    long long sz = file_size(f);
-    unsigned char* buf = (unsigned char*)xmalloc((size_t)sz);
-    *n = fread(buf, 1, (size_t)sz, f);
-    fclose(f);
-    return buf;
-}
-
 static void test_model_files(const char* model_path) {
     GPT2 a, b;
     if (gpt2_load(&a, model_path) != 0) { check(0, "model files: load", model_path); return; }
@@ -530,21 +520,6 @@ static void test_model_files(const char* model_path) {
     free(f1);
     free(f2);
     gpt2_free(&a);
-}
-
-/* Write a shard of `n` tokens: token i = (i * 7 + seed) % V */
-static void write_shard(const char* path, int n, int V, int seed, int32_t magic, int version, int claimed) {
-    int32_t h[256];
-    memset(h, 0, sizeof(h));
-    h[0] = magic;
-    h[1] = version;
-    h[2] = claimed;
-    uint16_t* tok = (uint16_t*)xmalloc(2 * (size_t)n);
-    for (int i = 0; i < n; i++) tok[i] = (uint16_t)((i * 7 + seed) % V);
-    FILE* f = fopen(path, "wb");
-    CHECK(f != NULL, "cannot write %s", path);
-    CHECK(fwrite(h, 4, 256, f) == 256 && fwrite(tok, 2, (size_t)n, f) == (size_t)n && fclose(f) == 0, "write %s", path);
-    free(tok);
 }
 
 static void test_dataloader(void) {
@@ -972,27 +947,6 @@ static void test_prepare_shards(const Tokenizer* tok) {
 /* ---------------------------------------------------------------------- */
 /* The trainer binary end to end                                          */
 /* ---------------------------------------------------------------------- */
-/* Run a shell command, capture stdout+stderr into out (truncated), return
- * its exit status. */
-static int run_capture(const char* cmd, char* out, size_t cap) {
-    char full[2048];
-    snprintf(full, sizeof(full), "%s 2>&1", cmd);
-    FILE* p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = 0;
-    int ch;
-    while ((ch = fgetc(p)) != EOF) {
-        if (n + 1 == cap) { /* keep the tail: the end of a run is what the checks read */
-            memmove(out, out + cap / 2, n - cap / 2);
-            n -= cap / 2;
-        }
-        out[n++] = (char)ch;
-    }
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static void test_trainer_binary(void) {
     if (access("./train_gpt", X_OK) != 0) {
         check(0, "train_gpt binary present (make test builds it)", "");
@@ -1057,16 +1011,6 @@ static void test_trainer_binary(void) {
  * sampler RNG) makes a resumed run bit-for-bit the uninterrupted one; a
  * corrupt or truncated newest state is caught by its checksum and the one
  * before is used; an incompatible run is refused. */
-static int files_equal(const char* a, const char* b) {
-    size_t na = 0, nb = 0;
-    unsigned char* x = read_all(a, &na);
-    unsigned char* y = read_all(b, &nb);
-    int eq = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return eq;
-}
-
 static void test_resume(void) {
     const char* shard = tmp_path("rs_train_000.bin");
     write_shard(shard, 6000, 50, 3, SHARD_MAGIC, 1, 6000);

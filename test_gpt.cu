@@ -291,51 +291,6 @@ static void test_binary(const char* binary) {
 
 /* ---- training states through the trainer binary (test_gpt.c's test_resume) */
 
-/* Run a command, its stdout and stderr into out (the tail when longer). Exit status. */
-static int run_capture(const char* cmd, char* out, size_t cap) {
-    char full[4096];
-    snprintf(full, sizeof(full), "%s 2>&1", cmd);
-    FILE* p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = 0;
-    int ch;
-    while ((ch = fgetc(p)) != EOF) {
-        if (n + 1 == cap) { /* keep the tail */
-            memmove(out, out + cap / 2, n - cap / 2);
-            n -= cap / 2;
-        }
-        out[n++] = (char)ch;
-    }
-    out[n] = '\0';
-    int status = pclose(p);
-    return status == 0 ? 0 : -1;
-}
-
-static int files_equal(const char* a, const char* b) {
-    size_t na = 0, nb = 0;
-    char* x = file_read_all(a, &na);
-    char* y = file_read_all(b, &nb);
-    int eq = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return eq;
-}
-
-/* A token shard of n tokens (i * 7 + seed) mod V, as test_gpt.c writes them. */
-static void write_shard(const char* path, int n, int V, int seed) {
-    int32_t h[256];
-    memset(h, 0, sizeof(h));
-    h[0] = SHARD_MAGIC;
-    h[1] = 1;
-    h[2] = n;
-    uint16_t* tok = (uint16_t*)xmalloc(2 * (size_t)n);
-    for (int i = 0; i < n; i++) tok[i] = (uint16_t)((i * 7 + seed) % V);
-    FILE* f = fopen(path, "wb");
-    CHECK(f != NULL, "cannot write %s", path);
-    CHECK(fwrite(h, 4, 256, f) == 256 && fwrite(tok, 2, (size_t)n, f) == (size_t)n && fclose(f) == 0, "write %s", path);
-    free(tok);
-}
-
 /* Save, stop, resume, continue: the final weights bit for bit the
  * uninterrupted run's (from disk, and from the snapshot in memory); taking a
  * snapshot every step changes nothing; the CPU trainer (cpu_binary, when
@@ -346,7 +301,7 @@ static void test_resume(const char* binary, const char* cpu_binary) {
     char shard[600], common[2400], cmd[3000], a[700], b[700];
     static char out[1 << 16];
     snprintf(shard, sizeof(shard), "%s/rs_train_000.bin", dir);
-    write_shard(shard, 6000, 50, 3);
+    write_shard(shard, 6000, 50, 3, SHARD_MAGIC, 1, 6000);
     snprintf(common, sizeof(common),
              "--model d2 --channels 64 --num-heads 4 --max-seq-len 32 --vocab-size 50 -i %s -j %s -b 4 -t 16 -x 12 "
              "--lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 5 --val-batches 2 --sample-every 0 --shuffle 1 "
