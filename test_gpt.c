@@ -1067,6 +1067,22 @@ static void test_resume(void) {
     snprintf(b, sizeof(b), "%s/rsD/model_00000012.bin", tmpdir);
     check(rc == 0 && strstr(out, "continuing after step 4") && files_equal(a, b),
           "resume: a truncated newest state is refused, the previous one is used, still bit-for-bit", rc ? out : "");
+    /* every state of the run corrupt: a clear error, not a silent fresh start */
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsF --stop-at 8", common, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    for (int st = 4; st <= 8; st += 4) {
+        snprintf(state, sizeof(state), "%s/rsF/state_%08d_rank0.bin", tmpdir, st);
+        bytes = read_all(state, &n);
+        if (bytes && n > 5000) {
+            bytes[3000] ^= 0x40;
+            write_bytes(state, bytes, n);
+        }
+        free(bytes);
+    }
+    snprintf(cmd, sizeof(cmd), "%s -o %s/rsF --resume 1", common, tmpdir);
+    int rc2 = run_capture(cmd, out, sizeof(out));
+    check(rc == 0 && rc2 != 0 && strstr(out, "no usable training state") && !strstr(out, "step     1/"),
+          "resume: when every state of the run is corrupt, an error, and no fresh start over it", out);
     /* an incompatible run is refused, naming what differs */
     snprintf(cmd, sizeof(cmd), "%s -o %s/rsB --resume 1 -b 2 -x 20", common, tmpdir);
     rc = run_capture(cmd, out, sizeof(out));

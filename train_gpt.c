@@ -28,11 +28,11 @@
  *   6. Layers            forward/backward pairs
  *   7. Model             parameters, activations, forward, backward
  *   8. Optimizer         gradient norm and clipping, AdamW, schedules
- *   9. Data parallel     MPI ranks: allreduce or ZeRO-1 sharded AdamW
- *  10. Checkpoints       training state (moments, step, data position), CRC32C, resume
+ *   9. Data parallel     MPI ranks: allreduce, ZeRO-1, ZeRO-2; a rendezvous for NCCL
+ *  10. Checkpoints       training states, memory snapshots and replicas, bad steps
  *  11. Sampler           temperature / top-k / top-p; generation with a KV cache
  *  12. CLI               flags, usage, validation
- *  13. main              --data, --prompt, the training loop (shared with train_gpt.cu)
+ *  13. main              --data, --prompt, saving and resuming, the training loop
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
@@ -3097,6 +3097,16 @@ static void dist_allgather_slices(const Dist* d, float* full, size_t P) {
 #endif
 }
 
+/* After each rank loaded only its slice of a state: the weights, and under
+ * plain data parallel (every rank holds them all) the moments, gathered. */
+static void dist_allgather_state(const Dist* d, GPT2* model) {
+    dist_allgather_slices(d, model->params_memory, model->num_parameters);
+    if (!d->zero) {
+        dist_allgather_slices(d, model->m_memory, model->num_parameters);
+        dist_allgather_slices(d, model->v_memory, model->num_parameters);
+    }
+}
+
 /* Shard geometry and buffers. Under ZeRO the parameters are padded to
  * W x shard floats (the pad stays zero and is never updated), so the
  * all-gather is one call. ZeRO-1 keeps the full (padded) gradient buffer;
@@ -4400,7 +4410,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--top-k", NULL, OPT_INT, top_k, "0", "sample among the k most likely tokens; 0 = all"),
     OPT("--top-p", NULL, OPT_FLOAT, top_p, "1.0", "nucleus sampling mass; 1 = off"),
     OPT("--save-every", "-n", OPT_INT, save_every, "0", "write a checkpoint (model + training state) every this many steps (and at the end) to --output-dir; 0 = only at the end"),
-    OPT("--resume", NULL, OPT_INT, resume, "0", "1 = continue from the newest complete training state in --output-dir (bit for bit); none there = start fresh"),
+    OPT("--resume", NULL, OPT_INT, resume, "0", "1 = continue bit for bit from the freshest state of this run (own memory snapshot, the neighbour's replica, or disk in --output-dir); none = start fresh"),
     OPT("--keep-last", NULL, OPT_INT, keep_last, "2", "keep the training states of the last this many saves (and every --keep-every-th); 0 = keep all"),
     OPT("--keep-every", NULL, OPT_INT, keep_every, "0", "also keep the training state of every step that is a multiple of this; 0 = none"),
     OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
@@ -5303,21 +5313,35 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
 static int saver_restore_newest(Saver* sv, TrainRun* r, const Dist* d, GPT2* model, const Options* o) {
     saver_before_update(sv);
     saver_poll(sv, d, o, 0);
-    if (sv->newest < 0) return -1;
-    const Slot* sl = &sv->own[sv->newest];
-    const int32_t* h = (const int32_t*)sl->base;
-    size_t P = model->num_parameters, n = d->save_hi - d->save_lo, at = d->zero ? 0 : d->save_lo;
-    const float* src = (const float*)(sl->base + STATE_HEADER_BYTES);
-    memcpy(model->params_memory + d->save_lo, src, n * sizeof(float));
-    memcpy(model->m_memory + at, src + n, n * sizeof(float));
-    memcpy(model->v_memory + at, src + 2 * n, n * sizeof(float));
-    dist_allgather_slices(d, model->params_memory, P);
-    if (!d->zero) { /* plain: every rank holds all the moments */
-        dist_allgather_slices(d, model->m_memory, P);
-        dist_allgather_slices(d, model->v_memory, P);
+    StateInfo s;
+    size_t at = d->zero ? 0 : d->save_lo; /* under ZeRO the moments arrays begin at the shard */
+    int ok = sv->newest >= 0 && state_load_record(sv->own[sv->newest].base, sv->own[sv->newest].bytes,
+                                                  "the newest memory snapshot", &s, model->params_memory,
+                                                  model->m_memory + at, model->v_memory + at) == 0;
+    if (dist_sum(d, ok) < d->world) return -1; /* (every rank takes its snapshots at the same steps) */
+    dist_allgather_state(d, model);
+    r->sample_rng.state = s.sample_rng;
+    return s.step;
+}
+
+/* A bad step (non-finite, or a loss spike) was skipped: count it, and after
+ * --rollback-after in a row go back to the newest memory snapshot (weights,
+ * moments, sampler; the data loader stays, so the batches since are
+ * skipped). Returns the snapshot's step, where the loop continues, or -1.
+ * `can_restore` 0: this run keeps no snapshot to go back to. Collective. */
+static int train_run_bad_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* model, const Options* o, int step,
+                              int can_restore) {
+    if (++r->watch.bad_run < o->rollback_after || o->rollback_after == 0) return -1;
+    int back = can_restore ? saver_restore_newest(sv, r, d, model, o) : -1;
+    if (back < 0) {
+        printf("rollback: %d bad steps in a row but no snapshot in memory (--snapshot-every): skipping on\n",
+               r->watch.bad_run);
+        return -1;
     }
-    r->sample_rng.state = (uint64_t)get_i64(h, 28);
-    return h[2];
+    printf("rollback: %d bad steps in a row; weights and moments back to the snapshot of step %d, skipping the "
+           "batches of steps %d..%d\n", r->watch.bad_run, back, back + 1, step + 1);
+    r->watch.bad_run = 0;
+    return back;
 }
 
 static void saver_free(Saver* sv, int remove_memory) {
@@ -5544,13 +5568,7 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             ok = 0;
 #endif
         }
-        if (dist_sum(d, src != SOURCE_DISK) > 0 && dist_sum(d, ok) == W) { /* memory holds slices: gather them */
-            dist_allgather_slices(d, model->params_memory, model->num_parameters);
-            if (!d->zero) {
-                dist_allgather_slices(d, model->m_memory, model->num_parameters);
-                dist_allgather_slices(d, model->v_memory, model->num_parameters);
-            }
-        }
+        if (dist_sum(d, src != SOURCE_DISK) > 0 && dist_sum(d, ok) == W) dist_allgather_state(d, model); /* memory holds slices */
         ok = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
         if (dist_sum(d, ok) == W) {
             if (s.steps != r->steps && d->rank == 0)
@@ -5697,20 +5715,13 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         if (spike) printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, z, o->spike_z);
         if (step == start) timing_print(dist, "first step done", unix_ms());
         heartbeat_write(o, r.rank, step + 1);
-        if (finite && !spike) {
-            losswatch_accept(&r.watch, (float)loss);
-        } else if (++r.watch.bad_run >= o->rollback_after && o->rollback_after > 0) {
-            int back = saver_restore_newest(&saver, &r, dist, model, o);
-            if (back >= 0) {
-                printf("rollback: %d bad steps in a row; weights and moments back to the snapshot of step %d, "
-                       "skipping the batches of steps %d..%d\n", r.watch.bad_run, back, back + 1, step + 1);
-                r.watch.bad_run = 0;
-                rollbacks++;
-                step = back - 1; /* the loop's step++ continues after the snapshot's step */
-                continue;
-            }
-            printf("rollback: %d bad steps in a row but no snapshot in memory (--snapshot-every): skipping on\n",
-                   r.watch.bad_run);
+        int back = -1;
+        if (finite && !spike) losswatch_accept(&r.watch, (float)loss);
+        else back = train_run_bad_step(&r, &saver, dist, model, o, step, 1);
+        if (back >= 0) {
+            rollbacks++;
+            step = back - 1; /* the loop's step++ continues after the snapshot's step */
+            continue;
         }
         int done = step + 1;
         int stop = o->stop_at > 0 && done == o->stop_at && done < r.steps;

@@ -2699,22 +2699,18 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
             printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, gate.z, o->spike_z);
         if (step == start) timing_print(dist, "first step done", unix_ms());
         heartbeat_write(o, rank, step + 1);
+        int back = -1;
         if (finite && !gate.spike) {
             losswatch_accept(&r.watch, (float)loss);
-        } else if (++r.watch.bad_run >= o->rollback_after && o->rollback_after > 0) {
+        } else {
             ALWAYS(!gs.pending); /* handed over before this step's update */
-            int back = states ? saver_restore_newest(&saver, &r, dist, host, o) : -1;
-            if (back >= 0) { /* the host arrays hold the snapshot: to the GPU (a snapshot's last update was applied) */
-                gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, back - 1);
-                printf("rollback: %d bad steps in a row; weights and moments back to the snapshot of step %d, "
-                       "skipping the batches of steps %d..%d\n", r.watch.bad_run, back, back + 1, step + 1);
-                r.watch.bad_run = 0;
-                rollbacks++;
-                step = back - 1; /* the loop's step++ continues after the snapshot's step */
-                continue;
-            }
-            printf("rollback: %d bad steps in a row but no snapshot in memory (--snapshot-every): skipping on\n",
-                   r.watch.bad_run);
+            back = train_run_bad_step(&r, &saver, dist, host, o, step, states);
+        }
+        if (back >= 0) { /* the host arrays hold the snapshot: to the GPU (a snapshot's last update was applied) */
+            gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, back - 1);
+            rollbacks++;
+            step = back - 1; /* the loop's step++ continues after the snapshot's step */
+            continue;
         }
         int done = step + 1;
         if (!states) {
