@@ -3097,6 +3097,11 @@ static void dist_allgather_slices(const Dist* d, float* full, size_t P) {
 #endif
 }
 
+/* Where this rank's saved slice [save_lo, save_hi) begins in its moments
+ * arrays: at 0 under ZeRO (they hold the shard only), at save_lo under
+ * plain data parallel (they hold everything). */
+static size_t dist_moments_at(const Dist* d) { return d->zero ? 0 : d->save_lo; }
+
 /* After each rank loaded only its slice of a state: the weights, and under
  * plain data parallel (every rank holds them all) the moments, gathered. */
 static void dist_allgather_state(const Dist* d, GPT2* model) {
@@ -3279,8 +3284,7 @@ static void dist_progress(Dist* d) {
 #ifdef USE_MPI
     int done = 0;
     if (d->num_requests) MPI_CHECK(MPI_Testall(d->num_requests, d->requests, &done, MPI_STATUSES_IGNORE));
-    if (done) { /* all complete: finish them (MPI_Wait on a completed request returns at once) */
-        for (int i = 0; i < d->num_requests; i++) d->requests[i] = MPI_REQUEST_NULL;
+    if (done) { /* all complete (and freed by MPI_Testall): finish them */
         for (int i = 0; i < d->num_requests; i++)
             if (d->owned[i]) dist_add_to_shard(d, d->owned[i], d->owned_at[i], (size_t)d->owned_count[i]);
         d->num_requests = 0;
@@ -5290,7 +5294,7 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
     sv->fill = k;
     sv->fill_save = save;
     sv->info = state_info_of(r, d, model, o, step);
-    size_t at = d->zero ? 0 : d->save_lo; /* under ZeRO the moments arrays begin at the shard */
+    size_t at = dist_moments_at(d);
     sv->params = model->params_memory + d->save_lo;
     sv->m = model->m_memory + at;
     sv->v = model->v_memory + at;
@@ -5314,7 +5318,7 @@ static int saver_restore_newest(Saver* sv, TrainRun* r, const Dist* d, GPT2* mod
     saver_before_update(sv);
     saver_poll(sv, d, o, 0);
     StateInfo s;
-    size_t at = d->zero ? 0 : d->save_lo; /* under ZeRO the moments arrays begin at the shard */
+    size_t at = dist_moments_at(d);
     int ok = sv->newest >= 0 && state_load_record(sv->own[sv->newest].base, sv->own[sv->newest].bytes,
                                                   "the newest memory snapshot", &s, model->params_memory,
                                                   model->m_memory + at, model->v_memory + at) == 0;
@@ -5547,8 +5551,8 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         free(out);
 #endif
         int ok;
-        float* m_at = model->m_memory + (d->zero ? 0 : d->save_lo); /* where this rank's slice of the moments goes */
-        float* v_at = model->v_memory + (d->zero ? 0 : d->save_lo);
+        float* m_at = model->m_memory + dist_moments_at(d); /* where this rank's slice of the moments goes */
+        float* v_at = model->v_memory + dist_moments_at(d);
         if (src == SOURCE_DISK) {
             ok = state_load_disk(r, d, model, o, step, &s) == 0;
         } else if (src == SOURCE_OWN && sv->memory) { /* the slot is mapped already: straight from memory */
