@@ -1206,6 +1206,7 @@ typedef struct {
     long long cursor;    /* next sample, index into sample_order */
     /* the loaded shard */
     int loaded_shard;    /* file index, -1 if none */
+    int loaded_epoch;    /* the epoch whose sample order is loaded */
     uint16_t* tokens;    /* (n) */
     long long num_tokens;
     long long num_samples;
@@ -1288,7 +1289,10 @@ static void dataloader_order_shards(DataLoader* d) {
  * its sample order. */
 static int dataloader_load_shard(DataLoader* d) {
     int file = d->shard_order[d->shard_pos];
-    if (file == d->loaded_shard) return 0;
+    /* the sample order depends on the epoch: a shard loaded in an earlier
+     * epoch (one shard, or the last of one epoch is the first of the next)
+     * must be reshuffled, or epochs repeat and a resume sees other batches */
+    if (file == d->loaded_shard && (!d->shuffle || d->epoch == d->loaded_epoch)) return 0;
     const char* path = d->files.gl_pathv[file];
     long long n = d->shard_tokens[file];
     FILE* f = fopen(path, "rb");
@@ -1314,6 +1318,7 @@ static int dataloader_load_shard(DataLoader* d) {
         }
     }
     d->loaded_shard = file;
+    d->loaded_epoch = d->epoch;
     d->num_tokens = n;
     d->num_samples = (n - 1) / d->T;
     free(d->sample_order);
@@ -1383,7 +1388,6 @@ static int dataloader_seek(DataLoader* d, int epoch, int shard_pos, long long cu
     d->shard_pos = shard_pos;
     d->cursor = cursor;
     dataloader_order_shards(d);
-    d->loaded_shard = -1; /* reload: the sample order depends on the epoch */
     if (dataloader_load_shard(d) != 0) return -1;
     return cursor <= d->num_samples ? 0 : -1;
 }
