@@ -217,6 +217,18 @@ static int mkdir_p(const char* path) {
     return 0;
 }
 
+/* A glob pattern for the files `literal` + `wild` (wild: "*.txt", ...):
+ * the literal part, a folder the user named ("runs/lr[3e-4]"), has its
+ * glob characters escaped, so it matches only itself. */
+static void glob_pattern(char* out, size_t cap, const char* literal, const char* wild) {
+    size_t n = 0;
+    for (const char* p = literal; *p && n + 2 < cap; p++) {
+        if (strchr("*?[]\\", *p)) out[n++] = '\\';
+        out[n++] = *p;
+    }
+    snprintf(out + n, cap - n, "%s", wild);
+}
+
 /* Random numbers: xorshift64* for bits, Box-Muller for normals. Seeded, so a
  * run is reproducible; the state is one uint64 (easy to checkpoint). */
 typedef struct {
@@ -1341,6 +1353,11 @@ static int dataloader_init(DataLoader* d, const char* pattern, int B, int T, int
     d->vocab_size = vocab_size; d->shuffle = shuffle; d->seed = seed;
     d->loaded_shard = -1;
     int rc = glob(pattern, 0, NULL, &d->files);
+    if (rc == GLOB_NOMATCH && access(pattern, F_OK) == 0) { /* a file named corpus[1].bin: itself, not a glob */
+        char literal[8300];
+        glob_pattern(literal, sizeof(literal), pattern, "");
+        rc = glob(literal, 0, NULL, &d->files);
+    }
     if (rc != 0 || d->files.gl_pathc == 0) {
         if (rc == 0) globfree(&d->files);
         FILE_ERROR(pattern, "no data files match this pattern (quote it so the shell does not expand it)");
@@ -1711,8 +1728,8 @@ static int documents_read(DocumentList* l, const char* path) {
         return -1;
     }
     if (S_ISDIR(st.st_mode)) {
-        char pattern[4096];
-        snprintf(pattern, sizeof(pattern), "%s/*.txt", path);
+        char pattern[8300];
+        glob_pattern(pattern, sizeof(pattern), path, "/*.txt");
         glob_t g;
         if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
             FILE_ERROR(path, "directory holds no .txt files");
@@ -3979,6 +3996,24 @@ static int state_header_parse(const int32_t* h, long long size, const char* path
         FILE_ERROR(path, "sizes in the header do not match the file (%lld bytes): truncated or corrupt", size);
         return -1;
     }
+    /* every counter in range, so the next step cannot overflow one (the
+     * header checksum guards against damage, not against a bad writer) */
+    const char* bad = s->step < 1 || s->step >= INT32_MAX - 1     ? "step"
+                      : s->world < 1 || s->world > (1 << 20)      ? "world size"
+                      : s->rank < 0 || s->rank >= s->world        ? "rank"
+                      : s->zero < 0 || s->zero > 2                ? "ZeRO stage"
+                      : s->B < 1 || s->T < 1 || s->T > s->config.max_seq_len ? "batch shape (B, T)"
+                      : s->total < 1 || s->total % s->T != 0      ? "tokens per step"
+                      : s->shuffle < 0 || s->shuffle > 1          ? "shuffle flag"
+                      : s->epoch < 0 || s->epoch > (1 << 30)      ? "epoch"
+                      : s->shard_pos < 0 || s->cursor < 0         ? "data position"
+                      : s->steps < 1 || s->steps >= INT32_MAX - 1 ? "--steps"
+                      : s->watch.bad_run < 0 || s->watch.bad_run > s->step ? "bad-step count" : NULL;
+    if (bad) {
+        FILE_ERROR(path, "the %s recorded in the header is out of range: a state written by another program, "
+                   "or corrupt", bad);
+        return -1;
+    }
     return 0;
 }
 
@@ -4366,7 +4401,11 @@ typedef struct {
     int snapshot_every, save_async, rollback_after;
     const char* shm_dir;
     float spike_z;
+    int verbose;
 } Options;
+
+/* --verbose 1 or a --heartbeat: say the plumbing (see plumbing_wanted) */
+static int verbose_flag = 0;
 
 typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
 typedef struct {
@@ -4398,7 +4437,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--batch-size", "-b", OPT_INT, batch_size, "4", "B: sequences per micro-batch, per process (rank)"),
     OPT("--seq-len", "-t", OPT_INT, seq_len, "64", "T: tokens per sequence (<= the model's maxT)"),
     OPT("--total-batch-size", "-d", OPT_INT, total_batch_size, "-1", "tokens per optimizer step over all ranks; a multiple of B*T*ranks (gradient accumulation); -1 = B*T*ranks"),
-    OPT("--steps", "-x", OPT_INT, steps, "-1", "optimizer steps; -1 = one epoch of the training data"),
+    OPT("--steps", "-x", OPT_INT, steps, "-1", "optimizer steps; -1 = one epoch of the training data; 0 = write the initial (untrained) model to --output-dir and stop"),
     OPT("--lr", "-l", OPT_FLOAT, lr, "3e-4", "peak learning rate"),
     OPT("--warmup-steps", "-u", OPT_INT, warmup_steps, "0", "linear warmup steps"),
     OPT("--final-lr-frac", "-q", OPT_FLOAT, final_lr_frac, "1.0", "final learning rate as a fraction of the peak"),
@@ -4432,6 +4471,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
     OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too)"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
+    OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
 };
 #undef OPT
 #define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
@@ -4512,6 +4552,7 @@ static int options_parse(Options* o, int argc, char** argv) {
         }
         if (option_set(o, spec, value) != 0) return -1;
     }
+    verbose_flag = o->verbose == 1 || o->heartbeat[0] != '\0';
     return 0;
 }
 
@@ -4542,7 +4583,10 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->total_batch_size != -1 && o->total_batch_size < 1, "--total-batch-size must be >= 1 or -1");
     OPTIONS_PROBLEM(o->total_batch_size > 0 && o->total_batch_size % (o->batch_size * o->seq_len) != 0,
                     "--total-batch-size must be a multiple of --batch-size x --seq-len (it sets the gradient accumulation)");
-    OPTIONS_PROBLEM(o->steps < -1 || o->steps == 0, "--steps must be >= 1, or -1 for one epoch");
+    OPTIONS_PROBLEM(o->steps < -1, "--steps must be >= 1, -1 for one epoch, or 0 to write the initial model");
+    OPTIONS_PROBLEM(o->steps == 0 && !o->output_dir[0], "--steps 0 writes the initial model: give --output-dir");
+    OPTIONS_PROBLEM(o->steps == 0 && (o->resume || o->stop_at), "--steps 0 writes the initial model: it takes no --resume or --stop-at");
+    OPTIONS_PROBLEM(o->verbose != 0 && o->verbose != 1, "--verbose must be 0 or 1");
     OPTIONS_PROBLEM(!(o->lr >= 0.0f), "--lr must be >= 0");
     OPTIONS_PROBLEM(o->warmup_steps < 0, "--warmup-steps must be >= 0");
     OPTIONS_PROBLEM(!(o->final_lr_frac >= 0.0f && o->final_lr_frac <= 1.0f), "--final-lr-frac must be in [0, 1]");
@@ -4709,8 +4753,8 @@ static void data_stamp(const char* input, const Tokenizer* tok, char* out, size_
     char** files = (char**)one;
     size_t nfiles = 1;
     if (stat(input, &st) == 0 && S_ISDIR(st.st_mode)) {
-        char pattern[4096];
-        snprintf(pattern, sizeof(pattern), "%s/*.txt", input);
+        char pattern[8300];
+        glob_pattern(pattern, sizeof(pattern), input, "/*.txt");
         if (glob(pattern, 0, NULL, &g) == 0) { files = g.gl_pathv; nfiles = g.gl_pathc; }
     }
     for (size_t i = 0; i < nfiles && n < cap; i++) {
@@ -4728,8 +4772,8 @@ static int data_from_text(const Options* o, const Tokenizer* tok, char* train_pa
     snprintf(dir, sizeof(dir), "%s.gptc", o->data);
     snprintf(stamp_path, sizeof(stamp_path), "%s/stamp.txt", dir);
     snprintf(prefix, sizeof(prefix), "%s/shard", dir);
-    snprintf(train_pattern, cap, "%s_train_*.bin", prefix);
-    snprintf(val_pattern, cap, "%s_val_*.bin", prefix);
+    glob_pattern(train_pattern, cap, prefix, "_train_*.bin"); /* <data> may hold glob characters: in[1].txt */
+    glob_pattern(val_pattern, cap, prefix, "_val_*.bin");
     data_stamp(o->data, tok, stamp, sizeof(stamp));
     size_t len = 0;
     FILE* f = fopen(stamp_path, "rb");
@@ -4746,9 +4790,9 @@ static int data_from_text(const Options* o, const Tokenizer* tok, char* train_pa
         return -1;
     }
     remove(stamp_path); /* invalid until the new shards are complete */
-    char cmd[4300];
+    char cmd[8500];
     glob_t g;
-    snprintf(cmd, sizeof(cmd), "%s_*.bin", prefix);
+    glob_pattern(cmd, sizeof(cmd), prefix, "_*.bin");
     if (glob(cmd, 0, NULL, &g) == 0) { /* stale shards of an earlier input */
         for (size_t i = 0; i < g.gl_pathc; i++) remove(g.gl_pathv[i]);
         globfree(&g);
@@ -4843,6 +4887,10 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
            dataloader_batches_per_epoch(&r->train), r->steps);
     if (o->output_dir[0] && mkdir_p(o->output_dir) != 0) {
         FILE_ERROR(o->output_dir, "cannot create output directory: %s", strerror(errno));
+        return -1;
+    }
+    if (o->output_dir[0] && o->snapshot_every > 0 && mkdir_p(o->shm_dir) != 0) {
+        FILE_ERROR(o->shm_dir, "cannot create the --shm-dir folder for memory snapshots: %s", strerror(errno));
         return -1;
     }
     if (o->log_file[0] && rank == 0 && !(r->log = fopen(o->log_file, o->resume ? "a" : "w"))) {
@@ -4985,8 +5033,8 @@ static int int_compare(const void* a, const void* b) {
 /* The steps with a state_<step>.complete marker in `dir`, ascending; the
  * count, or 0. Caller frees *steps. */
 static int state_complete_steps(const char* dir, int** steps) {
-    char pattern[4400];
-    snprintf(pattern, sizeof(pattern), "%s/state_*.complete", dir);
+    char pattern[8300];
+    glob_pattern(pattern, sizeof(pattern), dir, "/state_*.complete");
     glob_t g;
     int n = 0;
     *steps = NULL;
@@ -5375,25 +5423,53 @@ static const char* state_differs(const StateInfo* s, const StateInfo* now, int s
 }
 
 /* The run's nonce: <dir>/run.id, written (by rank 0) when a run starts from
- * step 0. Snapshots in memory carry it, so memory left by another run in
- * the same folder (wiped and restarted) is never taken for this one's. */
+ * step 0. States and snapshots carry it, so those left by another run in
+ * the same folder (wiped and restarted) are never taken for this one's.
+ * The file is one line, "<nonce, 16 hex digits> <CRC32C of those 16
+ * characters, 8 hex digits>": a changed digit is caught, not taken for
+ * another run. (Files of 17 bytes, the nonce alone, are read as before.) */
+static void run_id_format(char* out, size_t cap, unsigned long long nonce) {
+    char hex[17];
+    snprintf(hex, sizeof(hex), "%016llx", nonce);
+    snprintf(out, cap, "%s %08x\n", hex, crc32c(0, hex, 16));
+}
+
+/* 1 and *nonce when <dir>/run.id is there and intact, 0 when there is none,
+ * -1 (after a message) when it is damaged. */
+static int run_id_read(const char* dir, uint64_t* nonce) {
+    char path[4400], text[64] = {0}, want[64];
+    snprintf(path, sizeof(path), "%s/run.id", dir);
+    *nonce = 0;
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    unsigned long long v = 0;
+    int legacy = n == 17 && sscanf(text, "%16llx", &v) == 1 && text[16] == '\n';
+    if (!legacy && (n != 26 || sscanf(text, "%16llx", &v) != 1 || (run_id_format(want, sizeof(want), v),
+                                                                   memcmp(text, want, 26) != 0))) {
+        FILE_ERROR(path, "damaged (%zu bytes; expected a 16-digit run nonce and its 8-digit checksum): the states in "
+                   "this folder cannot be matched to it. If they are this run's, remove run.id and resume again (the "
+                   "newest complete state is then taken); to start a new run, use a new --output-dir", n);
+        return -1;
+    }
+    *nonce = v;
+    return 1;
+}
+
 static uint64_t run_nonce(const Dist* d, const Options* o, int create) {
     char path[4400];
     snprintf(path, sizeof(path), "%s/run.id", o->output_dir);
-    unsigned long long nonce = 0;
     if (create && d->rank == 0) {
-        nonce = ((uint64_t)unix_ms() << 20) ^ (uint64_t)getpid() ^ ((uint64_t)rand() << 40);
-        char text[32];
-        int n = snprintf(text, sizeof(text), "%016llx\n", nonce);
-        WriteChunk c = {text, (size_t)n};
-        if (write_file_atomic(path, &c, 1) != 0) nonce = 0;
+        unsigned long long nonce = ((uint64_t)unix_ms() << 20) ^ (uint64_t)getpid() ^ ((uint64_t)rand() << 40);
+        char text[64];
+        run_id_format(text, sizeof(text), nonce);
+        WriteChunk c = {text, strlen(text)};
+        if (write_file_atomic(path, &c, 1) != 0) fprintf(stderr, "warning: %s not written\n", path);
     }
     dist_barrier(d);
-    FILE* f = fopen(path, "r");
-    if (f) {
-        if (fscanf(f, "%llx", &nonce) != 1) nonce = 0;
-        fclose(f);
-    }
+    uint64_t nonce;
+    if (run_id_read(o->output_dir, &nonce) < 0) nonce = 0; /* (state_resume refuses a damaged one) */
     return nonce;
 }
 
@@ -5416,9 +5492,24 @@ static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Option
     for (int j = 0; j < s0.world; j++) {
         state_path(path, sizeof(path), o->output_dir, step, j);
         if (state_read_header(path, &s, h, 0) != 0) return -1;
-        if (s.world != s0.world || s.step != step || s.lo != covered) {
-            FILE_ERROR(path, "does not continue rank %d's slice (world %d, step %d, from %zu): a mixed-up state", j - 1,
-                       s.world, s.step, s.lo);
+        /* every rank's file must be of this run and this step: its size and
+         * slice are trusted below (a file of another model would write past
+         * the weights) */
+        const char* differs = state_differs(&s, &now, 0);
+        const char* mixed = s.step != step                    ? "the step inside it differs from the one in its name"
+                            : s.rank != j                      ? "the rank inside it differs from the one in its name"
+                            : s.world != s0.world              ? "it was written by another number of ranks than rank 0's"
+                            : s.nonce != s0.nonce              ? "its run.id nonce differs from rank 0's (another run)"
+                            : differs                          ? differs
+                            : s.hi > model->num_parameters     ? "its slice ends past the model's parameters"
+                            : s.lo != covered                  ? "its slice does not begin where the previous rank's ends"
+                            : s.epoch != s0.epoch || s.shard_pos != s0.shard_pos || s.cursor != s0.cursor
+                                                               ? "its data position differs from rank 0's" : NULL;
+        if (mixed) {
+            FILE_ERROR(path, "cannot be part of the state of step %d beside %s/state_%08d_rank0.bin: %s%s (holds "
+                       "step %d, rank %d of %d, parameters [%zu, %zu)); remove the step's files or restore them",
+                       step, o->output_dir, step, mixed, differs && mixed == differs ? " differs" : "", s.step, s.rank,
+                       s.world, s.lo, s.hi);
             return -1;
         }
         covered = s.hi;
@@ -5449,6 +5540,8 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
                         StateSource* source_out) {
     int W = d->world, me = d->rank, next = (me + 1) % W, prev = (me + W - 1) % W;
     StateInfo now = state_info_of(r, d, model, o, 0), s;
+    uint64_t id;
+    if (dist_sum(d, run_id_read(o->output_dir, &id) < 0) > 0) return -1;
     int32_t h[HEADER_INTS];
     char path[4400];
     /* what each rank holds in memory: 3 own slots, 2 replicas of its predecessor */
@@ -5481,7 +5574,7 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
         if (all[i] > 0) cand[ncand++] = all[i];
     for (int i = 0; i < ndisk; i++) cand[ncand++] = disk[i];
     qsort(cand, (size_t)ncand, sizeof(int), int_compare);
-    int result = 0, unreadable = 0;
+    int result = 0, unreadable = 0, passed_over = 0;
     StateSource src = SOURCE_NONE;
     for (int c = ncand - 1; c >= 0; c--) {
         int step = cand[c];
@@ -5512,9 +5605,17 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             if (d->rank == 0)
                 fprintf(stderr, "warning: %s belongs to an earlier run in this folder (its run.id differs): passed over\n",
                         path);
+            passed_over++;
             continue;
         }
         if (dist_sum(d, differs != NULL) > 0) {
+            result = -1;
+            break;
+        }
+        if (step > r->steps) { /* running on would save this later state's weights under an earlier step's name */
+            if (d->rank == 0)
+                fprintf(stderr, "error: the newest training state in %s is at step %d, past --steps %d: resume with "
+                        "--steps %d or more, or use a new --output-dir\n", o->output_dir, step, r->steps, step);
             result = -1;
             break;
         }
@@ -5577,7 +5678,17 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
 #endif
         }
         if (dist_sum(d, src != SOURCE_DISK) > 0 && dist_sum(d, ok) == W) dist_allgather_state(d, model); /* memory holds slices */
-        ok = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) == 0;
+        int position_missing = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) != 0;
+        if (dist_sum(d, position_missing) > 0) { /* the state is fine: the data is not the run's */
+            if (d->rank == 0)
+                fprintf(stderr, "error: the training state of step %d in %s was saved at data position epoch %d, "
+                        "shard %d of that epoch's order, sample %lld, which the training data given (%d shard(s), "
+                        "%s first) does not have: resume with the data the run was trained on, or start a new "
+                        "--output-dir\n", step, o->output_dir, s.epoch, s.shard_pos, s.cursor, r->train.num_shards,
+                        r->train.files.gl_pathv[0]);
+            result = -1;
+            break;
+        }
         if (dist_sum(d, ok) == W) {
             if (s.steps != r->steps && d->rank == 0)
                 printf("resume: --steps is %d, the state's run had %d: allowed; the schedule follows the new count\n",
@@ -5591,6 +5702,14 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
                 "%s); trying the one before\n", me, step, SOURCE_NAMES[src], ok ? "fine" : "unreadable");
         src = SOURCE_NONE;
         unreadable++;
+    }
+    if (result == 0 && passed_over > 0 && unreadable == 0) { /* states exist, none of this run: never start over them */
+        if (d->rank == 0)
+            fprintf(stderr, "error: every training state in %s belongs to another run than %s/run.id names (nonce "
+                    "%016llx): if they are this run's and run.id was replaced, remove run.id and resume again; to "
+                    "start a new run, use a new --output-dir (or run without --resume)\n", o->output_dir,
+                    o->output_dir, (unsigned long long)r->nonce);
+        result = -1;
     }
     if (result == 0 && unreadable > 0) { /* states of this run exist, none could be read: do not start over silently */
         fprintf(stderr, "error: no usable training state in %s (or in memory): repair or remove them, or start a new "
@@ -5630,10 +5749,19 @@ static void heartbeat_write(const Options* o, int rank, int step) {
     if (fclose(f) == 0) rename(tmp, o->heartbeat); /* never seen half-written */
 }
 
+/* Lines for a supervisor or for several ranks (start-up timing, the
+ * data-parallel layout) are noise to a newcomer's single run: they print
+ * with several ranks, a --heartbeat, under scripts/supervise.py (which sets
+ * GPTC_ATTEMPT) or with --verbose 1. options_parse sets the flag. */
+static int plumbing_wanted(const Dist* d) {
+    return verbose_flag || d->world > 1 || getenv("GPTC_ATTEMPT") != NULL;
+}
+
 /* Where a (re)start spent its time, in wall-clock ms since the process
  * began: scripts/supervise.py reads these lines to split a recovery into
  * launch, communicator, state load and first step. */
 static void timing_print(const Dist* d, const char* what, double unix_now) {
+    if (!plumbing_wanted(d)) return;
     printf("timing: %s at %.0f (+%.0f ms since process start %.0f)\n", what, unix_now, unix_now - d->t_start, d->t_start);
     fflush(stdout);
 }
@@ -5675,7 +5803,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, "
            "backward scratch %.0f MB\n", P * 4 * mb, dist->grad_floats * 4 * mb, opt_floats * 4 * mb,
            model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
-    printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
+    if (plumbing_wanted(dist) || dist->zero) printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
            "gradients %zu floats\n", dist->world, modes[dist->zero], dist->shard, dist->shard * dist->world, opt_floats,
            dist->grad_floats);
     if (getenv("GPTC_INJECT_NAN") || getenv("GPTC_INJECT_SPIKE"))
@@ -5797,6 +5925,20 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* d
            c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters,
            depth_from_name(o->model) ? "random init" : o->model);
     int rc = 0;
+    if (o->steps == 0 && !o->prompt[0]) { /* the untrained model, to compare inits or hand to llm.c/PyTorch */
+        if (!dist || dist->rank == 0) {
+            char path[4400];
+            snprintf(path, sizeof(path), "%s/model_%08d.bin", o->output_dir, 0);
+            if (mkdir_p(o->output_dir) != 0) {
+                FILE_ERROR(o->output_dir, "cannot create output directory: %s", strerror(errno));
+                rc = -1;
+            } else if ((rc = gpt2_save(&model, path)) == 0) {
+                printf("--steps 0: wrote the initial model (seed %d, no training) to %s\n", o->seed, path);
+            }
+        }
+        gpt2_free(&model);
+        return rc;
+    }
     Tokenizer tok;
     if (!o->prompt[0] && o->seq_len > c->max_seq_len) {
         fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o->seq_len, c->max_seq_len);
@@ -5807,7 +5949,7 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* d
         if (o->prompt[0]) {
             rc = generate_from_prompt(&model, &tok, o);
         } else {
-            char train_pattern[4300], val_pattern[4300];
+            char train_pattern[8600], val_pattern[8600];
             snprintf(train_pattern, sizeof(train_pattern), "%s", o->train_data);
             snprintf(val_pattern, sizeof(val_pattern), "%s", o->val_data);
             if (o->data[0]) {

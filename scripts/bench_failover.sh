@@ -85,7 +85,7 @@ EOF
 }
 for from in memory disk; do
     run="$dir/rec_$from"
-    FLAGS="$COMMON -x 40 --snapshot-every 1 --save-every 5 -o $run --log-file $run.jsonl"
+    FLAGS="$COMMON --verbose 1 -x 40 --snapshot-every 1 --save-every 5 -o $run --log-file $run.jsonl"
     $BIN $FLAGS > "$run.1.out" 2>&1 &
     pid=$!
     while ! grep -q '"step": 8,' "$run.jsonl" 2>/dev/null; do sleep 0.05; done

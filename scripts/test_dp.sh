@@ -40,7 +40,7 @@ COMMON="--model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 256
         -t 16 -x 8 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 4 --val-batches 2 --sample-every 0 --threads 1"
 
 # the initial weights (lr 0 leaves them as initialised) and the 1-process run
-timeout -k 10 120 "$BIN" $COMMON -b 6 -x 1 --lr 0 -o "$dir/init" > "$dir/init.out" 2>&1
+timeout -k 10 120 "$BIN" $COMMON -b 6 -x 0 -o "$dir/init" > "$dir/init.out" 2>&1
 # the same with 2 micro-batches per step (gradient accumulation): 192 tokens
 for acc in "" "-acc"; do
     D=$([ -n "$acc" ] && echo "-d 192" || echo "")
@@ -83,7 +83,7 @@ for np in 2 3; do
                 check FAIL "$name: every step's $key equals 1 process's" "worst rel diff $worst (tol 1e-5)"
         done
         cmp=$($PY scripts/compare_models.py "$dir/$name/model_00000008.bin" "$dir/one$acc/model_00000008.bin" \
-              "$dir/init/model_00000001.bin" 1e-4)
+              "$dir/init/model_00000000.bin" 1e-4)
         [ $? -eq 0 ] && check ok "$name: final weights equal 1 process's" "||error||/||update|| $cmp (tol 1e-4)" ||
             check FAIL "$name: final weights equal 1 process's" "$cmp"
         # memory and traffic, against the formulas (shard = ceil(P / np), padded = np x shard)
@@ -136,7 +136,7 @@ for target in "3 -b 2 --zero 1 -o $dir/rsD" "1 -b 6 --zero 0 -o $dir/rsE"; do
     timeout -k 10 120 $MPIRUN -np $np "$BIN" $RS "$@" --resume 1 > "$dir/rs$np.out" 2>&1
     rc=$?
     out=${@: -1}
-    cmp=$($PY scripts/compare_models.py "$out/model_00000008.bin" "$dir/rsA/model_00000008.bin" "$dir/init/model_00000001.bin" 1e-4)
+    cmp=$($PY scripts/compare_models.py "$out/model_00000008.bin" "$dir/rsA/model_00000008.bin" "$dir/init/model_00000000.bin" 1e-4)
     cmprc=$?
     [ $rc -eq 0 ] && grep -q "resharding the state of 2 rank" "$dir/rs$np.out" && grep -q "continuing after step 6" "$dir/rs$np.out" &&
         [ $cmprc -eq 0 ] && check ok "a 2-rank ZeRO-1 state resharded onto $np rank(s) ($*): final weights equal the uninterrupted run's" "$cmp" ||
