@@ -1153,6 +1153,214 @@ static void test_resume(void) {
           "resume: B=2 x 2 micro-batches continues a B=4 state (same tokens per step), and --steps may grow", rc ? out : "");
 }
 
+/* check() with the program's output as the detail, shown only on failure */
+static void check_out(int ok, const char* what, const char* out) { check(ok, what, ok ? "" : out); }
+
+/* Write a state file of `s` (its slice [lo, hi) of the weights and moments
+ * taken from full P-float arrays) with valid checksums: the tests below
+ * build states no run wrote, to see that a consistent-looking but wrong
+ * file is refused, not trusted. */
+static void state_write_for_test(const char* path, const StateInfo* s, const float* w, const float* m, const float* v) {
+    size_t n = s->hi - s->lo;
+    uint32_t crc[3] = {crc32c(0, w + s->lo, n * 4), crc32c(0, m + s->lo, n * 4), crc32c(0, v + s->lo, n * 4)};
+    int32_t h[HEADER_INTS];
+    state_header_make(h, s, crc);
+    FILE* f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot write %s", path);
+    CHECK(fwrite(h, 1, STATE_HEADER_BYTES, f) == STATE_HEADER_BYTES && fwrite(w + s->lo, 4, n, f) == n &&
+          fwrite(m + s->lo, 4, n, f) == n && fwrite(v + s->lo, 4, n, f) == n && fclose(f) == 0, "write %s", path);
+}
+
+/* Read back a one-rank state written by a run: header and full arrays. */
+static int state_read_for_test(const char* path, StateInfo* s, float** w, float** m, float** v) {
+    int32_t h[HEADER_INTS];
+    if (state_read_header(path, s, h, 0) != 0 || s->lo != 0 || s->hi != s->P) return -1;
+    *w = xmalloc_floats(s->P); *m = xmalloc_floats(s->P); *v = xmalloc_floats(s->P);
+    return state_read_arrays(path, s, h, *w, *m, *v, 0, s->P);
+}
+
+/* What a user walks into with saved runs: states split over ranks that
+ * do not belong together, damaged counters, run.id, --steps, other data,
+ * folder names with glob characters, --shm-dir, --steps 0, quiet output. */
+static void test_user_paths(void) {
+    const char* shard = tmp_path("up_train_000.bin");
+    write_shard(shard, 6000, 50, 3, SHARD_MAGIC, 1, 6000);
+    const char* small = tmp_path("up_small_000.bin");
+    write_shard(small, 200, 50, 3, SHARD_MAGIC, 1, 200);
+    char common[1400], cmd[3000], out[8192], a[900], b[1000], dir[900];
+    snprintf(common, sizeof(common),
+             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -b 4 -t 16 "
+             "-x 12 --lr 3e-3 --warmup-steps 2 --val-every 0 --sample-every 0 --shuffle 1 --save-every 4 --threads 2");
+    /* the uninterrupted run */
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upA", common, shard, tmpdir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    snprintf(a, sizeof(a), "%s/upA/model_00000012.bin", tmpdir);
+    check(rc == 0 && !strstr(out, "timing:") && !strstr(out, "data parallel:"),
+          "one process: no start-up timing or data-parallel lines (noise for a single run)", rc ? out : "");
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upV -x 1 --verbose 1", common, shard, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0 && strstr(out, "timing: model ready") && strstr(out, "data parallel: 1 rank"),
+          "--verbose 1: the timing and data-parallel lines are printed", rc ? out : "");
+
+    /* --steps 0: the initial model, equal to the random init of the same seed */
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/up0 -x 0 --seed 5", common, shard, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/up0/model_00000000.bin", tmpdir);
+    GPT2 m0, ref;
+    int loaded = rc == 0 && gpt2_load(&m0, b) == 0;
+    int same = 0;
+    if (loaded) {
+        gpt2_init_random(&ref, &m0.config, 5);
+        same = memcmp(ref.params_memory, m0.params_memory, m0.num_parameters * 4) == 0;
+        gpt2_free(&ref);
+        gpt2_free(&m0);
+    }
+    check(loaded && same && strstr(out, "wrote the initial model"),
+          "--steps 0 writes the untrained model (bit for bit the random init of its seed)", rc ? out : b);
+
+    /* --shm-dir that does not exist is created */
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upS -x 3 --snapshot-every 1 --shm-dir %s/no/such/shm", common, shard,
+             tmpdir, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0, "--shm-dir that does not exist is created (memory snapshots run)", rc ? out : "");
+
+    /* glob characters in --output-dir: stop, resume (finds its states), prune */
+    snprintf(dir, sizeof(dir), "%s/up lr[3e-4]*", tmpdir);
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o '%s' --stop-at 8", common, shard, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o '%s' --resume 1", common, shard, dir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/model_00000012.bin", dir);
+    char st4[1000];
+    snprintf(st4, sizeof(st4), "%s/state_00000004_rank0.bin", dir);
+    check(rc == 0 && strstr(out, "continuing after step 8") && files_equal(a, b) && access(st4, F_OK) != 0,
+          "--output-dir with glob characters: resume finds its states (bit for bit) and old ones are pruned", rc ? out : "");
+    /* -i of a file whose name holds glob characters */
+    snprintf(b, sizeof(b), "%s/up[1].bin", tmpdir);
+    write_shard(b, 6000, 50, 3, SHARD_MAGIC, 1, 6000);
+    snprintf(cmd, sizeof(cmd), "%s -i '%s' -x 2", common, b);
+    rc = run_capture(cmd, out, sizeof(out));
+    check(rc == 0, "--train-data naming a file with glob characters in its name reads that file", rc ? out : "");
+
+    /* a run stopped at 8 (states at 4 and 8) to resume in the cases below */
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upB --stop-at 8", common, shard, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    char state8[900], runid[900];
+    snprintf(state8, sizeof(state8), "%s/upB/state_00000008_rank0.bin", tmpdir);
+    snprintf(runid, sizeof(runid), "%s/upB/run.id", tmpdir);
+    size_t n8 = 0, nid = 0;
+    unsigned char* bytes8 = read_all(state8, &n8);
+    unsigned char* id = read_all(runid, &nid);
+    check(rc == 0 && bytes8 && id, "a run stopped at step 8 for the resume cases", rc ? out : "");
+    if (!bytes8 || !id) { free(bytes8); free(id); return; }
+
+    /* a smaller --steps than the state's step: refused, nothing written */
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upB --resume 1 -x 6", common, shard, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/upB/model_00000006.bin", tmpdir);
+    check_out(rc != 0 && rc != -1 && strstr(out, "past --steps 6") && access(b, F_OK) != 0,
+          "resume with --steps below the state's step is refused, and writes no state or model", out);
+    /* other data, too short for the saved position: named as such */
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upB --resume 1", common, small, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check_out(rc != 0 && rc != -1 && strstr(out, "saved at data position") && strstr(out, small) &&
+              !strstr(out, "step     9/"),
+          "resume on data lacking the saved position: an error naming the position and the data", out);
+    /* run.id: one changed digit is caught; a valid id of another run makes every state another run's */
+    unsigned char* damaged = (unsigned char*)xmalloc(nid);
+    memcpy(damaged, id, nid);
+    damaged[3] = damaged[3] == '0' ? '1' : '0';
+    write_bytes(runid, damaged, nid);
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upB --resume 1", common, shard, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    check_out(rc != 0 && rc != -1 && strstr(out, "run.id") && strstr(out, "damaged") && !strstr(out, "step     1/"),
+          "resume with a damaged run.id: refused, not a fresh start over the states", out);
+    char other[64];
+    run_id_format(other, sizeof(other), 0x123456789abcdefULL);
+    write_bytes(runid, other, strlen(other));
+    rc = run_capture(cmd, out, sizeof(out));
+    check_out(rc != 0 && rc != -1 && strstr(out, "belongs to another run") && !strstr(out, "step     1/") &&
+              access(state8, F_OK) == 0,
+          "resume where every state is another run's: refused, the states kept", out);
+    write_bytes(runid, id, nid);
+    free(damaged);
+
+    /* the state split as two ranks' files (what 2 ranks write), resumed by one process: resharding */
+    StateInfo s;
+    float *w = NULL, *m = NULL, *v = NULL;
+    int read = state_read_for_test(state8, &s, &w, &m, &v) == 0;
+    check(read, "the step-8 state reads back", state8);
+    if (!read) { free(w); free(m); free(v); free(bytes8); free(id); return; }
+    char marker[900], rank1[900];
+    snprintf(rank1, sizeof(rank1), "%s/upB/state_00000008_rank1.bin", tmpdir);
+    snprintf(marker, sizeof(marker), "%s/upB/state_00000008.complete", tmpdir);
+    StateInfo r0 = s, r1 = s;
+    r0.world = r1.world = 2; r1.rank = 1;
+    r0.hi = r1.lo = s.P / 2;
+    r0.B = r1.B = s.B / 2;
+    state_write_for_test(state8, &r0, w, m, v);
+    state_write_for_test(rank1, &r1, w, m, v);
+    snprintf(cmd, sizeof(cmd), "%s -i %s -o %s/upB --resume 1", common, shard, tmpdir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/upB/model_00000012.bin", tmpdir);
+    check(rc == 0 && strstr(out, "continuing after step 8") && files_equal(a, b),
+          "a state written as two ranks' files resumes on one process, bit for bit", rc ? out : "");
+    /* rank 1's file, checksums valid, but not of this state: each must be refused (the resumed run above
+     * left states at 12 and 8: remove 12 so step 8 is the newest again) */
+    snprintf(b, sizeof(b), "rm -f %s/upB/state_00000012*", tmpdir);
+    if (system(b) != 0) check(0, "remove step 12's state", b);
+    struct { const char* what; int field; } bad[] = {
+        {"another model shape that claims more parameters (was a heap overflow)", 0},
+        {"another run's nonce", 1},
+        {"a step inside that differs from its name", 2},
+        {"another --seq-len", 3},
+        {"a slice that does not start where rank 0's ends", 4},
+        {"another data position", 5},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        StateInfo t = r1;
+        float *w2 = w, *m2 = m, *v2 = v;
+        float* big = NULL;
+        switch (bad[i].field) {
+        case 0:
+            t.config.num_layers += 2;
+            t.P = parameter_count(&t.config);
+            t.hi = t.P;
+            big = xmalloc_floats(3 * t.P);
+            memset(big, 0, 3 * t.P * 4);
+            w2 = big; m2 = big + t.P; v2 = big + 2 * t.P;
+            break;
+        case 1: t.nonce ^= 1; break;
+        case 2: t.step = 9; break;
+        case 3: t.T = 8; break;
+        case 4: t.lo -= 1; break;
+        case 5: t.cursor += 4; break;
+        }
+        state_write_for_test(rank1, &t, w2, m2, v2);
+        free(big);
+        rc = run_capture(cmd, out, sizeof(out));
+        char what[300];
+        snprintf(what, sizeof(what), "rank 1's state file with %s: a clear error naming it, no crash", bad[i].what);
+        check_out(rc != 0 && rc != -1 && strstr(out, rank1) && !strstr(out, "continuing after step 8"), what, out);
+    }
+    /* counters out of range in an otherwise valid header */
+    state_write_for_test(rank1, &r1, w, m, v);
+    struct { const char* what; int field; } counters[] = {{"epoch", 0}, {"bad-step count", 1}, {"data position", 2}};
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
+        StateInfo t = r0;
+        if (counters[i].field == 0) t.epoch = INT32_MAX;
+        if (counters[i].field == 1) t.watch.bad_run = INT32_MAX;
+        if (counters[i].field == 2) t.cursor = -5;
+        state_write_for_test(state8, &t, w, m, v);
+        rc = run_capture(cmd, out, sizeof(out));
+        char what[200];
+        snprintf(what, sizeof(what), "a state whose %s is out of range is refused, naming it", counters[i].what);
+        check_out(rc != 0 && rc != -1 && strstr(out, "out of range") && strstr(out, counters[i].what), what, out);
+    }
+    (void)marker;
+    free(w); free(m); free(v); free(bytes8); free(id);
+}
+
 /* Bad steps: a NaN in the gradients skips the update; three in a row roll
  * back to the last memory snapshot; a loss spike (z-score) is skipped. The
  * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*). */
@@ -1449,6 +1657,7 @@ int main(int argc, char** argv) {
     test_cli();
     test_trainer_binary();
     test_resume();
+    test_user_paths();
     test_rendezvous();
     test_bad_steps();
     test_disk_full();
