@@ -694,6 +694,55 @@ static void test_tokenizer_file(void) {
     free(file);
 }
 
+/* A vocabulary of 65,536 tokens, the most uint16 shards hold: the pair
+ * (65535, 65535) has the key 0xFFFFFFFF, which once marked empty slots of
+ * the merge table, so the pair was "found" in any empty slot. Tokens: the
+ * 256 bytes, fillers, 65534 = "abab", 65535 = "ab"; merges a+b -> 65535
+ * and, in the second file, 65535+65535 -> 65534. */
+static void test_tokenizer_full_vocab(void) {
+    const uint32_t n = 65536, eot = 65533;
+    size_t cap = 1024 + 3 * (size_t)n + 16, len = 1024;
+    unsigned char* file = (unsigned char*)xmalloc(cap);
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = TOKENIZER_MAGIC; h[1] = TOKENIZER_VERSION; h[2] = (int32_t)n; h[3] = (int32_t)eot;
+    memcpy(file, h, 1024);
+    for (uint32_t id = 0; id < n; id++) {
+        if (id < 256) { file[len++] = 1; file[len++] = (unsigned char)id; }
+        else if (id == 65534) { memcpy(file + len, "\x04" "abab", 5); len += 5; }
+        else if (id == 65535) { memcpy(file + len, "\x02" "ab", 3); len += 3; }
+        else { file[len++] = 2; file[len++] = (unsigned char)(id >> 8); file[len++] = (unsigned char)id; }
+    }
+    const char* dec = tmp_path("tok65536.bin");
+    write_bytes(dec, file, len);
+    free(file);
+    for (int with_pair = 0; with_pair <= 1; with_pair++) {
+        uint32_t m = 1 + (uint32_t)with_pair;
+        uint32_t merges[1024 / 4 + 6];
+        memset(merges, 0, sizeof(merges));
+        merges[0] = TOKENIZER_MERGES_MAGIC; merges[1] = TOKENIZER_MERGES_VERSION; merges[2] = n; merges[3] = m;
+        merges[4] = eot; merges[5] = 0;
+        uint32_t* rec = merges + 256;
+        rec[0] = 'a'; rec[1] = 'b'; rec[2] = 65535;
+        if (with_pair) { rec[3] = 65535; rec[4] = 65535; rec[5] = 65534; }
+        const char* mp = tmp_path("merges65536.bin");
+        write_bytes(mp, merges, 1024 + 12 * (size_t)m);
+        Tokenizer t;
+        int ids[8] = {0}, got = -1;
+        int loaded = tokenizer_init(&t, dec, mp) == 0;
+        if (loaded) {
+            got = (int)tokenizer_encode(&t, NULL, (const unsigned char*)"abab", 4, ids, 8);
+            tokenizer_free(&t);
+        }
+        int ok = loaded && (with_pair ? got == 1 && ids[0] == 65534 : got == 2 && ids[0] == 65535 && ids[1] == 65535);
+        char detail[96];
+        snprintf(detail, sizeof(detail), "%d ids: %d %d", got, ids[0], ids[1]);
+        check(ok, with_pair ? "65,536 tokens: the merge (65535, 65535) is found and applied"
+                            : "65,536 tokens: the pair (65535, 65535) that is no merge is not found in an empty slot",
+              detail);
+    }
+}
+
 /* ---------------------------------------------------------------------- */
 /* Init, schedules, CLI                                                   */
 /* ---------------------------------------------------------------------- */
@@ -1652,6 +1701,7 @@ int main(int argc, char** argv) {
     test_model_files(model);
     test_dataloader();
     test_tokenizer_file();
+    test_tokenizer_full_vocab();
     test_init();
     test_schedules();
     test_cli();

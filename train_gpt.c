@@ -573,11 +573,11 @@ enum {
 
 // merge table slot: (left, right) pair -> rank and merged token
 typedef struct {
-    uint32_t key;     // (left << 16) | right; TOK_EMPTY_KEY when unused
-    int32_t rank;     // lower merges first
+    uint32_t key;     // (left << 16) | right: every 32-bit value is a possible pair (ids < 65536)
+    int32_t rank;     // lower merges first; TOK_EMPTY_RANK when the slot is unused
     int32_t merged;   // token id of left's bytes followed by right's bytes
 } TokenizerPair;
-#define TOK_EMPTY_KEY 0xFFFFFFFFu
+#define TOK_EMPTY_RANK (-1) // ranks are < num_merges <= 65536, never negative
 
 typedef struct {
     // decode table
@@ -633,8 +633,8 @@ static inline const TokenizerPair* tok_pair_find(const Tokenizer* t, uint32_t le
     uint32_t key = left << 16 | right;
     for (uint32_t i = tok_pair_hash(key, t->pair_mask);; i = (i + 1) & t->pair_mask) {
         const TokenizerPair* p = &t->pairs[i];
+        if (p->rank == TOK_EMPTY_RANK) return NULL;
         if (p->key == key) return p;
-        if (p->key == TOK_EMPTY_KEY) return NULL;
     }
 }
 
@@ -747,7 +747,7 @@ static inline int tok_add_pair(Tokenizer* t, const char* path, const char* what,
         return TOKENIZER_ERR_MISMATCH;
     }
     uint32_t key = left << 16 | right, i = tok_pair_hash(key, t->pair_mask);
-    while (t->pairs[i].key != TOK_EMPTY_KEY) {
+    while (t->pairs[i].rank != TOK_EMPTY_RANK) {
         if (t->pairs[i].key == key) {
             fprintf(stderr, "tokenizer: %s: %s %u repeats the pair (%u, %u)\n" TOK_HINT, path, what, index, left, right);
             return TOKENIZER_ERR_MISMATCH;
@@ -803,7 +803,7 @@ static inline int tok_load_merges(Tokenizer* t, const char* path, const unsigned
     while (slots < 2 * (m + a)) slots *= 2;   // load factor <= 1/2
     t->pairs = (TokenizerPair*)malloc(slots * sizeof(TokenizerPair));
     TOK_CHECK_ALLOC(t->pairs);
-    for (uint32_t i = 0; i < slots; i++) t->pairs[i].key = TOK_EMPTY_KEY;
+    for (uint32_t i = 0; i < slots; i++) t->pairs[i].rank = TOK_EMPTY_RANK;
     t->pair_mask = slots - 1;
     const unsigned char* p = buf + 4 * TOKENIZER_HEADER_INTS;
     for (uint32_t r = 0; r < m; r++, p += 12) {
