@@ -379,6 +379,12 @@ static void test_exp_fast(void) {
     snprintf(detail, sizeof(detail), "worst rel err %.2e at x = %.6g (3 ulp = %.2e)", worst, at, 3.0 / 8388608.0);
     check(worst <= 3.0 / 8388608.0 && exp_fast(-1000.0f) < 1e-37f && exp_fast(0.0f) == 1.0f,
           "exp_fast: e^x within 3 ulp on [-87, 88]", detail);
+    /* a NaN (a diverged run: --lr 1e20) must come out as NaN, without
+     * undefined behaviour on the way (the UBSan build checks that) */
+    volatile float nan_in = NAN, huge = 3e38f, inf = INFINITY;
+    check(isnan(exp_fast(nan_in)) && isnan(exp_fast(-nan_in)) && isfinite(exp_fast(huge)) && exp_fast(huge) > 1e38f &&
+              exp_fast(-inf) < 1e-37f && exp_fast(inf) > 1e38f,
+          "exp_fast: NaN in, NaN out; +-huge and +-inf clamped", "");
 }
 
 /* Forward and backward give bitwise the same results on 1 and on all threads. */

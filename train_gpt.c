@@ -2159,10 +2159,14 @@ static void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs,
  * its degree-7 Taylor polynomial (truncation error < 2e-9 relative, below
  * fp32's 6e-8 rounding), times 2^n built in the exponent bits. n is rounded
  * to nearest by adding and subtracting 1.5 * 2^23. Inputs are clamped to
- * [-87, 88], where 2^n stays a normal float: e^-87 = 1.6e-38 stands for 0. */
-static inline float exp_fast(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
+ * [-87, 88], where 2^n stays a normal float: e^-87 = 1.6e-38 stands for 0;
+ * a NaN stays NaN. */
+static inline float exp_fast(float x_in) {
+    /* written so a NaN fails both tests and becomes -87 (no float-to-int
+     * conversion of a NaN below, which is undefined); it comes back out as
+     * NaN at the end, so the bad-step guard still sees it */
+    float x = x_in > -87.0f ? x_in : -87.0f;
+    x = x < 88.0f ? x : 88.0f;
     const float round_magic = 12582912.0f; /* 1.5 * 2^23 */
     float n = (x * 1.44269504f + round_magic) - round_magic; /* round(x / ln2) */
     float r = x - n * 0.693359375f;                           /* ln2 high part */
@@ -2172,7 +2176,7 @@ static inline float exp_fast(float x) {
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
-    return p * scale;
+    return x_in != x_in ? x_in : p * scale;
 }
 
 /* dst(N) += sum over rows of src(M, N) */
