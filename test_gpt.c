@@ -951,6 +951,43 @@ static void test_text_documents(void) {
         if (rc == 0) documents_free(&l);
         check(rc == -1, what, "");
     }
+    /* each JSONL line is read strictly: what used to be taken silently */
+    char deep[200];
+    int k = 0;
+    k += snprintf(deep + k, sizeof(deep) - (size_t)k, "{\"text\": \"x\", \"n\": ");
+    for (int d = 0; d < 70; d++) deep[k++] = '[';
+    for (int d = 0; d < 70; d++) deep[k++] = ']';
+    snprintf(deep + k, sizeof(deep) - (size_t)k, "}");
+    struct { const char* line; const char* why; } strict[] = {
+        {"{\"text\": \"a\"} junk", "more follows the object"},
+        {"{\"text\": \"a\"}{\"text\": \"b\"}", "more follows the object"},
+        {"{\"text\": \"a\"", "not closed"},
+        {"{\"text\": \"He said \"hi\" and left, with 137 bytes of text after the quote that were lost\"}", "unescaped"},
+        {"{\"text\": \"a\", \"n\": nul}", "not JSON"},
+        {"{\"text\": \"a\", \"n\": 1x}", "',' or '}' is missing"},
+        {"{\"text\": \"a\", \"n\": 01}", "',' or '}' is missing"},
+        {"{\"text\": \"a\", \"text\": \"b\"}", "appears twice"},
+        {deep, "nested too deep"},
+    };
+    for (size_t i = 0; i < sizeof(strict) / sizeof(strict[0]); i++) {
+        char* value = NULL;
+        JsonError e = {NULL, NULL};
+        const char* line = strict[i].line;
+        long n = json_object_field(line, line + strlen(line), "text", &value, &e);
+        char what[200];
+        snprintf(what, sizeof(what), "JSONL strict: refused with \"%s\": %.60s", strict[i].why, line);
+        check(n == -1 && value == NULL && e.why && strstr(e.why, strict[i].why), what, e.why ? e.why : "accepted");
+        free(value);
+    }
+    const char* good[] = {"{\"n\": -1.5e+3, \"t\": true, \"f\": false, \"z\": null, \"o\": {}, \"a\": [], \"text\": \"ok\"} \r",
+                          "  {\"text\":\"ok\"}"};
+    for (size_t i = 0; i < 2; i++) {
+        char* value = NULL;
+        JsonError e = {NULL, NULL};
+        long n = json_object_field(good[i], good[i] + strlen(good[i]), "text", &value, &e);
+        check(n == 2 && value && !strcmp(value, "ok"), "JSONL strict: valid JSON still read", e.why ? e.why : good[i]);
+        free(value);
+    }
     check(documents_read(&l, tmp_path("missing.txt")) == -1, "text: refused: missing file", "");
     const char* empty_dir = tmp_path("no_txt_dir");
     mkdir(empty_dir, 0755);

@@ -1637,12 +1637,48 @@ static long json_string(const char** p, const char* end, char* out) {
     return n;
 }
 
-/* Skip one JSON value of any kind. 0 on success, -1 if malformed. */
-static int json_skip(const char** p, const char* end, int depth) {
+/* Why the line is not valid JSON, for the error message: the first
+ * problem found (static text), and where (*at). */
+typedef struct {
+    const char* why;
+    const char* at;
+} JsonError;
+
+static int json_fail(JsonError* e, const char* why, const char* at) {
+    if (!e->why) { e->why = why; e->at = at; }
+    return -1;
+}
+
+/* A number as JSON writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+static int json_number(const char** p, const char* end) {
+    const char* s = *p;
+    if (s < end && *s == '-') s++;
+    if (s < end && *s == '0') s++;
+    else if (s < end && *s >= '1' && *s <= '9') while (s < end && *s >= '0' && *s <= '9') s++;
+    else return -1;
+    if (s < end && *s == '.') {
+        if (++s >= end || *s < '0' || *s > '9') return -1;
+        while (s < end && *s >= '0' && *s <= '9') s++;
+    }
+    if (s < end && (*s == 'e' || *s == 'E')) {
+        s++;
+        if (s < end && (*s == '+' || *s == '-')) s++;
+        if (s >= end || *s < '0' || *s > '9') return -1;
+        while (s < end && *s >= '0' && *s <= '9') s++;
+    }
+    *p = s;
+    return 0;
+}
+
+#define JSON_MAX_DEPTH 64
+
+/* Skip one JSON value of any kind. 0 on success, -1 (and *e) if malformed. */
+static int json_skip(const char** p, const char* end, int depth, JsonError* e) {
     json_space(p, end);
-    if (*p >= end || depth > 64) return -1;
+    if (*p >= end) return json_fail(e, "a value is missing", *p);
+    if (depth > JSON_MAX_DEPTH) return json_fail(e, "objects and arrays nested too deep (more than 64 levels)", *p);
     char c = **p;
-    if (c == '"') return json_string(p, end, NULL) < 0 ? -1 : 0;
+    if (c == '"') return json_string(p, end, NULL) < 0 ? json_fail(e, "a string is malformed or unterminated", *p) : 0;
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
         (*p)++;
@@ -1651,41 +1687,47 @@ static int json_skip(const char** p, const char* end, int depth) {
         for (;;) {
             if (c == '{') {
                 json_space(p, end);
-                if (json_string(p, end, NULL) < 0) return -1;
+                if (json_string(p, end, NULL) < 0) return json_fail(e, "a key is not a string", *p);
                 json_space(p, end);
-                if (*p >= end || **p != ':') return -1;
+                if (*p >= end || **p != ':') return json_fail(e, "a ':' is missing after a key", *p);
                 (*p)++;
             }
-            if (json_skip(p, end, depth + 1) != 0) return -1;
+            if (json_skip(p, end, depth + 1, e) != 0) return -1;
             json_space(p, end);
             if (*p < end && **p == ',') { (*p)++; continue; }
             if (*p < end && **p == close) { (*p)++; return 0; }
-            return -1;
+            return json_fail(e, c == '{' ? "a ',' or '}' is missing" : "a ',' or ']' is missing", *p);
         }
     }
-    /* number, true, false, null */
-    const char* s = *p;
-    while (*p < end && strchr(",}] \t\r\n", **p) == NULL) (*p)++;
-    return *p > s ? 0 : -1;
+    static const char* const literals[3] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t k = strlen(literals[i]);
+        if ((size_t)(end - *p) >= k && memcmp(*p, literals[i], k) == 0) { *p += k; return 0; }
+    }
+    if (json_number(p, end) == 0) return 0;
+    return json_fail(e, "a value is not JSON (a string, number, object, array, true, false or null)", *p);
 }
 
-/* Find the string field `key` of the JSON object in [line, end). Returns its
- * decoded length and a malloc'd copy in *value, -1 if the line is not a JSON
- * object, -2 if the object has no such string field. */
-static long json_object_field(const char* line, const char* end, const char* key, char** value) {
+/* Read the line [line, end) as exactly one JSON object (nothing but white
+ * space after it) and find its string field `key`. Returns the field's
+ * decoded length and a malloc'd copy in *value; -1 (and *e) if the line is
+ * not one valid JSON object; -2 if the object has no such string field. */
+static long json_object_field(const char* line, const char* end, const char* key, char** value, JsonError* e) {
     const char* p = line;
+    *value = NULL;
     json_space(&p, end);
-    if (p >= end || *p != '{') return -1;
+    if (p >= end || *p != '{') return json_fail(e, "the line does not start a JSON object ('{')", p);
     p++;
     json_space(&p, end);
-    if (p < end && *p == '}') return -2;
     size_t klen = strlen(key);
-    for (;;) {
+    long found = -2;
+    if (p < end && *p == '}') p++;
+    else for (;;) {
         json_space(&p, end);
         const char* kstart = p;
         char kbuf[64];
         long kl = json_string(&p, end, NULL);
-        if (kl < 0) return -1;
+        if (kl < 0) { json_fail(e, "a key is not a string", kstart); goto bad; }
         int match = 0;
         if ((size_t)kl == klen && kl < (long)sizeof(kbuf)) {
             const char* q = kstart;
@@ -1693,24 +1735,38 @@ static long json_object_field(const char* line, const char* end, const char* key
             match = memcmp(kbuf, key, klen) == 0;
         }
         json_space(&p, end);
-        if (p >= end || *p != ':') return -1;
+        if (p >= end || *p != ':') { json_fail(e, "a ':' is missing after a key", p); goto bad; }
         p++;
         json_space(&p, end);
+        if (match && found >= 0) { json_fail(e, "the field appears twice", kstart); goto bad; }
+        int was_string = p < end && *p == '"';
         if (match && p < end && *p == '"') {
             const char* q = p;
             long n = json_string(&q, end, NULL);
-            if (n < 0) return -1;
+            if (n < 0) { json_fail(e, "a string is malformed or unterminated", p); goto bad; }
             *value = (char*)xmalloc((size_t)n + 1);
             json_string(&p, end, *value);
             (*value)[n] = '\0';
-            return n;
+            found = n;
+        } else if (json_skip(&p, end, 1, e) != 0) {
+            goto bad;
         }
-        if (json_skip(&p, end, 0) != 0) return -1;
         json_space(&p, end);
         if (p < end && *p == ',') { p++; continue; }
-        if (p < end && *p == '}') return -2;
-        return -1;
+        if (p < end && *p == '}') { p++; break; }
+        /* after a string, most often a '"' inside the text that was not escaped as \" */
+        json_fail(e, p >= end     ? "the object is not closed on this line ('}' missing)"
+                     : was_string ? "a ',' or '}' is missing after a string (an unescaped '\"' inside it?)"
+                                  : "a ',' or '}' is missing after a value", p);
+        goto bad;
     }
+    json_space(&p, end);
+    if (p < end) { json_fail(e, "more follows the object on the same line (one object per line)", p); goto bad; }
+    return found;
+bad:
+    free(*value);
+    *value = NULL;
+    return -1;
 }
 
 static int ends_with(const char* s, const char* suffix) {
@@ -1755,11 +1811,15 @@ static int documents_read(DocumentList* l, const char* path) {
                 line_no++;
                 if (!line_is_blank(line, line_end)) {
                     char* value = NULL;
-                    long n = json_object_field(line, line_end, "text", &value);
+                    JsonError e = {NULL, NULL};
+                    long n = json_object_field(line, line_end, "text", &value, &e);
                     if (n < 0) {
-                        fprintf(stderr, "error: %s:%ld: %s\n", path, line_no,
-                                n == -1 ? "not a JSON object on one line"
-                                        : "the object has no \"text\" string field (each line needs one)");
+                        if (n == -1)
+                            fprintf(stderr, "error: %s:%ld: column %ld: %s; each line must be one JSON object with a "
+                                    "\"text\" string field\n", path, line_no, (long)(e.at - line) + 1, e.why);
+                        else
+                            fprintf(stderr, "error: %s:%ld: the object has no \"text\" string field (each line needs "
+                                    "one)\n", path, line_no);
                         free(text);
                         documents_free(l);
                         return -1;
