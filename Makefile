@@ -8,6 +8,7 @@
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
+#   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
@@ -111,6 +112,9 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@echo "== failover: runs killed (SIGKILL), hung (SIGSTOP) and host-replaced under scripts/supervise.py end bit for bit"
 	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi > test_failover.log 2>&1 || { cat test_failover.log; exit 1; }
 	@tail -n 1 test_failover.log
+	@echo "== resume: runs stopped and resumed at every step, 1 and 3 shards, shuffled or not, 1 process and 2 ranks, end bit for bit"
+	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi > test_resume.log 2>&1 || { cat test_resume.log; exit 1; }
+	@tail -n 1 test_resume.log
 	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
 	rm -rf /tmp/gptc_default_run
 	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=/tmp/gptc_default_run > /tmp/gptc_default_run.log 2>&1 || { cat /tmp/gptc_default_run.log; exit 1; }
@@ -157,6 +161,10 @@ test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 # SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
 test-failover: train_gpt train_gpt_mpi
 	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+
+# stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/test_resume.sh)
+test-resume: train_gpt train_gpt_mpi
+	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
@@ -259,7 +267,8 @@ gpu-check:
 .PHONY: dev-cuda dp-layout check-cuda gpu-check
 
 clean:
+	rm -f test_resume.log test_failover.log
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
 
-.PHONY: all tokenizer train train-toy test test-dp test-failover bench-dp bench-failover test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean
