@@ -101,7 +101,13 @@ test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
 # the sanitizers, then the tests again optimised, with a GPT-2 124M-shaped
 # PyTorch reference (written once into $(FIXTURE_124M), ~1-2 min, ~7 GB RAM).
 # The last line is test_gpt's "N passed, N failed".
-FIXTURE_124M ?= /tmp/gptc_fixture_124M
+# What the tests write lives in this checkout's $(TEST_DIR) (git ignores it),
+# so two clones testing at once share no path: the 124M fixture (a cache,
+# kept between runs: 1.5 GB, rm -rf $(TEST_DIR) frees it) and the default run.
+# The scripts' throwaway folders come from mktemp.
+TEST_DIR ?= .test
+FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
+DEFAULT_RUN = $(TEST_DIR)/default_run
 test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 	@echo "== the CUDA twin compiles (no GPU needed)"
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
@@ -116,9 +122,10 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi > test_resume.log 2>&1 || { cat test_resume.log; exit 1; }
 	@tail -n 1 test_resume.log
 	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
-	rm -rf /tmp/gptc_default_run
-	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=/tmp/gptc_default_run > /tmp/gptc_default_run.log 2>&1 || { cat /tmp/gptc_default_run.log; exit 1; }
-	@tail -n 4 /tmp/gptc_default_run.log
+	rm -rf $(DEFAULT_RUN)
+	mkdir -p $(TEST_DIR)
+	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=$(DEFAULT_RUN) > $(DEFAULT_RUN).log 2>&1 || { cat $(DEFAULT_RUN).log; exit 1; }
+	@tail -n 4 $(DEFAULT_RUN).log
 	@echo "== tokenizer parity with the reference JavaScript tokenizer (committed fixture + regenerated live with node)"
 	./test_tokenizer --live > test_tokenizer.log 2>&1 || { cat test_tokenizer.log; exit 1; }
 	@tail -n 1 test_tokenizer.log
@@ -126,7 +133,7 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan > test_gpt_asan.log 2>&1 || { cat test_gpt_asan.log; exit 1; }
 	@grep -v '^ok ' test_gpt_asan.log | grep -v '^error: ' || true
 	@echo "== test_gpt (tiny fixture + GPT-2 124M shape)"
-	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin --default-run /tmp/gptc_default_run
+	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin --default-run $(DEFAULT_RUN)
 
 # Quick: the tiny fixture only (no PyTorch needed).
 test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
@@ -139,7 +146,8 @@ $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
 	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "error: $(PYTHON) has no torch: apt-get install python3-torch python3-numpy (or run make test-fast)"; exit 1; }
 	mkdir -p $(FIXTURE_124M)
 	$(PYTHON) scripts/gpt2_reference.py --init 12,768,12,1024,50257 --seed 1337 --B 2 --T 64 --steps 3 \
-		--data-seed 42 --out-model $(FIXTURE_124M)/gpt2_124M_model.bin --out-ref $@.tmp
+		--data-seed 42 --out-model $(FIXTURE_124M)/gpt2_124M_model.bin.tmp --out-ref $@.tmp
+	mv $(FIXTURE_124M)/gpt2_124M_model.bin.tmp $(FIXTURE_124M)/gpt2_124M_model.bin
 	mv $@.tmp $@
 
 check-cxx:
@@ -267,7 +275,7 @@ gpu-check:
 .PHONY: dev-cuda dp-layout check-cuda gpu-check
 
 clean:
-	rm -f test_resume.log test_failover.log
+	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
 
