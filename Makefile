@@ -8,6 +8,7 @@
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
+#   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
@@ -100,7 +101,13 @@ test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
 # the sanitizers, then the tests again optimised, with a GPT-2 124M-shaped
 # PyTorch reference (written once into $(FIXTURE_124M), ~1-2 min, ~7 GB RAM).
 # The last line is test_gpt's "N passed, N failed".
-FIXTURE_124M ?= /tmp/gptc_fixture_124M
+# What the tests write lives in this checkout's $(TEST_DIR) (git ignores it),
+# so two clones testing at once share no path: the 124M fixture (a cache,
+# kept between runs: 1.5 GB, rm -rf $(TEST_DIR) frees it) and the default run.
+# The scripts' throwaway folders come from mktemp.
+TEST_DIR ?= .test
+FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
+DEFAULT_RUN = $(TEST_DIR)/default_run
 test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 	@echo "== the CUDA twin compiles (no GPU needed)"
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
@@ -111,10 +118,14 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@echo "== failover: runs killed (SIGKILL), hung (SIGSTOP) and host-replaced under scripts/supervise.py end bit for bit"
 	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi > test_failover.log 2>&1 || { cat test_failover.log; exit 1; }
 	@tail -n 1 test_failover.log
+	@echo "== resume: runs stopped and resumed at every step, 1 and 3 shards, shuffled or not, 1 process and 2 ranks, end bit for bit"
+	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi > test_resume.log 2>&1 || { cat test_resume.log; exit 1; }
+	@tail -n 1 test_resume.log
 	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
-	rm -rf /tmp/gptc_default_run
-	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=/tmp/gptc_default_run > /tmp/gptc_default_run.log 2>&1 || { cat /tmp/gptc_default_run.log; exit 1; }
-	@tail -n 4 /tmp/gptc_default_run.log
+	rm -rf $(DEFAULT_RUN)
+	mkdir -p $(TEST_DIR)
+	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=$(DEFAULT_RUN) > $(DEFAULT_RUN).log 2>&1 || { cat $(DEFAULT_RUN).log; exit 1; }
+	@tail -n 4 $(DEFAULT_RUN).log
 	@echo "== tokenizer parity with the reference JavaScript tokenizer (committed fixture + regenerated live with node)"
 	./test_tokenizer --live > test_tokenizer.log 2>&1 || { cat test_tokenizer.log; exit 1; }
 	@tail -n 1 test_tokenizer.log
@@ -122,7 +133,7 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan > test_gpt_asan.log 2>&1 || { cat test_gpt_asan.log; exit 1; }
 	@grep -v '^ok ' test_gpt_asan.log | grep -v '^error: ' || true
 	@echo "== test_gpt (tiny fixture + GPT-2 124M shape)"
-	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin --default-run /tmp/gptc_default_run
+	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin --default-run $(DEFAULT_RUN)
 
 # Quick: the tiny fixture only (no PyTorch needed).
 test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
@@ -135,7 +146,8 @@ $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
 	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "error: $(PYTHON) has no torch: apt-get install python3-torch python3-numpy (or run make test-fast)"; exit 1; }
 	mkdir -p $(FIXTURE_124M)
 	$(PYTHON) scripts/gpt2_reference.py --init 12,768,12,1024,50257 --seed 1337 --B 2 --T 64 --steps 3 \
-		--data-seed 42 --out-model $(FIXTURE_124M)/gpt2_124M_model.bin --out-ref $@.tmp
+		--data-seed 42 --out-model $(FIXTURE_124M)/gpt2_124M_model.bin.tmp --out-ref $@.tmp
+	mv $(FIXTURE_124M)/gpt2_124M_model.bin.tmp $(FIXTURE_124M)/gpt2_124M_model.bin
 	mv $@.tmp $@
 
 check-cxx:
@@ -157,6 +169,10 @@ test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 # SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
 test-failover: train_gpt train_gpt_mpi
 	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+
+# stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/test_resume.sh)
+test-resume: train_gpt train_gpt_mpi
+	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
@@ -259,7 +275,8 @@ gpu-check:
 .PHONY: dev-cuda dp-layout check-cuda gpu-check
 
 clean:
+	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
 
-.PHONY: all tokenizer train train-toy test test-dp test-failover bench-dp bench-failover test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean
