@@ -1453,6 +1453,79 @@ static void test_user_paths(void) {
     free(w); free(m); free(v); free(bytes8); free(id);
 }
 
+/* Messages a user meets with a wrong path or a model too big: each names
+ * the file and the problem (a folder given as a file once read as a
+ * "4096-byte" shard or a 9.2e18-byte tokenizer; a model too big for memory
+ * ended in an out-of-memory line naming no file). */
+static void test_messages(void) {
+    const char* shard = tmp_path("msg_train_000.bin");
+    write_shard(shard, 4000, 50, 1, SHARD_MAGIC, 1, 4000);
+    const char* folder = tmp_path("msg_folder");
+    mkdir(folder, 0755);
+    char cmd[3000], out[8192];
+    const char* tiny = "--model d1 --channels 16 --num-heads 2 --max-seq-len 16 --vocab-size 50 -b 2 -t 8 -x 1 "
+                       "--val-every 0 --sample-every 0";
+    struct { const char* what; const char* args; const char* expect; } cases[] = {
+        {"a folder as --train-data", "-i %s", "is a directory, not a data shard"},
+        {"a folder as --model", "--model %s", "is a directory, not a model file"},
+        {"a folder as --tokenizer (samples on)", "--tokenizer %s --sample-every 1", "is a directory, not a tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char args[1200];
+        snprintf(args, sizeof(args), cases[i].args, folder);
+        int with_model = strstr(cases[i].args, "--model") != NULL;
+        snprintf(cmd, sizeof(cmd), "./train_gpt %s %s %s %s", with_model ? "-b 2 -t 8 -x 1" : tiny,
+                 strstr(cases[i].args, "-i ") ? "" : "-i", strstr(cases[i].args, "-i ") ? "" : shard, args);
+        int rc = run_capture(cmd, out, sizeof(out));
+        char what[200];
+        snprintf(what, sizeof(what), "%s: refused, naming the folder", cases[i].what);
+        int ok = strstr(out, folder) && strstr(out, cases[i].expect);
+        /* a decode-only tokenizer that cannot be read leaves samples as ids: a warning, not an error */
+        check_out((rc != 0 || strstr(cases[i].args, "--tokenizer")) && rc != -1 && ok, what, out);
+    }
+    /* a model whose header is consistent with its (sparse) size but whose 52 billion parameters need 206 GB */
+    GPT2Config c;
+    memset(&c, 0, sizeof(c));
+    c.max_seq_len = 1024; c.vocab_size = 50257; c.num_layers = 1; c.num_heads = 1; c.channels = 65536;
+    c.padded_vocab_size = 50304;
+    size_t P = parameter_count(&c);
+    const char* huge = tmp_path("huge_model.bin");
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = 20240326; h[1] = 3; h[2] = c.max_seq_len; h[3] = c.vocab_size; h[4] = c.num_layers; h[5] = c.num_heads;
+    h[6] = c.channels; h[7] = c.padded_vocab_size;
+    FILE* f = fopen(huge, "wb");
+    int made = f && fwrite(h, 4, HEADER_INTS, f) == HEADER_INTS && ftruncate(fileno(f), (off_t)(1024 + 4 * P)) == 0;
+    if (f) fclose(f);
+    snprintf(cmd, sizeof(cmd), "./train_gpt --model %s -i %s -b 2 -t 8 -x 1 --val-every 0 --sample-every 0", huge, shard);
+    int rc = made ? run_capture(cmd, out, sizeof(out)) : -1;
+    check_out(made && rc != 0 && rc != -1 && strstr(out, huge) && strstr(out, "more than this machine can allocate"),
+              "a model too big for memory: refused, naming the file and the gigabytes it needs", out);
+    remove(huge);
+    /* --data with too little text: all of it goes to validation; said so (once: "no data files match this
+     * pattern (quote it ...)", about a folder the trainer wrote itself); and a --data path with glob characters */
+    if (access("data/tokenizer/gpt2_merges.bin", R_OK) == 0) {
+        const char* one = tmp_path("one_char.txt");
+        write_bytes(one, "a", 1);
+        snprintf(cmd, sizeof(cmd), "./train_gpt --model d1 --channels 16 --num-heads 2 --max-seq-len 16 -b 2 -t 8 -x 1 "
+                 "--val-every 0 --sample-every 0 --data %s", one);
+        rc = run_capture(cmd, out, sizeof(out));
+        check_out(rc != 0 && rc != -1 && strstr(out, "too little text") && !strstr(out, "quote it"),
+                  "--data with one character: 'too little text to train on', naming the file", out);
+        char text[4000], path[700];
+        int n = 0;
+        for (int d = 0; d < 60; d++) n += snprintf(text + n, sizeof(text) - (size_t)n, "Document %d says hello.\n\n\n", d);
+        snprintf(path, sizeof(path), "%s/in[1]*.txt", tmpdir);
+        write_bytes(path, text, (size_t)n);
+        snprintf(cmd, sizeof(cmd), "./train_gpt --model d1 --channels 16 --num-heads 2 --max-seq-len 16 -b 2 -t 8 -x 2 "
+                 "--val-every 1 --val-batches 1 --sample-every 0 --data '%s'", path);
+        rc = run_capture(cmd, out, sizeof(out));
+        check_out(rc == 0 && strstr(out, "step     2/2"), "--data whose name holds glob characters trains on its shards", out);
+    } else {
+        check(0, "GPT-2 tokenizer files present for the --data message tests (make tokenizer)", "");
+    }
+}
+
 /* Bad steps: a NaN in the gradients skips the update; three in a row roll
  * back to the last memory snapshot; a loss spike (z-score) is skipped. The
  * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*). */
@@ -1751,6 +1824,7 @@ int main(int argc, char** argv) {
     test_trainer_binary();
     test_resume();
     test_user_paths();
+    test_messages();
     test_rendezvous();
     test_bad_steps();
     test_disk_full();

@@ -145,6 +145,25 @@ static long long file_size(FILE* f) {
     return (long long)st.st_size;
 }
 
+/* Open a file to read it as `what` ("model file", "data shard", ...): it
+ * must be a regular file (a folder opens too, and then reads as 4096 bytes
+ * or as a size of 2^63). NULL after a message naming the file. */
+static FILE* file_open_read(const char* path, const char* what) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open %s: %s", what, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        FILE_ERROR(path, "%s, not a %s: give the path of the file itself",
+                   S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file", what);
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
 /* Read exactly n bytes or report which file came up short. */
 static int read_exact(FILE* f, void* dst, size_t n, const char* path) {
     if (fread(dst, 1, n, f) != n) {
@@ -411,11 +430,8 @@ static float bf16_to_float(uint16_t h) {
  * On any problem prints what is wrong with which file and returns -1. */
 static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
     *params_out = NULL;
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        FILE_ERROR(path, "cannot open model file: %s", strerror(errno));
-        return -1;
-    }
+    FILE* f = file_open_read(path, "model file");
+    if (!f) return -1;
     int32_t h[HEADER_INTS];
     long long fsize = file_size(f);
     if (fsize < (long long)sizeof(h)) {
@@ -462,7 +478,13 @@ static int model_file_read(const char* path, GPT2Config* config, float** params_
         fclose(f);
         return -1;
     }
-    float* params = xmalloc_floats(n);
+    float* params = (float*)malloc(n * sizeof(float)); /* not xmalloc: a model too big for this machine is named */
+    if (!params) {
+        FILE_ERROR(path, "its %zu parameters need %.1f GB as fp32, more than this machine can allocate now: free "
+                   "memory, or use a machine with more", n, n * 4.0 / 1e9);
+        fclose(f);
+        return -1;
+    }
     if (elem == 4) {
         if (read_exact(f, params, n * 4, path) != 0) { free(params); fclose(f); return -1; }
     } else {
@@ -603,6 +625,12 @@ static inline uint32_t tok_read_u32le(const unsigned char* p) {
 static inline unsigned char* tok_read_file(const char* path, size_t* size) {
     FILE* f = fopen(path, "rb");
     if (f == NULL) { fprintf(stderr, "tokenizer: cannot open %s\n" TOK_HINT, path); return NULL; }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "tokenizer: %s %s, not a tokenizer file: give the path of the file itself\n", path,
+                S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
+        fclose(f); return NULL;
+    }
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
     if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
@@ -787,14 +815,16 @@ static inline int tok_load_merges(Tokenizer* t, const char* path, const unsigned
         if (tok_token_len(t, id) != 1) continue;
         unsigned char b = (unsigned char)t->token_bytes[t->token_offset[id]];
         if (t->byte_token[b] >= 0) {
-            fprintf(stderr, "tokenizer: tokens %d and %u are both the byte 0x%02x\n" TOK_HINT, t->byte_token[b], id, b);
+            fprintf(stderr, "tokenizer: the decode file loaded with %s has tokens %d and %u that are both the byte "
+                    "0x%02x\n" TOK_HINT, path, t->byte_token[b], id, b);
             return TOKENIZER_ERR_MISMATCH;
         }
         t->byte_token[b] = (int32_t)id;
     }
     for (int b = 0; b < 256; b++) {
         if (t->byte_token[b] < 0) {
-            fprintf(stderr, "tokenizer: no token is the single byte 0x%02x; cannot encode every byte string\n" TOK_HINT, b);
+            fprintf(stderr, "tokenizer: the decode file loaded with %s has no token that is the single byte 0x%02x; "
+                    "cannot encode every byte string\n" TOK_HINT, path, b);
             return TOKENIZER_ERR_MISMATCH;
         }
     }
@@ -1231,11 +1261,8 @@ typedef struct {
 
 /* Read and check a shard header against its file size. */
 static int shard_header(const char* path, long long* num_tokens) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        FILE_ERROR(path, "cannot open data shard: %s", strerror(errno));
-        return -1;
-    }
+    FILE* f = file_open_read(path, "data shard");
+    if (!f) return -1;
     int32_t h[HEADER_INTS];
     long long fsize = file_size(f);
     if (fsize < (long long)sizeof(h) || read_exact(f, h, sizeof(h), path) != 0) {
@@ -1307,11 +1334,8 @@ static int dataloader_load_shard(DataLoader* d) {
     if (file == d->loaded_shard && (!d->shuffle || d->epoch == d->loaded_epoch)) return 0;
     const char* path = d->files.gl_pathv[file];
     long long n = d->shard_tokens[file];
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        FILE_ERROR(path, "cannot open data shard: %s", strerror(errno));
-        return -1;
-    }
+    FILE* f = file_open_read(path, "data shard");
+    if (!f) return -1;
     free(d->tokens);
     d->tokens = (uint16_t*)xmalloc((size_t)n * 2);
     if (fseek(f, HEADER_INTS * 4, SEEK_SET) != 0 || read_exact(f, d->tokens, (size_t)n * 2, path) != 0) {
@@ -1503,11 +1527,8 @@ static void documents_free(DocumentList* l) {
 
 /* Whole file into memory (NUL-terminated). NULL after a message on failure. */
 static char* file_read_all(const char* path, size_t* len) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        FILE_ERROR(path, "cannot open: %s", strerror(errno));
-        return NULL;
-    }
+    FILE* f = file_open_read(path, "file");
+    if (!f) return NULL;
     long long size = file_size(f);
     if (size < 0) {
         FILE_ERROR(path, "cannot stat: %s", strerror(errno));
@@ -4084,11 +4105,9 @@ static int state_header_parse(const int32_t* h, long long size, const char* path
 /* Read a state file's header and check it and its size. 0, or -1 after a
  * message (a missing file is quiet when `quiet_missing`). */
 static int state_read_header(const char* path, StateInfo* s, int32_t* h, int quiet_missing) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        if (!quiet_missing) FILE_ERROR(path, "cannot open state file: %s", strerror(errno));
-        return -1;
-    }
+    if (quiet_missing && access(path, F_OK) != 0) return -1;
+    FILE* f = file_open_read(path, "training state file");
+    if (!f) return -1;
     long long size = file_size(f);
     int rc = size >= STATE_HEADER_BYTES ? read_exact(f, h, STATE_HEADER_BYTES, path) : -1;
     fclose(f);
@@ -4106,11 +4125,8 @@ static int state_read_header(const char* path, StateInfo* s, int32_t* h, int qui
  * skipped). 0 or -1. */
 static int state_read_arrays(const char* path, const StateInfo* s, const int32_t* h, float* params_full, float* m,
                              float* v, size_t want_lo, size_t want_hi) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        FILE_ERROR(path, "cannot open state file: %s", strerror(errno));
-        return -1;
-    }
+    FILE* f = file_open_read(path, "training state file");
+    if (!f) return -1;
     size_t n = s->hi - s->lo;
     float* arrays = xmalloc_floats(3 * n); /* weights, m, v */
     int rc = fseek(f, STATE_HEADER_BYTES, SEEK_SET) != 0 || read_exact(f, arrays, 3 * n * 4, path) != 0;
@@ -4796,8 +4812,9 @@ static int tokenizer_setup(Tokenizer* tok, const Options* o, int vocab_size) {
     }
     if (tokenizer_init(tok, o->tokenizer, need_encode ? o->merges : NULL) != 0) return -1;
     if ((int)tok->vocab_size != vocab_size) {
-        fprintf(stderr, "%s: tokenizer has %u tokens, the model %d\n", need_encode ? "error" : "warning",
-                tok->vocab_size, vocab_size);
+        fprintf(stderr, "%s: tokenizer %s has %u tokens, the model (--model %s) %d: give the tokenizer the model "
+                "was trained with (--tokenizer, --merges)\n", need_encode ? "error" : "warning", o->tokenizer,
+                tok->vocab_size, o->model, vocab_size);
         tokenizer_free(tok);
         if (need_encode) return -1;
         printf("samples print token ids\n");
@@ -4864,6 +4881,11 @@ static int data_from_text(const Options* o, const Tokenizer* tok, char* train_pa
     double t0 = time_ms();
     ShardStats st;
     if (prepare_shards(o->data, prefix, tok, 0.05, 100000000, &st) != 0) return -1;
+    if (st.train_tokens == 0) { /* (the stamp stays absent: the next run tokenizes again) */
+        FILE_ERROR(o->data, "gives %zu tokens in all, every one of them taken for the validation split: too little "
+                   "text to train on; give more text", st.val_tokens);
+        return -1;
+    }
     printf("data: tokenized %s in %.1f s: %zu documents, %zu train + %zu val tokens (cached in %s)\n", o->data,
            (time_ms() - t0) / 1000.0, st.documents, st.train_tokens, st.val_tokens, dir);
     WriteChunk chunk;
