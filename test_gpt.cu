@@ -5,7 +5,7 @@
  * STATUS: not yet run on a GPU. The tolerances below are first estimates for
  * bf16 and must be confirmed (or tightened) on the first GPU run.
  *
- *   nvcc -O2 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o test_gpt_cu test_gpt.cu -lcublasLt
+ *   make test_gpt_cu                                (the Makefile's CUDA section: flags, NCCL)
  *   ./test_gpt_cu                                   # tiny fixture in dev/fixtures
  *   ./test_gpt_cu --ref MODEL REF                   # another reference (scripts/gpt2_reference.py)
  *   ./test_gpt_cu --binary ./train_gpt_cu           # also the trainer's bad-input errors and training states

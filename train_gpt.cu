@@ -25,8 +25,10 @@
  * a file or a TCP port (train_gpt.c's rendezvous). Launchers: scripts/
  * launch_gpu.sh, slurm_gpu_pmix.sbatch, slurm_gpu_tcp.sbatch, run_gpt2.sh.
  *
- * Build (see the Makefile's CUDA section for every flag):
- *   nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o train_gpt_cu train_gpt.cu -lcublasLt -lnccl
+ * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
+ * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the
+ * one-GPU trainer without it, -DGPTC_NO_NCCL, and says so):
+ *   make train_gpt_cu     # e.g. nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o train_gpt_cu train_gpt.cu -lcublasLt -lnccl
  *   ./train_gpt_cu --model d12 --train-data "data/fineweb_train_*.bin" --batch-size 16 --seq-len 1024
  *   mpirun -np 8 ./train_gpt_cu_mpi --init mpi --zero 1 ...     (make train_gpt_cu_mpi)
  * Same flags as train_gpt (./train_gpt_cu --help), plus the GPU-only ones in
@@ -62,8 +64,47 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
-#include <nccl.h>
 #include <sched.h>
+
+#ifndef GPTC_NO_NCCL
+#include <nccl.h>
+#define GPU_HAVE_NCCL 1
+#else
+/* Built without NCCL (the Makefile found none and said so: -DGPTC_NO_NCCL).
+ * These stand in for the NCCL names G1 and G6 use, so that the one-GPU
+ * trainer compiles and links. Nothing should reach them: cuda_options_problem
+ * and gpu_comm_init refuse --init, several ranks and --zero 1|2 first; if one
+ * is reached all the same, it fails through NCCL_CHECK with the reason. */
+#define GPU_HAVE_NCCL 0
+#define GPU_NO_NCCL_HINT                                                                                       \
+    "this build has no NCCL (make said \"NCCL not found\"): install it (apt-get install libnccl-dev, or pip " \
+    "install nvidia-nccl-cu13, or set NCCL_HOME=/path/to/nccl) and rebuild (make train_gpt_cu)"
+typedef struct ncclComm* ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5 } ncclResult_t;
+typedef enum { ncclUint64, ncclFloat, ncclFloat64, ncclBfloat16 } ncclDataType_t;
+typedef enum { ncclSum } ncclRedOp_t;
+static const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not in this build"; }
+static const char* ncclGetLastError(ncclComm_t) { return GPU_NO_NCCL_HINT; }
+static ncclResult_t ncclGetVersion(int* v) { *v = 0; return ncclInvalidUsage; }
+static ncclResult_t ncclGetUniqueId(ncclUniqueId*) { return ncclInvalidUsage; }
+static ncclResult_t ncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int) { return ncclInvalidUsage; }
+static ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t*) { return ncclInvalidUsage; }
+static ncclResult_t ncclCommAbort(ncclComm_t) { return ncclInvalidUsage; }
+static ncclResult_t ncclCommDestroy(ncclComm_t) { return ncclInvalidUsage; }
+static ncclResult_t ncclGroupStart(void) { return ncclInvalidUsage; }
+static ncclResult_t ncclGroupEnd(void) { return ncclInvalidUsage; }
+static ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
+    return ncclInvalidUsage;
+}
+static ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                      cudaStream_t) {
+    return ncclInvalidUsage;
+}
+static ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) {
+    return ncclInvalidUsage;
+}
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* G1. Checked calls, host waits, device helpers                            */
@@ -1849,6 +1890,11 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
         cm->dist.t_comm = unix_ms();
         return 0;
     }
+#if !GPU_HAVE_NCCL /* (cuda_options_problem refused this already) */
+    fprintf(stderr, "error: %d rank(s)%s need an NCCL communicator, and %s\n", cm->world,
+            sharded ? " under --zero 1|2" : "", GPU_NO_NCCL_HINT);
+    return -1;
+#endif
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (cm->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -2129,7 +2175,7 @@ static void dp_free(GpuDataParallel* dp) {
 static void dp_print(const GpuDataParallel* dp, size_t P, int micro_batches) {
     double mb = 1.0 / (1024.0 * 1024.0), W = dp->world, S = (double)dp->shard, Pp = S * W;
     if (!dp->active) {
-        printf("data parallel: off (one GPU, --zero 0)\n");
+        printf("data parallel: off (one GPU, --zero 0%s)\n", GPU_HAVE_NCCL ? "" : "; this build has no NCCL");
         return;
     }
     int nc = 0;
@@ -2404,6 +2450,17 @@ static int cuda_options_parse(CudaOptions* co, int argc, char** argv) {
 
 /* What the flags ask that this build cannot do (checked before any GPU is touched). */
 static const char* cuda_options_problem(const CudaOptions* co, const Options* o) {
+#if !GPU_HAVE_NCCL
+    /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
+    int env_rank = 0, env_world = 1, env_local = 0;
+    if (strcmp(co->init, "auto"))
+        return "--init: the ranks meet to build an NCCL communicator, and " GPU_NO_NCCL_HINT;
+    if (launcher_env_present() && (launch_rank_world(&env_rank, &env_world, &env_local) != 0 || env_world > 1))
+        return "the launcher's environment describes several ranks, which need NCCL, and " GPU_NO_NCCL_HINT;
+    if (o->zero > 0)
+        return "--zero 1|2 run the sharded optimizer through an NCCL communicator (even on one GPU), and "
+               GPU_NO_NCCL_HINT "; or train with --zero 0";
+#endif
 #ifndef USE_MPI
     if (!strcmp(co->init, "mpi"))
         return "--init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this build meets through "

@@ -32,15 +32,17 @@ CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | hea
 ARCH=sm_${CAP:-90}
 echo "arch: $ARCH"
 
-# 1. build (each a visible command; flags as in the Makefile's CUDA section)
-FLAGS="-O3 -arch=$ARCH -std=c++17 -Xcompiler -fopenmp -I."
-build_ok=1
-for t in "train_gpt_cu train_gpt.cu" "test_gpt_cu test_gpt.cu"; do
-    set -- $t
-    echo "$NVCC $FLAGS -o $1 $2 -lcublasLt -lnccl"
-    "$NVCC" $FLAGS -o "$1" "$2" -lcublasLt -lnccl > "$LOG/build_$1.log" 2>&1 || { cat "$LOG/build_$1.log"; build_ok=0; }
-done
-[ $build_ok -eq 1 ] && note "build: ok ($ARCH, $(elapsed))" || { note "build: FAILED"; printf "$summary"; exit 1; }
+# 1. build through the Makefile's CUDA section (it finds NCCL where this
+# machine keeps it: the CUDA toolkit, the system, NCCL_HOME, or PyTorch's pip
+# wheel; or builds without it, one GPU only, and says so)
+NCCL_INFO=$(make -s --no-print-directory nccl-info NVCC="$NVCC")
+NCCL_LIB=$(echo "$NCCL_INFO" | grep '^NCCL_LIB=' | cut -d= -f2-)
+echo "$NCCL_INFO" | grep '^NCCL_SAID=' | cut -d= -f2-
+make -B --no-print-directory train_gpt_cu test_gpt_cu NVCC="$NVCC" CUDA_ARCH="$ARCH" > "$LOG/build.log" 2>&1
+rc=$?
+grep -E 'nvcc|NCCL' "$LOG/build.log"
+[ $rc -eq 0 ] && note "build: ok ($ARCH, NCCL ${NCCL_LIB:-not found: one GPU only}, $(elapsed))" ||
+    { cat "$LOG/build.log"; note "build: FAILED"; printf "$summary"; exit 1; }
 
 # 2. kernel lab
 ARCH=$ARCH NVCC=$NVCC timeout 240 dev/cuda/run_all.sh > "$LOG/dev_cuda.log" 2>&1
