@@ -297,16 +297,18 @@ nccl-info:
 # CI (no GPU): every .cu file must compile, warning-free, for Hopper and Ampere,
 # and train_gpt.cu once more with MPI (when mpicc is there; said aloud when not).
 # -Werror all-warnings: nvcc's own diagnostics become errors too.
-# Then what runs without a GPU: the bucket/shard layout (dp-layout), the
-# NCCL search and the no-NCCL build (scripts/test_nccl_find.sh).
+# Then what runs without a GPU: test_gpt.cu's host-only tests (the Hopper
+# build, into a temporary folder), the bucket/shard layout (dp-layout), and
+# the NCCL search and the no-NCCL build (scripts/test_nccl_find.sh).
 CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. $(NCCL_CUFLAGS)
 # $(call quietly,COMMAND): its output into a temporary file; all of it on failure, else its last line
 quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; } && tail -n 1 $$log && rm -f $$log
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
 	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu; do \
-	    out=/dev/null; \
+	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
 	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \
 	  done; \
@@ -316,7 +318,9 @@ check-cuda:
 	  else \
 	    echo "check-cuda: train_gpt_cu_mpi SKIPPED: $(MPICC) not found (apt-get install libopenmpi-dev openmpi-bin)"; \
 	  fi; \
-	done
+	done && \
+	echo "test_gpt_cu --host-only (the sm_90 build above)" && \
+	$(call quietly,$$tmp/test_gpt_cu --host-only)
 	$(MAKE) --no-print-directory dp-layout CUDA_ARCH=sm_90
 	@echo "scripts/test_nccl_find.sh"; $(call quietly,scripts/test_nccl_find.sh)
 
