@@ -17,7 +17,8 @@
  *   - host-only pieces (they run without a GPU; --host-only runs only these,
  *     make check-cuda does): the encoder's token buckets, the MFU formatting
  *     (n/a for an unknown GPU, never negative), cuBLASLt's decisions on the
- *     tiny fixture's shapes (bias alignment, cache key, fused or not);
+ *     tiny fixture's shapes (bias alignment, cache key, fused or not), the
+ *     start-up memory check (headroom);
  *   - layer by layer, every activation of the GPU forward against the CPU's
  *     (so one run names every mismatching layer), logits and loss against
  *     PyTorch, with the GELU in the cuBLASLt epilogue and in our kernels,
@@ -147,6 +148,28 @@ static void test_lt_decisions(const char* model_path) {
     check(strstr(d, "m=108 n=27 k=36") && strstr(d, "epilogue BIAS") && strstr(d, "bias 8 "),
           "lt: the no-algorithm message names the shape, the epilogue and the alignments", d);
     gpt2_free(&m);
+}
+
+/* The start-up memory check (G4's memory_check): the plan must leave the
+ * headroom free, or the run would pass the check and run out mid-step. */
+static void test_memory_check(void) {
+    size_t MB = (size_t)1 << 20, GB = (size_t)1 << 30, room = memory_allowance(1) + 200 * MB;
+    char msg[512], d[640];
+    int fits = memory_check(80 * GB - 512 * MB, 80 * GB, room, msg, sizeof(msg));
+    check(!fits, "memory: a plan 512 MB short of free memory is refused (headroom 840 MB)", msg);
+    snprintf(d, sizeof(d), "%s", msg);
+    check(strstr(msg, "headroom of 840 MB") != NULL, "memory: the refusal names the headroom", d);
+    fits = memory_check(70 * GB, 80 * GB, room, msg, sizeof(msg));
+    check(fits && strstr(msg, "headroom 840 MB"), "memory: a plan with the headroom to spare fits, saying so", msg);
+    check(memory_check(80 * GB - room, 80 * GB, room, msg, sizeof(msg)) &&
+              !memory_check(80 * GB - room + 1, 80 * GB, room, msg, sizeof(msg)),
+          "memory: plan + headroom = free fits; one byte more does not", "");
+    check(!memory_check(81 * GB, 80 * GB, 0, msg, sizeof(msg)), "memory: a plan beyond free memory is refused (no wrap)",
+          msg);
+    snprintf(d, sizeof(d), "allowance %zu MB alone, %zu MB with a communicator", memory_allowance(0) / MB,
+             memory_allowance(1) / MB);
+    check(memory_allowance(0) >= 256 * MB && memory_allowance(1) > memory_allowance(0),
+          "memory: an allowance for lazily loaded kernels, more with NCCL", d);
 }
 
 /* ---- GPU checks --------------------------------------------------------- */
@@ -442,6 +465,7 @@ int main(int argc, char** argv) {
     test_buckets();
     test_mfu_format();
     test_lt_decisions(model_path);
+    test_memory_check();
     if (host_only) { /* (make check-cuda: no GPU needed) */
         printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed ? 1 : 0;

@@ -1393,6 +1393,64 @@ static void memory_plan_print(const MemoryPlan* p) {
            p->workspace * mb, memory_plan_total(p) * mb);
 }
 
+/* The start-up memory check. cudaMemGetInfo's free bytes are not all the
+ * plan's: a run also takes memory it does not allocate itself, some of it
+ * only once it is running. So the plan must fit with a headroom to spare:
+ *   measured at start: the free bytes before and after building the NCCL
+ *     communicator (gpu_comm_init), and around a cuBLASLt handle and a
+ *     stream made and destroyed again (gpu_memory_headroom);
+ *   an allowance for what loads later:
+ *     GPU_LAZY_ALLOWANCE_MB for kernels: CUDA loads each module on first use
+ *     (lazy loading, the default on Linux since CUDA 12.2), so the first step
+ *     takes device memory for the code of every kernel it runs, cuBLASLt's
+ *     included. The figure: PyTorch measured its CUDA context at 667 MB with
+ *     every kernel loaded eagerly and 287 MB lazily (pytorch/pytorch#86509),
+ *     so ~380 MB of a CUDA library stack's kernels may come later;
+ *     GPU_NCCL_ALLOWANCE_MB more with a communicator: NCCL may connect its
+ *     channels at the first collectives rather than at init, each channel
+ *     with buffers of NCCL_BUFFSIZE (4 MiB by default) per peer and
+ *     direction; 32 channels x 2 directions x 4 MiB = 256 MB.
+ * Both are estimates from those sources, not measured here: unverified on
+ * hardware (the run prints what cudaMemGetInfo says it took, to compare). */
+#define GPU_LAZY_ALLOWANCE_MB 384
+#define GPU_NCCL_ALLOWANCE_MB 256
+
+typedef struct {
+    size_t comm;      /* measured: the NCCL communicator (0 without one) */
+    size_t handles;   /* measured: a cuBLASLt handle and a stream */
+    size_t allowance; /* for what loads lazily (above) */
+} MemoryHeadroom;
+
+static size_t memory_allowance(int has_comm) {
+    return ((size_t)GPU_LAZY_ALLOWANCE_MB + (has_comm ? (size_t)GPU_NCCL_ALLOWANCE_MB : 0)) << 20;
+}
+
+static size_t memory_headroom_total(const MemoryHeadroom* h) { return h->comm + h->handles + h->allowance; }
+
+static void memory_headroom_print(const MemoryHeadroom* h) {
+    double mb = 1.0 / (1024.0 * 1024.0);
+    printf("memory headroom: %.0f MB = measured at start %.0f MB (NCCL communicator %.0f MB, cuBLASLt handle and "
+           "stream %.0f MB) + allowance %.0f MB for what loads lazily (kernels on first use%s; estimates, unverified "
+           "on hardware)\n", memory_headroom_total(h) * mb, (h->comm + h->handles) * mb, h->comm * mb, h->handles * mb,
+           h->allowance * mb, h->allowance > memory_allowance(0) ? ", NCCL's channel buffers" : "");
+}
+
+/* The verdict: does a plan of `plan` bytes fit in `free_bytes` (free before
+ * the communicator and the handles) with `headroom` to spare? 1 or 0, and
+ * `msg` says the figures either way. */
+static int memory_check(size_t plan, size_t free_bytes, size_t headroom, char* msg, size_t cap) {
+    double mb = 1.0 / (1024.0 * 1024.0);
+    int fits = plan <= free_bytes && headroom <= free_bytes - plan;
+    if (fits)
+        snprintf(msg, cap, "memory check: plan %.0f MB + headroom %.0f MB of %.0f MB free: fits, %.0f MB to spare",
+                 plan * mb, headroom * mb, free_bytes * mb, (free_bytes - plan - headroom) * mb);
+    else
+        snprintf(msg, cap, "the plan needs %.0f MB and a headroom of %.0f MB (NCCL, cuBLASLt, kernels loaded on first "
+                 "use) = %.0f MB, the GPU has %.0f MB free", plan * mb, headroom * mb,
+                 ((double)plan + (double)headroom) * mb, free_bytes * mb);
+    return fits;
+}
+
 
 /* The seed of step `step`'s (0-based) stochastic rounding: gpu_train's
  * update passes it, and gpu_weights_upload re-derives that update's bf16
@@ -1895,6 +1953,7 @@ typedef struct {
     uint64_t* d_slots;   /* device (DP_SCALARS + 3 W) */
     uint64_t* h_slots;   /* pinned host twin */
     Dist dist;           /* the same rank/world for train_gpt.c's helpers: timing lines, the --data barrier (MPI) */
+    size_t free_at_start; /* device bytes free once the context exists, before the communicator */
 } GpuComm;
 
 #ifdef USE_MPI
@@ -2020,6 +2079,9 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     CUDA_CHECK(cudaGetDeviceCount(&ndev));
     cm->device = cm->local_rank % ndev;
     CUDA_CHECK(cudaSetDevice(cm->device));
+    size_t total_mem = 0;
+    CUDA_CHECK(cudaFree(0)); /* the context, now: the memory check starts from what is free after it */
+    CUDA_CHECK(cudaMemGetInfo(&cm->free_at_start, &total_mem));
     if (cm->world == 1 && !sharded) {
         cm->dist.t_comm = unix_ms();
         return 0;
@@ -2748,6 +2810,27 @@ static void gpu_comm_mpi_alone(GpuComm* cm) {
 }
 #endif
 
+/* Measure the headroom's start-up part into *h (with its allowance) and
+ * return the free bytes it is checked against: those before the
+ * communicator (memory_check). Not yet run on a GPU. */
+static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
+    size_t free_a = 0, free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_a, &total));
+    cublasLtHandle_t probe;
+    cudaStream_t stream;
+    CUBLAS_CHECK(cublasLtCreate(&probe));
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    CUBLAS_CHECK(cublasLtDestroy(probe));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    memset(h, 0, sizeof(*h));
+    size_t start = cm->free_at_start > free_a ? cm->free_at_start : free_a; /* (another process may have freed some) */
+    h->comm = start - free_a;
+    h->handles = free_a > free_b ? free_a - free_b : 0;
+    h->allowance = memory_allowance(cm->nccl != NULL);
+    return start;
+}
+
 /* The training loop: train_gpt.c's train() with the GPU doing the steps;
  * the data, schedule, log lines, training states (snapshots in memory and
  * on disk, --resume, --stop-at, rollback after bad steps) come from the same
@@ -2791,20 +2874,23 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
     MemoryPlan plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES);
     dp_memory_plan(&dp, &plan, host->num_parameters);
     memory_plan_print(&plan);
-    size_t free0, free1, total_mem;
-    CUDA_CHECK(cudaMemGetInfo(&free0, &total_mem));
-    if (memory_plan_total(&plan) > free0) {
-        fprintf(stderr, "error: rank %d: the plan needs %.0f MB, the GPU has %.0f MB free: lower --batch-size%s\n", rank,
-                memory_plan_total(&plan) / 1048576.0, free0 / 1048576.0, world > 1 && o->zero < 2 ? " or raise --zero" : "");
+    MemoryHeadroom room;
+    size_t free0 = gpu_memory_headroom(comm, &room), free1, total_mem;
+    memory_headroom_print(&room);
+    char verdict[512];
+    if (!memory_check(memory_plan_total(&plan), free0, memory_headroom_total(&room), verdict, sizeof(verdict))) {
+        fprintf(stderr, "error: rank %d: %s: lower --batch-size%s\n", rank, verdict,
+                world > 1 && o->zero < 2 ? " or raise --zero" : "");
         return -1;
     }
+    printf("%s\n", verdict);
     GpuGPT2 g;
     gpu_model_init_with(&g, host, B, T, ctx->co->gelu_fusion, o->zero == 0 || !dp.active);
     dp_init(&dp, &g, host);
     CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem));
-    printf("memory: cudaMemGetInfo says %.0f MB taken by this run (the plan: %.0f MB; the difference is the "
-           "CUDA context, allocator rounding, cuBLASLt and NCCL), %.0f MB free\n",
-           (free0 - free1) / 1048576.0, memory_plan_total(&plan) / 1048576.0, free1 / 1048576.0);
+    printf("memory: cudaMemGetInfo says %.0f MB taken since the context (the plan: %.0f MB; the difference is "
+           "NCCL, cuBLASLt and allocator rounding), %.0f MB free\n",
+           ((double)free0 - (double)free1) / 1048576.0, memory_plan_total(&plan) / 1048576.0, free1 / 1048576.0);
     printf("GELU: %s\n", g.gelu_fusion ? "cuBLASLt epilogues" : "own kernels");
     dp_print(&dp, host->num_parameters, r.grad_accum);
     double fpt = flops_per_token(c, host->num_parameters, T);
@@ -2888,7 +2974,13 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
         train_run_log_step(&r, step, loss, lr, norm, ms, finite, mfu);
         if (gate.spike)
             printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, gate.z, o->spike_z);
-        if (step == start) timing_print(dist, "first step done", unix_ms());
+        if (step == start) {
+            timing_print(dist, "first step done", unix_ms());
+            CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem)); /* what the headroom's allowance is for, measured */
+            printf("memory after the first step: %.0f MB taken beyond the plan (the headroom kept %.0f MB)\n",
+                   ((double)free0 - (double)free1 - (double)memory_plan_total(&plan)) / 1048576.0,
+                   memory_headroom_total(&room) / 1048576.0);
+        }
         heartbeat_write(o, rank, step + 1);
         int back = -1;
         if (finite && !gate.spike) {
