@@ -2734,7 +2734,7 @@ static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host) {
 
 static void gpu_snapshots_free(GpuSnapshots* gs) {
     if (!gs->stream) return;
-    CUDA_CHECK(cudaStreamSynchronize(gs->stream));
+    gpu_wait(gs->stream, NULL); /* (polls: with other ranks its copies may wait behind collectives) */
     CUDA_CHECK(cudaEventDestroy(gs->updated));
     CUDA_CHECK(cudaEventDestroy(gs->copied));
     CUDA_CHECK(cudaStreamDestroy(gs->stream));
@@ -2831,18 +2831,58 @@ static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     return start;
 }
 
+/* What a training run holds: gpu_train_steps sets it up piece by piece,
+ * and gpu_train_free releases whatever of it was set up, on every way out
+ * (an error anywhere, --stop-at, the end): gpu_train calls one, then the other. */
+typedef struct {
+    TrainRun r;
+    GpuDataParallel dp;
+    GpuGPT2 g;
+    Saver saver;
+    GpuSnapshots gs;   /* gs.stream != NULL once the host arrays are pinned */
+    int have_run, have_model, have_dp, have_saver;
+    int drop_memory;   /* saver_free's remove_memory: the run is over and its last write worked */
+} GpuTrainState;
+
+/* Release what `st` holds. The pinned host arrays are unpinned on every
+ * path (gptc_run frees them next). After a failure the Saver's threads may
+ * still be filling a slot or writing a file, so only its copy out of the
+ * host arrays is waited for (a local wait) and its mappings go with the
+ * process, as in train_gpt.c's train(); with several ranks the device
+ * memory too (this rank's queued collectives may never finish; main aborts
+ * the communicator next). Not yet run on a GPU. */
+static void gpu_train_free(GpuTrainState* st, int failed, int world) {
+    if (st->have_saver) {
+        saver_before_update(&st->saver); /* its copier is done reading the host arrays */
+        if (!failed) saver_free(&st->saver, st->drop_memory);
+    }
+    gpu_snapshots_free(&st->gs);
+    if (st->have_run) train_run_free(&st->r);
+    if (failed && world > 1) return;
+    if (st->have_dp) dp_free(&st->dp);
+    if (st->have_model) gpu_model_free(&st->g);
+    memset(st, 0, sizeof(*st));
+}
+
 /* The training loop: train_gpt.c's train() with the GPU doing the steps;
  * the data, schedule, log lines, training states (snapshots in memory and
  * on disk, --resume, --stop-at, rollback after bad steps) come from the same
  * TrainRun and Saver (plus MFU). With several ranks each trains on its
- * slice of every step's batch (G6). */
-static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, const Tokenizer* tok,
-                     const char* train_pattern, const char* val_pattern) {
+ * slice of every step's batch (G6). Returns 0 or -1 from anywhere: what it
+ * set up is in `st`, for gpu_train_free (its only caller is gpu_train). */
+static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, const GpuRunContext* ctx,
+                           const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
     const GPT2Config* c = &host->config;
     GpuComm* comm = ctx->comm;
     int rank = comm->rank, world = comm->world;
-    TrainRun r;
+    /* (references: the body reads as the plain loop it is; everything lives in st) */
+    TrainRun& r = st->r;
+    GpuDataParallel& dp = st->dp;
+    GpuGPT2& g = st->g;
+    Saver& saver = st->saver;
+    GpuSnapshots& gs = st->gs;
     if (train_run_init(&r, c, o, train_pattern, val_pattern, rank, world) != 0) return -1;
+    st->have_run = 1;
     int B = r.B, T = r.T;
     if (r.grad_accum > MAX_MICRO_STEPS) {
         fprintf(stderr, "error: %d micro-batches per step; this build allows %d: raise --batch-size\n", r.grad_accum,
@@ -2869,7 +2909,6 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
     printf("device: %s, %.1f GB, compute capability %d.%d, peak bf16 %s\n", prop.name,
            prop.totalGlobalMem / 1e9, prop.major, prop.minor, peak > 0 ? "" : "unknown (MFU n/a)");
     if (peak > 0) printf("peak bf16 dense: %.0f TFLOP/s (datasheet)\n", peak);
-    GpuDataParallel dp;
     dp_layout(&dp, comm, c, o->zero, o->overlap);
     MemoryPlan plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES);
     dp_memory_plan(&dp, &plan, host->num_parameters);
@@ -2884,9 +2923,10 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
         return -1;
     }
     printf("%s\n", verdict);
-    GpuGPT2 g;
     gpu_model_init_with(&g, host, B, T, ctx->co->gelu_fusion, o->zero == 0 || !dp.active);
+    st->have_model = 1;
     dp_init(&dp, &g, host);
+    st->have_dp = 1;
     CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem));
     printf("memory: cudaMemGetInfo says %.0f MB taken since the context (the plan: %.0f MB; the difference is "
            "NCCL, cuBLASLt and allocator rounding), %.0f MB free\n",
@@ -2897,11 +2937,7 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
     Dist* dist = &comm->dist; /* rank and world for train_gpt.c's helpers; with states, the slices too */
     timing_print(dist, "communicator ready", dist->t_comm);
 
-    Saver saver;
-    memset(&saver, 0, sizeof(saver)); /* (without states only saver_before_update sees it: a no-op then) */
-    saver.newest = saver.pinned = -1;
-    GpuSnapshots gs;
-    memset(&gs, 0, sizeof(gs));
+    saver.newest = saver.pinned = -1; /* (without states only saver_before_update sees it: a no-op then) */
     if (states) {
 #ifdef USE_MPI
         gpu_comm_mpi_alone(comm);
@@ -2910,6 +2946,7 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
         dist_setup_model(dist, host); /* each rank's slice of the state: [save_lo, save_hi) */
         gpu_snapshots_init(&gs, host);
         if (saver_init(&saver, dist, host, o) != 0) return -1;
+        st->have_saver = 1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
     int start = 0;
@@ -3013,11 +3050,7 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
             saver_before_update(&saver);
             saver_poll(&saver, dist, o, 1);
             printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
-            saver_free(&saver, 0); /* the memory stays for the next job on this host */
-            gpu_snapshots_free(&gs);
-            train_run_free(&r);
-            dp_free(&dp);
-            gpu_model_free(&g);
+            st->drop_memory = 0; /* the memory stays for the next job on this host */
             return 0;
         }
     }
@@ -3043,15 +3076,21 @@ static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, con
                     saver.memory ? " (from the memory snapshots, still in place)" : "");
             rc = -1;
         }
-        saver_free(&saver, rc == 0); /* the run is over: its memory snapshots go (kept if the last write failed) */
+        st->drop_memory = rc == 0; /* the run is over: its memory snapshots go (kept if the last write failed) */
     } else {
         dp_params_to_host(&dp, host);
         if (rank == 0) checkpoint_save(host, o, r.steps);
     }
-    gpu_snapshots_free(&gs);
-    train_run_free(&r);
-    dp_free(&dp);
-    gpu_model_free(&g);
+    return rc;
+}
+
+/* gpu_train_steps, then gpu_train_free: every way out of a run releases it. */
+static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, const Tokenizer* tok,
+                     const char* train_pattern, const char* val_pattern) {
+    GpuTrainState st;
+    memset(&st, 0, sizeof(st));
+    int rc = gpu_train_steps(&st, host, o, ctx, tok, train_pattern, val_pattern);
+    gpu_train_free(&st, rc != 0, ctx->comm->world);
     return rc;
 }
 
