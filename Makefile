@@ -299,8 +299,8 @@ nccl-info:
 # -Werror all-warnings: nvcc's own diagnostics become errors too.
 # Then what runs without a GPU: test_gpt.cu's host-only tests (the Hopper
 # build, into a temporary folder), the bucket/shard layout (dp-layout), the
-# NCCL search and the no-NCCL build (scripts/test_nccl_find.sh), and
-# gpu_train's one way out (scripts/test_gpu_host.sh).
+# NCCL search and the no-NCCL build (scripts/test_nccl_find.sh), and the GPU
+# scripts' plans and gpu_train's exits (scripts/test_gpu_host.sh).
 CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. $(NCCL_CUFLAGS)
 # $(call quietly,COMMAND): its output into a temporary file; all of it on failure, else its last line
 quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; } && tail -n 1 $$log && rm -f $$log
