@@ -190,20 +190,73 @@ bench: dev/cpu/bench_train $(TOKENIZER_FILES)
 	scripts/bench.sh
 
 # ---- CUDA twin ------------------------------------------------------------------
-# Nothing here has run on a GPU yet; check-cuda only compiles (and runs the
-# host-only layout check).
+# Nothing here has run on a GPU yet; check-cuda compiles, and runs what runs
+# without a GPU (host-only checks and tests).
 #
 #   make train_gpt_cu      the GPU trainer: one GPU, or one process per GPU meeting through --init file:/tcp:
 #   make train_gpt_cu_mpi  the same with MPI compiled in: --init mpi under mpirun or srun --mpi=pmix
 #   make test_gpt_cu       its tests (CPU trainer in the same binary)
 #   make dev-cuda          the kernel lab binaries in dev/cuda/
 #   make dp-layout         check the data-parallel bucket/shard layout on the host (no GPU needed)
-#   make check-cuda        compile-only of every .cu file, for CI (no GPU needed)
+#   make nccl-info         where NCCL was found (or not), and the flags that come of it
+#   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 # CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
 # build keeps compile times short; check-cuda builds both.
 CUDA_ARCH ?= sm_90
+
+# NCCL (the data-parallel collectives): found where it is, or left out and
+# said aloud. A prefix counts when it holds include/nccl.h and a libnccl
+# under lib/, lib64/ or lib/x86_64-linux-gnu/; the first one wins, in this order:
+#   NCCL_HOME             when set (a source build, a cluster module)
+#   CUDA_HOME             the toolkit nvcc belongs to (NCCL beside cuBLASLt, as in CI's /usr/local/cuda)
+#   NCCL_SYSTEM_PREFIXES  apt's libnccl-dev (/usr), /usr/local
+#   python site-packages  PyTorch's pip wheel nvidia-nccl-cu13: nvidia/nccl/include/nccl.h and
+#                         nvidia/nccl/lib/libnccl.so.2 (no unversioned libnccl.so), in every sys.path
+#                         entry of NCCL_PYTHON (the python3 on PATH, asked only when the others fail)
+# The library: -L DIR -lnccl when the unversioned libnccl.so is there, else
+# libnccl.so.2 by its full path (-lnccl cannot find it); with -rpath DIR either
+# way, so the binary finds it at run time without LD_LIBRARY_PATH.
+# None found: -DGPTC_NO_NCCL, the one-GPU trainer without NCCL (it refuses
+# --init, several ranks and --zero 1|2, saying why). scripts/test_nccl_find.sh
+# checks this search on fake layouts (check-cuda runs it).
+NCCL_HOME ?=
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NCCL_SYSTEM_PREFIXES ?= /usr /usr/local
+NCCL_PYTHON ?= python3
+NCCL_LIBDIRS = lib lib64 lib/x86_64-linux-gnu
+# $(call nccl_lib_in,PREFIX): its libnccl, the unversioned name first
+nccl_lib_in = $(firstword $(wildcard $(foreach d,$(NCCL_LIBDIRS),$(1)/$(d)/libnccl.so) \
+                                     $(foreach d,$(NCCL_LIBDIRS),$(1)/$(d)/libnccl.so.2)))
+# $(call nccl_first,PREFIXES): the first prefix with both nccl.h and a libnccl
+nccl_first = $(firstword $(foreach p,$(1),$(if $(wildcard $(p)/include/nccl.h),$(if $(call nccl_lib_in,$(p)),$(p)))))
+NCCL_PREFIX := $(call nccl_first,$(NCCL_HOME) $(CUDA_HOME) $(NCCL_SYSTEM_PREFIXES))
+ifeq ($(NCCL_PREFIX),)
+NCCL_PIP_PREFIXES := $(shell $(NCCL_PYTHON) -c 'import sys; print(" ".join(p + "/nvidia/nccl" for p in sys.path if p))' 2>/dev/null)
+NCCL_PREFIX := $(call nccl_first,$(NCCL_PIP_PREFIXES))
+endif
+NCCL_LIB := $(if $(NCCL_PREFIX),$(call nccl_lib_in,$(NCCL_PREFIX)))
+NCCL_LIBDIR := $(patsubst %/,%,$(dir $(NCCL_LIB)))
+ifneq ($(NCCL_LIB),)
+# -I PREFIX/include   nccl.h
+NCCL_CUFLAGS = -I$(NCCL_PREFIX)/include
+# -Xlinker -rpath=DIR  where the loader looks first at run time
+NCCL_LDLIBS = $(if $(filter %/libnccl.so,$(NCCL_LIB)),-L$(NCCL_LIBDIR) -lnccl,-Xlinker $(NCCL_LIB)) -Xlinker -rpath=$(NCCL_LIBDIR)
+NCCL_SAID = NCCL: $(NCCL_LIB) (header $(NCCL_PREFIX)/include/nccl.h)
+else
+# -DGPTC_NO_NCCL  train_gpt.cu's stand-ins for the NCCL names; one GPU only
+NCCL_CUFLAGS = -DGPTC_NO_NCCL
+NCCL_LDLIBS =
+NCCL_SAID = NCCL not found (looked in: $(strip $(NCCL_HOME) $(CUDA_HOME) $(NCCL_SYSTEM_PREFIXES)) and $(NCCL_PYTHON)'s \
+	site-packages): building without it, one GPU only (no --init, no several ranks, no --zero 1|2); to have it \
+	apt-get install libnccl-dev, pip install nvidia-nccl-cu13, or set NCCL_HOME=/path/to/nccl
+endif
+# said once per make run that builds something of the CUDA twin
+ifneq ($(filter train_gpt_cu train_gpt_cu_mpi test_gpt_cu dev-cuda dev/cuda/% dp-layout check-cuda,$(MAKECMDGOALS)),)
+$(info $(NCCL_SAID))
+endif
+
 # -O3                 host and device optimisation
 # -arch=$(CUDA_ARCH)  real SASS for the target GPU (and PTX for it)
 # -std=c++17          train_gpt.c is included as C++17
@@ -211,11 +264,11 @@ CUDA_ARCH ?= sm_90
 # -Xcompiler -Wall,-Wextra,-Wno-unused-function  host warnings; the unused
 #                     ones are train_gpt.c helpers only its own main() calls
 # -I.                 dev/cuda files include "train_gpt.cu" from the root
-NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -I.
+# $(NCCL_CUFLAGS)     nccl.h's directory, or -DGPTC_NO_NCCL (above)
+NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -I. $(NCCL_CUFLAGS)
 # -lcublasLt          cuBLASLt: every matmul (the CUDA runtime is linked by nvcc)
-# -lnccl              NCCL: the data-parallel collectives (beside cuBLASLt in the CUDA toolkit's
-#                     lib64 here; elsewhere add -L/path/to/nccl/lib)
-CUDA_LDLIBS = -lcublasLt -lnccl
+# $(NCCL_LDLIBS)      NCCL where it was found (above), with its rpath; nothing without it
+CUDA_LDLIBS = -lcublasLt $(NCCL_LDLIBS)
 CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
 
 # MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
@@ -236,7 +289,7 @@ train_gpt_cu_mpi: train_gpt.cu train_gpt.c unicode_tables.h
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(NVCC) $(NVCCFLAGS) $(MPI_CUFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS)
 
-test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c unicode_tables.h
+test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c test_common.h unicode_tables.h
 	$(NVCC) $(NVCCFLAGS) -o $@ test_gpt.cu $(CUDA_LDLIBS)
 
 dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c
@@ -249,16 +302,32 @@ dp-layout: dev/cuda/dp_layout
 	./dev/cuda/dp_layout > dp_layout.log || { cat dp_layout.log; exit 1; }
 	@tail -n 1 dp_layout.log
 
+# What the NCCL search found, one NAME=value a line (scripts/test_nccl_find.sh and gpu_check.sh read it).
+nccl-info:
+	@echo "NCCL_PREFIX=$(NCCL_PREFIX)"
+	@echo "NCCL_LIB=$(NCCL_LIB)"
+	@echo "NCCL_CUFLAGS=$(NCCL_CUFLAGS)"
+	@echo "NCCL_LDLIBS=$(NCCL_LDLIBS)"
+	@echo "NCCL_SAID=$(NCCL_SAID)"
+
 # CI (no GPU): every .cu file must compile, warning-free, for Hopper and Ampere,
 # and train_gpt.cu once more with MPI (when mpicc is there; said aloud when not).
 # -Werror all-warnings: nvcc's own diagnostics become errors too.
-CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I.
+# Then what runs without a GPU: test_gpt.cu's host-only tests (the Hopper
+# build, into a temporary folder), the bucket/shard layout (dp-layout), the
+# NCCL search and the no-NCCL build (scripts/test_nccl_find.sh), and the GPU
+# scripts' plans and gpu_train's exits (scripts/test_gpu_host.sh).
+CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. $(NCCL_CUFLAGS)
+# $(call quietly,COMMAND): its output into a temporary file; all of it on failure, else its last line
+quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; } && tail -n 1 $$log && rm -f $$log
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
 	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu; do \
+	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
-	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o /dev/null $$f $(CUDA_LDLIBS) || exit 1; \
+	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \
 	  done; \
 	  if [ -n "$(HAVE_MPICC)" ]; then \
 	    echo "$(NVCC) -arch=$$arch -DUSE_MPI train_gpt.cu (train_gpt_cu_mpi)"; \
@@ -266,13 +335,17 @@ check-cuda:
 	  else \
 	    echo "check-cuda: train_gpt_cu_mpi SKIPPED: $(MPICC) not found (apt-get install libopenmpi-dev openmpi-bin)"; \
 	  fi; \
-	done
+	done && \
+	echo "test_gpt_cu --host-only (the sm_90 build above)" && \
+	$(call quietly,$$tmp/test_gpt_cu --host-only)
 	$(MAKE) --no-print-directory dp-layout CUDA_ARCH=sm_90
+	@echo "scripts/test_nccl_find.sh"; $(call quietly,scripts/test_nccl_find.sh)
+	@echo "scripts/test_gpu_host.sh"; $(call quietly,scripts/test_gpu_host.sh)
 
 gpu-check:
 	scripts/gpu_check.sh
 
-.PHONY: dev-cuda dp-layout check-cuda gpu-check
+.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log

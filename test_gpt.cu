@@ -5,19 +5,24 @@
  * STATUS: not yet run on a GPU. The tolerances below are first estimates for
  * bf16 and must be confirmed (or tightened) on the first GPU run.
  *
- *   nvcc -O2 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o test_gpt_cu test_gpt.cu -lcublasLt
+ *   make test_gpt_cu                                (the Makefile's CUDA section: flags, NCCL)
  *   ./test_gpt_cu                                   # tiny fixture in dev/fixtures
+ *   ./test_gpt_cu --host-only                       # only what runs without a GPU (make check-cuda)
  *   ./test_gpt_cu --ref MODEL REF                   # another reference (scripts/gpt2_reference.py)
  *   ./test_gpt_cu --binary ./train_gpt_cu           # also the trainer's bad-input errors and training states
  *   ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt   # and a GPU state resumed on the CPU
  *
  * What is checked:
  *   - the checker itself (a planted wrong value must be rejected);
- *   - host-only pieces (they run without a GPU): the encoder's token buckets,
- *     the MFU formatting (n/a for an unknown GPU, never negative);
+ *   - host-only pieces (they run without a GPU; --host-only runs only these,
+ *     make check-cuda does): the encoder's token buckets, the MFU formatting
+ *     (n/a for an unknown GPU, never negative), cuBLASLt's decisions on the
+ *     tiny fixture's shapes (bias alignment, cache key, fused or not), the
+ *     start-up memory check (headroom);
  *   - layer by layer, every activation of the GPU forward against the CPU's
  *     (so one run names every mismatching layer), logits and loss against
- *     PyTorch, with the GELU in the cuBLASLt epilogue and in our kernels;
+ *     PyTorch, with the GELU in the cuBLASLt epilogue and in our kernels,
+ *     and with every epilogue unfused (a plain GEMM, our bias and GELU);
  *   - every parameter gradient against the CPU and PyTorch; gradients bitwise
  *     identical on a second run (no order-dependent atomics);
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
@@ -81,6 +86,92 @@ static void test_mfu_format(void) {
           "peak table: H100, H200, A100 known; others unknown", "");
 }
 
+/* G3's decisions on the tiny fixture's shapes (C = 36, B = 3, T = 9), with
+ * the pointers cudaMalloc would give (256-byte aligned) and the parameters
+ * carved from them as gpu_model_init carves them: some bias slices are only
+ * 8-byte aligned, and none may reach a fused epilogue so. */
+static void test_lt_decisions(const char* model_path) {
+    GPT2 m;
+    if (gpt2_load(&m, model_path) != 0) { check(0, "load model", model_path); return; }
+    const GPT2Config* c = &m.config;
+    int C = c->channels, L = c->num_layers, BT = 3 * 9;
+    floatX* base = (floatX*)(uintptr_t)0x7f0000000000ull;  /* the bf16 parameters */
+    floatX* copy = (floatX*)(uintptr_t)0x7f1000000000ull;  /* LtContext's bias copy */
+    floatX* acts = (floatX*)(uintptr_t)0x7f2000000000ull;  /* an activation (A, D) */
+    ParameterTensorsX p;
+    parameters_point_x(&p, base, c);
+    int under = 0, placed_ok = 1, slices = 0;
+    for (int l = 0; l < L; l++) {
+        const floatX* biases[4] = {p.qkvb + l * 3 * C, p.attprojb + l * C, p.fcb + l * 4 * C, p.fcprojb + l * C};
+        for (int i = 0; i < 4; i++, slices++) {
+            int al = ptr_alignment(biases[i]);
+            under += al < LT_EPILOGUE_ALIGN;
+            const floatX* placed = lt_bias_placed(biases[i], copy);
+            placed_ok &= ptr_alignment(placed) >= LT_EPILOGUE_ALIGN && (placed == biases[i]) == (al >= LT_EPILOGUE_ALIGN);
+        }
+    }
+    char d[320];
+    snprintf(d, sizeof(d), "C=%d: layer 0's qkvb %d-byte aligned; %d of %d bias slices under %d bytes", C,
+             ptr_alignment(p.qkvb), under, slices, LT_EPILOGUE_ALIGN);
+    check(ptr_alignment(p.qkvb) == 8 && under > 0, "lt: the tiny fixture has under-aligned bias slices", d);
+    check(placed_ok, "lt: every bias slice reaches cuBLASLt 16-byte aligned (the under-aligned through the copy)", d);
+
+    /* the qkv GEMM of layer 0 (BIAS epilogue), with its bias as it is and as placed */
+    LtKey k8 = lt_key_make(acts, CUDA_R_16BF, NULL, p.qkvw, 1, acts, 0, 3 * C, BT, C, C, C, 3 * C, 0.0f, p.qkvb,
+                           CUBLASLT_EPILOGUE_BIAS, NULL, 1, 0, 0, 0);
+    LtKey k256 = lt_key_make(acts, CUDA_R_16BF, NULL, p.qkvw, 1, acts, 0, 3 * C, BT, C, C, C, 3 * C, 0.0f,
+                             lt_bias_placed(p.qkvb, copy), CUBLASLT_EPILOGUE_BIAS, NULL, 1, 0, 0, 0);
+    snprintf(d, sizeof(d), "bias alignment in the keys: %d and %d", k8.align_bias, k256.align_bias);
+    check(memcmp(&k8, &k256, sizeof(LtKey)) != 0 && k8.align_bias == 8 && k256.align_bias == 256,
+          "lt: the algorithm cache key holds the bias's alignment", d);
+    check(lt_route(&k8, CUBLAS_STATUS_SUCCESS, 1) == LT_UNFUSED,
+          "lt: an 8-byte-aligned bias is never fused, whatever the heuristic found", "");
+    check(lt_route(&k256, CUBLAS_STATUS_SUCCESS, 1) == LT_FUSED, "lt: an aligned bias with an algorithm: fused", "");
+    check(lt_route(&k256, CUBLAS_STATUS_NOT_SUPPORTED, 0) == LT_UNFUSED,
+          "lt: heuristic NOT_SUPPORTED for BIAS: unfused (our bias kernel), not an exit", "");
+    check(lt_route(&k256, CUBLAS_STATUS_SUCCESS, 0) == LT_UNFUSED, "lt: no algorithm found for BIAS: unfused", "");
+
+    /* layer 0's fc GEMM with GELU_AUX_BIAS (aux = fch, ld 4C), and DGELU */
+    LtKey kg = lt_key_make(acts, CUDA_R_16BF, NULL, p.fcw, 1, acts, 0, 4 * C, BT, C, C, C, 4 * C, 0.0f,
+                           lt_bias_placed(p.fcb, copy), CUBLASLT_EPILOGUE_GELU_AUX_BIAS, acts, 1, 0, 0, 0);
+    check(lt_route(&kg, CUBLAS_STATUS_NOT_SUPPORTED, 0) == LT_UNFUSED && lt_route(&kg, CUBLAS_STATUS_SUCCESS, 1) == LT_FUSED,
+          "lt: GELU_AUX_BIAS without an algorithm: unfused; with one: fused", "");
+    LtKey kd = lt_key_make(acts, CUDA_R_16BF, NULL, p.fcprojw, 0, acts, 0, 4 * C, BT, C, 4 * C, C, 4 * C, 0.0f, NULL,
+                           CUBLASLT_EPILOGUE_DGELU, acts + 4, 1, 0, 0, 0);
+    check(kd.align_aux == 8 && lt_route(&kd, CUBLAS_STATUS_SUCCESS, 1) == LT_UNFUSED,
+          "lt: an 8-byte-aligned GELU aux matrix is never fused", "");
+    LtKey kp = lt_key_make(acts, CUDA_R_16BF, NULL, p.qkvw, 1, acts, 0, 3 * C, BT, C, C, C, 3 * C, 0.0f, NULL,
+                           CUBLASLT_EPILOGUE_DEFAULT, NULL, 1, 0, 0, 0);
+    check(lt_route(&kp, CUBLAS_STATUS_NOT_SUPPORTED, 0) == LT_NONE && lt_route(&kp, CUBLAS_STATUS_SUCCESS, 1) == LT_FUSED,
+          "lt: a plain GEMM without an algorithm stops the run (naming the shape); with one it runs", "");
+    lt_key_describe(&k8, d, sizeof(d));
+    check(strstr(d, "m=108 n=27 k=36") && strstr(d, "epilogue BIAS") && strstr(d, "bias 8 "),
+          "lt: the no-algorithm message names the shape, the epilogue and the alignments", d);
+    gpt2_free(&m);
+}
+
+/* The start-up memory check (G4's memory_check): the plan must leave the
+ * headroom free, or the run would pass the check and run out mid-step. */
+static void test_memory_check(void) {
+    size_t MB = (size_t)1 << 20, GB = (size_t)1 << 30, room = memory_allowance(1) + 200 * MB;
+    char msg[512], d[640];
+    int fits = memory_check(80 * GB - 512 * MB, 80 * GB, room, msg, sizeof(msg));
+    check(!fits, "memory: a plan 512 MB short of free memory is refused (headroom 840 MB)", msg);
+    snprintf(d, sizeof(d), "%s", msg);
+    check(strstr(msg, "headroom of 840 MB") != NULL, "memory: the refusal names the headroom", d);
+    fits = memory_check(70 * GB, 80 * GB, room, msg, sizeof(msg));
+    check(fits && strstr(msg, "headroom 840 MB"), "memory: a plan with the headroom to spare fits, saying so", msg);
+    check(memory_check(80 * GB - room, 80 * GB, room, msg, sizeof(msg)) &&
+              !memory_check(80 * GB - room + 1, 80 * GB, room, msg, sizeof(msg)),
+          "memory: plan + headroom = free fits; one byte more does not", "");
+    check(!memory_check(81 * GB, 80 * GB, 0, msg, sizeof(msg)), "memory: a plan beyond free memory is refused (no wrap)",
+          msg);
+    snprintf(d, sizeof(d), "allowance %zu MB alone, %zu MB with a communicator", memory_allowance(0) / MB,
+             memory_allowance(1) / MB);
+    check(memory_allowance(0) >= 256 * MB && memory_allowance(1) > memory_allowance(0),
+          "memory: an allowance for lazily loaded kernels, more with NCCL", d);
+}
+
 /* ---- GPU checks --------------------------------------------------------- */
 
 /* Copy a device tensor (bf16 or fp32) to a fresh host float array. */
@@ -114,9 +205,9 @@ static void compare_activations(GpuGPT2* g, const GPT2* cpu, const char* label) 
 
 /* Forward, loss and gradients on the reference batch, against the CPU
  * trainer and PyTorch. */
-static void test_forward_backward(const char* model_path, const Reference* ref, int gelu_fusion) {
+static void test_forward_backward(const char* model_path, const Reference* ref, int gelu_fusion, int no_epilogues) {
     char label[64], what[200];
-    snprintf(label, sizeof(label), "gelu-fusion %d", gelu_fusion);
+    snprintf(label, sizeof(label), "gelu-fusion %d%s", gelu_fusion, no_epilogues ? ", epilogues unfused" : "");
     GPT2 cpu;
     if (gpt2_load(&cpu, model_path) != 0) { check(0, "load model", model_path); return; }
     int B = ref->B, T = ref->T, Vp = cpu.config.padded_vocab_size;
@@ -124,6 +215,7 @@ static void test_forward_backward(const char* model_path, const Reference* ref, 
     gpt2_alloc_training(&cpu, B, T);
     GpuGPT2 g;
     gpu_model_init(&g, &cpu, B, T, gelu_fusion);
+    g.lt.no_epilogues = no_epilogues;
     if (gelu_fusion && !g.gelu_fusion) printf("     (GELU fusion not possible for C=%d: own kernels)\n", cpu.config.channels);
 
     /* raw logits and every activation */
@@ -357,18 +449,27 @@ int main(int argc, char** argv) {
     const char* ref_path = "dev/fixtures/tiny_ref.bin";
     const char* binary = NULL;
     const char* cpu_binary = NULL;
+    int host_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ref") && i + 2 < argc) { model_path = argv[++i]; ref_path = argv[++i]; }
+        else if (!strcmp(argv[i], "--host-only")) host_only = 1;
         else if (!strcmp(argv[i], "--binary") && i + 1 < argc) binary = argv[++i];
         else if (!strcmp(argv[i], "--cpu-binary") && i + 1 < argc) cpu_binary = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--ref MODEL REF] [--binary ./train_gpt_cu [--cpu-binary ./train_gpt]]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--host-only] [--ref MODEL REF] [--binary ./train_gpt_cu [--cpu-binary ./train_gpt]]\n",
+                    argv[0]);
             return 2;
         }
     }
     test_the_tester();
     test_buckets();
     test_mfu_format();
+    test_lt_decisions(model_path);
+    test_memory_check();
+    if (host_only) { /* (make check-cuda: no GPU needed) */
+        printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed ? 1 : 0;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("no CUDA device: the GPU checks were not run\n%d passed, %d failed\n", tests_passed, tests_failed);
@@ -384,8 +485,9 @@ int main(int argc, char** argv) {
     if (reference_read(&ref, ref_path) != 0) {
         check(0, "read the reference", ref_path);
     } else {
-        test_forward_backward(model_path, &ref, 1);
-        test_forward_backward(model_path, &ref, 0);
+        test_forward_backward(model_path, &ref, 1, 0);
+        test_forward_backward(model_path, &ref, 0, 0);
+        test_forward_backward(model_path, &ref, 1, 1); /* the fallback when cuBLASLt has no algorithm (G3) */
         test_adamw_steps(model_path, &ref);
         reference_free(&ref);
     }

@@ -39,12 +39,12 @@ START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START ))s; }
 passed=0
 failed=0
-summary=""
+summary=()
 check() { # check ok|FAIL what [detail]
     if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
     line="$( [ "$1" = ok ] && echo "ok  " || echo "FAIL") $2${3:+  ($3)}"
     echo "$line"
-    summary="$summary$line\n"
+    summary+=("$line")
 }
 [ -x "$BIN" ] || { echo "gpu_check_dp: $BIN not found: make train_gpt_cu (or run scripts/gpu_check.sh)"; exit 1; }
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -159,13 +159,13 @@ if [ "$NGPU" -ge 2 ]; then
             awk '{a[NR] = $1} END { if (NR) print a[int((NR + 1) / 2)]; else print 0 }'; }
     run1 scale_one $BIG --zero 0
     t1=$(tps "$LOG/scale_one.log")
-    summary="${summary}scaling, GPT-2 124M T=1024 B=16 per GPU: 1 GPU $t1 tok/s\n"
+    summary+=("scaling, GPT-2 124M T=1024 B=16 per GPU: 1 GPU $t1 tok/s")
     for z in 0 1 2; do
         runw scale_two_zero$z 2 tcp $BIG --zero $z
         t2=$(tps "$LOG/scale_two_zero$z.log")
         comm=$(grep -h '^communication per step' "$LOG/scale_two_zero$z.log" | sed 's/^communication per step: //')
         line=$(awk -v a="$t2" -v b="$t1" 'BEGIN { if (b > 0) printf "%.2fx one GPU (%.0f%% efficiency)", a / b, 50 * a / b; else print "n/a" }')
-        summary="${summary}  2 GPUs --zero $z: $t2 tok/s = $line; $comm\n"
+        summary+=("  2 GPUs --zero $z: $t2 tok/s = $line; $comm")
         grep -h -E '^(per-rank state|sent per rank)' "$LOG/scale_two_zero$z.log"
     done
     echo "== scaling done ($(elapsed))"
@@ -173,6 +173,6 @@ fi
 
 echo
 echo "==== gpu_check_dp summary ($(elapsed), logs in $LOG)"
-printf '%b' "$summary"
+[ ${#summary[@]} -eq 0 ] || printf '%s\n' "${summary[@]}" # data as data: "(51% efficiency)" stays
 echo "dp: $passed passed, $failed failed"
 [ $failed -eq 0 ]

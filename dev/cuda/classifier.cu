@@ -13,7 +13,7 @@
  * Bytes moved: the logits are read twice and written once (3 x N x Vp x 2).
  *
  * Build and run (from the repository root):
- *   nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o dev/cuda/classifier dev/cuda/classifier.cu -lcublasLt
+ *   make dev/cuda/classifier                 (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
  *   ./dev/cuda/classifier            # every variant at N = 8 x 1024 rows, V = 50257, Vp = 50304
  *   ./dev/cuda/classifier 2          # only variant 2
  *   ./dev/cuda/classifier 0 27 131 256   # all variants, N = 27, V = 131, Vp = 256 (the tiny fixture's shape)

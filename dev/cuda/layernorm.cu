@@ -12,7 +12,7 @@
  * Backward: layernorm_backward_gpu from train_gpt.cu, validated (and timed).
  *
  * Build and run (from the repository root):
- *   nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o dev/cuda/layernorm dev/cuda/layernorm.cu -lcublasLt
+ *   make dev/cuda/layernorm                 (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
  *   ./dev/cuda/layernorm           # validate and time every variant (B=16, T=1024, C=768)
  *   ./dev/cuda/layernorm 1         # only variant 1
  *   ./dev/cuda/layernorm 0 4 9 36  # all variants at B=4 T=9 C=36 (awkward sizes)
