@@ -1526,6 +1526,35 @@ static void test_messages(void) {
     }
 }
 
+/* The training loop's ways out on an error free what they made (under
+ * test_gpt_asan, LeakSanitizer would report what they did not): a shard
+ * found bad mid-run with memory snapshots in flight, and a refused resume. */
+static void test_train_error_paths(void) {
+    write_shard(tmp_path("ep_train_000.bin"), 200, 50, 0, SHARD_MAGIC, 1, 200);
+    write_shard(tmp_path("ep_train_001.bin"), 200, 60, 0, SHARD_MAGIC, 1, 200); /* tokens up to 59: V is 50 */
+    char pattern[700], out_dir[700], shm[700];
+    snprintf(pattern, sizeof(pattern), "%s/ep_train_*.bin", tmpdir);
+    snprintf(out_dir, sizeof(out_dir), "%s/ep_out", tmpdir);
+    snprintf(shm, sizeof(shm), "%s/ep_shm", tmpdir);
+    for (int variant = 0; variant < 2; variant++) {
+        const char* argv[] = {"train_gpt", "--model", "d1", "--channels", "16", "--num-heads", "2", "--max-seq-len", "16",
+                              "--vocab-size", "50", "-i", pattern, "-b", "2", "-t", "8", "-x", variant ? "3" : "40",
+                              "--val-every", "0", "--sample-every", "0", "-o", out_dir, "--snapshot-every", "1",
+                              "--save-every", "2", "--shm-dir", shm, "--threads", "2", "--resume", variant ? "1" : "0"};
+        Options o;
+        Dist dist;
+        int argc = (int)(sizeof(argv) / sizeof(argv[0]));
+        char** av = (char**)argv;
+        dist_init(&dist, &argc, &av);
+        int parsed = options_parse(&o, argc, av) == 0 && options_problem(&o) == NULL;
+        int rc = parsed ? gptc_run(&o, train_cpu, &dist, &dist) : 0;
+        dist_finish(&dist, 0);
+        check(parsed && rc == -1,
+              variant ? "train(): a refused resume (a state past --steps) returns -1 and frees what it made"
+                      : "train(): a shard found bad mid-run (snapshots in flight) returns -1 and frees what it made", "");
+    }
+}
+
 /* Bad steps: a NaN in the gradients skips the update; three in a row roll
  * back to the last memory snapshot; a loss spike (z-score) is skipped. The
  * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*). */
@@ -1825,6 +1854,7 @@ int main(int argc, char** argv) {
     test_resume();
     test_user_paths();
     test_messages();
+    test_train_error_paths();
     test_rendezvous();
     test_bad_steps();
     test_disk_full();

@@ -5486,6 +5486,14 @@ static int train_run_bad_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* model
     return back;
 }
 
+/* On an error: let the background threads finish (no collectives: the
+ * other ranks may be gone), keep the memory snapshots for a resume. */
+static void saver_abandon(Saver* sv) {
+    if (sv->copier_busy) CHECK(pthread_join(sv->copier, NULL) == 0, "cannot join the snapshot thread");
+    if (sv->writer_busy) CHECK(pthread_join(sv->writer, NULL) == 0, "cannot join the state writer thread");
+    sv->copier_busy = sv->writer_busy = 0;
+}
+
 static void saver_free(Saver* sv, int remove_memory) {
     free(sv->model_params);
     for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
@@ -5874,14 +5882,12 @@ static int inject_at(const char* var, int step, int* done_upto) {
     return 0;
 }
 
-/* The training loop, with validation, samples, logging, snapshots and
- * checkpoints, on one process or as one rank of several (section 9). */
-static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
-                 const char* val_pattern, Dist* dist) {
-    TrainRun r;
-    if (train_run_init(&r, &model->config, o, train_pattern, val_pattern, dist->rank, dist->world) != 0) return -1;
-    if (dist_check_agreement(dist, model, o, &r.train) != 0) return -1;
-    gpt2_alloc_training(model, r.B, r.T);
+/* The steps of a run, from the set-up to the final save (train() below
+ * owns the TrainRun and the Saver). 0, or -1 after a message. */
+static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o, const Tokenizer* tok, Dist* dist,
+                       int* remove_memory) {
+    if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
+    gpt2_alloc_training(model, r->B, r->T);
     dist_setup_model(dist, model);
     double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
     double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P;
@@ -5896,67 +5902,65 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n",
                getenv("GPTC_INJECT_NAN") ? getenv("GPTC_INJECT_NAN") : "", getenv("GPTC_INJECT_SPIKE") ? getenv("GPTC_INJECT_SPIKE") : "");
     timing_print(dist, "communicator ready", dist->t_comm);
-    Saver saver;
-    if (saver_init(&saver, dist, model, o) != 0) return -1;
+    if (saver_init(saver, dist, model, o) != 0) return -1;
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
     int start = 0;
     StateSource source = SOURCE_NONE;
-    if (o->output_dir[0]) r.nonce = run_nonce(dist, o, 0);
-    if (o->resume && (start = state_resume(&r, dist, model, o, &saver, &source)) < 0) return -1;
-    if (o->output_dir[0] && start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
-    saver_forget_after(&saver, start);
+    if (o->output_dir[0]) r->nonce = run_nonce(dist, o, 0);
+    if (o->resume && (start = state_resume(r, dist, model, o, saver, &source)) < 0) return -1;
+    if (o->output_dir[0] && start == 0) r->nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
+    saver_forget_after(saver, start);
     if (start == 0 && model->init_deferred) gpt2_fill_random(model, model->init_seed); /* no state: the init after all */
     model->init_deferred = 0;
     timing_print(dist, "state loaded", unix_ms());
-    heartbeat_write(o, r.rank, start);
+    heartbeat_write(o, r->rank, start);
     int rollbacks = 0, nan_upto = 0, spike_upto = 0;
-    for (int step = start; step <= r.steps; step++) {
-        if (train_run_val_due(&r, o, step) && (step > start || start == 0))
-            train_run_log_val(&r, step, (float)(dist_sum(dist, evaluate(model, &r.val, o->val_batches)) / r.world));
-        if (train_run_sample_due(&r, o, step) && r.rank == 0) sample_print(model, tok, o, &r.sample_rng);
-        if (step == r.steps) break;
+    for (int step = start; step <= r->steps; step++) {
+        if (train_run_val_due(r, o, step) && (step > start || start == 0))
+            train_run_log_val(r, step, (float)(dist_sum(dist, evaluate(model, &r->val, o->val_batches)) / r->world));
+        if (train_run_sample_due(r, o, step) && r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
+        if (step == r->steps) break;
         double t0 = time_ms();
         gpt2_zero_grad(model);
         double loss = 0.0;
-        for (int micro = 0; micro < r.grad_accum; micro++) {
-            if (dataloader_next(&r.train) != 0) return -1;
-            loss += gpt2_forward(model, r.train.inputs, r.train.targets, r.B, r.T) / r.grad_accum;
-            dist_backward_begin(dist, model, micro, micro == r.grad_accum - 1);
-            gpt2_backward(model, 1.0f / ((float)r.grad_accum * r.world));
+        for (int micro = 0; micro < r->grad_accum; micro++) {
+            if (dataloader_next(&r->train) != 0) return -1;
+            loss += gpt2_forward(model, r->train.inputs, r->train.targets, r->B, r->T) / r->grad_accum;
+            dist_backward_begin(dist, model, micro, micro == r->grad_accum - 1);
+            gpt2_backward(model, 1.0f / ((float)r->grad_accum * r->world));
         }
-        loss = dist_sum(dist, loss) / r.world;
-        if (inject_at("GPTC_INJECT_NAN", step + 1, &nan_upto) && r.rank == 0) model->grads_memory[0] = NAN;
+        loss = dist_sum(dist, loss) / r->world;
+        if (inject_at("GPTC_INJECT_NAN", step + 1, &nan_upto) && r->rank == 0) model->grads_memory[0] = NAN;
         double z = 0.0;
-        int spike = losswatch_spike(&r.watch, loss + (inject_at("GPTC_INJECT_SPIKE", step + 1, &spike_upto) ? 100.0 : 0.0),
+        int spike = losswatch_spike(&r->watch, loss + (inject_at("GPTC_INJECT_SPIKE", step + 1, &spike_upto) ? 100.0 : 0.0),
                                     o->spike_z, &z);
-        float lr = (float)lr_at(&r.sched, step);
+        float lr = (float)lr_at(&r->sched, step);
         int finite = 0;
-        saver_before_update(&saver); /* the last snapshot's copy must be done before the weights change */
-        double norm = dist_step(dist, model, &r.opt, o->grad_clip, lr, step + 1, loss, spike, &finite);
-        train_run_log_step(&r, step, loss, lr, norm, time_ms() - t0, finite, "");
+        saver_before_update(saver); /* the last snapshot's copy must be done before the weights change */
+        double norm = dist_step(dist, model, &r->opt, o->grad_clip, lr, step + 1, loss, spike, &finite);
+        train_run_log_step(r, step, loss, lr, norm, time_ms() - t0, finite, "");
         if (spike) printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, z, o->spike_z);
         if (step == start) timing_print(dist, "first step done", unix_ms());
-        heartbeat_write(o, r.rank, step + 1);
+        heartbeat_write(o, r->rank, step + 1);
         int back = -1;
-        if (finite && !spike) losswatch_accept(&r.watch, (float)loss);
-        else back = train_run_bad_step(&r, &saver, dist, model, o, step, 1);
+        if (finite && !spike) losswatch_accept(&r->watch, (float)loss);
+        else back = train_run_bad_step(r, saver, dist, model, o, step, 1);
         if (back >= 0) {
             rollbacks++;
             step = back - 1; /* the loop's step++ continues after the snapshot's step */
             continue;
         }
         int done = step + 1;
-        int stop = o->stop_at > 0 && done == o->stop_at && done < r.steps;
-        int save = (o->save_every > 0 && done % o->save_every == 0 && done < r.steps) || stop;
-        int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r.steps;
-        if ((save || snap) && r.watch.bad_run == 0) saver_snapshot(&saver, &r, dist, model, o, done, save);
-        else saver_poll(&saver, dist, o, 0);
+        int stop = o->stop_at > 0 && done == o->stop_at && done < r->steps;
+        int save = (o->save_every > 0 && done % o->save_every == 0 && done < r->steps) || stop;
+        int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r->steps;
+        if ((save || snap) && r->watch.bad_run == 0) saver_snapshot(saver, r, dist, model, o, done, save);
+        else saver_poll(saver, dist, o, 0);
         if (stop) {
-            saver_before_update(&saver);
-            saver_poll(&saver, dist, o, 1);
+            saver_before_update(saver);
+            saver_poll(saver, dist, o, 1);
             printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
-            saver_free(&saver, 0); /* the memory stays for the next job on this host */
-            train_run_free(&r);
+            *remove_memory = 0; /* the memory stays for the next job on this host */
             return 0;
         }
     }
@@ -5964,27 +5968,43 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
         double W = dist->world, wire = (W - 1) / W * (dist->reduced + dist->gathered) * sizeof(float);
         printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
                "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
-               dist->gathered, model->num_parameters, wire, dist->comm_ms / r.steps, dist->exposed_ms / r.steps,
+               dist->gathered, model->num_parameters, wire, dist->comm_ms / r->steps, dist->exposed_ms / r->steps,
                dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
     }
-    saver_stall_close(&saver);
-    if (saver.snapshots > 0)
+    saver_stall_close(saver);
+    if (saver->snapshots > 0)
         printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
-               "in all\n", saver.snapshots, saver.stall_ms / saver.snapshots, saver.max_stall_ms, saver.disk_wait_ms);
+               "in all\n", saver->snapshots, saver->stall_ms / saver->snapshots, saver->max_stall_ms, saver->disk_wait_ms);
     if (rollbacks) printf("rollbacks: %d\n", rollbacks);
     int rc = 0;
     if (o->output_dir[0]) {
-        saver_snapshot(&saver, &r, dist, model, o, r.steps, 1); /* the final state and model */
-        saver_before_update(&saver);
-        saver_poll(&saver, dist, o, 1);
-        if (saver.last_failed) {
+        saver_snapshot(saver, r, dist, model, o, r->steps, 1); /* the final state and model */
+        saver_before_update(saver);
+        saver_poll(saver, dist, o, 1);
+        if (saver->last_failed) {
             fprintf(stderr, "error: the final model and training state could not be written (see above); make room "
                     "in %s and run again with --resume 1 to write them%s\n", o->output_dir,
-                    saver.memory ? " (from the memory snapshots, still in place)" : "");
+                    saver->memory ? " (from the memory snapshots, still in place)" : "");
             rc = -1;
         }
     }
-    saver_free(&saver, rc == 0); /* the run is over: its memory snapshots go (kept if the last write failed) */
+    *remove_memory = rc == 0; /* the run is over: its memory snapshots go (kept if the last write failed) */
+    return rc;
+}
+
+/* The training loop, with validation, samples, logging, snapshots and
+ * checkpoints, on one process or as one rank of several (section 9). Every
+ * way out of train_steps comes back here to free what it made. */
+static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
+                 const char* val_pattern, Dist* dist) {
+    TrainRun r;
+    Saver saver;
+    if (train_run_init(&r, &model->config, o, train_pattern, val_pattern, dist->rank, dist->world) != 0) return -1;
+    memset(&saver, 0, sizeof(saver)); /* (saver_free of a zeroed Saver frees nothing) */
+    int remove_memory = 0;
+    int rc = train_steps(&r, &saver, model, o, tok, dist, &remove_memory);
+    if (rc != 0) saver_abandon(&saver); /* an error, said where it happened: no collectives from here */
+    saver_free(&saver, rc == 0 && remove_memory);
     train_run_free(&r);
     return rc;
 }

@@ -303,13 +303,16 @@ static void expect_error(const char* what, const char* dec, const char* mer, int
     tokenizer_free(&t);
 }
 
+/* scratch files go to a folder of this run's own (mkdtemp): two runs at once never share one */
+static char scratch[64] = "/tmp/test_tokenizer.XXXXXX";
+
 static void test_bad_files(const char* dec_path, const char* mer_path) {
     size_t nd, nm;
     unsigned char* dec = slurp(dec_path, &nd);
     unsigned char* mer = slurp(mer_path, &nm);
     unsigned char* tmp = (unsigned char*)malloc((nd > nm ? nd : nm) + 16); TOK_CHECK_ALLOC(tmp);
-    char bad[64], badm[80];
-    snprintf(bad, sizeof(bad), "/tmp/test_tokenizer_%d.bin", (int)(rng() % 100000));
+    char bad[128], badm[160];
+    snprintf(bad, sizeof(bad), "%s/bad_tokenizer.bin", scratch);
     snprintf(badm, sizeof(badm), "%s.merges", bad);
     spit(badm, mer, nm);
 
@@ -389,8 +392,10 @@ static int run(const char* cmd) {
 }
 
 static void test_live(const Tokenizer* t, const char* dir) {
-    char cmd[1024];
-    const char* fresh = "/tmp/test_tokenizer_live_fixture.bin";
+    char cmd[1024], fresh[128], in[128], out[128];
+    snprintf(fresh, sizeof(fresh), "%s/live_fixture.bin", scratch);
+    snprintf(in, sizeof(in), "%s/live_random.bin", scratch);
+    snprintf(out, sizeof(out), "%s/live_random_ids.bin", scratch);
     snprintf(cmd, sizeof(cmd), "TOKENIZER_DIR='%s' node scripts/tokenizer_reference.js fixture dev/fixtures/tokenizer/cases.txt %s", dir, fresh);
     if (run(cmd) == 0) {
         Fixture f;
@@ -399,8 +404,6 @@ static void test_live(const Tokenizer* t, const char* dir) {
     }
     // fresh random byte strings, ids from the reference (with the
     // surrogate-escape extension for invalid UTF-8)
-    const char* in = "/tmp/test_tokenizer_live_random.bin";
-    const char* out = "/tmp/test_tokenizer_live_random_ids.bin";
     enum { COUNT = 3000, MAXLEN = 200 };
     FILE* fp = fopen(in, "wb");
     TCHECK(fp != NULL, "cannot write %s", in);
@@ -463,6 +466,7 @@ int main(int argc, char** argv) {
     }
     test_roundtrip_random(&t, 20000);
     test_long_pretokens(&t);
+    if (mkdtemp(scratch) == NULL) { fprintf(stderr, "cannot make %s: %s\n", scratch, strerror(errno)); return 1; }
     test_bad_files(dec_path, mer_path);
     {   // a decode-only tokenizer decodes
         Tokenizer d;
@@ -471,6 +475,7 @@ int main(int argc, char** argv) {
         tokenizer_free(&d);
     }
     if (live) test_live(&t, dir);
+    rmdir(scratch); /* every file in it was removed by the test that wrote it */
     tokenizer_free(&t);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
