@@ -4542,7 +4542,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--keep-every", NULL, OPT_INT, keep_every, "0", "also keep the training state of every step that is a multiple of this; 0 = none"),
     OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
     OPT("--snapshot-every", NULL, OPT_INT, snapshot_every, "0", "copy the training state into memory (--shm-dir, and a replica at the next rank) every this many steps: a crash then costs at most this many; 0 = off"),
-    OPT("--shm-dir", NULL, OPT_STRING, shm_dir, "/dev/shm", "where memory snapshots live (a tmpfs outlives the process, not the host)"),
+    OPT("--shm-dir", NULL, OPT_STRING, shm_dir, "/dev/shm", "where memory snapshots live, created if missing (a tmpfs outlives the process, not the host)"),
     OPT("--save-async", NULL, OPT_INT, save_async, "1", "1 = copy snapshots while the next step computes and write them in the background; 0 = all at the step boundary"),
     OPT("--spike-z", NULL, OPT_FLOAT, spike_z, "0", "skip the update when the loss is this many standard deviations above the last 64 steps' mean; 0 = off"),
     OPT("--rollback-after", NULL, OPT_INT, rollback_after, "3", "after this many bad steps in a row (non-finite or spike), go back to the last memory snapshot, skipping the batches since; 0 = never"),
