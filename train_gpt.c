@@ -155,6 +155,7 @@ static FILE* file_open_read(const char* path, const char* what) {
         return NULL;
     }
     struct stat st;
+    memset(&st, 0, sizeof(st));
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         FILE_ERROR(path, "%s, not a %s: give the path of the file itself",
                    S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file", what);
@@ -626,6 +627,7 @@ static inline unsigned char* tok_read_file(const char* path, size_t* size) {
     FILE* f = fopen(path, "rb");
     if (f == NULL) { fprintf(stderr, "tokenizer: cannot open %s\n" TOK_HINT, path); return NULL; }
     struct stat st;
+    memset(&st, 0, sizeof(st));
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fprintf(stderr, "tokenizer: %s %s, not a tokenizer file: give the path of the file itself\n", path,
                 S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
