@@ -10,7 +10,7 @@
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
-#   make bench      time GPT-2 124M training steps here and in PyTorch, with the sgemm ceiling
+#   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
 #   make bench-failover  snapshot stall per step, recovery time from memory vs disk (GPT-2 124M)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
@@ -186,7 +186,11 @@ bench-dp: train_gpt_mpi
 bench-failover: train_gpt
 	scripts/bench_failover.sh
 
-bench: dev/cpu/bench_train $(TOKENIZER_FILES)
+# this machine's fp32 FMA peak, the yardstick make bench reports against
+dev/cpu/fma_peak: dev/cpu/fma_peak.c
+	$(CC) $(CFLAGS) $(OPENMP) -o $@ dev/cpu/fma_peak.c -lm
+
+bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 	scripts/bench.sh
 
 # ---- CUDA twin ------------------------------------------------------------------
@@ -349,7 +353,7 @@ gpu-check:
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log
-	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train \
+	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train dev/cpu/fma_peak \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean
