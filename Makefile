@@ -204,6 +204,7 @@ bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 #   make dp-layout         check the data-parallel bucket/shard layout on the host (no GPU needed)
 #   make nccl-info         where NCCL was found (or not), and the flags that come of it
 #   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
+#   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only; not yet in make test)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 # CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
@@ -301,6 +302,18 @@ dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c
 
 dev-cuda: $(CUDA_DEV)
 
+# The kernel-execution core of the CPU layer for CUDA code (issue 11, begun):
+# fibers, barriers, warp operations, launch limits; see dev/cuda/cpu/README.md.
+# -std=c++17  std::apply for the kernel arguments
+# -O2 -g      quick enough, and readable in gdb when a fiber faults
+# -I.         the test includes "dev/cuda/cpu/cuda_cpu.h" from the root
+CUDA_CPU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -I.
+dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.h
+	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp
+
+test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
+	./dev/cuda/cpu/test_cuda_cpu
+
 # host-only: every rank's shard map against the flat parameters (dev/cuda/dp_layout.cu)
 dp-layout: dev/cuda/dp_layout
 	./dev/cuda/dp_layout > dp_layout.log || { cat dp_layout.log; exit 1; }
@@ -349,11 +362,11 @@ check-cuda:
 gpu-check:
 	scripts/gpu_check.sh
 
-.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check
+.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train dev/cpu/fma_peak \
-		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log dev/cuda/cpu/test_cuda_cpu
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean

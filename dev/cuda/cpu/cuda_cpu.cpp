@@ -1,0 +1,494 @@
+// cuda_cpu.cpp — the scheduler behind cuda_cpu.h: fibers, barriers, warp
+// operations, launch checks and errors. Build: g++ -std=c++17 with this file
+// beside the code that includes cuda_cpu.h (see dev/cuda/cpu/README.md).
+//
+// Reading order:
+//   1. state: errors, seed, the running block
+//   2. fibers and their stacks
+//   3. device side: arriving at a barrier or a warp operation, faults
+//   4. the block scheduler: rounds, warp exchanges, barrier release, diagnosis
+//   5. launch: the driver's checks, then the grid
+#include "cuda_cpu.h"
+
+#include <sys/mman.h>   // mmap, mprotect: fiber stacks with a guard page
+#include <ucontext.h>   // getcontext, makecontext, swapcontext: the fibers
+#include <unistd.h>     // sysconf: the page size
+#include <cstdarg>      // va_list: fault messages
+#include <cstdio>       // fprintf, vsnprintf
+#include <cstdlib>      // getenv, strtoull, abort
+#include <map>          // per-kernel dynamic shared limits
+#include <string>       // error messages
+#include <vector>       // fibers, stacks
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+// The linker defines these around the cuda_cpu_shared section that __shared__
+// puts variables in; weak, so a program without __shared__ links (both null).
+extern char __start_cuda_cpu_shared[] __attribute__((weak));
+extern char __stop_cuda_cpu_shared[] __attribute__((weak));
+
+// "Cannot happen" checks of the scheduler's own invariants.
+#define CPU_ALWAYS(cond) do { if (!(cond)) { fprintf(stderr, "cuda_cpu: internal error: %s (%s:%d)\n", #cond, __FILE__, __LINE__); abort(); } } while (0)
+// Every system call goes through this.
+#define CPU_SYSCHECK(call) do { if ((call) != 0) { perror(#call); fprintf(stderr, "cuda_cpu: %s failed at %s:%d\n", #call, __FILE__, __LINE__); abort(); } } while (0)
+
+namespace cuda_cpu {
+
+// ---- 1. state: errors, seed, the running block ----------------------------------------
+
+static cpu_error last_error = CPU_SUCCESS;
+static std::string last_message;
+static bool seed_set = false;
+static uint64_t seed_value = 1;
+static std::map<const void*, size_t> max_dynamic_shared;  // per kernel, by cpu_func_set_max_dynamic_shared
+
+static void record_error(cpu_error e, const std::string& msg) {
+    last_error = e;
+    last_message = msg;
+    fprintf(stderr, "%s\n", msg.c_str());
+}
+
+static uint64_t current_seed() {
+    if (!seed_set) {
+        const char* s = getenv("CUDA_CPU_SEED");
+        if (s && *s) seed_value = strtoull(s, nullptr, 0);
+        seed_set = true;
+    }
+    return seed_value;
+}
+
+// splitmix64 (Steele, Lea, Flood 2014): the order of fibers, the same on every libc.
+static uint64_t splitmix64(uint64_t* state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+enum fiber_state { FIBER_RUNNABLE, FIBER_BARRIER, FIBER_WARP, FIBER_DONE, FIBER_FAULT };
+
+struct warp_call {
+    warp_op op;
+    unsigned mask;
+    uint64_t value;   // this lane's value (bits), or its predicate
+    int arg;          // source lane, lane mask or delta
+    int width;
+    uint64_t result;  // filled in when the whole mask has arrived
+};
+
+struct fiber {
+    ucontext_t ctx;
+    fiber_state state;
+    uint3 tid;
+    warp_call call;
+};
+
+struct block_run {
+    const char* kernel;
+    const std::function<void()>* body;
+    std::vector<fiber> fibers;  // by linear thread id: x fastest, then y, then z
+    ucontext_t scheduler;
+    int current;                // the running fiber, -1 in the scheduler
+    bool fault;
+    std::string message;
+};
+
+static thread_local block_run* running = nullptr;   // the block this OS thread runs now
+static thread_local std::vector<unsigned char> dyn_shared_buf;
+static thread_local void* dyn_shared_ptr = nullptr;
+
+static const char* op_name(warp_op op) {
+    switch (op) {
+        case WARP_SYNC: return "__syncwarp";
+        case WARP_SHFL_IDX: return "__shfl_sync";
+        case WARP_SHFL_XOR: return "__shfl_xor_sync";
+        case WARP_SHFL_DOWN: return "__shfl_down_sync";
+        case WARP_SHFL_UP: return "__shfl_up_sync";
+        case WARP_BALLOT: return "__ballot_sync";
+        case WARP_ANY: return "__any_sync";
+        case WARP_ALL: return "__all_sync";
+    }
+    return "?";
+}
+
+// "kernel 'name' block (x,y,z) thread (x,y,z) [lane l of warp w]: " then the text.
+static std::string where(const block_run& r, int t) {
+    char buf[256];
+    const uint3 tid = r.fibers[t].tid;
+    snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' block (%u,%u,%u) thread (%u,%u,%u) [lane %d of warp %d]: ",
+             r.kernel, blockIdx.x, blockIdx.y, blockIdx.z, tid.x, tid.y, tid.z, t % 32, t / 32);
+    return buf;
+}
+
+static std::string format(const char* fmt, va_list ap) {
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    return buf;
+}
+
+__attribute__((format(printf, 1, 2))) static std::string format_msg(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = format(fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+// ---- 2. fibers and their stacks -------------------------------------------------------
+// 256 KB of address space per fiber (CUDA_CPU_STACK_KB to change), mapped
+// lazily by the kernel, so only the pages a thread touches cost memory; below
+// each stack one PROT_NONE page turns an overflow into a SIGSEGV. Stacks are
+// kept per OS thread and reused by every block and launch.
+
+static size_t page_size() { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static size_t stack_bytes() {
+    static size_t bytes = 0;
+    if (bytes == 0) {
+        const char* s = getenv("CUDA_CPU_STACK_KB");
+        size_t kb = (s && *s) ? strtoull(s, nullptr, 10) : 256;
+        if (kb < 16) kb = 16;
+        const size_t page = page_size();
+        bytes = (kb * 1024 + page - 1) / page * page;
+    }
+    return bytes;
+}
+
+static thread_local std::vector<char*> stacks;  // each: guard page, then stack_bytes()
+
+static char* fiber_stack(size_t i) {
+    while (stacks.size() <= i) {
+        const size_t page = page_size();
+        void* p = mmap(nullptr, page + stack_bytes(), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) { perror("mmap"); fprintf(stderr, "cuda_cpu: cannot map a fiber stack: lower CUDA_CPU_STACK_KB\n"); abort(); }
+        CPU_SYSCHECK(mprotect(p, page, PROT_NONE));
+        stacks.push_back(static_cast<char*>(p));
+    }
+    return stacks[i] + page_size();
+}
+
+// Where every fiber starts: run the kernel body, then hand back for good.
+static void fiber_main() {
+    block_run* r = running;
+    (*r->body)();
+    r->fibers[r->current].state = FIBER_DONE;
+    CPU_SYSCHECK(swapcontext(&r->fibers[r->current].ctx, &r->scheduler));
+    CPU_ALWAYS(!"a finished fiber was resumed");
+}
+
+// ---- 3. device side: arriving at a barrier or a warp operation, faults ------------------
+
+static fiber& self(const char* what) {
+    if (!running || running->current < 0) {
+        fprintf(stderr, "cuda_cpu: %s called outside a kernel launched by cpu_launch\n", what);
+        abort();
+    }
+    return running->fibers[running->current];
+}
+
+static void yield_to_scheduler(fiber& f) {
+    CPU_SYSCHECK(swapcontext(&f.ctx, &running->scheduler));
+    asm volatile("" ::: "memory");  // what other fibers wrote is in memory, not in our registers
+}
+
+// Stops the launch: the message names kernel, block and thread; the fiber is
+// never resumed (what lives on its stack is abandoned, not destroyed).
+[[noreturn]] __attribute__((format(printf, 2, 3))) static void fault(fiber& f, const char* fmt, ...) {
+    block_run* r = running;
+    va_list ap;
+    va_start(ap, fmt);
+    r->message = where(*r, r->current) + format(fmt, ap);
+    va_end(ap);
+    r->fault = true;
+    f.state = FIBER_FAULT;
+    CPU_SYSCHECK(swapcontext(&f.ctx, &r->scheduler));
+    CPU_ALWAYS(!"a faulted fiber was resumed");
+    abort();
+}
+
+void* dynamic_shared() { return dyn_shared_ptr; }
+
+uint64_t warp_arrive(warp_op op, unsigned mask, uint64_t value, int arg, int width) {
+    fiber& f = self(op_name(op));
+    const int t = running->current;
+    const int lane = t % 32, warp_base = t - lane;
+    const int n = (int)running->fibers.size();
+    if (!(mask & (1u << lane)))
+        fault(f, "%s with mask 0x%08x, which leaves out the calling lane %d", op_name(op), mask, lane);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        fault(f, "%s with width %d: it must be a power of 2 from 1 to 32", op_name(op), width);
+    for (int l = 0; l < 32; l++)
+        if ((mask & (1u << l)) && warp_base + l >= n)
+            fault(f, "%s with mask 0x%08x names lane %d, which does not exist (the block has %d threads)",
+                  op_name(op), mask, l, n);
+    f.call = warp_call{op, mask, value, arg, width, 0};
+    f.state = FIBER_WARP;
+    yield_to_scheduler(f);
+    return f.call.result;
+}
+
+}  // namespace cuda_cpu
+
+void __syncthreads() {
+    cuda_cpu::fiber& f = cuda_cpu::self("__syncthreads");
+    f.state = cuda_cpu::FIBER_BARRIER;
+    cuda_cpu::yield_to_scheduler(f);
+}
+
+namespace cuda_cpu {
+
+// ---- 4. the block scheduler --------------------------------------------------------------
+
+// The lane whose value lane `lane` receives, by PTX's shfl rules (the
+// segment is the lane's group of `width`); -1: its own value.
+static int shfl_source(const warp_call& c, int lane) {
+    const int seg_lo = lane & ~(c.width - 1), seg_hi = seg_lo + c.width - 1;
+    switch (c.op) {
+        case WARP_SHFL_IDX: return seg_lo + (c.arg & (c.width - 1));
+        case WARP_SHFL_XOR: { int s = lane ^ c.arg; return s > seg_hi ? -1 : s; }  // earlier segments are reachable
+        case WARP_SHFL_DOWN: { int s = lane + c.arg; return s > seg_hi ? -1 : s; }
+        case WARP_SHFL_UP: { int s = lane - c.arg; return s < seg_lo ? -1 : s; }
+        default: return -1;
+    }
+}
+
+static bool same_call(const warp_call& a, const warp_call& b) {
+    return a.op == b.op && a.mask == b.mask && a.width == b.width;
+}
+
+// Completes every warp operation whose whole mask has arrived at a matching
+// call; returns whether any did. Sets r.fault when an exchange reads a lane
+// outside the mask (undefined in CUDA).
+static bool complete_warp_ops(block_run& r) {
+    const int n = (int)r.fibers.size();
+    bool progress = false;
+    for (int t = 0; t < n && !r.fault; t++) {
+        fiber& f = r.fibers[t];
+        if (f.state != FIBER_WARP) continue;
+        const int base = t - t % 32;
+        const warp_call c = f.call;
+        bool ready = true;
+        for (int l = 0; l < 32 && ready; l++)
+            if (c.mask & (1u << l))
+                ready = r.fibers[base + l].state == FIBER_WARP && same_call(r.fibers[base + l].call, c);
+        if (!ready) continue;
+        uint64_t ballot = 0;
+        for (int l = 0; l < 32; l++)
+            if ((c.mask & (1u << l)) && r.fibers[base + l].call.value) ballot |= 1ull << l;
+        for (int l = 0; l < 32; l++) {
+            if (!(c.mask & (1u << l))) continue;
+            fiber& g = r.fibers[base + l];
+            switch (c.op) {
+                case WARP_SYNC: g.call.result = 0; break;
+                case WARP_BALLOT: g.call.result = ballot; break;
+                case WARP_ANY: g.call.result = ballot != 0; break;
+                case WARP_ALL: g.call.result = ballot == c.mask; break;
+                default: {
+                    const int s = shfl_source(c, l);
+                    if (s >= 0 && !(c.mask & (1u << s))) {
+                        r.message = where(r, base + l) + format_msg("%s(mask 0x%08x, arg %d, width %d) reads lane %d, which is not in the mask",
+                                                                    op_name(c.op), c.mask, c.arg, c.width, s);
+                        r.fault = true;
+                        return progress;
+                    }
+                    g.call.result = s < 0 ? g.call.value : r.fibers[base + s].call.value;
+                }
+            }
+        }
+        for (int l = 0; l < 32; l++)
+            if (c.mask & (1u << l)) r.fibers[base + l].state = FIBER_RUNNABLE;
+        progress = true;
+    }
+    return progress;
+}
+
+// Nothing can run and a warp operation is stuck: say why, for the first one.
+static void diagnose_warp(block_run& r) {
+    const int n = (int)r.fibers.size();
+    for (int t = 0; t < n; t++) {
+        const fiber& f = r.fibers[t];
+        if (f.state != FIBER_WARP) continue;
+        const int base = t - t % 32;
+        const warp_call& c = f.call;
+        for (int l = 0; l < 32; l++) {
+            if (!(c.mask & (1u << l))) continue;
+            const fiber& g = r.fibers[base + l];
+            const char* why = nullptr;
+            char buf[160];
+            if (g.state == FIBER_DONE) why = "has exited";
+            else if (g.state == FIBER_BARRIER) why = "waits at __syncthreads instead";
+            else if (g.state == FIBER_WARP && !same_call(g.call, c)) {
+                snprintf(buf, sizeof buf, "called %s with mask 0x%08x width %d instead", op_name(g.call.op), g.call.mask, g.call.width);
+                why = buf;
+            }
+            if (why) {
+                r.message = where(r, t) + format_msg("%s with mask 0x%08x waits for lane %d, which %s",
+                                                     op_name(c.op), c.mask, l, why);
+                r.fault = true;
+                return;
+            }
+        }
+    }
+    CPU_ALWAYS(!"a stuck warp operation without a reason");
+}
+
+// Thread t of the block, at the start of the kernel. Its own function:
+// getcontext returns twice, which would put run_block's locals at risk.
+__attribute__((noinline)) static void fiber_init(fiber& f, int t) {
+    const unsigned u = (unsigned)t;
+    f.state = FIBER_RUNNABLE;
+    f.tid = uint3{u % blockDim.x, (u / blockDim.x) % blockDim.y, u / (blockDim.x * blockDim.y)};
+    CPU_SYSCHECK(getcontext(&f.ctx));
+    f.ctx.uc_stack.ss_sp = fiber_stack(t);
+    f.ctx.uc_stack.ss_size = stack_bytes();
+    f.ctx.uc_link = nullptr;  // fiber_main never returns
+    makecontext(&f.ctx, fiber_main, 0);
+}
+
+// Runs one block to its end or its first fault.
+static void run_block(block_run& r, uint64_t block_seed) {
+    const int n = (int)r.fibers.size();
+    for (int t = 0; t < n; t++) fiber_init(r.fibers[t], t);
+    uint64_t rng = block_seed;
+    std::vector<int> order;
+    for (;;) {
+        // One round: every runnable fiber, in a seeded permutation (Fisher-Yates),
+        // runs until it reaches a barrier, a warp operation or its end.
+        order.clear();
+        for (int t = 0; t < n; t++)
+            if (r.fibers[t].state == FIBER_RUNNABLE) order.push_back(t);
+        for (size_t i = order.size(); i > 1; i--) std::swap(order[i - 1], order[splitmix64(&rng) % i]);
+        for (int t : order) {
+            r.current = t;
+            threadIdx = r.fibers[t].tid;
+            CPU_SYSCHECK(swapcontext(&r.scheduler, &r.fibers[t].ctx));
+            r.current = -1;
+            if (r.fault) return;
+        }
+        // Nothing runnable: complete warp operations, then the barrier.
+        if (complete_warp_ops(r)) continue;
+        if (r.fault) return;
+        int at_barrier = 0, done = 0, at_warp = 0;
+        for (const fiber& f : r.fibers) {
+            at_barrier += f.state == FIBER_BARRIER;
+            done += f.state == FIBER_DONE;
+            at_warp += f.state == FIBER_WARP;
+        }
+        if (done == n) return;
+        if (at_warp > 0) { diagnose_warp(r); return; }
+        CPU_ALWAYS(at_barrier + done == n && at_barrier > 0);
+        if (done > 0) {
+            int t = 0;
+            while (r.fibers[t].state != FIBER_DONE) t++;
+            r.message = where(r, t) + format_msg("exited while %d threads of its block wait at __syncthreads "
+                                                 "(undefined in CUDA: every thread must reach the barrier)", at_barrier);
+            r.fault = true;
+            return;
+        }
+        for (fiber& f : r.fibers) f.state = FIBER_RUNNABLE;
+    }
+}
+
+// ---- 5. launch ----------------------------------------------------------------------------
+
+cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes,
+                      const std::function<void()>& body) {
+    char buf[400];
+    if (running) {
+        snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' launched from inside kernel '%s': dynamic parallelism is not modelled", name, running->kernel);
+        record_error(CPU_ERROR_LAUNCH_FAILURE, buf);
+        return CPU_ERROR_LAUNCH_FAILURE;
+    }
+    // The driver's checks, before anything runs.
+    const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    const char* bad = nullptr;
+    if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) bad = "a zero dimension";
+    else if (threads > MAX_THREADS_PER_BLOCK) bad = "more than 1024 threads per block";
+    else if (block.x > 1024 || block.y > 1024 || block.z > MAX_BLOCK_Z) bad = "block.x or block.y over 1024, or block.z over 64";
+    else if (grid.x > MAX_GRID_X || grid.y > MAX_GRID_YZ || grid.z > MAX_GRID_YZ) bad = "grid.x over 2^31-1, or grid.y or grid.z over 65535";
+    if (bad) {
+        snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' not launched: invalid configuration, grid (%u,%u,%u) block (%u,%u,%u): %s",
+                 name, grid.x, grid.y, grid.z, block.x, block.y, block.z, bad);
+        record_error(CPU_ERROR_INVALID_CONFIGURATION, buf);
+        return CPU_ERROR_INVALID_CONFIGURATION;
+    }
+    auto it = max_dynamic_shared.find(key);
+    const size_t limit = it == max_dynamic_shared.end() ? DEFAULT_MAX_DYNAMIC_SHARED : it->second;
+    if (shared_bytes > limit) {
+        snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' not launched: %zu bytes of dynamic shared memory, over its limit of %zu%s",
+                 name, shared_bytes, limit,
+                 it == max_dynamic_shared.end() ? " (call cpu_func_set_max_dynamic_shared, i.e. cudaFuncSetAttribute(k, "
+                                                  "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), for up to 232448)" : "");
+        record_error(CPU_ERROR_INVALID_VALUE, buf);
+        return CPU_ERROR_INVALID_VALUE;
+    }
+
+    block_run r;
+    r.kernel = name;
+    r.body = &body;
+    r.fibers.resize(threads);
+    r.current = -1;
+    r.fault = false;
+    dyn_shared_buf.assign(shared_bytes + 16, 0);
+    dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 15) & ~(uintptr_t)15) : nullptr;
+    gridDim = grid;
+    blockDim = block;
+    running = &r;
+    const uint64_t seed = current_seed();
+    unsigned long long linear = 0;
+    for (unsigned z = 0; z < grid.z && !r.fault; z++)
+        for (unsigned y = 0; y < grid.y && !r.fault; y++)
+            for (unsigned x = 0; x < grid.x && !r.fault; x++, linear++) {
+                blockIdx = uint3{x, y, z};
+                // Poison: shared memory is uninitialised at every block start.
+                if (__start_cuda_cpu_shared) memset(__start_cuda_cpu_shared, 0xFF, __stop_cuda_cpu_shared - __start_cuda_cpu_shared);
+                if (shared_bytes) memset(dyn_shared_ptr, 0xFF, shared_bytes);
+                uint64_t block_seed = seed ^ (linear * 0xd1342543de82ef95ull);
+                run_block(r, splitmix64(&block_seed));
+            }
+    running = nullptr;
+    if (r.fault) {
+        record_error(CPU_ERROR_LAUNCH_FAILURE, r.message);
+        return CPU_ERROR_LAUNCH_FAILURE;
+    }
+    return CPU_SUCCESS;
+}
+
+cpu_error set_max_dynamic_shared(const void* key, const char* name, size_t bytes) {
+    if (bytes > OPTIN_MAX_DYNAMIC_SHARED) {
+        char buf[300];
+        snprintf(buf, sizeof buf, "cuda_cpu: cpu_func_set_max_dynamic_shared(%s, %zu): over the device's %zu bytes",
+                 name, bytes, OPTIN_MAX_DYNAMIC_SHARED);
+        record_error(CPU_ERROR_INVALID_VALUE, buf);
+        return CPU_ERROR_INVALID_VALUE;
+    }
+    max_dynamic_shared[key] = bytes;
+    return CPU_SUCCESS;
+}
+
+}  // namespace cuda_cpu
+
+cpu_error cpu_get_last_error() {
+    cpu_error e = cuda_cpu::last_error;
+    cuda_cpu::last_error = CPU_SUCCESS;
+    return e;
+}
+cpu_error cpu_peek_at_last_error() { return cuda_cpu::last_error; }
+const char* cpu_last_error_message() { return cuda_cpu::last_message.c_str(); }
+void cpu_set_seed(uint64_t seed) {
+    cuda_cpu::seed_value = seed;
+    cuda_cpu::seed_set = true;
+}
+const char* cpu_get_error_string(cpu_error e) {
+    switch (e) {
+        case CPU_SUCCESS: return "no error";
+        case CPU_ERROR_INVALID_VALUE: return "invalid argument";
+        case CPU_ERROR_INVALID_CONFIGURATION: return "invalid configuration argument";
+        case CPU_ERROR_LAUNCH_FAILURE: return "unspecified launch failure";
+    }
+    return "unknown error";
+}

@@ -1,0 +1,230 @@
+// cuda_cpu.h — the kernel-execution core of the CPU execution layer for CUDA
+// code (the start of issue 11, not its completion; see dev/cuda/cpu/README.md).
+//
+// Included by: dev/cuda/cpu/test_cuda_cpu.cpp today; later, by the build that
+// compiles train_gpt.cu, test_gpt.cu and the dev/cuda kernels with g++.
+// Implemented in: dev/cuda/cpu/cuda_cpu.cpp (the scheduler, fibers, warp ops).
+//
+// What it gives a kernel written for CUDA:
+//   dim3, uint3, gridDim, blockDim, blockIdx, threadIdx, warpSize
+//   __global__ __device__ __host__ __forceinline__ __constant__ __launch_bounds__ (defined away)
+//   __shared__ (static, poisoned with 0xFF bytes = NaN at every block start)
+//   CPU_EXTERN_SHARED(T, name)  stands for `extern __shared__ T name[];`
+//   __syncthreads, __syncwarp, __shfl_sync, __shfl_xor_sync, __shfl_down_sync,
+//   __shfl_up_sync, __ballot_sync, __any_sync, __all_sync
+//   atomicAdd (float, int, unsigned, unsigned long long), atomicMax, atomicCAS
+// and to the host:
+//   cpu_launch(kernel, grid, block, shared_bytes, args...)   for k<<<grid, block, shared_bytes>>>(args...)
+//   cpu_func_set_max_dynamic_shared(kernel, bytes)           for cudaFuncSetAttribute(k, MaxDynamicSharedMemorySize, bytes)
+//   cpu_get_last_error / cpu_peek_at_last_error / cpu_get_error_string / cpu_last_error_message
+//   cpu_set_seed(seed)  (or env CUDA_CPU_SEED): the order fibers run in each barrier interval
+//
+// Every CUDA thread is a fiber (ucontext) with its own mmap'd stack and a guard
+// page; one OS thread runs one block at a time, its fibers in a seeded order,
+// each until it reaches a barrier, a warp operation or its end. Misuse that
+// CUDA leaves undefined (a thread leaving a block whose other threads wait at
+// __syncthreads, warp masks that cannot be met) stops the launch with an error
+// that names the kernel, the block and the thread.
+//
+// Left out on purpose, for later sessions: the runtime memory API, streams,
+// cuBLASLt, NCCL, cuda_bf16.h, and translating `k<<<...>>>(...)` and
+// `extern __shared__` (a script will emit cpu_launch and CPU_EXTERN_SHARED).
+#pragma once
+
+#include <cstddef>      // size_t
+#include <cstdint>      // uint64_t
+#include <cstring>      // memcpy: values through warp exchanges
+#include <functional>   // std::function: the launch body
+#include <tuple>        // std::tuple, std::apply: kernel arguments, copied once per launch
+#include <type_traits>  // std::decay_t, std::is_trivially_copyable
+#include <utility>      // std::forward
+
+// ---- banners, in reading order -----------------------------------------------
+//   1. CUDA's built-in types and variables
+//   2. qualifiers defined away, shared memory
+//   3. barriers and warp operations
+//   4. atomics
+//   5. errors and launch
+
+// ---- 1. CUDA's built-in types and variables ------------------------------------
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+    constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+
+// Per OS thread; the scheduler sets threadIdx each time it resumes a fiber,
+// and blockIdx/blockDim/gridDim when a block starts on this OS thread.
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+// ---- 2. qualifiers defined away, shared memory ----------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+// A block runs on one OS thread at a time, and every block runs on the same
+// OS thread (cuda_cpu.cpp runs the grid in order), so a plain static is shared
+// by the fibers of a block, which is what __shared__ means. The named section
+// lets the scheduler poison all of them (0xFF bytes: NaN as float, bf16 and
+// double; -1 as int) at every block start, so a read before the write shows.
+// If blocks later run on several OS threads, this becomes per-thread storage.
+#define __shared__ __attribute__((section("cuda_cpu_shared"), used)) static
+
+// `extern __shared__ T name[];` cannot be a macro of __shared__ (extern static
+// is not C++); the launch-syntax translation will rewrite it to this. All
+// such arrays alias the launch's dynamic shared memory, 16-byte aligned and
+// poisoned like the static kind.
+#define CPU_EXTERN_SHARED(T, name) T* name = reinterpret_cast<T*>(cuda_cpu::dynamic_shared())
+
+namespace cuda_cpu {
+void* dynamic_shared();  // this block's dynamic shared memory (nullptr when the launch asked for 0 bytes)
+}
+
+// ---- 3. barriers and warp operations ----------------------------------------------
+
+// A fiber arrives and yields until every thread of the block has arrived.
+void __syncthreads();
+
+namespace cuda_cpu {
+enum warp_op {
+    WARP_SYNC, WARP_SHFL_IDX, WARP_SHFL_XOR, WARP_SHFL_DOWN, WARP_SHFL_UP,
+    WARP_BALLOT, WARP_ANY, WARP_ALL,
+};
+// The calling lane arrives at a warp operation with its mask and value; it
+// yields until every lane in the mask has arrived with the same operation,
+// mask and width, then gets its result (the exchanged value's bits, or the
+// ballot). Out-of-line in cuda_cpu.cpp, so shared memory is reloaded after it.
+uint64_t warp_arrive(warp_op op, unsigned mask, uint64_t value, int arg, int width);
+
+template <typename T> inline uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value,
+                  "warp shuffles move values of at most 8 bytes");
+    uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <typename T> inline T from_bits(uint64_t b, T like) {
+    std::memcpy(&like, &b, sizeof(T));
+    return like;
+}
+}  // namespace cuda_cpu
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    cuda_cpu::warp_arrive(cuda_cpu::WARP_SYNC, mask, 0, 0, 32);
+}
+template <typename T> inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+    return cuda_cpu::from_bits(cuda_cpu::warp_arrive(cuda_cpu::WARP_SHFL_IDX, mask, cuda_cpu::to_bits(var), src_lane, width), var);
+}
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+    return cuda_cpu::from_bits(cuda_cpu::warp_arrive(cuda_cpu::WARP_SHFL_XOR, mask, cuda_cpu::to_bits(var), lane_mask, width), var);
+}
+template <typename T> inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    return cuda_cpu::from_bits(cuda_cpu::warp_arrive(cuda_cpu::WARP_SHFL_DOWN, mask, cuda_cpu::to_bits(var), (int)delta, width), var);
+}
+template <typename T> inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    return cuda_cpu::from_bits(cuda_cpu::warp_arrive(cuda_cpu::WARP_SHFL_UP, mask, cuda_cpu::to_bits(var), (int)delta, width), var);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    return (unsigned)cuda_cpu::warp_arrive(cuda_cpu::WARP_BALLOT, mask, predicate != 0, 0, 32);
+}
+inline int __any_sync(unsigned mask, int predicate) {
+    return (int)cuda_cpu::warp_arrive(cuda_cpu::WARP_ANY, mask, predicate != 0, 0, 32);
+}
+inline int __all_sync(unsigned mask, int predicate) {
+    return (int)cuda_cpu::warp_arrive(cuda_cpu::WARP_ALL, mask, predicate != 0, 0, 32);
+}
+
+// ---- 4. atomics ---------------------------------------------------------------------
+// The fibers of a block share one OS thread and blocks run one after another,
+// so plain read-modify-writes would do today; GCC's __atomic builtins keep
+// them right if blocks later run on several OS threads. Each returns the old
+// value, as CUDA's do.
+
+inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
+}
+inline float atomicAdd(float* a, float v) {
+    float old, sum;  // a compare-and-swap loop: x86 has no float fetch-add
+    __atomic_load(a, &old, __ATOMIC_RELAXED);
+    do { sum = old + v; } while (!__atomic_compare_exchange(a, &old, &sum, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old;
+}
+inline int atomicMax(int* a, int v) {
+    int old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (old < v && !__atomic_compare_exchange_n(a, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+inline int atomicCAS(int* a, int compare, int v) {
+    __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;  // the old value, whether or not it was swapped
+}
+inline unsigned atomicCAS(unsigned* a, unsigned compare, unsigned v) {
+    __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;
+}
+
+// ---- 5. errors and launch ------------------------------------------------------------
+
+// The numbers are cudaError_t's, so the runtime layer can pass them through.
+enum cpu_error {
+    CPU_SUCCESS = 0,
+    CPU_ERROR_INVALID_VALUE = 1,           // cudaErrorInvalidValue: dynamic shared memory over the kernel's limit
+    CPU_ERROR_INVALID_CONFIGURATION = 9,   // cudaErrorInvalidConfiguration: grid or block dimensions
+    CPU_ERROR_LAUNCH_FAILURE = 719,        // cudaErrorLaunchFailure: what the kernel did (barrier, warp misuse)
+};
+// Like cudaGetLastError: the last error since the previous call, then reset.
+cpu_error cpu_get_last_error();
+cpu_error cpu_peek_at_last_error();
+const char* cpu_get_error_string(cpu_error e);
+// The full text of the last error: kernel, block, thread and what went wrong.
+const char* cpu_last_error_message();
+// The seed of the order fibers run in; the default is CUDA_CPU_SEED from the
+// environment, else 1. Block b of a launch uses its own stream seeded by (seed, b).
+void cpu_set_seed(uint64_t seed);
+
+namespace cuda_cpu {
+// The driver's limits (H100/H200, compute capability 9.0).
+constexpr unsigned MAX_THREADS_PER_BLOCK = 1024;
+constexpr unsigned MAX_BLOCK_Z = 64;
+constexpr unsigned MAX_GRID_YZ = 65535;
+constexpr unsigned MAX_GRID_X = 2147483647u;
+constexpr size_t DEFAULT_MAX_DYNAMIC_SHARED = 48 * 1024;  // without the attribute
+constexpr size_t OPTIN_MAX_DYNAMIC_SHARED = 232448;      // 227 KB, with it
+
+// Checks the configuration and runs the grid; returns and records the error.
+cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes,
+                      const std::function<void()>& body);
+cpu_error set_max_dynamic_shared(const void* key, const char* name, size_t bytes);
+
+template <typename... P, typename... A>
+cpu_error launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "cpu_launch: the kernel takes a different number of arguments");
+    // Copied once per launch, as CUDA copies a launch's arguments; each thread
+    // gets its own by-value copy when std::apply calls the kernel.
+    std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    return launch_body(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes,
+                       [&] { std::apply(kernel, params); });
+}
+template <typename... P>
+cpu_error func_set_max_dynamic_shared(const char* name, void (*kernel)(P...), size_t bytes) {
+    return set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), name, bytes);
+}
+}  // namespace cuda_cpu
+
+// k<<<grid, block, shared_bytes>>>(args...) becomes cpu_launch(k, grid, block, shared_bytes, args...).
+// A template kernel goes in parentheses: cpu_launch((k<float, 4>), ...). The
+// stream argument comes with the streams layer.
+#define cpu_launch(kernel, ...) ::cuda_cpu::launch(#kernel, kernel, __VA_ARGS__)
+#define cpu_func_set_max_dynamic_shared(kernel, bytes) ::cuda_cpu::func_set_max_dynamic_shared(#kernel, kernel, bytes)
