@@ -307,7 +307,8 @@ dev-cuda: $(CUDA_DEV)
 # -std=c++17  std::apply for the kernel arguments
 # -O2 -g      quick enough, and readable in gdb when a fiber faults
 # -I.         the test includes "dev/cuda/cpu/cuda_cpu.h" from the root
-CUDA_CPU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -I.
+# -I$(CUDA_HOME)/include  CUDA's own vector_types.h (dim3, uint3), compiled as host C++
+CUDA_CPU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -I. -I$(CUDA_HOME)/include
 dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.h
 	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp
 

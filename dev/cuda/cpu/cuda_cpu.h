@@ -48,12 +48,10 @@
 
 // ---- 1. CUDA's built-in types and variables ------------------------------------
 
-struct uint3 { unsigned x, y, z; };
-struct dim3 {
-    unsigned x, y, z;
-    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-    constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
-};
+// uint3 and dim3 are CUDA's own (vector_types.h compiles as host C++), so
+// code written for nvcc sees the same types; its __host__/__device__ markers
+// are redefined below.
+#include <vector_types.h>
 
 // Per OS thread; the scheduler sets threadIdx each time it resumes a fiber,
 // and blockIdx/blockDim/gridDim when a block starts on this OS thread.
@@ -65,6 +63,12 @@ constexpr int warpSize = 32;
 
 // ---- 2. qualifiers defined away, shared memory ----------------------------------
 
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __constant__
+#undef __forceinline__
+#undef __launch_bounds__
 #define __global__
 #define __device__
 #define __host__
@@ -78,6 +82,7 @@ constexpr int warpSize = 32;
 // lets the scheduler poison all of them (0xFF bytes: NaN as float, bf16 and
 // double; -1 as int) at every block start, so a read before the write shows.
 // If blocks later run on several OS threads, this becomes per-thread storage.
+#undef __shared__
 #define __shared__ __attribute__((section("cuda_cpu_shared"), used)) static
 
 // `extern __shared__ T name[];` cannot be a macro of __shared__ (extern static
