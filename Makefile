@@ -112,6 +112,9 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@echo "== the CUDA twin compiles (no GPU needed)"
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
 	 else echo "check-cuda: SKIPPED, nvcc not found (install the CUDA toolkit to compile train_gpt.cu)"; fi
+	@echo "== CUDA kernels executed on the CPU: the execution core's self-test (dev/cuda/cpu; uses CUDA's headers)"
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory test-cuda-cpu > test_cuda_cpu.log 2>&1 || { cat test_cuda_cpu.log; exit 1; }; tail -n 1 test_cuda_cpu.log; \
+	 else echo "test-cuda-cpu: SKIPPED, the CUDA toolkit's headers not found"; fi
 	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain, ZeRO-1 and ZeRO-2, resharding"
 	scripts/test_dp.sh ./train_gpt_mpi > test_dp.log 2>&1 || { cat test_dp.log; exit 1; }
 	@tail -n 1 test_dp.log
@@ -366,7 +369,7 @@ gpu-check:
 .PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu
 
 clean:
-	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log
+	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log test_cuda_cpu.log
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train dev/cpu/fma_peak \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log dev/cuda/cpu/test_cuda_cpu
 
