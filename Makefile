@@ -318,6 +318,61 @@ dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu
 test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
 	./dev/cuda/cpu/test_cuda_cpu
 
+# ---- the CUDA twin executed on the CPU (dev/cuda/cpu, issue 11) ----------------
+# The same .cu sources, compiled by g++ against the CPU execution layer:
+# translate.py rewrites k<<<...>>>(...) and extern __shared__ into .cpu/ (same
+# line numbers), dev/cuda/cpu/include/cuda_runtime.h stands in for CUDA's, and
+# runtime.cpp, cublaslt.cpp, nccl_mpi.cpp implement CUDA's own
+# cuda_runtime_api.h, cublasLt.h and nccl.h (NCCL over MPI: one rank per
+# emulated GPU). See dev/cuda/cpu/README.md for what it proves.
+#   make train_gpt_cu_cpu test_gpt_cu_cpu   the trainer and its test, on the CPU
+#   make test-cuda-on-cpu                   what make test runs of them (a few minutes)
+CPU_BUILD = .cpu
+CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
+CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h
+MPI_CXXFLAGS = $(shell $(MPICC) --showme:compile 2>/dev/null)
+MPI_CXXLIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
+# the layer itself: optimised, not instrumented (its own memory is not device memory)
+CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/include $(MPI_CXXFLAGS)
+# the application's code, every load and store instrumented:
+# -x c++                          .cu files are C++ (train_gpt.c inside them too)
+# -I$(CPU_BUILD)                  the translated .cu files first ("train_gpt.cu" from test_gpt.cu)
+# -Idev/cuda/cpu/include          our cuda_runtime.h before CUDA's
+# -fsanitize=kernel-address, call threshold 0: every access calls __asan_{load,store}N_noabort,
+#                                 which runtime.cpp implements (no libasan: its own checks)
+# --param asan-stack=0 asan-globals=0   host stacks and globals are not device memory
+# -O1                             kernels are stepped thread by thread; compile time matters more
+CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
+	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) -DOMPI_SKIP_MPICXX \
+	-fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 --param asan-stack=0 --param asan-globals=0
+CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
+
+$(CPU_BUILD)/layer/%.o: dev/cuda/cpu/%.cpp $(CPU_LAYER_H)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPU_LAYER_FLAGS) -c -o $@ $<
+
+$(CPU_BUILD)/%.cu: %.cu dev/cuda/cpu/translate.py
+	@mkdir -p $(dir $@)
+	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
+
+$(CPU_BUILD)/dev/cuda/common.h: dev/cuda/common.h dev/cuda/cpu/translate.py
+	@mkdir -p $(dir $@)
+	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
+
+train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c unicode_tables.h $(CPU_LAYER)
+	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/train_gpt_cu.o $(CPU_BUILD)/train_gpt.cu
+	$(CXX) -o $@ $(CPU_BUILD)/train_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
+
+test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c test_common.h unicode_tables.h $(CPU_LAYER)
+	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/test_gpt_cu.o $(CPU_BUILD)/test_gpt.cu
+	$(CXX) -o $@ $(CPU_BUILD)/test_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
+
+$(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(CPU_LAYER)
+	$(CXX) $(CPU_APP_FLAGS) -Idev/cuda -c -o $@.o $<
+	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
+
+.PHONY: test-cuda-on-cpu
+
 # host-only: every rank's shard map against the flat parameters (dev/cuda/dp_layout.cu)
 dp-layout: dev/cuda/dp_layout
 	./dev/cuda/dp_layout > dp_layout.log || { cat dp_layout.log; exit 1; }

@@ -395,8 +395,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
 
 // ---- 5. launch ----------------------------------------------------------------------------
 
-cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes,
-                      const std::function<void()>& body) {
+cpu_error launch_check(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes) {
     char buf[400];
     if (running) {
         snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' launched from inside kernel '%s': dynamic parallelism is not modelled", name, running->kernel);
@@ -426,7 +425,11 @@ cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, 
         record_error(CPU_ERROR_INVALID_VALUE, buf);
         return CPU_ERROR_INVALID_VALUE;
     }
+    return CPU_SUCCESS;
+}
 
+cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+    const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     block_run r;
     r.kernel = name;
     r.body = &body;
@@ -456,6 +459,17 @@ cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, 
         return CPU_ERROR_LAUNCH_FAILURE;
     }
     return CPU_SUCCESS;
+}
+
+cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes,
+                      const std::function<void()>& body) {
+    cpu_error e = launch_check(name, key, grid, block, shared_bytes);
+    return e != CPU_SUCCESS ? e : launch_run(name, grid, block, shared_bytes, body);
+}
+
+std::string where_now() {
+    if (!running || running->current < 0) return "";
+    return where(*running, running->current);
 }
 
 cpu_error set_max_dynamic_shared(const void* key, const char* name, size_t bytes) {

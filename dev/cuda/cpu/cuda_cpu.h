@@ -35,6 +35,7 @@
 #include <cstdint>      // uint64_t
 #include <cstring>      // memcpy: values through warp exchanges
 #include <functional>   // std::function: the launch body
+#include <string>       // where_now
 #include <tuple>        // std::tuple, std::apply: kernel arguments, copied once per launch
 #include <type_traits>  // std::decay_t, std::is_trivially_copyable
 #include <utility>      // std::forward
@@ -212,6 +213,12 @@ constexpr size_t OPTIN_MAX_DYNAMIC_SHARED = 232448;      // 227 KB, with it
 cpu_error launch_body(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes,
                       const std::function<void()>& body);
 cpu_error set_max_dynamic_shared(const void* key, const char* name, size_t bytes);
+// The two halves of launch_body, for the runtime's streams: the driver's
+// checks at the launch call, the grid later when the stream runs it.
+cpu_error launch_check(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes);
+cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// "cuda_cpu: kernel 'k' block (x,y,z) thread (x,y,z) [lane l of warp w]: " inside a kernel, else "".
+std::string where_now();
 
 template <typename... P, typename... A>
 cpu_error launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, A&&... args) {

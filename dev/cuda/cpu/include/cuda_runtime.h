@@ -1,0 +1,76 @@
+// cuda_runtime.h — what `#include <cuda_runtime.h>` finds when the CPU
+// execution layer builds CUDA sources with the host compiler (the Makefile
+// puts dev/cuda/cpu/include before CUDA's own include folder). It stands in
+// for CUDA's cuda_runtime.h, which only nvcc can read:
+//   - CUDA's own cuda_runtime_api.h: every runtime function, type and enum,
+//     exactly as the real library declares them (implemented in runtime.cpp);
+//   - cuda_cpu.h: kernels' built-in variables, __syncthreads, warp operations,
+//     atomics, __shared__;
+//   - CPU_LAUNCH, which translate.py writes for `k<<<grid, block, smem, stream>>>(args)`;
+//   - the few device intrinsics the project's kernels use, as host functions.
+#pragma once
+
+#include <cuda_runtime_api.h>  // CUDA's own: cudaMalloc, cudaStream_t, cudaError_t, ...
+
+#include "../cuda_cpu.h"
+
+#include <cmath>   // expf, tanhf, sqrtf: device math is the host's
+#include <memory>  // std::shared_ptr: a launch's arguments live until it runs
+#include <type_traits>  // std::common_type_t: min, max
+
+// ---- device intrinsics, as host functions ------------------------------------------
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline unsigned int __float_as_uint(float x) {
+    unsigned int u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+}
+inline float __uint_as_float(unsigned int u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+}
+inline float __expf(float x) { return expf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+template <typename T> inline T __ldg(const T* p) { return *p; }
+// CUDA's min and max for mixed integer and float arguments (nvcc's math headers declare them for host code too).
+template <typename A, typename B> inline std::common_type_t<A, B> min(A a, B b) { return b < a ? b : a; }
+template <typename A, typename B> inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
+
+// ---- launches ----------------------------------------------------------------------
+namespace cuda_cpu {
+// Checks the configuration now (the error goes to cudaGetLastError, as a
+// launch's does), and enqueues the grid on `stream`; runtime.cpp.
+void launch_enqueue(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                    std::function<void()> body);
+
+template <typename T> struct same { using type = T; };  // keeps P from being deduced from the arguments
+
+// The arguments convert to the kernel's parameter types at the call, as
+// nvcc's launch does (NULL to a pointer, int to long long).
+template <typename... P>
+void launch_on(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+               typename same<P>::type... args) {
+    // Copied at the launch, as CUDA copies a launch's arguments; the grid runs later.
+    auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(args...);
+    launch_enqueue(name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream,
+                   [kernel, params] { std::apply(kernel, *params); });
+}
+}  // namespace cuda_cpu
+
+#define CPU_LAUNCH(name, kernel, grid, block, shared_bytes, stream, ...) \
+    ::cuda_cpu::launch_on(name, kernel, grid, block, shared_bytes, stream, ##__VA_ARGS__)
+
+// CUDA's cuda_runtime.h overloads this for a kernel; the C form takes const void*.
+template <typename... P>
+inline cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+    return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// CUDA's cuda_runtime.h lets these take any T** (as nvcc builds see them).
+template <typename T> inline cudaError_t cudaMalloc(T** p, size_t bytes) {
+    return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+template <typename T> inline cudaError_t cudaMallocHost(T** p, size_t bytes) {
+    return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
+}

@@ -1,0 +1,1036 @@
+// runtime.cpp — the CUDA runtime of the CPU execution layer: device memory,
+// streams, events, launches, errors, and the checks that run on every byte a
+// device operation touches. Implements CUDA's own cuda_runtime_api.h (the
+// subset the project calls) and dev/cuda/cpu/device.h for the cuBLASLt and
+// NCCL stand-ins. See dev/cuda/cpu/README.md for what it models.
+//
+// Reading order:
+//   1. state: the arena, allocations, streams, operations, errors
+//   2. reports: naming an address, fatal
+//   3. the arena: reserve, allocate, the shadow bytes, host/device mode
+//   4. checks on every access: bounds, never-written reads, races between streams
+//   5. the scheduler: enqueue, dependencies, running what a wait needs
+//   6. the API: memory, copies, streams, events, device, errors, launches
+//
+// How device memory is checked. The application's code is compiled with
+// GCC's -fsanitize=kernel-address in "call" mode, so every load and store it
+// makes calls __asan_{load,store}N_noabort(address); those land in section 4.
+// Device memory is one arena of address space that nothing else uses, so one
+// compare tells device addresses from host ones. For each device byte a
+// shadow byte says: not allocated (a red zone between allocations), freed,
+// allocated but never written, written. For every 2 bytes a second shadow
+// keeps the last operation that wrote them and the last that read them, and
+// an access races when that operation is on another stream and not ordered
+// before the current one (vector clocks over streams, below). Outside device
+// operations the whole arena is PROT_NONE, so host code that touches device
+// memory faults even where it is not instrumented (libc's memcpy, fwrite).
+#include "device.h"
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_cpu.h"
+
+#include <signal.h>     // sigaction: host dereferences of device memory
+#include <sys/mman.h>   // mmap, mprotect: the arena
+#include <unistd.h>     // write, _exit
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#define RT_ALWAYS(cond) do { if (!(cond)) { fprintf(stderr, "cuda_cpu: internal error: %s (%s:%d)\n", #cond, __FILE__, __LINE__); abort(); } } while (0)
+#define RT_SYSCHECK(call) do { if ((call) != 0) { perror(#call); fprintf(stderr, "cuda_cpu: %s failed at %s:%d\n", #call, __FILE__, __LINE__); abort(); } } while (0)
+
+namespace cuda_cpu {
+
+// ---- 1. state ---------------------------------------------------------------------------
+
+// The arena: [arena_lo, arena_lo + arena_reserved) reserved; allocations are
+// carved upwards from arena_lo, each page-aligned, with at least one page of
+// red zone after it, never reused (a freed range stays "freed").
+static uintptr_t arena_lo = 0;
+static uintptr_t arena_used = 0;        // bytes from arena_lo that allocations have reached (hooks compare with it)
+static size_t arena_reserved = 0;
+static size_t arena_committed = 0;      // shadows made accessible up to here
+static uint8_t* shadow = nullptr;       // one byte per arena byte: SH_*
+static uint32_t* last_writer = nullptr; // per 2-byte granule: operation id, 0 none
+static uint32_t* last_reader = nullptr;
+constexpr size_t GRANULE = 2;
+enum : uint8_t { SH_NONE = 0, SH_FREED = 1, SH_FRESH = 2, SH_WRITTEN = 3 };
+static int device_mode = 0;             // > 0 while device operations run: the arena is readable and writable
+
+struct Allocation {
+    uintptr_t start;
+    size_t bytes;
+    int number;   // cudaMalloc #number, from 1
+    bool live;
+};
+static std::map<uintptr_t, Allocation> allocations;  // by start
+static int allocations_made = 0;
+static size_t bytes_live = 0;
+
+struct PinnedRange { uintptr_t start; size_t bytes; bool ours; };  // ours: cudaMallocHost, else cudaHostRegister
+static std::map<uintptr_t, PinnedRange> pinned;
+
+// Operations: every kernel, copy, set, matmul, collective, event record and
+// stream wait. `vc` is its vector clock: vc[s] = the last sequence number of
+// stream s that happens before it (its own stream: itself).
+struct Dep { int stream; uint64_t seq; };
+struct Op {
+    uint32_t id;
+    int stream;
+    uint64_t seq;
+    const char* name;
+    std::vector<Range> ranges;
+    std::function<void()> body;
+    std::vector<Dep> deps;
+    std::vector<uint64_t> vc;
+};
+struct OpRecord { const char* name; int stream; uint64_t seq; };  // kept for every operation, for reports
+static std::vector<OpRecord> op_records(1, OpRecord{"(none)", -1, 0});
+
+struct Stream {
+    bool live = true;
+    bool blocking = true;    // synchronises with the legacy default stream
+    int priority = 0;
+    uint64_t last_seq = 0;   // the last enqueued
+    uint64_t done_seq = 0;   // every operation up to here has run
+    std::deque<std::unique_ptr<Op>> pending;
+    std::vector<uint64_t> tail_vc;  // the vector clock after its last enqueued operation
+};
+static std::deque<Stream> streams;  // (a deque: never relocated) index 0: the legacy default stream
+// cudaStream_t values are indices in disguise, offset past CUDA's special
+// handles (0 and cudaStreamLegacy = 1: the legacy stream; cudaStreamPerThread = 2).
+constexpr uintptr_t STREAM_BASE = 0x1000;
+static cudaStream_t stream_handle(int i) { return reinterpret_cast<cudaStream_t>(STREAM_BASE + (uintptr_t)i); }
+
+struct Event {
+    bool live = true;
+    bool timing = true;
+    bool recorded = false;
+    int stream = 0;
+    uint64_t seq = 0;
+    std::vector<uint64_t> vc;
+    std::shared_ptr<double> ms;  // host time when its marker ran
+};
+static std::vector<Event> events(1);  // 0 unused: a null event is an error
+
+static std::vector<uint64_t> host_vc;  // what the host has waited for
+static const Op* current = nullptr;    // the operation running now
+static const char* last_api = "(none)";
+static cudaError_t last_error = cudaSuccess;
+static cudaError_t sticky_error = cudaSuccess;  // a kernel that failed: every later call returns it
+static uint64_t rng_state = 0;
+static bool rng_ready = false;
+
+static void vc_join(std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+    if (a.size() < b.size()) a.resize(b.size(), 0);
+    for (size_t i = 0; i < b.size(); i++) a[i] = std::max(a[i], b[i]);
+}
+static uint64_t vc_at(const std::vector<uint64_t>& v, int s) { return (size_t)s < v.size() ? v[s] : 0; }
+
+static uint64_t next_random() {  // splitmix64, seeded by CUDA_CPU_SEED (as the fibers' order)
+    if (!rng_ready) {
+        const char* s = getenv("CUDA_CPU_SEED");
+        rng_state = (s && *s) ? strtoull(s, nullptr, 0) : 1;
+        rng_state ^= 0x5bd1e9955bd1e995ull;
+        rng_ready = true;
+    }
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// ---- 2. reports -------------------------------------------------------------------------
+
+static std::string printf_string(const char* fmt, va_list ap) {
+    char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    return buf;
+}
+__attribute__((format(printf, 1, 2))) static std::string str(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = printf_string(fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static std::string op_label(uint32_t id) {
+    const OpRecord& r = op_records[id];
+    return str("'%s' (stream %d, operation #%u)", r.name, r.stream, id);
+}
+
+// "offset 12 of cudaMalloc #3 (4096 bytes)", "8 bytes past the end of ...", "... (freed)".
+static std::string describe_address(uintptr_t a) {
+    if (a < arena_lo || a >= arena_lo + arena_reserved) return str("0x%lx (not device memory)", (unsigned long)a);
+    auto it = allocations.upper_bound(a);
+    std::string before;
+    if (it != allocations.end())
+        before = str("; %zu bytes before the start of cudaMalloc #%d (%zu bytes)", it->first - a, it->second.number,
+                     it->second.bytes);
+    if (it == allocations.begin()) return str("device address 0x%lx, in no allocation%s", (unsigned long)a, before.c_str());
+    --it;
+    const Allocation& al = it->second;
+    if (a < al.start + al.bytes)
+        return str("device address 0x%lx, offset %zu of cudaMalloc #%d (%zu bytes%s)", (unsigned long)a, a - al.start,
+                   al.number, al.bytes, al.live ? "" : ", FREED by cudaFree");
+    return str("device address 0x%lx, %zu bytes past the end of cudaMalloc #%d (%zu bytes%s)%s", (unsigned long)a,
+               a - (al.start + al.bytes), al.number, al.bytes, al.live ? "" : ", freed", before.c_str());
+}
+
+void fatal(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string msg = printf_string(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    std::string where = where_now();
+    fprintf(stderr, "cuda_cpu: %s%s\n", where.empty() ? "" : where.substr(10).c_str(), msg.c_str());
+    if (current) fprintf(stderr, "cuda_cpu:   while running %s\n", op_label(current->id).c_str());
+    fprintf(stderr, "cuda_cpu:   the last CUDA call of the program: %s\n", last_api);
+    fflush(stderr);
+    _exit(FATAL_EXIT);
+}
+
+// ---- 3. the arena ---------------------------------------------------------------------------
+
+static size_t page_size() { return (size_t)sysconf(_SC_PAGESIZE); }
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+static size_t device_memory_bytes() {
+    const char* s = getenv("CUDA_CPU_MEMORY_MB");
+    size_t mb = (s && *s) ? strtoull(s, nullptr, 10) : 16384;
+    if (mb < 64) mb = 64;
+    return mb << 20;
+}
+
+static void on_segv(int sig, siginfo_t* info, void* ctx);
+
+static void arena_init() {
+    if (arena_lo) return;
+    arena_reserved = device_memory_bytes() * 2;  // room for red zones
+    void* p = mmap(nullptr, arena_reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* sh = mmap(nullptr, arena_reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    const size_t granules = arena_reserved / GRANULE * sizeof(uint32_t);
+    void* w = mmap(nullptr, granules, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* r = mmap(nullptr, granules, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED || sh == MAP_FAILED || w == MAP_FAILED || r == MAP_FAILED) {
+        fprintf(stderr, "cuda_cpu: cannot reserve %zu MB of address space for device memory: lower CUDA_CPU_MEMORY_MB\n",
+                arena_reserved >> 20);
+        exit(1);
+    }
+    arena_lo = (uintptr_t)p;
+    shadow = (uint8_t*)sh;
+    last_writer = (uint32_t*)w;
+    last_reader = (uint32_t*)r;
+    streams.resize(1);  // the legacy default stream
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    RT_SYSCHECK(sigaction(SIGSEGV, &sa, nullptr));
+    static std::vector<char> altstack(64 * 1024);  // a report from a fiber whose stack overflowed
+    stack_t ss;
+    ss.ss_sp = altstack.data();
+    ss.ss_size = altstack.size();
+    ss.ss_flags = 0;
+    RT_SYSCHECK(sigaltstack(&ss, nullptr));
+}
+
+// The shadows cover the arena up to `end`, made accessible as it grows.
+static void shadow_commit(size_t end) {
+    if (end <= arena_committed) return;
+    const size_t page = page_size();
+    size_t to = round_up(end, page * GRANULE);
+    RT_SYSCHECK(mprotect(shadow + arena_committed, to - arena_committed, PROT_READ | PROT_WRITE));
+    const size_t g0 = arena_committed / GRANULE, g1 = to / GRANULE;
+    RT_SYSCHECK(mprotect(last_writer + g0, (g1 - g0) * sizeof(uint32_t), PROT_READ | PROT_WRITE));
+    RT_SYSCHECK(mprotect(last_reader + g0, (g1 - g0) * sizeof(uint32_t), PROT_READ | PROT_WRITE));
+    arena_committed = to;
+}
+
+// Device mode: the arena's allocated part is readable and writable while
+// operations run (or the layer itself touches it), PROT_NONE otherwise.
+static void device_mode_enter() {
+    if (device_mode++ == 0 && arena_used)
+        RT_SYSCHECK(mprotect((void*)arena_lo, round_up(arena_used, page_size()), PROT_READ | PROT_WRITE));
+}
+static void device_mode_leave() {
+    RT_ALWAYS(device_mode > 0);
+    if (--device_mode == 0 && arena_used)
+        RT_SYSCHECK(mprotect((void*)arena_lo, round_up(arena_used, page_size()), PROT_NONE));
+}
+
+static void on_segv(int, siginfo_t* info, void*) {
+    uintptr_t a = (uintptr_t)info->si_addr;
+    if (arena_lo && a >= arena_lo && a < arena_lo + arena_reserved) {
+        std::string what = describe_address(a);
+        if (device_mode == 0)
+            fatal("host code touched %s outside any device operation: device memory is not host memory "
+                  "(copy it with cudaMemcpy; a real GPU would crash here too, or read garbage)", what.c_str());
+        fatal("%s touched %s, out of its bounds (code the layer's checks do not instrument)",
+              current ? op_label(current->id).c_str() : "the layer", what.c_str());
+    }
+    // Not ours: the default action (a core dump, as without the layer).
+    signal(SIGSEGV, SIG_DFL);
+}
+
+static cudaError_t arena_alloc(void** out, size_t bytes) {
+    arena_init();
+    const size_t page = page_size();
+    const size_t start = round_up(arena_used, page) + page;  // at least one page of red zone before
+    const size_t end = start + bytes;
+    if (end + page > arena_reserved || bytes_live + bytes > device_memory_bytes()) return cudaErrorMemoryAllocation;
+    shadow_commit(end + page);
+    memset(shadow + start, SH_FRESH, bytes);
+    Allocation al{arena_lo + start, bytes, ++allocations_made, true};
+    allocations[al.start] = al;
+    const bool was = device_mode > 0;
+    if (was) device_mode_leave();  // the new pages join the toggled range
+    arena_used = end + page;       // the red zone after it belongs to the checked range
+    device_mode_enter();
+    memset((void*)al.start, 0xFF, bytes);  // poison: NaN as float, bf16 and double
+    device_mode_leave();
+    if (was) device_mode_enter();
+    bytes_live += bytes;
+    *out = (void*)al.start;
+    return cudaSuccess;
+}
+
+static const Allocation* allocation_of(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocations.upper_bound(a);
+    if (it == allocations.begin()) return nullptr;
+    --it;
+    if (a >= it->second.start + it->second.bytes) return nullptr;
+    return &it->second;
+}
+
+bool is_device_pointer(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    return arena_lo && a >= arena_lo && a < arena_lo + arena_reserved;
+}
+
+std::string device_range_problem(const void* p, size_t bytes) {
+    if (!is_device_pointer(p)) return str("%p is not device memory (not from cudaMalloc)", p);
+    const Allocation* al = allocation_of(p);
+    if (!al) return describe_address((uintptr_t)p);
+    if (!al->live) return describe_address((uintptr_t)p);
+    uintptr_t end = (uintptr_t)p + bytes;
+    if (end > al->start + al->bytes)
+        return str("%zu bytes from offset %zu of cudaMalloc #%d (%zu bytes) run %zu bytes past its end", bytes,
+                   (uintptr_t)p - al->start, al->number, al->bytes, end - (al->start + al->bytes));
+    return "";
+}
+
+static bool pinned_host(const void* p, size_t bytes) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = pinned.upper_bound(a);
+    if (it == pinned.begin()) return false;
+    --it;
+    return a + bytes <= it->second.start + it->second.bytes;
+}
+
+// ---- 4. checks on every access ------------------------------------------------------------
+
+// Is operation `id` ordered before the current one?
+static bool ordered_before(uint32_t id) {
+    const OpRecord& r = op_records[id];
+    return vc_at(current->vc, r.stream) >= r.seq;
+}
+
+static void race(uint32_t other, bool other_wrote, bool writing, uintptr_t a) {
+    fatal("race between streams: %s %s %s, which %s %s, and nothing orders the two (no event wait, no "
+          "synchronisation between them): make one wait for the other (cudaEventRecord + cudaStreamWaitEvent)",
+          op_label(current->id).c_str(), writing ? "writes" : "reads", describe_address(a).c_str(),
+          op_label(other).c_str(), other_wrote ? "wrote" : "read");
+}
+
+// For a read of never-written memory: work enqueued earlier on other streams
+// that has not run and is not ordered before this operation; the likely
+// writer, whose wait is missing.
+static std::string unordered_pending() {
+    std::string list;
+    for (size_t s = 0; s < streams.size(); s++)
+        for (const auto& op : streams[s].pending)
+            if (op->id < current->id && (int)s != current->stream && !ordered_before(op->id))
+                list += "\ncuda_cpu:   " + op_label(op->id);
+    if (list.empty()) return "";
+    return "; enqueued earlier on other streams, not run yet, and not ordered before it (a race between streams, "
+           "if one of them writes it: a missing cudaStreamWaitEvent?):" + list;
+}
+
+// Records one access of the current operation to [a, a + n), checking it.
+// `kernel`: a kernel's own access (bounds and never-written reads are checked
+// byte by byte); otherwise a declared range of a copy, matmul or collective.
+static void access(uintptr_t a, size_t n, bool write, bool kernel) {
+    const size_t off = a - arena_lo;
+    const uint32_t me = current->id;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t& s = shadow[off + i];
+        if (s < SH_FRESH)
+            fatal("%s of %zu bytes at %s: out of bounds", write ? "write" : "read", n, describe_address(a + i).c_str());
+        if (write) s = SH_WRITTEN;
+        else if (s == SH_FRESH && kernel)
+            fatal("read of %zu bytes at %s, which nothing has written since cudaMalloc (fresh device memory is "
+                  "garbage on a GPU; here it is 0xFF bytes: NaN)%s", n, describe_address(a + i).c_str(),
+                  unordered_pending().c_str());
+    }
+    for (size_t g = off / GRANULE; g <= (off + n - 1) / GRANULE; g++) {
+        uint32_t w = last_writer[g];
+        if (w && w != me && !ordered_before(w)) race(w, true, write, arena_lo + g * GRANULE);
+        if (write) {
+            uint32_t r = last_reader[g];
+            if (r && r != me && !ordered_before(r)) race(r, false, true, arena_lo + g * GRANULE);
+            last_writer[g] = me;
+        } else {
+            last_reader[g] = me;
+        }
+    }
+}
+
+// An instrumented access: from a kernel, or from host code (an error).
+static void hooked(uintptr_t a, size_t n, bool write) {
+    if (!current)
+        fatal("host code %s %zu bytes at %s: device memory is not host memory (copy it with cudaMemcpy)",
+              write ? "writes" : "reads", n, describe_address(a).c_str());
+    access(a, n, write, true);
+}
+
+}  // namespace cuda_cpu
+
+// GCC's -fsanitize=kernel-address with asan-instrumentation-with-call-threshold=0
+// calls these for every load and store of the application's code.
+#define CPU_HOOK(n)                                                                                   \
+    extern "C" void __asan_load##n##_noabort(uintptr_t a) {                                          \
+        if (a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, false);             \
+    }                                                                                                 \
+    extern "C" void __asan_store##n##_noabort(uintptr_t a) {                                         \
+        if (a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, true);              \
+    }
+CPU_HOOK(1)
+CPU_HOOK(2)
+CPU_HOOK(4)
+CPU_HOOK(8)
+CPU_HOOK(16)
+extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    if (n && a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, false);
+}
+extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    if (n && a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, true);
+}
+extern "C" void __asan_handle_no_return() {}
+
+namespace cuda_cpu {
+
+// ---- 5. the scheduler ----------------------------------------------------------------------
+
+static int stream_index(cudaStream_t s) {
+    uintptr_t v = (uintptr_t)s;
+    if (v == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread) return 0;
+    v -= STREAM_BASE;
+    if (v == 0 || v >= streams.size() || !streams[v].live) return -1;
+    return (int)v;
+}
+
+static bool dep_done(const Dep& d) { return streams[d.stream].done_seq >= d.seq; }
+
+static void run_op(std::unique_ptr<Op> op) {
+    Stream& st = streams[op->stream];
+    device_mode_enter();
+    current = op.get();
+    for (const Range& r : op->ranges) {
+        for (size_t row = 0; row < r.rows; row++) {
+            const void* p = (const char*)r.p + row * r.stride;
+            std::string problem = device_range_problem(p, r.bytes);
+            if (!problem.empty()) fatal("%s: %s", r.write ? "writes" : "reads", problem.c_str());
+            if (r.bytes) access((uintptr_t)p, r.bytes, r.write, false);
+        }
+    }
+    if (op->body) op->body();
+    current = nullptr;
+    device_mode_leave();
+    st.done_seq = op->seq;
+}
+
+// Runs operations, in a seeded order among those that are ready, until every
+// target (stream, seq) has run. Only what the targets depend on runs: other
+// streams are delayed until something needs them, which is what exposes a
+// missing wait.
+static void run_until(std::vector<Dep> targets) {
+    for (;;) {
+        std::vector<uint64_t> need(streams.size(), 0);
+        std::vector<Dep> work;
+        for (const Dep& t : targets)
+            if (!dep_done(t)) work.push_back(t);
+        if (work.empty()) return;
+        while (!work.empty()) {
+            Dep d = work.back();
+            work.pop_back();
+            if (d.seq <= need[d.stream]) continue;
+            need[d.stream] = d.seq;
+            for (const auto& op : streams[d.stream].pending) {
+                if (op->seq > d.seq) break;
+                for (const Dep& e : op->deps)
+                    if (!dep_done(e) && e.seq > need[e.stream]) work.push_back(e);
+            }
+        }
+        std::vector<int> ready;
+        for (size_t s = 0; s < streams.size(); s++) {
+            if (streams[s].pending.empty()) continue;
+            const Op& head = *streams[s].pending.front();
+            if (head.seq > need[s]) continue;
+            bool ok = true;
+            for (const Dep& e : head.deps) ok = ok && dep_done(e);
+            if (ok) ready.push_back((int)s);
+        }
+        RT_ALWAYS(!ready.empty());
+        int s = ready[next_random() % ready.size()];
+        std::unique_ptr<Op> op = std::move(streams[s].pending.front());
+        streams[s].pending.pop_front();
+        run_op(std::move(op));
+    }
+}
+
+static void sync_stream(int s) {
+    run_until({Dep{s, streams[s].last_seq}});
+    vc_join(host_vc, streams[s].tail_vc);
+}
+
+static void sync_device() {
+    std::vector<Dep> all;
+    for (size_t s = 0; s < streams.size(); s++) all.push_back(Dep{(int)s, streams[s].last_seq});
+    run_until(all);
+    for (const Stream& st : streams) vc_join(host_vc, st.tail_vc);
+}
+
+// Appends an operation to stream s; returns its (stream, seq).
+static Dep push_op(int s, const char* name, std::vector<Range> ranges, std::function<void()> body,
+                   std::vector<Dep> deps = {}, const std::vector<uint64_t>* extra_vc = nullptr) {
+    Stream& st = streams[s];
+    auto op = std::make_unique<Op>();
+    op->stream = s;
+    op->seq = ++st.last_seq;
+    op->name = name;
+    op->ranges = std::move(ranges);
+    op->body = std::move(body);
+    op->deps = std::move(deps);
+    op->vc = st.tail_vc;
+    vc_join(op->vc, host_vc);
+    if (extra_vc) vc_join(op->vc, *extra_vc);
+    // The legacy default stream: its work waits for every blocking stream's,
+    // and theirs for its (CUDA's "legacy default stream" semantics).
+    if (s == 0) {
+        for (size_t o = 1; o < streams.size(); o++)
+            if (streams[o].live && streams[o].blocking && streams[o].last_seq) {
+                op->deps.push_back(Dep{(int)o, streams[o].last_seq});
+                vc_join(op->vc, streams[o].tail_vc);
+            }
+    } else if (st.blocking && streams[0].last_seq) {
+        op->deps.push_back(Dep{0, streams[0].last_seq});
+        vc_join(op->vc, streams[0].tail_vc);
+    }
+    if (op->vc.size() <= (size_t)s) op->vc.resize(s + 1, 0);
+    op->vc[s] = op->seq;
+    op->id = (uint32_t)op_records.size();
+    op_records.push_back(OpRecord{name, s, op->seq});
+    st.tail_vc = op->vc;
+    Dep at{s, op->seq};
+    st.pending.push_back(std::move(op));
+    return at;
+}
+
+cudaError_t enqueue(cudaStream_t stream, const char* name, std::vector<Range> ranges, std::function<void()> body,
+                    bool run_now) {
+    arena_init();
+    int s = stream_index(stream);
+    if (s < 0) return cudaErrorInvalidResourceHandle;
+    Dep at = push_op(s, name, std::move(ranges), std::move(body));
+    if (run_now) run_until({at});
+    return cudaSuccess;
+}
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+static cudaError_t set_error(cudaError_t e) {
+    if (e != cudaSuccess) last_error = e;
+    return e;
+}
+
+void launch_enqueue(const char* name, const void* key, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                    std::function<void()> body) {
+    arena_init();
+    last_api = name;
+    int s = stream_index(stream);
+    if (s < 0) {
+        fprintf(stderr, "cuda_cpu: kernel '%s' launched on a stream that is not live (destroyed or never created)\n", name);
+        set_error(cudaErrorInvalidResourceHandle);
+        return;
+    }
+    cpu_error e = launch_check(name, key, grid, block, shared_bytes);
+    if (e != CPU_SUCCESS) {
+        cpu_get_last_error();  // taken over by the runtime's own last error
+        set_error((cudaError_t)e);
+        return;
+    }
+    push_op(s, name, {}, [name, grid, block, shared_bytes, body] {
+        cpu_error r = launch_run(name, grid, block, shared_bytes, body);
+        if (r != CPU_SUCCESS) {
+            cpu_get_last_error();
+            sticky_error = (cudaError_t)r;
+            last_error = (cudaError_t)r;
+        }
+    });
+}
+
+}  // namespace cuda_cpu
+
+// ---- 6. the API ----------------------------------------------------------------------------------
+using namespace cuda_cpu;
+
+// Every API call: name it for reports, and return a failed kernel's error as CUDA does (sticky).
+#define API(name)                                   \
+    arena_init();                                   \
+    last_api = name;                                \
+    if (sticky_error != cudaSuccess) return sticky_error
+
+// ---- memory ----
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+    API("cudaMalloc");
+    if (!p) return set_error(cudaErrorInvalidValue);
+    if (bytes == 0) { *p = nullptr; return cudaSuccess; }
+    return set_error(arena_alloc(p, bytes));
+}
+
+cudaError_t cudaFree(void* p) {
+    API("cudaFree");
+    if (!p) return cudaSuccess;  // also how programs create the context
+    sync_device();               // cudaFree waits for the device, as CUDA's does
+    auto it = allocations.find((uintptr_t)p);
+    if (it == allocations.end() || !it->second.live) {
+        fprintf(stderr, "cuda_cpu: cudaFree(%p): %s\n", p,
+                it == allocations.end() ? "not the start of a cudaMalloc allocation" : "already freed");
+        return set_error(cudaErrorInvalidValue);
+    }
+    Allocation& al = it->second;
+    memset(shadow + (al.start - arena_lo), SH_FREED, al.bytes);
+    al.live = false;
+    bytes_live -= al.bytes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    API("cudaMallocHost");
+    if (!p) return set_error(cudaErrorInvalidValue);
+    void* q = nullptr;
+    if (posix_memalign(&q, 4096, bytes ? bytes : 1) != 0) return set_error(cudaErrorMemoryAllocation);
+    memset(q, 0xFF, bytes);
+    pinned[(uintptr_t)q] = PinnedRange{(uintptr_t)q, bytes, true};
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+    API("cudaFreeHost");
+    if (!p) return cudaSuccess;
+    sync_device();
+    auto it = pinned.find((uintptr_t)p);
+    if (it == pinned.end() || !it->second.ours) return set_error(cudaErrorInvalidValue);
+    pinned.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+    API("cudaHostRegister");
+    if (!p || bytes == 0 || is_device_pointer(p)) return set_error(cudaErrorInvalidValue);
+    if (pinned.count((uintptr_t)p)) return set_error(cudaErrorHostMemoryAlreadyRegistered);
+    pinned[(uintptr_t)p] = PinnedRange{(uintptr_t)p, bytes, false};
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* p) {
+    API("cudaHostUnregister");
+    auto it = pinned.find((uintptr_t)p);
+    if (it == pinned.end() || it->second.ours) return set_error(cudaErrorHostMemoryNotRegistered);
+    sync_device();
+    pinned.erase(it);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    API("cudaMemGetInfo");
+    if (free_bytes) *free_bytes = device_memory_bytes() - bytes_live;
+    if (total) *total = device_memory_bytes();
+    return cudaSuccess;
+}
+
+// ---- copies and sets ----
+
+// The kind a copy really is, from the pointers (as UVA lets cudaMemcpyDefault do).
+static cudaError_t copy_check(void* dst, const void* src, size_t n, cudaMemcpyKind kind, const char* call) {
+    const bool dd = is_device_pointer(dst), sd = is_device_pointer(src);
+    cudaMemcpyKind real = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                             : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    if (kind != cudaMemcpyDefault && kind != real) {
+        fprintf(stderr, "cuda_cpu: %s(dst %p, src %p, %zu bytes): kind %d, but the pointers make it kind %d "
+                "(1 = host to device, 2 = device to host, 3 = device to device)\n", call, dst, src, n, (int)kind, (int)real);
+        return cudaErrorInvalidValue;
+    }
+    if (n == 0) return cudaSuccess;
+    if (!dst || !src) return cudaErrorInvalidValue;
+    for (int side = 0; side < 2; side++) {
+        const void* p = side ? src : dst;
+        if (!is_device_pointer(p)) continue;
+        std::string problem = device_range_problem(p, n);
+        if (!problem.empty()) {
+            fprintf(stderr, "cuda_cpu: %s, %s: %s\n", call, side ? "source" : "destination", problem.c_str());
+            return cudaErrorInvalidValue;
+        }
+    }
+    return cudaSuccess;
+}
+
+// Enqueues a copy on stream s and says whether the host must wait for it
+// (CUDA's rules: a copy to pageable host memory returns when done; from
+// pageable host memory, the source is staged at the call).
+static cudaError_t copy_enqueue(void* dst, const void* src, size_t n, cudaMemcpyKind kind, int s, bool async,
+                                const char* call) {
+    cudaError_t e = copy_check(dst, src, n, kind, call);
+    if (e != cudaSuccess || n == 0) return set_error(e);
+    const bool dd = is_device_pointer(dst), sd = is_device_pointer(src);
+    std::vector<Range> ranges;
+    if (sd) ranges.push_back(Range{src, n, false});
+    if (dd) ranges.push_back(Range{dst, n, true});
+    std::function<void()> body;
+    if (!sd && !pinned_host(src, n)) {  // pageable source: staged now
+        auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
+        body = [dst, staged, n] { memcpy(dst, staged->data(), n); };
+    } else if (sd && dd) {
+        body = [dst, src, n] {
+            memmove(dst, src, n);
+            memcpy(shadow + ((uintptr_t)dst - arena_lo), shadow + ((uintptr_t)src - arena_lo), n);  // garbage stays garbage
+        };
+    } else {
+        body = [dst, src, n] { memcpy(dst, src, n); };
+    }
+    Dep at = push_op(s, call, std::move(ranges), std::move(body));
+    const bool wait = !async ? !(sd && dd) : (!dd && !pinned_host(dst, n));
+    if (wait) {
+        run_until({at});
+        vc_join(host_vc, streams[s].tail_vc);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    API("cudaMemcpy");
+    return copy_enqueue(dst, src, n, kind, 0, false, "cudaMemcpy");
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+    API("cudaMemcpyAsync");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    return copy_enqueue(dst, src, n, kind, s, true, "cudaMemcpyAsync");
+}
+
+static cudaError_t memset_enqueue(void* p, int value, size_t n, int s, const char* call) {
+    if (n == 0) return cudaSuccess;
+    std::string problem = device_range_problem(p, n);
+    if (!problem.empty()) {
+        fprintf(stderr, "cuda_cpu: %s(%p, %d, %zu): %s\n", call, p, value, n, problem.c_str());
+        return set_error(cudaErrorInvalidValue);
+    }
+    push_op(s, call, {Range{p, n, true}}, [p, value, n] { memset(p, value, n); });
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t n) {
+    API("cudaMemset");
+    return memset_enqueue(p, value, n, 0, "cudaMemset");
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
+    API("cudaMemsetAsync");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    return memset_enqueue(p, value, n, s, "cudaMemsetAsync");
+}
+
+// ---- streams ----
+
+static cudaError_t stream_create(cudaStream_t* out, unsigned flags, int priority) {
+    if (!out) return set_error(cudaErrorInvalidValue);
+    Stream st;
+    st.blocking = !(flags & cudaStreamNonBlocking);
+    st.priority = priority;
+    st.tail_vc = host_vc;
+    streams.push_back(std::move(st));
+    *out = stream_handle((int)streams.size() - 1);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+    API("cudaStreamCreate");
+    return stream_create(s, cudaStreamDefault, 0);
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+    API("cudaStreamCreateWithFlags");
+    return stream_create(s, flags, 0);
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+    API("cudaStreamCreateWithPriority");
+    return stream_create(s, flags, priority);
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    API("cudaDeviceGetStreamPriorityRange");
+    if (least) *least = 0;        // H100/H200's range
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    API("cudaStreamDestroy");
+    int s = stream_index(stream);
+    if (s <= 0) return set_error(cudaErrorInvalidResourceHandle);
+    sync_stream(s);  // its work still completes, as CUDA's does
+    streams[s].live = false;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    API("cudaStreamSynchronize");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    sync_stream(s);
+    return sticky_error;
+}
+
+// Not done yet: run one operation it needs (so a loop over this makes
+// progress), and say cudaErrorNotReady.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    API("cudaStreamQuery");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (streams[s].done_seq == streams[s].last_seq) {
+        vc_join(host_vc, streams[s].tail_vc);
+        return cudaSuccess;
+    }
+    if (next_random() % 2) run_until({Dep{s, streams[s].done_seq + 1}});
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    API("cudaDeviceSynchronize");
+    sync_device();
+    return sticky_error;
+}
+
+// ---- events ----
+
+static Event* event_of(cudaEvent_t e) {
+    uintptr_t v = (uintptr_t)e;
+    if (v == 0 || v >= events.size() || !events[v].live) return nullptr;
+    return &events[v];
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+    API("cudaEventCreate");
+    if (!e) return set_error(cudaErrorInvalidValue);
+    events.push_back(Event());
+    *e = reinterpret_cast<cudaEvent_t>((uintptr_t)(events.size() - 1));
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+    cudaError_t r = cudaEventCreate(e);
+    last_api = "cudaEventCreateWithFlags";
+    if (r == cudaSuccess) events.back().timing = !(flags & cudaEventDisableTiming);
+    return r;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    API("cudaEventDestroy");
+    Event* ev = event_of(e);
+    if (!ev) return set_error(cudaErrorInvalidResourceHandle);
+    ev->live = false;
+    return cudaSuccess;
+}
+
+static double host_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+    API("cudaEventRecord");
+    Event* ev = event_of(e);
+    int s = stream_index(stream);
+    if (!ev || s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    auto ms = std::make_shared<double>(-1.0);
+    Dep at = push_op(s, "cudaEventRecord", {}, [ms] { *ms = host_ms(); });
+    ev->recorded = true;
+    ev->stream = s;
+    ev->seq = at.seq;
+    ev->vc = streams[s].tail_vc;
+    ev->ms = ms;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int) {
+    API("cudaStreamWaitEvent");
+    Event* ev = event_of(e);
+    int s = stream_index(stream);
+    if (!ev || s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (!ev->recorded) return cudaSuccess;  // waiting for a never-recorded event waits for nothing
+    std::vector<uint64_t> vc = ev->vc;
+    push_op(s, "cudaStreamWaitEvent", {}, nullptr, {Dep{ev->stream, ev->seq}}, &vc);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    API("cudaEventSynchronize");
+    Event* ev = event_of(e);
+    if (!ev) return set_error(cudaErrorInvalidResourceHandle);
+    if (!ev->recorded) return cudaSuccess;
+    run_until({Dep{ev->stream, ev->seq}});
+    vc_join(host_vc, ev->vc);
+    return sticky_error;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    API("cudaEventQuery");
+    Event* ev = event_of(e);
+    if (!ev) return set_error(cudaErrorInvalidResourceHandle);
+    if (!ev->recorded || dep_done(Dep{ev->stream, ev->seq})) {
+        if (ev->recorded) vc_join(host_vc, ev->vc);
+        return cudaSuccess;
+    }
+    if (next_random() % 2) run_until({Dep{ev->stream, streams[ev->stream].done_seq + 1}});
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    API("cudaEventElapsedTime");
+    Event* a = event_of(start);
+    Event* b = event_of(end);
+    if (!ms || !a || !b) return set_error(cudaErrorInvalidResourceHandle);
+    if (!a->timing || !b->timing) return set_error(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return set_error(cudaErrorInvalidResourceHandle);
+    if (!dep_done(Dep{a->stream, a->seq}) || !dep_done(Dep{b->stream, b->seq})) return cudaErrorNotReady;
+    *ms = (float)(*b->ms - *a->ms);
+    return cudaSuccess;
+}
+
+// ---- device ----
+
+cudaError_t cudaGetDeviceCount(int* n) {
+    API("cudaGetDeviceCount");
+    if (!n) return set_error(cudaErrorInvalidValue);
+    *n = 1;  // one emulated GPU per process; several GPUs are several processes (NCCL over MPI)
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    API("cudaSetDevice");
+    return d == 0 ? cudaSuccess : set_error(cudaErrorInvalidDevice);
+}
+cudaError_t cudaGetDevice(int* d) {
+    API("cudaGetDevice");
+    if (!d) return set_error(cudaErrorInvalidValue);
+    *d = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+    API("cudaGetDeviceProperties");
+    if (!p) return set_error(cudaErrorInvalidValue);
+    if (d != 0) return set_error(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    // Not a GPU's name, so nothing computes an MFU against a datasheet for it.
+    snprintf(p->name, sizeof p->name, "CPU execution layer (sm_90 limits)");
+    p->totalGlobalMem = device_memory_bytes();
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = OPTIN_MAX_DYNAMIC_SHARED;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = MAX_THREADS_PER_BLOCK;
+    p->maxThreadsDim[0] = 1024;
+    p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = MAX_BLOCK_Z;
+    p->maxGridSize[0] = (int)MAX_GRID_X;
+    p->maxGridSize[1] = MAX_GRID_YZ;
+    p->maxGridSize[2] = MAX_GRID_YZ;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->l2CacheSize = 50 * 1024 * 1024;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->unifiedAddressing = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
+    API("cudaDeviceGetAttribute");
+    if (!v) return set_error(cudaErrorInvalidValue);
+    if (d != 0) return set_error(cudaErrorInvalidDevice);
+    switch (attr) {
+        case cudaDevAttrL2CacheSize: *v = 50 * 1024 * 1024; return cudaSuccess;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)OPTIN_MAX_DYNAMIC_SHARED; return cudaSuccess;
+        case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
+        default: break;
+    }
+    // Memory clock and bus width have no meaning here: say so as an error, which the lab handles.
+    return set_error(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
+    API("cudaFuncSetAttribute");
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0) return set_error(cudaErrorInvalidValue);
+    return set_error((cudaError_t)set_max_dynamic_shared(kernel, "kernel", (size_t)value));
+}
+
+// ---- errors ----
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = sticky_error != cudaSuccess ? sticky_error : last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return sticky_error != cudaSuccess ? sticky_error : last_error; }
+
+const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorNotReady: return "device not ready";
+        case cudaErrorLaunchFailure: return "unspecified launch failure";
+        case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+        case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
+        default: return "unknown error (the CPU execution layer has no text for it)";
+    }
+}
+const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+        default: return "cudaError";
+    }
+}

@@ -1,0 +1,367 @@
+// test_layer.cu — tests the tester: the CPU execution layer must catch each
+// bug a first GPU run would hit. Written as ordinary CUDA (launch syntax and all,
+// with the layer's cpu_set_seed); make test-cuda-layer builds it through the layer and runs it.
+//
+//   ./.cpu/dev/cuda/cpu/test_layer          every case, each in a child process
+//   ./.cpu/dev/cuda/cpu/test_layer CASE     one case, in this process (to see its report)
+//
+// Each case is a small program. A planted bug must end its process with the
+// layer's exit status 86 and a report naming the problem, or return the error
+// a GPU returns; the same program without the bug must pass. Last line:
+// "N passed, N failed"; exit status non-zero on any failure.
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(call)                                                                                        \
+    do {                                                                                                \
+        cudaError_t e_ = (call);                                                                        \
+        if (e_ != cudaSuccess) {                                                                        \
+            fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e_, cudaGetErrorString(e_), __FILE__, \
+                    __LINE__, #call);                                                                   \
+            exit(1);                                                                                    \
+        }                                                                                               \
+    } while (0)
+
+// ---- kernels -----------------------------------------------------------------------------
+
+__global__ void fill_kernel(float* out, float v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = v + i;
+}
+
+// sum of 256 values by a tree in shared memory; `sync` 0 plants the missing barrier
+__global__ void block_sum_kernel(float* out, const float* in, int sync) {
+    __shared__ float s[256];
+    s[threadIdx.x] = in[threadIdx.x];
+    __syncthreads();
+    for (int stride = 128; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) s[threadIdx.x] += s[threadIdx.x + stride];
+        if (sync) __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = s[0];
+}
+
+__global__ void off_by_one_kernel(float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) out[i] = 1.0f;  // the bug: <= n
+}
+
+__global__ void copy_kernel(float* out, const float* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+
+// a warp sum; `mask` 0xffff plants a shuffle whose mask leaves out lanes that call it
+__global__ void warp_sum_kernel(float* out, const float* in, unsigned mask) {
+    float v = in[threadIdx.x];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(mask, v, o);
+    if (threadIdx.x == 0) out[0] = v;
+}
+
+__global__ void dynamic_shared_kernel(float* out) {
+    extern __shared__ float buf[];
+    buf[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = buf[blockDim.x - 1 - threadIdx.x];
+}
+
+// ---- cases -----------------------------------------------------------------------------------
+
+static float* dev_floats(int n) {
+    float* d;
+    CK(cudaMalloc(&d, n * sizeof(float)));
+    return d;
+}
+
+static int case_ok_basic() {  // the control: a correct program runs and computes
+    const int n = 1000;
+    float* d = dev_floats(n);
+    fill_kernel<<<(n + 255) / 256, 256>>>(d, 2.0f, n);
+    CK(cudaGetLastError());
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        if (h[i] != 2.0f + i) { fprintf(stderr, "h[%d] = %g\n", i, h[i]); return 1; }
+    CK(cudaFree(d));
+    return 0;
+}
+
+// The block sum under seed s, bitwise.
+static unsigned block_sum_bits(int sync, unsigned long long seed) {
+    cpu_set_seed(seed);
+    std::vector<float> h(256);
+    for (int i = 0; i < 256; i++) h[i] = 1.0f / (i + 3);
+    float *in = dev_floats(256), *out = dev_floats(1);
+    CK(cudaMemcpy(in, h.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
+    block_sum_kernel<<<1, 256>>>(out, in, sync);
+    float r;
+    CK(cudaMemcpy(&r, out, sizeof r, cudaMemcpyDeviceToHost));
+    unsigned bits;
+    memcpy(&bits, &r, 4);
+    return bits;
+}
+
+// exit 0 when the kernel gives the same bits under 8 seeds, 1 when not
+static int seeds_agree(int sync) {
+    unsigned first = block_sum_bits(sync, 1);
+    for (unsigned long long s = 2; s <= 8; s++)
+        if (block_sum_bits(sync, s) != first) {
+            fprintf(stderr, "block_sum_kernel differs between seeds 1 and %llu: a race inside the block\n", s);
+            return 1;
+        }
+    return 0;
+}
+static int case_syncthreads_ok() { return seeds_agree(1); }
+static int case_syncthreads_missing() { return seeds_agree(0); }
+
+static int case_oob_write() {
+    const int n = 1000;
+    float* d = dev_floats(n);
+    off_by_one_kernel<<<(n + 255) / 256, 256>>>(d, n);
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
+
+static int case_uninitialised_read() {
+    const int n = 64;
+    float *a = dev_floats(n), *b = dev_floats(n);
+    copy_kernel<<<1, 64>>>(b, a, n);  // a was never written
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
+
+static int case_use_after_free() {
+    float* d = dev_floats(64);
+    fill_kernel<<<1, 64>>>(d, 0.0f, 64);
+    CK(cudaFree(d));
+    fill_kernel<<<1, 64>>>(d, 0.0f, 64);
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
+
+static int case_host_deref() {
+    float* d = dev_floats(16);
+    fill_kernel<<<1, 16>>>(d, 1.0f, 16);
+    CK(cudaDeviceSynchronize());
+    volatile float x = d[3];  // the bug: host code reads device memory
+    (void)x;
+    return 0;
+}
+
+static int case_host_memcpy_from_device() {  // uninstrumented libc, caught by the page protection
+    float* d = dev_floats(16);
+    fill_kernel<<<1, 16>>>(d, 1.0f, 16);
+    CK(cudaDeviceSynchronize());
+    float h[16];
+    volatile size_t bytes = sizeof h;  // not a constant: the compiler calls libc's memcpy
+    memcpy(h, d, bytes);
+    printf("%g\n", h[0]);
+    return 0;
+}
+
+// producer on stream a, consumer on stream b; `wait` 0 plants the missing event wait
+static int streams_case(int wait) {
+    const int n = 256;
+    float *x = dev_floats(n), *y = dev_floats(n);
+    cudaStream_t a, b;
+    cudaEvent_t done;
+    CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    fill_kernel<<<1, n, 0, a>>>(x, 5.0f, n);
+    CK(cudaEventRecord(done, a));
+    if (wait) CK(cudaStreamWaitEvent(b, done, 0));
+    copy_kernel<<<1, n, 0, b>>>(y, x, n);
+    std::vector<float> h(n);
+    CK(cudaMemcpyAsync(h.data(), y, n * sizeof(float), cudaMemcpyDeviceToHost, b));
+    CK(cudaStreamSynchronize(b));
+    for (int i = 0; i < n; i++)
+        if (h[i] != 5.0f + i) { fprintf(stderr, "y[%d] = %g, not %g\n", i, h[i], 5.0f + i); return 1; }
+    return 0;
+}
+static int case_streams_ok() { return streams_case(1); }
+
+// stream a reads x while stream b overwrites it, unordered: whichever runs
+// second meets the other's record (the read-then-write race)
+static int case_streams_write_while_read() {
+    const int n = 256;
+    float *x = dev_floats(n), *y = dev_floats(n);
+    fill_kernel<<<1, n>>>(x, 1.0f, n);
+    CK(cudaDeviceSynchronize());
+    cudaStream_t a, b;
+    CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    copy_kernel<<<1, n, 0, a>>>(y, x, n);
+    fill_kernel<<<1, n, 0, b>>>(x, 7.0f, n);
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
+static int case_streams_missing_wait() { return streams_case(0); }
+
+static int warp_case(unsigned mask) {
+    float *in = dev_floats(32), *out = dev_floats(1);
+    fill_kernel<<<1, 32>>>(in, 1.0f, 32);
+    warp_sum_kernel<<<1, 32>>>(out, in, mask);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "cudaDeviceSynchronize: %s (%d)\n", cudaGetErrorString(e), (int)e);
+        return 2;
+    }
+    float r;
+    CK(cudaMemcpy(&r, out, 4, cudaMemcpyDeviceToHost));
+    return r == 32.0f + 31.0f * 32.0f / 2.0f ? 0 : 1;
+}
+static int case_shuffle_ok() { return warp_case(0xffffffffu); }
+static int case_shuffle_wrong_mask() { return warp_case(0x0000ffffu); }
+
+static int shared_case(size_t bytes, bool opt_in) {
+    float* out = dev_floats(256);
+    if (opt_in) CK(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    dynamic_shared_kernel<<<1, 256, bytes>>>(out);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "launch: %s (%d)\n", cudaGetErrorString(e), (int)e);
+        return 2;
+    }
+    std::vector<float> h(256);
+    CK(cudaMemcpy(h.data(), out, 256 * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 256; i++)
+        if (h[i] != 255.0f - i) return 1;
+    return 0;
+}
+static int case_shared_ok() { return shared_case(256 * sizeof(float), false); }
+static int case_shared_optin_ok() { return shared_case(100 * 1024, true); }
+static int case_shared_over_limit() { return shared_case(64 * 1024, false); }  // over 48 KB without the attribute
+
+// cuBLASLt: the epilogue the project uses works; GELU_AUX with an aux ld that
+// is not a multiple of 8 does not (cuBLASLt requires it), nor fp16 A with bf16 B.
+static cublasStatus_t lt_case(cublasLtEpilogue_t epi, int64_t aux_ld, cudaDataType_t type_a) {
+    const int m = 16, n = 8, k = 16;
+    __nv_bfloat16 *A, *B, *D, *aux;
+    CK(cudaMalloc(&A, m * k * 2));
+    CK(cudaMalloc(&B, k * n * 2));
+    CK(cudaMalloc(&D, m * n * 2));
+    CK(cudaMalloc(&aux, 64 * n * 2));
+    CK(cudaMemset(A, 0, m * k * 2));
+    CK(cudaMemset(B, 0, k * n * 2));
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (epi == CUBLASLT_EPILOGUE_GELU_AUX) {
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayoutCreate(&la, type_a, m, k, m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &res, &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        float alpha = 1.0f, beta = 0.0f;
+        st = cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, nullptr, 0, 0);
+        CK(cudaDeviceSynchronize());
+    }
+    return st;
+}
+static int case_cublaslt_ok() { return lt_case(CUBLASLT_EPILOGUE_GELU_AUX, 16, CUDA_R_16BF) == CUBLAS_STATUS_SUCCESS ? 0 : 1; }
+static int case_cublaslt_bad_aux_ld() {
+    return lt_case(CUBLASLT_EPILOGUE_GELU_AUX, 20, CUDA_R_16BF) == CUBLAS_STATUS_NOT_SUPPORTED ? 3 : 0;
+}
+static int case_cublaslt_bad_types() {
+    return lt_case(CUBLASLT_EPILOGUE_DEFAULT, 0, CUDA_R_16F) == CUBLAS_STATUS_NOT_SUPPORTED ? 3 : 0;
+}
+
+// ---- the driver ------------------------------------------------------------------------------
+
+struct Case {
+    const char* name;
+    int (*run)();
+    int want_status;      // the child's exit status: 0 pass, 86 the layer's report, others: the case's own verdict
+    const char* want_text; // must appear in its stderr ("" for none)
+    const char* what;
+};
+
+static const Case cases[] = {
+    {"ok_basic", case_ok_basic, 0, "", "a correct program runs and computes"},
+    {"syncthreads_ok", case_syncthreads_ok, 0, "", "a block reduction with its barriers: the same bits under 8 seeds"},
+    {"syncthreads_missing", case_syncthreads_missing, 1, "differs between seeds", "a missing __syncthreads changes the result between seeds"},
+    {"oob_write", case_oob_write, 86, "past the end of cudaMalloc #1", "an out-of-bounds write (i <= n) is reported with the kernel"},
+    {"uninitialised_read", case_uninitialised_read, 86, "nothing has written since cudaMalloc", "a read of never-written device memory is reported"},
+    {"use_after_free", case_use_after_free, 86, "FREED", "a kernel writing freed memory is reported"},
+    {"host_deref", case_host_deref, 86, "host code reads 4 bytes", "host code reading device memory (instrumented) is reported"},
+    {"host_memcpy_from_device", case_host_memcpy_from_device, 86, "host code touched", "host memcpy from device memory (libc, not instrumented) is reported"},
+    {"streams_ok", case_streams_ok, 0, "", "two streams ordered by an event: no report, right result"},
+    {"streams_missing_wait", case_streams_missing_wait, 86, "race between streams", "a missing cudaStreamWaitEvent between two streams is reported, naming both"},
+    {"streams_write_while_read", case_streams_write_while_read, 86, "race between streams", "a kernel overwriting what another stream reads, unordered, is reported"},
+    {"shuffle_ok", case_shuffle_ok, 0, "", "a warp sum with the full mask"},
+    {"shuffle_wrong_mask", case_shuffle_wrong_mask, 2, "leaves out", "a shuffle with a mask that leaves out calling lanes fails the launch (719)"},
+    {"shared_ok", case_shared_ok, 0, "", "1 KB of dynamic shared memory"},
+    {"shared_optin_ok", case_shared_optin_ok, 0, "", "100 KB of dynamic shared memory after cudaFuncSetAttribute"},
+    {"shared_over_limit", case_shared_over_limit, 2, "over its limit", "64 KB of dynamic shared memory without the attribute: cudaErrorInvalidValue"},
+    {"cublaslt_ok", case_cublaslt_ok, 0, "", "cuBLASLt bf16 GEMM with the GELU_AUX epilogue"},
+    {"cublaslt_bad_aux_ld", case_cublaslt_bad_aux_ld, 3, "", "cuBLASLt refuses GELU_AUX with an aux ld not a multiple of 8"},
+    {"cublaslt_bad_types", case_cublaslt_bad_types, 3, "", "cuBLASLt refuses fp16 A with bf16 B and D"},
+};
+
+static int run_child(const Case& c, std::string* err) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) { perror("pipe"); exit(1); }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) { perror("fork"); exit(1); }
+    if (pid == 0) {
+        close(pipefd[0]);
+        dup2(pipefd[1], 2);
+        int r = c.run();
+        fflush(stdout);
+        fflush(stderr);
+        _exit(r);
+    }
+    close(pipefd[1]);
+    char buf[4096];
+    ssize_t k;
+    while ((k = read(pipefd[0], buf, sizeof buf)) > 0) err->append(buf, (size_t)k);
+    close(pipefd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int main(int argc, char** argv) {
+    if (argc == 2) {
+        for (const Case& c : cases)
+            if (strcmp(argv[1], c.name) == 0) return c.run();
+        fprintf(stderr, "no case '%s'\n", argv[1]);
+        return 2;
+    }
+    int passed = 0, failed = 0;
+    for (const Case& c : cases) {
+        std::string err;
+        int status = run_child(c, &err);
+        bool ok = status == c.want_status && (c.want_text[0] == 0 || err.find(c.want_text) != std::string::npos);
+        printf("%s %s: %s (exit %d)\n", ok ? "ok  " : "FAIL", c.name, c.what, status);
+        if (!ok || getenv("TEST_LAYER_VERBOSE")) {
+            printf("     want exit %d%s%s%s; its stderr:\n%s\n", c.want_status, c.want_text[0] ? " and \"" : "",
+                   c.want_text, c.want_text[0] ? "\"" : "", err.c_str());
+        }
+        ok ? passed++ : failed++;
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
