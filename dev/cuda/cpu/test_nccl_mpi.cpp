@@ -5,10 +5,11 @@
 //
 // Run through dev/cuda/cpu/test_nccl_mpi.sh (make test-nccl-cpu), which runs
 // it alone, under mpirun -np 2 and -np 3, and the planted bugs:
-//   test_nccl_mpi [--app-mpi | --id-dir DIR] [MODE]
+//   test_nccl_mpi [--app-mpi | --id-dir DIR] [--log-dir DIR] [MODE]
 //     --app-mpi   the test starts MPI itself and passes the ids by MPI_Bcast
 //                 (as train_gpt_cu_mpi does); otherwise nccl_mpi.cpp starts
 //                 MPI, and rank 0 passes the ids through files in DIR
+//     --log-dir   each rank writes its lines to DIR/rank.R instead of stdout
 //     MODE        checks (default) | mismatch (rank 0 calls an all-reduce of
 //                 1024 floats, the others 1000: must end with status 86) |
 //                 kill (the last rank dies of SIGKILL while the others enter a
@@ -46,10 +47,11 @@ extern std::vector<Range> stub_last_ranges;
 static int g_rank = 0, g_world = 1, g_failed = 0;
 static bool g_app_mpi = false, g_plant_wrong = false;
 static const char* g_id_dir = nullptr;
+static FILE* g_out = stdout;  // --log-dir: this rank's own file (mpirun may split long lines of several ranks)
 
 static void check(bool ok, const std::string& what) {
-    printf("%s [np=%d rank %d] %s\n", ok ? "ok" : "FAIL", g_world, g_rank, what.c_str());
-    fflush(stdout);
+    fprintf(g_out, "%s [np=%d rank %d] %s\n", ok ? "ok" : "FAIL", g_world, g_rank, what.c_str());
+    fflush(g_out);
     if (!ok) g_failed++;
 }
 
@@ -466,12 +468,15 @@ static void run_kill(void) {
 
 int main(int argc, char** argv) {
     const char* mode = "checks";
+    const char* log_dir = nullptr;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--app-mpi")) g_app_mpi = true;
         else if (!strcmp(argv[i], "--id-dir") && i + 1 < argc) g_id_dir = argv[++i];
+        else if (!strcmp(argv[i], "--log-dir") && i + 1 < argc) log_dir = argv[++i];
         else if (argv[i][0] != '-') mode = argv[i];
         else {
-            fprintf(stderr, "usage: test_nccl_mpi [--app-mpi | --id-dir DIR] [checks|mismatch|kill|plant-wrong]\n");
+            fprintf(stderr, "usage: test_nccl_mpi [--app-mpi | --id-dir DIR] [--log-dir DIR] "
+                            "[checks|mismatch|kill|plant-wrong]\n");
             return 2;
         }
     }
@@ -486,6 +491,14 @@ int main(int argc, char** argv) {
         if (g_world > 1 && !g_id_dir) {
             fprintf(stderr, "test_nccl_mpi: several ranks without --app-mpi need --id-dir DIR\n");
             return 2;
+        }
+    }
+    if (log_dir) {
+        std::string path = std::string(log_dir) + "/rank." + std::to_string(g_rank);
+        g_out = fopen(path.c_str(), "w");
+        if (!g_out) {
+            fprintf(stderr, "test_nccl_mpi: cannot write %s\n", path.c_str());
+            return 1;
         }
     }
     g_plant_wrong = !strcmp(mode, "plant-wrong");
