@@ -14,7 +14,10 @@
 //                 1024 floats, the others 1000: must end with status 86) |
 //                 kill (the last rank dies of SIGKILL while the others enter a
 //                 collective: the job must end, not hang) | plant-wrong (one
-//                 expected value is wrong: the check must say FAIL)
+//                 expected value is wrong: the check must say FAIL) |
+//                 p2p-mismatch (rank 0 sends 100 floats, rank 1 receives 90:
+//                 status 86) | abort (rank 0 aborts while the others wait in a
+//                 collective: the job must end)
 // Device memory is host memory here (device_stub_nccl.cpp), until the
 // layer's runtime lands.
 //
@@ -466,6 +469,32 @@ static void run_kill(void) {
     exit(1);
 }
 
+// Planted: rank 0 sends 100 floats to rank 1, which asks for 90.
+static void run_p2p_mismatch(void) {
+    ncclUniqueId id = share_id(0);
+    ncclComm_t comm = nullptr;
+    NCCL_OK(ncclCommInitRank(&comm, g_world, id, g_rank));
+    std::vector<float> buf(100, 1.0f);
+    if (g_rank == 0) NCCL_OK(ncclSend(buf.data(), 100, ncclFloat, 1, comm, 0));
+    if (g_rank == 1) NCCL_OK(ncclRecv(buf.data(), 90, ncclFloat, 0, comm, 0));
+    NCCL_OK(ncclAllReduce(buf.data(), buf.data(), 1, ncclFloat, ncclSum, comm, 0));  // rank 0 waits here
+    printf("FAIL [np=%d rank %d] a mismatched ncclSend/ncclRecv went unnoticed\n", g_world, g_rank);
+    exit(1);
+}
+
+// Rank 0 aborts its communicator while the others wait in a collective:
+// the job must end (MPI_Abort), not hang.
+static void run_abort(void) {
+    ncclUniqueId id = share_id(0);
+    ncclComm_t comm = nullptr;
+    NCCL_OK(ncclCommInitRank(&comm, g_world, id, g_rank));
+    std::vector<float> buf(16, 1.0f);
+    if (g_rank == 0) NCCL_OK(ncclCommAbort(comm));
+    else NCCL_OK(ncclAllReduce(buf.data(), buf.data(), 16, ncclFloat, ncclSum, comm, 0));
+    printf("FAIL [np=%d rank %d] still running after ncclCommAbort\n", g_world, g_rank);
+    exit(1);
+}
+
 int main(int argc, char** argv) {
     const char* mode = "checks";
     const char* log_dir = nullptr;
@@ -476,7 +505,7 @@ int main(int argc, char** argv) {
         else if (argv[i][0] != '-') mode = argv[i];
         else {
             fprintf(stderr, "usage: test_nccl_mpi [--app-mpi | --id-dir DIR] [--log-dir DIR] "
-                            "[checks|mismatch|kill|plant-wrong]\n");
+                            "[checks|mismatch|kill|plant-wrong|p2p-mismatch|abort]\n");
             return 2;
         }
     }
@@ -504,6 +533,8 @@ int main(int argc, char** argv) {
     g_plant_wrong = !strcmp(mode, "plant-wrong");
     if (!strcmp(mode, "mismatch")) run_mismatch();
     else if (!strcmp(mode, "kill")) run_kill();
+    else if (!strcmp(mode, "p2p-mismatch")) run_p2p_mismatch();
+    else if (!strcmp(mode, "abort")) run_abort();
     else if (!strcmp(mode, "checks") || g_plant_wrong) run_checks();
     else {
         fprintf(stderr, "test_nccl_mpi: unknown mode %s\n", mode);

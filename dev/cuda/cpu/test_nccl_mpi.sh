@@ -9,7 +9,9 @@
 # nccl_mpi.cpp starting MPI (ids through files). Planted: a collective whose
 # count differs across ranks must end the job with status 86 and a message
 # naming both ranks' counts; a rank killed by SIGKILL must end the job within
-# 30 s (timeout 60), not hang; a wrong expected value must make the test fail.
+# 30 s (timeout 60), not hang; an ncclSend/ncclRecv count mismatch must end
+# with status 86; ncclCommAbort while the others wait must end the job; a
+# wrong expected value must make the test fail.
 # Ends with "N passed, N failed"; exits non-zero on any failure.
 set -u
 BIN=${1:-dev/cuda/cpu/test_nccl_mpi}
@@ -79,6 +81,30 @@ if [ $st -ne 0 ] && [ $st -ne 124 ] && [ $took -le 30 ] && grep -qi 'signal 9\|k
 else
     say FAIL "planted SIGKILL of rank 2: status $st after ${took} s (124: hung until timeout); output:"
     cat "$WORK/kill.log"
+fi
+
+# ---- planted: ncclSend and ncclRecv disagree on the count -------------------
+fresh_dir
+timeout 60 $MPIRUN -np 2 "$BIN" --id-dir "$WORK/ids" p2p-mismatch > "$WORK/p2p.log" 2>&1
+st=$?
+if [ $st -eq 86 ] && grep -q 'ncclRecv from rank 0 on rank 1: it sent more' "$WORK/p2p.log"; then
+    say ok "planted send/recv count mismatch: status 86: $(grep -m1 '^cuda_cpu:' "$WORK/p2p.log")"
+else
+    say FAIL "planted send/recv count mismatch: status $st (want 86 and the receive named); output:"
+    cat "$WORK/p2p.log"
+fi
+
+# ---- ncclCommAbort while the other ranks wait in a collective ----------------
+fresh_dir
+t0=$(date +%s)
+timeout 60 $MPIRUN -np 3 "$BIN" --id-dir "$WORK/ids" abort > "$WORK/abort.log" 2>&1
+st=$?
+took=$(($(date +%s) - t0))
+if [ $st -ne 0 ] && [ $st -ne 124 ] && [ $took -le 30 ] && grep -q 'ncclCommAbort on rank 0 of 3' "$WORK/abort.log"; then
+    say ok "ncclCommAbort on rank 0 while ranks 1, 2 wait: the job ended in ${took} s with status $st"
+else
+    say FAIL "ncclCommAbort on rank 0: status $st after ${took} s (124: hung until timeout); output:"
+    cat "$WORK/abort.log"
 fi
 
 # ---- planted: a wrong expected value (the checks can fail) -------------------
