@@ -208,6 +208,7 @@ bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 #   make nccl-info         where NCCL was found (or not), and the flags that come of it
 #   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
 #   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only; not yet in make test)
+#   make test-nccl-cpu     NCCL over MPI for the CPU layer: 1, 2 and 3 emulated GPUs, planted mismatch and killed rank
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 # CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
@@ -330,7 +331,7 @@ test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
 CPU_BUILD = .cpu
 CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
 CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h
-MPI_CXXFLAGS = $(shell $(MPICC) --showme:compile 2>/dev/null)
+MPI_CXXFLAGS = -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(shell $(MPICC) --showme:compile 2>/dev/null)
 MPI_CXXLIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
 # the layer itself: optimised, not instrumented (its own memory is not device memory)
 CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/include $(MPI_CXXFLAGS)
@@ -343,7 +344,7 @@ CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/
 # --param asan-stack=0 asan-globals=0   host stacks and globals are not device memory
 # -O1                             kernels are stepped thread by thread; compile time matters more
 CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
-	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) -DOMPI_SKIP_MPICXX \
+	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) \
 	-fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 --param asan-stack=0 --param asan-globals=0
 CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
 
@@ -372,6 +373,24 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
 .PHONY: test-cuda-on-cpu
+
+# NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
+# emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2
+# and -np 3, and its planted bugs (a count mismatch, a killed rank); a few seconds.
+# -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX  mpi.h without MPI's C++ bindings (not in libmpi)
+# $(MPI_CPU_CXXFLAGS)  the -I/-D flags mpicc adds (Open MPI: mpicc --showme:compile)
+# -I$(CUDA_HOME)/include  NCCL's own nccl.h and cuda_bf16.h, compiled as host C++ (libnccl is not linked)
+# device_stub_nccl.cpp  a test double for the runtime (device.h): host memory as device memory, and
+#                       the last operation's declared ranges, which the test checks
+MPI_CPU_CXXFLAGS = -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(shell $(MPICC) --showme:compile 2>/dev/null)
+MPI_CPU_LDLIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
+NCCL_CPU_SRC = dev/cuda/cpu/test_nccl_mpi.cpp dev/cuda/cpu/nccl_mpi.cpp dev/cuda/cpu/device_stub_nccl.cpp
+dev/cuda/cpu/test_nccl_mpi: $(NCCL_CPU_SRC) dev/cuda/cpu/device.h
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	$(CXX) $(CUDA_CPU_CXXFLAGS) $(MPI_CPU_CXXFLAGS) -o $@ $(NCCL_CPU_SRC) $(MPI_CPU_LDLIBS)
+
+test-nccl-cpu: dev/cuda/cpu/test_nccl_mpi
+	dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 
 # host-only: every rank's shard map against the flat parameters (dev/cuda/dp_layout.cu)
 dp-layout: dev/cuda/dp_layout
@@ -421,11 +440,11 @@ check-cuda:
 gpu-check:
 	scripts/gpu_check.sh
 
-.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu
+.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu test-nccl-cpu
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log test_cuda_cpu.log
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train dev/cpu/fma_peak \
-		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log dev/cuda/cpu/test_cuda_cpu
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean
