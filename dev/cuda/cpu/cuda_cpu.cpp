@@ -11,7 +11,6 @@
 #include "cuda_cpu.h"
 
 #include <sys/mman.h>   // mmap, mprotect: fiber stacks with a guard page
-#include <ucontext.h>   // getcontext, makecontext, swapcontext: the fibers
 #include <unistd.h>     // sysconf: the page size
 #include <cstdarg>      // va_list: fault messages
 #include <cstdio>       // fprintf, vsnprintf
@@ -80,7 +79,7 @@ struct warp_call {
 };
 
 struct fiber {
-    ucontext_t ctx;
+    void* sp;          // its saved stack pointer while it does not run
     fiber_state state;
     uint3 tid;
     warp_call call;
@@ -90,7 +89,7 @@ struct block_run {
     const char* kernel;
     const std::function<void()>* body;
     std::vector<fiber> fibers;  // by linear thread id: x fastest, then y, then z
-    ucontext_t scheduler;
+    void* scheduler;            // the scheduler's saved stack pointer while a fiber runs
     int current;                // the running fiber, -1 in the scheduler
     bool fault;
     std::string message;
@@ -171,12 +170,48 @@ static char* fiber_stack(size_t i) {
     return stacks[i] + page_size();
 }
 
+// The switch between fibers: save the callee-saved registers on this stack,
+// store the stack pointer in *save, load `to`, restore its registers, return
+// into it. What ucontext's swapcontext does, without its two system calls
+// (the signal mask) per switch, which made kernels ten times slower. The
+// caller-saved registers are saved by the compiler around the call, as for
+// any call; the floating-point control words are never changed by kernels.
+#if !defined(__x86_64__)
+#error "cuda_cpu.cpp: the fiber switch is written for x86-64 (the SysV ABI); port cuda_cpu_fiber_switch"
+#endif
+extern "C" void cuda_cpu_fiber_switch(void** save, void* to);
+asm(R"(
+    .text
+    .globl cuda_cpu_fiber_switch
+    .type cuda_cpu_fiber_switch, @function
+cuda_cpu_fiber_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cuda_cpu_fiber_switch, .-cuda_cpu_fiber_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+static inline void fiber_switch(void** save, void* to) { cuda_cpu_fiber_switch(save, to); }
+
 // Where every fiber starts: run the kernel body, then hand back for good.
 static void fiber_main() {
     block_run* r = running;
     (*r->body)();
     r->fibers[r->current].state = FIBER_DONE;
-    CPU_SYSCHECK(swapcontext(&r->fibers[r->current].ctx, &r->scheduler));
+    fiber_switch(&r->fibers[r->current].sp, r->scheduler);
     CPU_ALWAYS(!"a finished fiber was resumed");
 }
 
@@ -191,7 +226,7 @@ static fiber& self(const char* what) {
 }
 
 static void yield_to_scheduler(fiber& f) {
-    CPU_SYSCHECK(swapcontext(&f.ctx, &running->scheduler));
+    fiber_switch(&f.sp, running->scheduler);
     asm volatile("" ::: "memory");  // what other fibers wrote is in memory, not in our registers
 }
 
@@ -205,7 +240,7 @@ static void yield_to_scheduler(fiber& f) {
     va_end(ap);
     r->fault = true;
     f.state = FIBER_FAULT;
-    CPU_SYSCHECK(swapcontext(&f.ctx, &r->scheduler));
+    fiber_switch(&f.sp, r->scheduler);
     CPU_ALWAYS(!"a faulted fiber was resumed");
     abort();
 }
@@ -337,16 +372,18 @@ static void diagnose_warp(block_run& r) {
 }
 
 // Thread t of the block, at the start of the kernel. Its own function:
-// getcontext returns twice, which would put run_block's locals at risk.
-__attribute__((noinline)) static void fiber_init(fiber& f, int t) {
+static void fiber_init(fiber& f, int t) {
     const unsigned u = (unsigned)t;
     f.state = FIBER_RUNNABLE;
     f.tid = uint3{u % blockDim.x, (u / blockDim.x) % blockDim.y, u / (blockDim.x * blockDim.y)};
-    CPU_SYSCHECK(getcontext(&f.ctx));
-    f.ctx.uc_stack.ss_sp = fiber_stack(t);
-    f.ctx.uc_stack.ss_size = stack_bytes();
-    f.ctx.uc_link = nullptr;  // fiber_main never returns
-    makecontext(&f.ctx, fiber_main, 0);
+    // The first switch to it "returns" into fiber_main with the six saved
+    // registers zero, on a 16-byte aligned stack as the ABI wants at a call.
+    uintptr_t top = ((uintptr_t)fiber_stack(t) + stack_bytes()) & ~(uintptr_t)15;
+    void** frame = reinterpret_cast<void**>(top);
+    frame[-1] = nullptr;                                  // fiber_main's return address: it never returns
+    frame[-2] = reinterpret_cast<void*>(&fiber_main);     // where fiber_switch's ret goes
+    for (int k = 3; k <= 8; k++) frame[-k] = nullptr;     // rbp rbx r12 r13 r14 r15
+    f.sp = frame - 8;
 }
 
 // Runs one block to its end or its first fault.
@@ -365,7 +402,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
         for (int t : order) {
             r.current = t;
             threadIdx = r.fibers[t].tid;
-            CPU_SYSCHECK(swapcontext(&r.scheduler, &r.fibers[t].ctx));
+            fiber_switch(&r.scheduler, r.fibers[t].sp);
             r.current = -1;
             if (r.fault) return;
         }

@@ -19,7 +19,7 @@
 //   cpu_get_last_error / cpu_peek_at_last_error / cpu_get_error_string / cpu_last_error_message
 //   cpu_set_seed(seed)  (or env CUDA_CPU_SEED): the order fibers run in each barrier interval
 //
-// Every CUDA thread is a fiber (ucontext) with its own mmap'd stack and a guard
+// Every CUDA thread is a fiber (a hand-written x86-64 switch) with its own mmap'd stack and a guard
 // page; one OS thread runs one block at a time, its fibers in a seeded order,
 // each until it reaches a barrier, a warp operation or its end. Misuse that
 // CUDA leaves undefined (a thread leaving a block whose other threads wait at
