@@ -15,8 +15,8 @@
 //   2. The support table: every rule, with the documentation it comes from
 //   3. Handle, descriptors, layouts, preferences (create/destroy/set)
 //   4. The heuristic: an "algorithm" is the alignments it assumes
-//   5. cublasLtMatmul: argument checks, the ranges, the enqueued body
-//   6. The arithmetic: fp32 accumulation, GELU (tanh form), bf16 rounding
+//   5. The arithmetic: fp32 accumulation, GELU (tanh form), bf16 rounding (the enqueued body)
+//   6. cublasLtMatmul: argument checks, the ranges, the enqueue
 #include <cublasLt.h>   // CUDA's own: the API, enums and opaque struct sizes
 #include <cuda_bf16.h>  // __nv_bfloat16, __float2bfloat16 (round to nearest even), __bfloat162float
 
@@ -645,7 +645,7 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle
 }
 
 /* ------------------------------------------------------------------------ */
-/* 6. The arithmetic (used by the body in 5)                                */
+/* 5. The arithmetic (the body cublasLtMatmul enqueues)                     */
 /* ------------------------------------------------------------------------ */
 namespace {
 
@@ -755,7 +755,7 @@ void job_run(const Job& j) {
 }  // namespace
 
 /* ------------------------------------------------------------------------ */
-/* 5. cublasLtMatmul                                                        */
+/* 6. cublasLtMatmul                                                        */
 /* ------------------------------------------------------------------------ */
 namespace {
 

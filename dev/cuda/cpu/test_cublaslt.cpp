@@ -1,7 +1,7 @@
 // test_cublaslt.cpp — the self-test of the CPU layer's cuBLASLt stand-in
 // (cublaslt.cpp), against a float64 reference written here.
 //
-//   make test-cuda-cpu-cublaslt   (or: make test-cublaslt-cpu) builds it with device_stub.cpp and runs it
+//   make test-cublaslt-cpu   builds it with cublaslt.cpp and device_stub.cpp, and runs it (well under a second)
 //
 // One line per check, then "N passed, N failed"; exit status 1 on a failure.
 // Checks, in order:
