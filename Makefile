@@ -209,6 +209,7 @@ bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 #   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
 #   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only; not yet in make test)
 #   make test-nccl-cpu     NCCL over MPI for the CPU layer: 1, 2 and 3 emulated GPUs, planted mismatch and killed rank
+#   make test-cublaslt-cpu the CPU layer's cuBLASLt stand-in against a float64 reference (g++ only; not yet in make test)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 # CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
@@ -392,6 +393,15 @@ dev/cuda/cpu/test_nccl_mpi: $(NCCL_CPU_SRC) dev/cuda/cpu/device.h
 test-nccl-cpu: dev/cuda/cpu/test_nccl_mpi
 	dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 
+# The CPU layer's cuBLASLt stand-in (dev/cuda/cpu/cublaslt.cpp, see CUBLASLT.md) against a float64
+# reference, linked with device_stub.cpp (device.h's runtime, stubbed until runtime.cpp lands);
+# same flags as above (-I$(CUDA_HOME)/include: CUDA's own cublasLt.h and cuda_bf16.h; libcublasLt is not linked).
+dev/cuda/cpu/test_cublaslt: dev/cuda/cpu/test_cublaslt.cpp dev/cuda/cpu/cublaslt.cpp dev/cuda/cpu/device_stub.cpp dev/cuda/cpu/device.h
+	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cublaslt.cpp dev/cuda/cpu/cublaslt.cpp dev/cuda/cpu/device_stub.cpp
+
+test-cublaslt-cpu: dev/cuda/cpu/test_cublaslt
+	./dev/cuda/cpu/test_cublaslt
+
 # host-only: every rank's shard map against the flat parameters (dev/cuda/dp_layout.cu)
 dp-layout: dev/cuda/dp_layout
 	./dev/cuda/dp_layout > dp_layout.log || { cat dp_layout.log; exit 1; }
@@ -440,7 +450,7 @@ check-cuda:
 gpu-check:
 	scripts/gpu_check.sh
 
-.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu test-nccl-cpu
+.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu test-nccl-cpu test-cublaslt-cpu
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log test_cuda_cpu.log
