@@ -394,7 +394,7 @@ test-nccl-cpu: dev/cuda/cpu/test_nccl_mpi
 	dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 
 # The CPU layer's cuBLASLt stand-in (dev/cuda/cpu/cublaslt.cpp, see CUBLASLT.md) against a float64
-# reference, linked with device_stub.cpp (device.h's runtime, stubbed until runtime.cpp lands);
+# reference, linked with device_stub.cpp (a test double for the runtime: host memory as device memory, the last ranges recorded);
 # same flags as above (-I$(CUDA_HOME)/include: CUDA's own cublasLt.h and cuda_bf16.h; libcublasLt is not linked).
 dev/cuda/cpu/test_cublaslt: dev/cuda/cpu/test_cublaslt.cpp dev/cuda/cpu/cublaslt.cpp dev/cuda/cpu/device_stub.cpp dev/cuda/cpu/device.h
 	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cublaslt.cpp dev/cuda/cpu/cublaslt.cpp dev/cuda/cpu/device_stub.cpp

@@ -20,7 +20,7 @@
 #include <cublasLt.h>   // CUDA's own: the API, enums and opaque struct sizes
 #include <cuda_bf16.h>  // __nv_bfloat16, __float2bfloat16 (round to nearest even), __bfloat162float
 
-#include "dev/cuda/cpu/device.h"  // defines: Range, device_range_problem, enqueue, fatal
+#include "device.h"  // defines: Range, device_range_problem, enqueue, fatal
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@
 // pointer is not device memory or that a range runs past its allocation (the
 // real runtime says more: freed memory, which cudaMalloc). enqueue() runs the
 // body at once and keeps the ranges of the last operation for the test to look at.
-#include "dev/cuda/cpu/device.h"  // defines: Range, device_range_problem, is_device_pointer, enqueue, fatal
+#include "device.h"  // defines: Range, device_range_problem, is_device_pointer, enqueue, fatal
 
 #include <cstdarg>
 #include <cstdint>

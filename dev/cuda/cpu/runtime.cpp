@@ -294,12 +294,12 @@ static cudaError_t arena_alloc(void** out, size_t bytes) {
     memset(shadow + start, SH_FRESH, bytes);
     Allocation al{arena_lo + start, bytes, ++allocations_made, true};
     allocations[al.start] = al;
+    // The poison (0xFF bytes) is written lazily, by the first operation that
+    // reads a byte never written (section 4): so pages nobody touches (a
+    // workspace cuBLASLt does not need) stay unpopulated and cost nothing.
     const bool was = device_mode > 0;
     if (was) device_mode_leave();  // the new pages join the toggled range
     arena_used = end + page;       // the red zone after it belongs to the checked range
-    device_mode_enter();
-    memset((void*)al.start, 0xFF, bytes);  // poison: NaN as float, bf16 and double
-    device_mode_leave();
     if (was) device_mode_enter();
     bytes_live += bytes;
     *out = (void*)al.start;
@@ -380,6 +380,7 @@ static void access(uintptr_t a, size_t n, bool write, bool kernel) {
         if (s < SH_FRESH)
             fatal("%s of %zu bytes at %s: out of bounds", write ? "write" : "read", n, describe_address(a + i).c_str());
         if (write) s = SH_WRITTEN;
+        else if (s == SH_FRESH && !kernel) *(uint8_t*)(a + i) = 0xFF;  // the poison, on first read (NaN as float, bf16, double)
         else if (s == SH_FRESH && kernel)
             fatal("read of %zu bytes at %s, which nothing has written since cudaMalloc (fresh device memory is "
                   "garbage on a GPU; here it is 0xFF bytes: NaN)%s", n, describe_address(a + i).c_str(),
@@ -624,6 +625,11 @@ cudaError_t cudaFree(void* p) {
     }
     Allocation& al = it->second;
     memset(shadow + (al.start - arena_lo), SH_FREED, al.bytes);
+    // Give its pages back (they stay reserved, never reused: a late access is
+    // "freed", not someone else's data); unpopulated pages also keep the
+    // host/device protection switch cheap.
+    const size_t page = page_size();
+    RT_SYSCHECK(madvise((void*)al.start, round_up(al.bytes, page), MADV_DONTNEED));
     al.live = false;
     bytes_live -= al.bytes;
     return cudaSuccess;

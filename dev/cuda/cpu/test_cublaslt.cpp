@@ -21,7 +21,7 @@
 #include <cublasLt.h>   // the API under test (CUDA's own header)
 #include <cuda_bf16.h>  // __nv_bfloat16 and its conversions
 
-#include "dev/cuda/cpu/device.h"  // defines: Range
+#include "device.h"  // defines: Range
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -44,7 +44,7 @@ __global__ void block_sum_kernel(float* out, const float* in, int sync) {
     s[threadIdx.x] = in[threadIdx.x];
     __syncthreads();
     for (int stride = 128; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) s[threadIdx.x] += s[threadIdx.x + stride];
+        if ((int)threadIdx.x < stride) s[threadIdx.x] += s[threadIdx.x + stride];
         if (sync) __syncthreads();
     }
     if (threadIdx.x == 0) out[0] = s[0];
@@ -52,7 +52,7 @@ __global__ void block_sum_kernel(float* out, const float* in, int sync) {
 
 __global__ void off_by_one_kernel(float* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i <= n) out[i] = 1.0f;  // the bug: <= n
+    if (i <= n) out[i] = 1.0f;  // the bug: <= n (n is one past the last element)
 }
 
 __global__ void copy_kernel(float* out, const float* in, int n) {
@@ -281,10 +281,11 @@ static cublasStatus_t lt_case(cublasLtEpilogue_t epi, int64_t aux_ld, cudaDataTy
 }
 static int case_cublaslt_ok() { return lt_case(CUBLASLT_EPILOGUE_GELU_AUX, 16, CUDA_R_16BF) == CUBLAS_STATUS_SUCCESS ? 0 : 1; }
 static int case_cublaslt_bad_aux_ld() {
-    return lt_case(CUBLASLT_EPILOGUE_GELU_AUX, 20, CUDA_R_16BF) == CUBLAS_STATUS_NOT_SUPPORTED ? 3 : 0;
+    // cuBLASLt's documentation requires it and names no status: NOT_SUPPORTED or INVALID_VALUE are both a refusal
+    return lt_case(CUBLASLT_EPILOGUE_GELU_AUX, 20, CUDA_R_16BF) != CUBLAS_STATUS_SUCCESS ? 3 : 0;
 }
 static int case_cublaslt_bad_types() {
-    return lt_case(CUBLASLT_EPILOGUE_DEFAULT, 0, CUDA_R_16F) == CUBLAS_STATUS_NOT_SUPPORTED ? 3 : 0;
+    return lt_case(CUBLASLT_EPILOGUE_DEFAULT, 0, CUDA_R_16F) != CUBLAS_STATUS_SUCCESS ? 3 : 0;
 }
 
 // ---- the driver ------------------------------------------------------------------------------
