@@ -5,6 +5,9 @@
 #
 #   scripts/gpu_check_dp.sh             # ./train_gpt_cu must exist (gpu_check.sh builds it)
 #   BENCH_STEPS=10 scripts/gpu_check_dp.sh
+#   GPU_EMULATED=3 scripts/gpu_check_dp.sh   # no GPU: 3 GPUs emulated on the CPU (make test does
+#                                       # this): ./train_gpt_cu_cpu, one MPI rank per GPU (NCCL over
+#                                       # MPI, dev/cuda/cpu/NCCL.md); the correctness checks only
 #
 # With one GPU (about a minute): --zero 1 and --zero 2 run the sharded code
 # as one rank of a one-rank NCCL communicator; with --grad-clip 0 their
@@ -31,7 +34,8 @@ cd "$(dirname "$0")/.."
 LOG=${OUT:+$OUT/gpu_check/dp}
 LOG=${LOG:-gpu_check_logs/dp}
 mkdir -p "$LOG"
-BIN=${BIN:-./train_gpt_cu}
+EMULATED=${GPU_EMULATED:-0}
+if [ "$EMULATED" -gt 0 ]; then BIN=${BIN:-./train_gpt_cu_cpu}; else BIN=${BIN:-./train_gpt_cu}; fi
 PY=${PYTHON:-python3}
 BENCH_STEPS=${BENCH_STEPS:-10}
 LOSS_TOL=${LOSS_TOL:-2e-3}
@@ -47,8 +51,13 @@ check() { # check ok|FAIL what [detail]
     summary+=("$line")
 }
 [ -x "$BIN" ] || { echo "gpu_check_dp: $BIN not found: make train_gpt_cu (or run scripts/gpu_check.sh)"; exit 1; }
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-echo "gpu_check_dp: $NGPU GPU(s) visible"
+if [ "$EMULATED" -gt 0 ]; then
+    NGPU=$EMULATED
+    echo "gpu_check_dp: $NGPU GPU(s) emulated on the CPU ($BIN; one MPI rank each)"
+else
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    echo "gpu_check_dp: $NGPU GPU(s) visible"
+fi
 [ "$NGPU" -ge 1 ] || { echo "gpu_check_dp: no GPU"; exit 77; }
 
 # the launcher variables of an outer job would make every process think it is one of its ranks
@@ -74,6 +83,13 @@ runw() {
     local init="tcp:127.0.0.1:$((29500 + RANDOM % 2000))"
     [ "$how" = file ] && init="file:$LOG/$name.rendezvous"
     local pids=() rc=0
+    if [ "$EMULATED" -gt 0 ]; then # one MPI rank per emulated GPU: mpirun gives each its rank
+        $CLEAN_ENV timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$w" -x GPTC_RUN_ID="gpu-check-dp-$$-$name" \
+            sh -c 'log=$1; shift; exec "$@" > "$log.rank$OMPI_COMM_WORLD_RANK.log" 2>&1' sh "$LOG/$name" \
+            "$BIN" --init "$init" --init-timeout 60 --comm-timeout 120 "$@" --log-file "$LOG/$name.jsonl" || rc=1
+        cp "$LOG/$name.rank0.log" "$LOG/$name.log"
+        return $rc
+    fi
     for ((r = 0; r < w; r++)); do
         $CLEAN_ENV RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r GPTC_RUN_ID="gpu-check-dp-$$-$name" \
             timeout 300 "$BIN" --init "$init" --init-timeout 60 --comm-timeout 120 "$@" \
@@ -148,6 +164,10 @@ if [ "$NGPU" -ge 2 ]; then
         check $ok "$W GPUs --zero 1 vs 1 GPU, same global batch: losses within $LOSS_TOL" "max rel diff $d, rc=$rc"
     fi
     echo "== correctness done ($(elapsed))"
+fi
+if [ "$EMULATED" -gt 0 ]; then
+    echo "== scaling: skipped (emulated GPUs measure correctness, not speed)"
+elif [ "$NGPU" -ge 2 ]; then
 
     # ---- scaling: GPT-2 124M, T=1024, B=16 per GPU -------------------------
     SHARD=/tmp/gptc_bench_train.bin
