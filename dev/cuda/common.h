@@ -107,6 +107,8 @@ static double time_kernel(L2Flush* f, int reps, void (*fn)(void*), void* ctx) {
     CUDA_CHECK(cudaEventCreate(&b));
     double ms[64];
     if (reps > 64) reps = 64;
+    const char* cap = getenv("DEV_CUDA_REPS"); /* fewer repetitions: a check, not a measurement (make test on the CPU) */
+    if (cap && atoi(cap) > 0 && atoi(cap) < reps) reps = atoi(cap);
     fn(ctx); /* warm-up: first-launch costs, cuBLASLt heuristics */
     for (int r = 0; r < reps; r++) {
         CUDA_CHECK(cudaMemsetAsync(f->buf, r & 0xff, f->bytes, 0));

@@ -1,0 +1,115 @@
+#!/bin/bash
+# scripts/test_cuda_on_cpu.sh — the CUDA twin executed on the CPU (issue 11):
+# train_gpt.cu, test_gpt.cu and the dev/cuda kernels, built from the same
+# sources by g++ against the CPU execution layer (dev/cuda/cpu/README.md).
+# make test-cuda-on-cpu builds everything and runs this; make test runs that.
+#
+#   scripts/test_cuda_on_cpu.sh          # about 5 minutes on 2 cores
+#
+# What runs, each a check line (details in $LOG/*.log):
+#   1. the layer's own tests: planted bugs it must catch (test_layer), its
+#      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks;
+#   2. test_gpt_cu_cpu: forward/backward/AdamW against the CPU trainer and
+#      PyTorch, training states (save, resume bit for bit, a GPU state
+#      continued by the CPU trainer);
+#   3. every dev/cuda kernel's validation, at awkward sizes;
+#   4. a short training run whose loss falls, and the same run under another
+#      seed of the layer's scheduler (threads, blocks, streams in another
+#      order): its model file must be the same bytes;
+#   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
+#      --zero 0/1/2 on 2 and 3 GPUs against one;
+#   6. a rank killed mid-run ends the others with an error, not a hang.
+# The last line is "cuda on cpu: N passed, N failed"; exit status non-zero on failure.
+set -u
+cd "$(dirname "$0")/.."
+LOG=${LOG:-$(mktemp -d /tmp/gptc_cuda_cpu.XXXXXX)}
+mkdir -p "$LOG"
+START=$(date +%s)
+passed=0
+failed=0
+check() { # check ok|FAIL what [detail]
+    if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    echo "$([ "$1" = ok ] && echo "ok  " || echo "FAIL") $2${3:+  ($3)}  [$(( $(date +%s) - START ))s]"
+}
+# run NAME COMMAND...: its output in $LOG/NAME.log; ok when it exits 0
+run() {
+    local name=$1
+    shift
+    "$@" > "$LOG/$name.log" 2>&1
+    local rc=$?
+    check "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$name" "$(tail -n 1 "$LOG/$name.log" | cut -c1-100); rc=$rc"
+    [ $rc -eq 0 ] || tail -n 30 "$LOG/$name.log"
+}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
+         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout; do
+    [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
+done
+echo "test_cuda_on_cpu: logs in $LOG"
+
+# ---- 1. the layer itself -----------------------------------------------------
+run layer_planted_bugs ./.cpu/dev/cuda/cpu/test_layer
+run layer_cublaslt ./dev/cuda/cpu/test_cublaslt
+run layer_nccl_over_mpi dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
+
+# ---- 2. test_gpt.cu ------------------------------------------------------------
+run test_gpt_cu ./test_gpt_cu_cpu --binary ./train_gpt_cu_cpu --cpu-binary ./train_gpt
+
+# ---- 3. the kernel lab -----------------------------------------------------------
+export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what counts
+run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36
+run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
+run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
+unset DEV_CUDA_REPS
+
+# ---- 4. a training run: the loss falls, and another scheduling seed gives the same bytes ----
+TOY=$LOG/toy.bin
+/usr/bin/python3 scripts/toy_shard.py "$TOY" 200000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
+TRAIN="--model d2 --channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --seq-len 64
+       --batch-size 4 --steps 12 --lr 3e-3 --warmup-steps 2 --val-every 0 --sample-every 0"
+for seed in 1 7; do
+    CUDA_CPU_SEED=$seed ./train_gpt_cu_cpu $TRAIN --output-dir "$LOG/train_seed$seed" --log-file "$LOG/train_seed$seed.jsonl" \
+        > "$LOG/train_seed$seed.log" 2>&1
+    echo "rc=$?" >> "$LOG/train_seed$seed.log"
+done
+first=$(grep -o '"loss": [0-9.]*' "$LOG/train_seed1.jsonl" | head -n 1 | cut -d' ' -f2)
+last=$(grep -o '"loss": [0-9.]*' "$LOG/train_seed1.jsonl" | tail -n 1 | cut -d' ' -f2)
+ok=$(awk -v a="${first:-0}" -v b="${last:-0}" 'BEGIN { print (a > 0 && b > 0 && b < a - 0.5) ? "ok" : "FAIL" }')
+grep -q '^rc=0$' "$LOG/train_seed1.log" || ok=FAIL
+check $ok "train_gpt_cu_cpu, 12 steps: the loss falls by more than 0.5" "first $first, last $last"
+[ $ok = ok ] || tail -n 20 "$LOG/train_seed1.log"
+m1=$LOG/train_seed1/model_00000012.bin m7=$LOG/train_seed7/model_00000012.bin
+ok=$([ -s "$m1" ] && cmp -s "$m1" "$m7" && echo ok || echo FAIL)
+check $ok "the same run with CUDA_CPU_SEED=7 (threads, blocks and streams in other orders): the same model bytes"
+[ $ok = ok ] || tail -n 20 "$LOG/train_seed7.log"
+
+# ---- 5. data parallel on emulated GPUs -------------------------------------------------
+GPU_EMULATED=3 OUT=$LOG run gpu_check_dp_emulated scripts/gpu_check_dp.sh
+
+# ---- 6. a rank killed mid-run ---------------------------------------------------------
+# rank 1 is killed (SIGKILL) once rank 0 has printed its third step: the job must end, not hang
+$MPIRUN -np 2 -x GPTC_RUN_ID="cuda-cpu-kill-$$" sh -c \
+    'log=$1; shift
+     if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then # (rank 0 alone prints the steps)
+         (while kill -0 $$ 2>/dev/null && ! grep -q "^step *3/" "$log.rank0" 2>/dev/null; do sleep 0.2; done
+          kill -9 $$ 2>/dev/null) > /dev/null 2>&1 &
+     fi
+     exec "$@" > "$log.rank$OMPI_COMM_WORLD_RANK" 2>&1' \
+    sh "$LOG/killed" ./train_gpt_cu_cpu --init "file:$LOG/killed.rendezvous" --init-timeout 60 --comm-timeout 60 \
+    $TRAIN --steps 40 --zero 1 > "$LOG/killed.log" 2>&1 &
+job=$!
+t0=$(date +%s)
+while kill -0 $job 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt 120 ]; do sleep 1; done
+if kill -0 $job 2>/dev/null; then
+    kill -9 $job 2>/dev/null
+    check FAIL "a rank killed mid-run: the job ends" "still running after 120 s: a hang"
+else
+    wait $job
+    rc=$?
+    ok=$([ $rc -ne 0 ] && grep -q -i "killed\|signal 9" "$LOG/killed.log" && echo ok || echo FAIL)
+    check $ok "a rank killed mid-run (SIGKILL at step 3 of 40): the job ends with an error, not a hang" \
+        "rc=$rc after $(( $(date +%s) - t0 ))s; $(grep -i -m 1 'signal 9\|killed' "$LOG/killed.log" | cut -c1-90)"
+fi
+
+echo "cuda on cpu: $passed passed, $failed failed ($(( $(date +%s) - START ))s)"
+[ $failed -eq 0 ]
