@@ -112,9 +112,10 @@ test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(
 	@echo "== the CUDA twin compiles (no GPU needed)"
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
 	 else echo "check-cuda: SKIPPED, nvcc not found (install the CUDA toolkit to compile train_gpt.cu)"; fi
-	@echo "== CUDA kernels executed on the CPU: the execution core's self-test (dev/cuda/cpu; uses CUDA's headers)"
+	@echo "== the CUDA twin executed on the CPU (dev/cuda/cpu): the layer's tests, test_gpt.cu, dev/cuda, a training run, 3 emulated GPUs"
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory test-cuda-cpu > test_cuda_cpu.log 2>&1 || { cat test_cuda_cpu.log; exit 1; }; tail -n 1 test_cuda_cpu.log; \
-	 else echo "test-cuda-cpu: SKIPPED, the CUDA toolkit's headers not found"; fi
+	 $(MAKE) --no-print-directory test-cuda-on-cpu > test_cuda_on_cpu.log 2>&1 || { cat test_cuda_on_cpu.log; exit 1; }; grep -E '^(ok|FAIL) ' test_cuda_on_cpu.log; tail -n 1 test_cuda_on_cpu.log; \
+	 else echo "test-cuda-cpu, test-cuda-on-cpu: SKIPPED, the CUDA toolkit's headers not found (CI has CUDA 13 in /usr/local/cuda)"; fi
 	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain, ZeRO-1 and ZeRO-2, resharding"
 	scripts/test_dp.sh ./train_gpt_mpi > test_dp.log 2>&1 || { cat test_dp.log; exit 1; }
 	@tail -n 1 test_dp.log
@@ -207,9 +208,10 @@ bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 #   make dp-layout         check the data-parallel bucket/shard layout on the host (no GPU needed)
 #   make nccl-info         where NCCL was found (or not), and the flags that come of it
 #   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
-#   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only; not yet in make test)
+#   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only)
+#   make test-cuda-on-cpu  the CUDA twin executed on the CPU: train_gpt_cu_cpu, test_gpt_cu_cpu, dev/cuda, 3 emulated GPUs (~5 min)
 #   make test-nccl-cpu     NCCL over MPI for the CPU layer: 1, 2 and 3 emulated GPUs, planted mismatch and killed rank
-#   make test-cublaslt-cpu the CPU layer's cuBLASLt stand-in against a float64 reference (g++ only; not yet in make test)
+#   make test-cublaslt-cpu the CPU layer's cuBLASLt stand-in against a float64 reference (g++ only)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 # CUDA_ARCH: sm_90 = H100/H200 (Hopper), sm_80 = A100 (Ampere). One arch per
@@ -457,7 +459,7 @@ gpu-check:
 .PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu test-nccl-cpu test-cublaslt-cpu
 
 clean:
-	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log test_cuda_cpu.log
+	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log test_cuda_cpu.log test_cuda_on_cpu.log $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
 	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train dev/cpu/fma_peak \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi
 
