@@ -342,13 +342,12 @@ CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/
 # -x c++                          .cu files are C++ (train_gpt.c inside them too)
 # -I$(CPU_BUILD)                  the translated .cu files first ("train_gpt.cu" from test_gpt.cu)
 # -Idev/cuda/cpu/include          our cuda_runtime.h before CUDA's
-# -fsanitize=kernel-address, call threshold 0: every access calls __asan_{load,store}N_noabort,
-#                                 which runtime.cpp implements (no libasan: its own checks)
-# --param asan-stack=0 asan-globals=0   host stacks and globals are not device memory
+# -fsanitize=thread               every load and store calls __tsan_readN/__tsan_writeN, which
+#                                 runtime.cpp implements (libtsan is not linked: the checks are its own)
 # -O1                             kernels are stepped thread by thread; compile time matters more
 CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
 	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) \
-	-fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 --param asan-stack=0 --param asan-globals=0
+	-fsanitize=thread
 CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
 
 $(CPU_BUILD)/layer/%.o: dev/cuda/cpu/%.cpp $(CPU_LAYER_H)

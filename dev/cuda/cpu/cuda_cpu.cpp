@@ -93,7 +93,21 @@ struct block_run {
     int current;                // the running fiber, -1 in the scheduler
     bool fault;
     std::string message;
+    uint32_t epoch;                    // barriers completed
+    std::vector<uint32_t> warp_epochs; // warp operations completed, per warp
 };
+
+exec_point exec = {false, false, 0, 0, 0, 0};
+uintptr_t shared_static_lo = 0, shared_static_bytes = 0, shared_dynamic_lo = 0, shared_dynamic_bytes = 0;
+
+bool race_check_enabled() {
+    static int on = -1;
+    if (on < 0) {
+        const char* s = getenv("CUDA_CPU_RACE_CHECK");
+        on = !(s && s[0] == '0');
+    }
+    return on;
+}
 
 static thread_local block_run* running = nullptr;   // the block this OS thread runs now
 static thread_local std::vector<unsigned char> dyn_shared_buf;
@@ -276,6 +290,64 @@ void __syncthreads() {
 
 namespace cuda_cpu {
 
+// ---- shared memory: never-written reads and races between the block's threads ----
+// One record per byte of the block's shared memory (static, then dynamic):
+// the block generation it belongs to (older ones read as "never written"),
+// its last writer and last reader as (thread, barrier epoch, warp epoch).
+struct shared_record { uint32_t gen, writer, reader; };
+static std::vector<shared_record> shared_shadow;
+static uint32_t shared_gen = 0;
+constexpr uint32_t NOBODY = 0xffffffffu;
+
+static void shared_block_start() {
+    const size_t bytes = shared_static_bytes + shared_dynamic_bytes;
+    if (shared_shadow.size() < bytes) shared_shadow.resize(bytes, shared_record{0, NOBODY, NOBODY});
+    if (++shared_gen == 0) {  // wrapped: start the records over
+        for (shared_record& x : shared_shadow) x = shared_record{0, NOBODY, NOBODY};
+        shared_gen = 1;
+    }
+}
+
+static uint32_t shared_who() {
+    return exec.thread << 22 | (exec.epoch & 0x7ff) << 11 | (exec.warp_epoch & 0x7ff);
+}
+
+// Are the accesses of `a` (earlier) and `b` (now, by the running thread) ordered?
+static bool shared_ordered(uint32_t a, uint32_t b) {
+    const uint32_t ta = a >> 22, tb = b >> 22;
+    if (ta == tb) return true;                                          // one thread
+    if (((a >> 11) & 0x7ff) != ((b >> 11) & 0x7ff)) return true;        // a barrier between them
+    return ta / 32 == tb / 32 && (a & 0x7ff) != (b & 0x7ff);           // a warp operation between them
+}
+
+void shared_access(uintptr_t a, size_t n, bool write) {
+    fiber& f = self("a shared-memory access");
+    size_t off;
+    const char* kind;
+    if (a - shared_static_lo < shared_static_bytes) { off = a - shared_static_lo; kind = "__shared__"; }
+    else { off = shared_static_bytes + (a - shared_dynamic_lo); kind = "dynamic shared memory"; }
+    const uint32_t me = shared_who();
+    for (size_t i = 0; i < n && off + i < shared_shadow.size(); i++) {
+        shared_record& x = shared_shadow[off + i];
+        if (x.gen != shared_gen) x = shared_record{shared_gen, NOBODY, NOBODY};
+        if (!write && x.writer == NOBODY)
+            fault(f, "reads %s at byte %zu, which no thread of this block has written (shared memory starts as garbage; "
+                  "here 0xFF bytes)", kind, off + i - (kind[0] == '_' ? 0 : shared_static_bytes));
+        if (!race_check_enabled() || exec.in_atomic) {
+            if (write) x.writer = me;
+            continue;
+        }
+        if (x.writer != NOBODY && !shared_ordered(x.writer, me))
+            fault(f, "race inside the block on %s (byte %zu): thread %u wrote it and this thread %s it with no "
+                  "__syncthreads between (a missing barrier)", kind, off + i, x.writer >> 22, write ? "writes" : "reads");
+        if (write && x.reader != NOBODY && !shared_ordered(x.reader, me))
+            fault(f, "race inside the block on %s (byte %zu): thread %u read it and this thread writes it with no "
+                  "__syncthreads between (a missing barrier)", kind, off + i, x.reader >> 22);
+        if (write) x.writer = me;
+        else x.reader = me;
+    }
+}
+
 // ---- 4. the block scheduler --------------------------------------------------------------
 
 // The lane whose value lane `lane` receives, by PTX's shfl rules (the
@@ -336,6 +408,7 @@ static bool complete_warp_ops(block_run& r) {
         }
         for (int l = 0; l < 32; l++)
             if (c.mask & (1u << l)) r.fibers[base + l].state = FIBER_RUNNABLE;
+        r.warp_epochs[base / 32]++;
         progress = true;
     }
     return progress;
@@ -390,6 +463,9 @@ static void fiber_init(fiber& f, int t) {
 static void run_block(block_run& r, uint64_t block_seed) {
     const int n = (int)r.fibers.size();
     for (int t = 0; t < n; t++) fiber_init(r.fibers[t], t);
+    r.epoch = 0;
+    r.warp_epochs.assign((size_t)(n + 31) / 32, 0);
+    shared_block_start();
     uint64_t rng = block_seed;
     std::vector<int> order;
     for (;;) {
@@ -402,6 +478,9 @@ static void run_block(block_run& r, uint64_t block_seed) {
         for (int t : order) {
             r.current = t;
             threadIdx = r.fibers[t].tid;
+            exec.thread = (uint32_t)t;
+            exec.epoch = r.epoch;
+            exec.warp_epoch = r.warp_epochs[t / 32];
             fiber_switch(&r.scheduler, r.fibers[t].sp);
             r.current = -1;
             if (r.fault) return;
@@ -427,6 +506,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
             return;
         }
         for (fiber& f : r.fibers) f.state = FIBER_RUNNABLE;
+        r.epoch++;
     }
 }
 
@@ -475,22 +555,37 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
     r.fault = false;
     dyn_shared_buf.assign(shared_bytes + 16, 0);
     dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 15) & ~(uintptr_t)15) : nullptr;
+    shared_static_lo = (uintptr_t)__start_cuda_cpu_shared;
+    shared_static_bytes = __start_cuda_cpu_shared ? (uintptr_t)(__stop_cuda_cpu_shared - __start_cuda_cpu_shared) : 0;
+    shared_dynamic_lo = (uintptr_t)dyn_shared_ptr;
+    shared_dynamic_bytes = shared_bytes;
     gridDim = grid;
     blockDim = block;
     running = &r;
     const uint64_t seed = current_seed();
-    unsigned long long linear = 0;
-    for (unsigned z = 0; z < grid.z && !r.fault; z++)
-        for (unsigned y = 0; y < grid.y && !r.fault; y++)
-            for (unsigned x = 0; x < grid.x && !r.fault; x++, linear++) {
-                blockIdx = uint3{x, y, z};
-                // Poison: shared memory is uninitialised at every block start.
-                if (__start_cuda_cpu_shared) memset(__start_cuda_cpu_shared, 0xFF, __stop_cuda_cpu_shared - __start_cuda_cpu_shared);
-                if (shared_bytes) memset(dyn_shared_ptr, 0xFF, shared_bytes);
-                uint64_t block_seed = seed ^ (linear * 0xd1342543de82ef95ull);
-                run_block(r, splitmix64(&block_seed));
-            }
+    // Blocks run one at a time, in a seeded order: CUDA promises none, and
+    // the race checks see accesses of different blocks as unordered anyway.
+    const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
+    std::vector<unsigned long long> order(nblocks);
+    for (unsigned long long i = 0; i < nblocks; i++) order[i] = i;
+    uint64_t shuffle = seed ^ 0xa0761d6478bd642full;
+    if (seed != 1)  // seed 1 keeps the natural order, the easiest to follow in a debugger
+        for (unsigned long long i = nblocks; i > 1; i--) std::swap(order[i - 1], order[splitmix64(&shuffle) % i]);
+    exec.in_kernel = true;
+    for (unsigned long long k = 0; k < nblocks && !r.fault; k++) {
+        const unsigned long long linear = order[k];
+        blockIdx = uint3{(unsigned)(linear % grid.x), (unsigned)(linear / grid.x % grid.y),
+                         (unsigned)(linear / ((unsigned long long)grid.x * grid.y))};
+        exec.block = (uint32_t)linear;
+        // Poison: shared memory is uninitialised at every block start.
+        if (__start_cuda_cpu_shared) memset(__start_cuda_cpu_shared, 0xFF, __stop_cuda_cpu_shared - __start_cuda_cpu_shared);
+        if (shared_bytes) memset(dyn_shared_ptr, 0xFF, shared_bytes);
+        uint64_t block_seed = seed ^ (linear * 0xd1342543de82ef95ull);
+        run_block(r, splitmix64(&block_seed));
+    }
+    exec.in_kernel = false;
     running = nullptr;
+    shared_static_bytes = shared_dynamic_bytes = 0;  // outside a kernel nothing is shared memory
     if (r.fault) {
         record_error(CPU_ERROR_LAUNCH_FAILURE, r.message);
         return CPU_ERROR_LAUNCH_FAILURE;

@@ -62,6 +62,31 @@ extern thread_local dim3 blockDim;
 extern thread_local dim3 gridDim;
 constexpr int warpSize = 32;
 
+namespace cuda_cpu {
+// Who is running, for the race checks inside a kernel (runtime.cpp): the
+// block (linear), the thread in it, and how many barriers the block and
+// warp syncs its warp have completed. Two accesses by different threads of
+// one block are ordered only if a barrier (or, within a warp, a warp
+// operation) completed between them; accesses of different blocks never are.
+struct exec_point {
+    bool in_kernel;
+    bool in_atomic;       // inside atomicAdd and friends: unordered atomics do not race
+    uint32_t block;       // linear block index
+    uint32_t thread;      // linear thread index in the block
+    uint32_t epoch;       // barriers the block has completed
+    uint32_t warp_epoch;  // warp operations this thread's warp has completed
+};
+extern exec_point exec;
+// The block's shared memory, static and dynamic: the runtime's hooks send
+// accesses there to shared_access, which checks never-written reads and
+// races between threads of the block (state reset at every block start).
+extern uintptr_t shared_static_lo, shared_static_bytes, shared_dynamic_lo, shared_dynamic_bytes;
+void shared_access(uintptr_t a, size_t n, bool write);
+// Off (CUDA_CPU_RACE_CHECK=0): races inside a kernel then show only as
+// results that differ between seeds.
+bool race_check_enabled();
+}  // namespace cuda_cpu
+
 // ---- 2. qualifiers defined away, shared memory ----------------------------------
 
 #undef __global__
@@ -156,27 +181,39 @@ inline int __all_sync(unsigned mask, int predicate) {
 // them right if blocks later run on several OS threads. Each returns the old
 // value, as CUDA's do.
 
-inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
-inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+// Each marks itself atomic for the race checks (cuda_cpu::exec.in_atomic).
+namespace cuda_cpu {
+struct atomic_scope {
+    atomic_scope() { exec.in_atomic = true; }
+    ~atomic_scope() { exec.in_atomic = false; }
+};
+}  // namespace cuda_cpu
+inline int atomicAdd(int* a, int v) { cuda_cpu::atomic_scope s; return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { cuda_cpu::atomic_scope s; return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
 inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    cuda_cpu::atomic_scope s;
     return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
 }
 inline float atomicAdd(float* a, float v) {
+    cuda_cpu::atomic_scope s;
     float old, sum;  // a compare-and-swap loop: x86 has no float fetch-add
     __atomic_load(a, &old, __ATOMIC_RELAXED);
     do { sum = old + v; } while (!__atomic_compare_exchange(a, &old, &sum, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return old;
 }
 inline int atomicMax(int* a, int v) {
+    cuda_cpu::atomic_scope s;
     int old = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (old < v && !__atomic_compare_exchange_n(a, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return old;
 }
 inline int atomicCAS(int* a, int compare, int v) {
+    cuda_cpu::atomic_scope s;
     __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return compare;  // the old value, whether or not it was swapped
 }
 inline unsigned atomicCAS(unsigned* a, unsigned compare, unsigned v) {
+    cuda_cpu::atomic_scope s;
     __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return compare;
 }
@@ -219,6 +256,7 @@ cpu_error launch_check(const char* name, const void* key, dim3 grid, dim3 block,
 cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 // "cuda_cpu: kernel 'k' block (x,y,z) thread (x,y,z) [lane l of warp w]: " inside a kernel, else "".
 std::string where_now();
+
 
 template <typename... P, typename... A>
 cpu_error launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, A&&... args) {

@@ -13,8 +13,9 @@
 //   6. the API: memory, copies, streams, events, device, errors, launches
 //
 // How device memory is checked. The application's code is compiled with
-// GCC's -fsanitize=kernel-address in "call" mode, so every load and store it
-// makes calls __asan_{load,store}N_noabort(address); those land in section 4.
+// GCC's -fsanitize=thread, so every load and store it makes calls
+// __tsan_readN/__tsan_writeN(address) (libtsan is not linked): those land in
+// section 4.
 // Device memory is one arena of address space that nothing else uses, so one
 // compare tells device addresses from host ones. For each device byte a
 // shadow byte says: not allocated (a red zone between allocations), freed,
@@ -62,6 +63,8 @@ static size_t arena_committed = 0;      // shadows made accessible up to here
 static uint8_t* shadow = nullptr;       // one byte per arena byte: SH_*
 static uint32_t* last_writer = nullptr; // per 2-byte granule: operation id, 0 none
 static uint32_t* last_reader = nullptr;
+static uint64_t* writer_who = nullptr;  // per granule, inside that operation (a kernel): who_now() of the access
+static uint64_t* reader_who = nullptr;
 constexpr size_t GRANULE = 2;
 enum : uint8_t { SH_NONE = 0, SH_FREED = 1, SH_FRESH = 2, SH_WRITTEN = 3 };
 static int device_mode = 0;             // > 0 while device operations run: the arena is readable and writable
@@ -223,7 +226,9 @@ static void arena_init() {
     const size_t granules = arena_reserved / GRANULE * sizeof(uint32_t);
     void* w = mmap(nullptr, granules, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     void* r = mmap(nullptr, granules, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED || sh == MAP_FAILED || w == MAP_FAILED || r == MAP_FAILED) {
+    void* ww = mmap(nullptr, granules * 2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* rw = mmap(nullptr, granules * 2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED || sh == MAP_FAILED || w == MAP_FAILED || r == MAP_FAILED || ww == MAP_FAILED || rw == MAP_FAILED) {
         fprintf(stderr, "cuda_cpu: cannot reserve %zu MB of address space for device memory: lower CUDA_CPU_MEMORY_MB\n",
                 arena_reserved >> 20);
         exit(1);
@@ -232,6 +237,8 @@ static void arena_init() {
     shadow = (uint8_t*)sh;
     last_writer = (uint32_t*)w;
     last_reader = (uint32_t*)r;
+    writer_who = (uint64_t*)ww;
+    reader_who = (uint64_t*)rw;
     streams.resize(1);  // the legacy default stream
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -255,6 +262,8 @@ static void shadow_commit(size_t end) {
     const size_t g0 = arena_committed / GRANULE, g1 = to / GRANULE;
     RT_SYSCHECK(mprotect(last_writer + g0, (g1 - g0) * sizeof(uint32_t), PROT_READ | PROT_WRITE));
     RT_SYSCHECK(mprotect(last_reader + g0, (g1 - g0) * sizeof(uint32_t), PROT_READ | PROT_WRITE));
+    RT_SYSCHECK(mprotect(writer_who + g0, (g1 - g0) * sizeof(uint64_t), PROT_READ | PROT_WRITE));
+    RT_SYSCHECK(mprotect(reader_who + g0, (g1 - g0) * sizeof(uint64_t), PROT_READ | PROT_WRITE));
     arena_committed = to;
 }
 
@@ -369,6 +378,30 @@ static std::string unordered_pending() {
            "if one of them writes it: a missing cudaStreamWaitEvent?):" + list;
 }
 
+// Inside one kernel: who made an access (block, thread, barrier and warp
+// epochs; cuda_cpu.h's exec_point), and whether two accesses are ordered.
+static uint64_t who_now() {
+    return (uint64_t)exec.block << 32 | (uint64_t)exec.thread << 22 | (exec.epoch & 0x7ff) << 11 | (exec.warp_epoch & 0x7ff);
+}
+static bool who_ordered(uint64_t a, uint64_t b) {
+    if ((a >> 32) != (b >> 32)) return false;                           // two blocks: never ordered
+    const uint32_t ta = (uint32_t)(a >> 22) & 0x3ff, tb = (uint32_t)(b >> 22) & 0x3ff;
+    if (ta == tb) return true;                                          // one thread
+    if (((a >> 11) & 0x7ff) != ((b >> 11) & 0x7ff)) return true;        // a barrier between them
+    return ta / 32 == tb / 32 && (a & 0x7ff) != (b & 0x7ff);           // one warp, a warp operation between them
+}
+
+static void race_inside(uint64_t other, bool other_wrote, bool writing, uintptr_t a) {
+    const unsigned ob = (unsigned)(other >> 32), ot = (unsigned)(other >> 22) & 0x3ff;
+    if (ob != exec.block)
+        fatal("race between blocks: this thread %s %s, which thread %u of block %u (linear) %s in the same kernel; "
+              "blocks run in any order and nothing orders them inside a kernel (split the kernel, or use atomics)",
+              writing ? "writes" : "reads", describe_address(a).c_str(), ot, ob, other_wrote ? "wrote" : "read");
+    fatal("race inside the block: this thread %s %s, which thread %u of the block %s with no __syncthreads "
+          "between (a missing barrier)", writing ? "writes" : "reads", describe_address(a).c_str(), ot,
+          other_wrote ? "wrote" : "read");
+}
+
 // Records one access of the current operation to [a, a + n), checking it.
 // `kernel`: a kernel's own access (bounds and never-written reads are checked
 // byte by byte); otherwise a declared range of a copy, matmul or collective.
@@ -386,21 +419,27 @@ static void access(uintptr_t a, size_t n, bool write, bool kernel) {
                   "garbage on a GPU; here it is 0xFF bytes: NaN)%s", n, describe_address(a + i).c_str(),
                   unordered_pending().c_str());
     }
+    const bool inside = kernel && race_check_enabled() && !exec.in_atomic;
+    const uint64_t who = inside ? who_now() : 0;
     for (size_t g = off / GRANULE; g <= (off + n - 1) / GRANULE; g++) {
         uint32_t w = last_writer[g];
         if (w && w != me && !ordered_before(w)) race(w, true, write, arena_lo + g * GRANULE);
+        if (inside && w == me && !who_ordered(writer_who[g], who)) race_inside(writer_who[g], true, write, arena_lo + g * GRANULE);
         if (write) {
             uint32_t r = last_reader[g];
             if (r && r != me && !ordered_before(r)) race(r, false, true, arena_lo + g * GRANULE);
+            if (inside && r == me && !who_ordered(reader_who[g], who)) race_inside(reader_who[g], false, true, arena_lo + g * GRANULE);
             last_writer[g] = me;
+            writer_who[g] = who;
         } else {
             last_reader[g] = me;
+            reader_who[g] = who;
         }
     }
 }
 
 // An instrumented access: from a kernel, or from host code (an error).
-static void hooked(uintptr_t a, size_t n, bool write) {
+__attribute__((noinline)) static void hooked(uintptr_t a, size_t n, bool write) {
     if (!current)
         fatal("host code %s %zu bytes at %s: device memory is not host memory (copy it with cudaMemcpy)",
               write ? "writes" : "reads", n, describe_address(a).c_str());
@@ -409,27 +448,89 @@ static void hooked(uintptr_t a, size_t n, bool write) {
 
 }  // namespace cuda_cpu
 
-// GCC's -fsanitize=kernel-address with asan-instrumentation-with-call-threshold=0
-// calls these for every load and store of the application's code.
-#define CPU_HOOK(n)                                                                                   \
-    extern "C" void __asan_load##n##_noabort(uintptr_t a) {                                          \
-        if (a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, false);             \
-    }                                                                                                 \
-    extern "C" void __asan_store##n##_noabort(uintptr_t a) {                                         \
-        if (a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, true);              \
-    }
+// GCC's -fsanitize=thread instruments every load and store of the
+// application's code with a call to __tsan_readN / __tsan_writeN (and
+// atomics with __tsan_atomic*); without libtsan linked, these are ours. (Not
+// -fsanitize=address: its pass merges the check of a load with that of the
+// store to the same address, so `x += v` would never be seen writing.)
+// Device memory, then the running block's shared memory (static, dynamic).
+static inline void on_access(uintptr_t a, size_t n, bool write) {
+    using namespace cuda_cpu;
+    if (a - arena_lo < arena_used) hooked(a, n, write);
+    else if (a - shared_static_lo < shared_static_bytes || a - shared_dynamic_lo < shared_dynamic_bytes)
+        shared_access(a, n, write);
+}
+#define CPU_HOOK(n)                                                                           \
+    extern "C" void __tsan_read##n(void* a) { on_access((uintptr_t)a, n, false); }           \
+    extern "C" void __tsan_write##n(void* a) { on_access((uintptr_t)a, n, true); }           \
+    extern "C" void __tsan_unaligned_read##n(void* a) { on_access((uintptr_t)a, n, false); } \
+    extern "C" void __tsan_unaligned_write##n(void* a) { on_access((uintptr_t)a, n, true); }
 CPU_HOOK(1)
 CPU_HOOK(2)
 CPU_HOOK(4)
 CPU_HOOK(8)
 CPU_HOOK(16)
-extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) {
-    if (n && a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, false);
+extern "C" void __tsan_read_range(void* a, unsigned long n) {
+    if (n) on_access((uintptr_t)a, n, false);
 }
-extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) {
-    if (n && a - cuda_cpu::arena_lo < cuda_cpu::arena_used) cuda_cpu::hooked(a, n, true);
+extern "C" void __tsan_write_range(void* a, unsigned long n) {
+    if (n) on_access((uintptr_t)a, n, true);
 }
-extern "C" void __asan_handle_no_return() {}
+extern "C" void __tsan_vptr_update(void** p, void*) { on_access((uintptr_t)p, sizeof(void*), true); }
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}
+extern "C" void __tsan_init() {}
+
+// Atomics: the operation itself, and the access, marked atomic (atomics of
+// one kernel do not race with each other). `mo` is the memory order; every
+// one is done sequentially consistent here, which is at least as strong.
+struct atomic_mark {
+    bool was;
+    atomic_mark() : was(cuda_cpu::exec.in_atomic) { cuda_cpu::exec.in_atomic = true; }
+    ~atomic_mark() { cuda_cpu::exec.in_atomic = was; }
+};
+#define CPU_ATOMICS(bits, T)                                                                                   \
+    extern "C" T __tsan_atomic##bits##_load(const volatile T* a, int) {                                       \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), false);                                                             \
+        return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                           \
+    }                                                                                                          \
+    extern "C" void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                    \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                              \
+    }                                                                                                          \
+    extern "C" T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                   \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                     \
+    }                                                                                                          \
+    extern "C" T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                   \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                     \
+    }                                                                                                          \
+    extern "C" T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                    \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                    \
+    }                                                                                                          \
+    extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {        \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
+    }                                                                                                          \
+    extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {          \
+        atomic_mark m;                                                                                         \
+        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                 \
+    }
+CPU_ATOMICS(8, unsigned char)
+CPU_ATOMICS(16, unsigned short)
+CPU_ATOMICS(32, int)
+CPU_ATOMICS(64, long)
+extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 
 namespace cuda_cpu {
 
@@ -735,6 +836,7 @@ static cudaError_t copy_enqueue(void* dst, const void* src, size_t n, cudaMemcpy
     if (wait) {
         run_until({at});
         vc_join(host_vc, streams[s].tail_vc);
+        return sticky_error;  // a kernel before it failed: the copy reports it, as CUDA's does
     }
     return cudaSuccess;
 }

@@ -104,7 +104,11 @@ static unsigned block_sum_bits(int sync, unsigned long long seed) {
     CK(cudaMemcpy(in, h.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
     block_sum_kernel<<<1, 256>>>(out, in, sync);
     float r;
-    CK(cudaMemcpy(&r, out, sizeof r, cudaMemcpyDeviceToHost));
+    cudaError_t e = cudaMemcpy(&r, out, sizeof r, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "cudaMemcpy after block_sum_kernel: %s (%d)\n", cudaGetErrorString(e), (int)e);
+        exit(2);
+    }
     unsigned bits;
     memcpy(&bits, &r, 4);
     return bits;
@@ -121,7 +125,50 @@ static int seeds_agree(int sync) {
     return 0;
 }
 static int case_syncthreads_ok() { return seeds_agree(1); }
-static int case_syncthreads_missing() { return seeds_agree(0); }
+static int case_syncthreads_missing() { return seeds_agree(0); }  // run with CUDA_CPU_RACE_CHECK=0: the seeds alone
+static int case_syncthreads_missing_detected() { return seeds_agree(0); }  // the race check names it first
+
+// every block adds its sum into out[0] without atomics: a race between blocks
+__global__ void blocks_sum_kernel(float* out, const float* in, int atomic) {
+    float v = in[blockIdx.x * blockDim.x + threadIdx.x];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) {
+        if (atomic) atomicAdd(out, v);
+        else out[0] += v;
+    }
+}
+static int blocks_case(int atomic) {
+    float *in = dev_floats(8 * 32), *out = dev_floats(1);
+    fill_kernel<<<1, 256>>>(in, 0.0f, 256);
+    CK(cudaMemset(out, 0, sizeof(float)));
+    blocks_sum_kernel<<<8, 32>>>(out, in, atomic);
+    float r;
+    CK(cudaMemcpy(&r, out, 4, cudaMemcpyDeviceToHost));
+    return r == 255.0f * 256.0f / 2.0f ? 0 : 1;
+}
+static int case_blocks_atomic_ok() { return blocks_case(1); }
+static int case_blocks_race() { return blocks_case(0); }
+
+// thread 0 fills shared memory, the others read it: without the barrier a race, and reads of unwritten bytes
+__global__ void broadcast_kernel(float* out, const float* in, int sync) {
+    __shared__ float v[4];
+    if (threadIdx.x < 4) v[threadIdx.x] = in[threadIdx.x];
+    if (sync) __syncthreads();
+    out[threadIdx.x] = v[threadIdx.x % 4];
+}
+static int broadcast_case(int sync) {
+    float *in = dev_floats(64), *out = dev_floats(64);
+    fill_kernel<<<1, 64>>>(in, 1.0f, 64);
+    broadcast_kernel<<<1, 64>>>(out, in, sync);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "cudaDeviceSynchronize: %s (%d)\n", cudaGetErrorString(e), (int)e);
+        return 2;
+    }
+    return 0;
+}
+static int case_shared_broadcast_ok() { return broadcast_case(1); }
+static int case_shared_missing_barrier() { return broadcast_case(0); }
 
 static int case_oob_write() {
     const int n = 1000;
@@ -301,7 +348,12 @@ struct Case {
 static const Case cases[] = {
     {"ok_basic", case_ok_basic, 0, "", "a correct program runs and computes"},
     {"syncthreads_ok", case_syncthreads_ok, 0, "", "a block reduction with its barriers: the same bits under 8 seeds"},
-    {"syncthreads_missing", case_syncthreads_missing, 1, "differs between seeds", "a missing __syncthreads changes the result between seeds"},
+    {"syncthreads_missing", case_syncthreads_missing, 1, "differs between seeds", "a missing __syncthreads changes the result between seeds (race check off)"},
+    {"syncthreads_missing_detected", case_syncthreads_missing_detected, 2, "race inside the block", "a missing __syncthreads is named by the race check (launch fails, 719)"},
+    {"shared_broadcast_ok", case_shared_broadcast_ok, 0, "", "thread 0..3 fill shared memory, a barrier, all read: no report"},
+    {"shared_missing_barrier", case_shared_missing_barrier, 2, "which no thread of this block has written", "the same without the barrier: a read before the write, reported"},
+    {"blocks_atomic_ok", case_blocks_atomic_ok, 0, "", "8 blocks atomicAdd into one float: no report, right sum"},
+    {"blocks_race", case_blocks_race, 86, "race between blocks", "8 blocks += into one float without atomics: a race between blocks, reported"},
     {"oob_write", case_oob_write, 86, "past the end of cudaMalloc #1", "an out-of-bounds write (i <= n) is reported with the kernel"},
     {"uninitialised_read", case_uninitialised_read, 86, "nothing has written since cudaMalloc", "a read of never-written device memory is reported"},
     {"use_after_free", case_use_after_free, 86, "FREED", "a kernel writing freed memory is reported"},
@@ -329,6 +381,7 @@ static int run_child(const Case& c, std::string* err) {
     if (pid == 0) {
         close(pipefd[0]);
         dup2(pipefd[1], 2);
+        if (!strcmp(c.name, "syncthreads_missing")) setenv("CUDA_CPU_RACE_CHECK", "0", 1);  // the seeds alone
         int r = c.run();
         fflush(stdout);
         fflush(stderr);

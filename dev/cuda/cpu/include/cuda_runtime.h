@@ -14,6 +14,8 @@
 
 #include "../cuda_cpu.h"
 
+#include <cuda_bf16.h>  // CUDA's own, as host C++; included here so the wrappers below follow it
+
 #include <cmath>   // expf, tanhf, sqrtf: device math is the host's
 #include <memory>  // std::shared_ptr: a launch's arguments live until it runs
 #include <type_traits>  // std::common_type_t: min, max
@@ -74,3 +76,31 @@ template <typename T> inline cudaError_t cudaMalloc(T** p, size_t bytes) {
 template <typename T> inline cudaError_t cudaMallocHost(T** p, size_t bytes) {
     return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
 }
+
+// ---- stores of bf16 results, made visible -----------------------------------------
+// GCC's -fsanitize=thread does not instrument a store that is a call's own
+// result (`out[i] = __float2bfloat16(x)`, the function returning the struct
+// straight into memory): the layer would not see the write. Passing the
+// result through an always-inlined identity makes it an ordinary store, which
+// is instrumented. These are cuda_bf16.h's functions that return a bf16
+// value; a kernel storing another struct-returning call straight into device
+// memory is still not seen (a later read then reports "never written").
+namespace cuda_cpu {
+template <typename T> __attribute__((always_inline)) inline T stored(T v) { return v; }
+}  // namespace cuda_cpu
+#define __float2bfloat16(x) ::cuda_cpu::stored(__float2bfloat16(x))
+#define __float2bfloat16_rn(x) ::cuda_cpu::stored(__float2bfloat16_rn(x))
+#define __float2bfloat16_rz(x) ::cuda_cpu::stored(__float2bfloat16_rz(x))
+#define __float2bfloat16_rd(x) ::cuda_cpu::stored(__float2bfloat16_rd(x))
+#define __float2bfloat16_ru(x) ::cuda_cpu::stored(__float2bfloat16_ru(x))
+#define __double2bfloat16(x) ::cuda_cpu::stored(__double2bfloat16(x))
+#define __floats2bfloat162_rn(a, b) ::cuda_cpu::stored(__floats2bfloat162_rn(a, b))
+#define __float22bfloat162_rn(x) ::cuda_cpu::stored(__float22bfloat162_rn(x))
+#define __float2bfloat162_rn(x) ::cuda_cpu::stored(__float2bfloat162_rn(x))
+#define __hadd(a, b) ::cuda_cpu::stored(__hadd(a, b))
+#define __hsub(a, b) ::cuda_cpu::stored(__hsub(a, b))
+#define __hmul(a, b) ::cuda_cpu::stored(__hmul(a, b))
+#define __hfma(a, b, c) ::cuda_cpu::stored(__hfma(a, b, c))
+#define __hadd2(a, b) ::cuda_cpu::stored(__hadd2(a, b))
+#define __hmul2(a, b) ::cuda_cpu::stored(__hmul2(a, b))
+#define __hfma2(a, b, c) ::cuda_cpu::stored(__hfma2(a, b, c))
