@@ -378,7 +378,17 @@ test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cu
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout
 	scripts/test_cuda_on_cpu.sh
 
-.PHONY: test-cuda-on-cpu
+# Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
+test-cuda-mutants: $(CPU_LAYER)
+	dev/cuda/cpu/mutants.sh
+print-cpu-app-flags:
+	@echo $(CPU_APP_FLAGS)
+print-cpu-app-libs:
+	@echo $(CPU_APP_LIBS)
+print-cpu-layer:
+	@echo $(CPU_LAYER)
+
+.PHONY: test-cuda-on-cpu test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
 
 # NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
 # emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2

@@ -28,6 +28,9 @@ thread_local dim3 gridDim;
 // puts variables in; weak, so a program without __shared__ links (both null).
 extern char __start_cuda_cpu_shared[] __attribute__((weak));
 extern char __stop_cuda_cpu_shared[] __attribute__((weak));
+// The program's writable static storage (.data, cuda_cpu_shared, .bss): glibc's crt1 and the linker define these.
+extern char __data_start[];
+extern char _end[];
 
 // "Cannot happen" checks of the scheduler's own invariants.
 #define CPU_ALWAYS(cond) do { if (!(cond)) { fprintf(stderr, "cuda_cpu: internal error: %s (%s:%d)\n", #cond, __FILE__, __LINE__); abort(); } } while (0)
@@ -97,8 +100,8 @@ struct block_run {
     std::vector<uint32_t> warp_epochs; // warp operations completed, per warp
 };
 
-exec_point exec = {false, false, 0, 0, 0, 0};
-uintptr_t shared_static_lo = 0, shared_static_bytes = 0, shared_dynamic_lo = 0, shared_dynamic_bytes = 0;
+thread_local exec_point exec = {false, false, 0, 0, 0, 0};
+thread_local uintptr_t shared_static_lo = 0, shared_static_bytes = 0, shared_dynamic_lo = 0, shared_dynamic_bytes = 0;
 
 bool race_check_enabled() {
     static int on = -1;
@@ -294,16 +297,20 @@ namespace cuda_cpu {
 // One record per byte of the block's shared memory (static, then dynamic):
 // the block generation it belongs to (older ones read as "never written"),
 // its last writer and last reader as (thread, barrier epoch, warp epoch).
-struct shared_record { uint32_t gen, writer, reader; };
+// Two readers: a write races with any earlier unordered read, and keeping
+// only the last reader would lose them (the last is often the writer's own
+// warp). `reader` is the earliest read not yet ordered before the newest,
+// `reader2` the latest read from another warp than `reader`'s.
+struct shared_record { uint32_t gen, writer, reader, reader2; };
 static std::vector<shared_record> shared_shadow;
 static uint32_t shared_gen = 0;
 constexpr uint32_t NOBODY = 0xffffffffu;
 
 static void shared_block_start() {
     const size_t bytes = shared_static_bytes + shared_dynamic_bytes;
-    if (shared_shadow.size() < bytes) shared_shadow.resize(bytes, shared_record{0, NOBODY, NOBODY});
+    if (shared_shadow.size() < bytes) shared_shadow.resize(bytes, shared_record{0, NOBODY, NOBODY, NOBODY});
     if (++shared_gen == 0) {  // wrapped: start the records over
-        for (shared_record& x : shared_shadow) x = shared_record{0, NOBODY, NOBODY};
+        for (shared_record& x : shared_shadow) x = shared_record{0, NOBODY, NOBODY, NOBODY};
         shared_gen = 1;
     }
 }
@@ -324,27 +331,34 @@ void shared_access(uintptr_t a, size_t n, bool write) {
     fiber& f = self("a shared-memory access");
     size_t off;
     const char* kind;
-    if (a - shared_static_lo < shared_static_bytes) { off = a - shared_static_lo; kind = "__shared__"; }
+    if (a - shared_static_lo < shared_static_bytes) { off = a - shared_static_lo; kind = "__shared__ (static storage)"; }
     else { off = shared_static_bytes + (a - shared_dynamic_lo); kind = "dynamic shared memory"; }
     const uint32_t me = shared_who();
     for (size_t i = 0; i < n && off + i < shared_shadow.size(); i++) {
         shared_record& x = shared_shadow[off + i];
-        if (x.gen != shared_gen) x = shared_record{shared_gen, NOBODY, NOBODY};
+        if (x.gen != shared_gen) x = shared_record{shared_gen, NOBODY, NOBODY, NOBODY};
         if (!write && x.writer == NOBODY)
-            fault(f, "reads %s at byte %zu, which no thread of this block has written (shared memory starts as garbage; "
-                  "here 0xFF bytes)", kind, off + i - (kind[0] == '_' ? 0 : shared_static_bytes));
+            fault(f, "reads %s at %p, which no thread of this block has written (shared memory starts as garbage, "
+                  "and a host variable cannot be read from a kernel)", kind, (void*)(a + i));
         if (!race_check_enabled() || exec.in_atomic) {
             if (write) x.writer = me;
             continue;
         }
         if (x.writer != NOBODY && !shared_ordered(x.writer, me))
-            fault(f, "race inside the block on %s (byte %zu): thread %u wrote it and this thread %s it with no "
-                  "__syncthreads between (a missing barrier)", kind, off + i, x.writer >> 22, write ? "writes" : "reads");
-        if (write && x.reader != NOBODY && !shared_ordered(x.reader, me))
-            fault(f, "race inside the block on %s (byte %zu): thread %u read it and this thread writes it with no "
-                  "__syncthreads between (a missing barrier)", kind, off + i, x.reader >> 22);
-        if (write) x.writer = me;
-        else x.reader = me;
+            fault(f, "race inside the block on %s at %p: thread %u wrote it and this thread %s it with no "
+                  "__syncthreads between (a missing barrier)", kind, (void*)(a + i), x.writer >> 22, write ? "writes" : "reads");
+        for (uint32_t rd : {x.reader, x.reader2})
+            if (write && rd != NOBODY && !shared_ordered(rd, me))
+                fault(f, "race inside the block on %s at %p: thread %u read it and this thread writes it with no "
+                      "__syncthreads between (a missing barrier)", kind, (void*)(a + i), rd >> 22);
+        if (write) {
+            x.writer = me;
+        } else if (x.reader == NOBODY || shared_ordered(x.reader, me)) {
+            x.reader = me;
+            if (x.reader2 != NOBODY && shared_ordered(x.reader2, me)) x.reader2 = NOBODY;
+        } else if ((x.reader >> 22) / 32 != (me >> 22) / 32) {
+            x.reader2 = me;
+        }
     }
 }
 
@@ -555,8 +569,13 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
     r.fault = false;
     dyn_shared_buf.assign(shared_bytes + 16, 0);
     dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 15) & ~(uintptr_t)15) : nullptr;
-    shared_static_lo = (uintptr_t)__start_cuda_cpu_shared;
-    shared_static_bytes = __start_cuda_cpu_shared ? (uintptr_t)(__stop_cuda_cpu_shared - __start_cuda_cpu_shared) : 0;
+    // Static storage, all of it: the cuda_cpu_shared section holds the
+    // __shared__ variables, except those of template kernels, which GCC puts
+    // in .bss whatever their section attribute says. A kernel can reach no
+    // other static storage (host globals are not device memory), so every
+    // access a kernel makes to the program's writable data is shared memory.
+    shared_static_lo = (uintptr_t)__data_start;
+    shared_static_bytes = (uintptr_t)(_end - __data_start);
     shared_dynamic_lo = (uintptr_t)dyn_shared_ptr;
     shared_dynamic_bytes = shared_bytes;
     gridDim = grid;

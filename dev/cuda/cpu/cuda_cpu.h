@@ -76,11 +76,11 @@ struct exec_point {
     uint32_t epoch;       // barriers the block has completed
     uint32_t warp_epoch;  // warp operations this thread's warp has completed
 };
-extern exec_point exec;
+extern thread_local exec_point exec;  // (per OS thread: others, like a saver thread, are never in a kernel)
 // The block's shared memory, static and dynamic: the runtime's hooks send
 // accesses there to shared_access, which checks never-written reads and
 // races between threads of the block (state reset at every block start).
-extern uintptr_t shared_static_lo, shared_static_bytes, shared_dynamic_lo, shared_dynamic_bytes;
+extern thread_local uintptr_t shared_static_lo, shared_static_bytes, shared_dynamic_lo, shared_dynamic_bytes;
 void shared_access(uintptr_t a, size_t n, bool write);
 // Off (CUDA_CPU_RACE_CHECK=0): races inside a kernel then show only as
 // results that differ between seeds.

@@ -64,7 +64,8 @@ static uint8_t* shadow = nullptr;       // one byte per arena byte: SH_*
 static uint32_t* last_writer = nullptr; // per 2-byte granule: operation id, 0 none
 static uint32_t* last_reader = nullptr;
 static uint64_t* writer_who = nullptr;  // per granule, inside that operation (a kernel): who_now() of the access
-static uint64_t* reader_who = nullptr;
+static uint64_t* reader_who = nullptr;  // the earliest read not ordered before the newest
+static uint64_t* reader2_who = nullptr; // the latest read from another (block, warp) than reader_who's
 constexpr size_t GRANULE = 2;
 enum : uint8_t { SH_NONE = 0, SH_FREED = 1, SH_FRESH = 2, SH_WRITTEN = 3 };
 static int device_mode = 0;             // > 0 while device operations run: the arena is readable and writable
@@ -228,7 +229,9 @@ static void arena_init() {
     void* r = mmap(nullptr, granules, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     void* ww = mmap(nullptr, granules * 2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     void* rw = mmap(nullptr, granules * 2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED || sh == MAP_FAILED || w == MAP_FAILED || r == MAP_FAILED || ww == MAP_FAILED || rw == MAP_FAILED) {
+    void* rw2 = mmap(nullptr, granules * 2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED || sh == MAP_FAILED || w == MAP_FAILED || r == MAP_FAILED || ww == MAP_FAILED || rw == MAP_FAILED ||
+        rw2 == MAP_FAILED) {
         fprintf(stderr, "cuda_cpu: cannot reserve %zu MB of address space for device memory: lower CUDA_CPU_MEMORY_MB\n",
                 arena_reserved >> 20);
         exit(1);
@@ -239,6 +242,7 @@ static void arena_init() {
     last_reader = (uint32_t*)r;
     writer_who = (uint64_t*)ww;
     reader_who = (uint64_t*)rw;
+    reader2_who = (uint64_t*)rw2;
     streams.resize(1);  // the legacy default stream
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -264,6 +268,7 @@ static void shadow_commit(size_t end) {
     RT_SYSCHECK(mprotect(last_reader + g0, (g1 - g0) * sizeof(uint32_t), PROT_READ | PROT_WRITE));
     RT_SYSCHECK(mprotect(writer_who + g0, (g1 - g0) * sizeof(uint64_t), PROT_READ | PROT_WRITE));
     RT_SYSCHECK(mprotect(reader_who + g0, (g1 - g0) * sizeof(uint64_t), PROT_READ | PROT_WRITE));
+    RT_SYSCHECK(mprotect(reader2_who + g0, (g1 - g0) * sizeof(uint64_t), PROT_READ | PROT_WRITE));
     arena_committed = to;
 }
 
@@ -383,6 +388,8 @@ static std::string unordered_pending() {
 static uint64_t who_now() {
     return (uint64_t)exec.block << 32 | (uint64_t)exec.thread << 22 | (exec.epoch & 0x7ff) << 11 | (exec.warp_epoch & 0x7ff);
 }
+constexpr uint64_t NO_ONE = ~0ull;
+static uint64_t who_group(uint64_t w) { return w >> 27; }  // (block, warp)
 static bool who_ordered(uint64_t a, uint64_t b) {
     if ((a >> 32) != (b >> 32)) return false;                           // two blocks: never ordered
     const uint32_t ta = (uint32_t)(a >> 22) & 0x3ff, tb = (uint32_t)(b >> 22) & 0x3ff;
@@ -428,12 +435,22 @@ static void access(uintptr_t a, size_t n, bool write, bool kernel) {
         if (write) {
             uint32_t r = last_reader[g];
             if (r && r != me && !ordered_before(r)) race(r, false, true, arena_lo + g * GRANULE);
-            if (inside && r == me && !who_ordered(reader_who[g], who)) race_inside(reader_who[g], false, true, arena_lo + g * GRANULE);
+            if (inside && r == me) {
+                if (!who_ordered(reader_who[g], who)) race_inside(reader_who[g], false, true, arena_lo + g * GRANULE);
+                if (reader2_who[g] != NO_ONE && !who_ordered(reader2_who[g], who))
+                    race_inside(reader2_who[g], false, true, arena_lo + g * GRANULE);
+            }
             last_writer[g] = me;
             writer_who[g] = who;
-        } else {
+        } else if (last_reader[g] != me || !inside) {  // this operation's first read of it
             last_reader[g] = me;
             reader_who[g] = who;
+            reader2_who[g] = NO_ONE;
+        } else if (who_ordered(reader_who[g], who)) {  // a read ordered after the recorded one supersedes it
+            reader_who[g] = who;
+            if (reader2_who[g] != NO_ONE && who_ordered(reader2_who[g], who)) reader2_who[g] = NO_ONE;
+        } else if (who_group(reader_who[g]) != who_group(who)) {
+            reader2_who[g] = who;  // concurrent with the recorded read, from another warp
         }
     }
 }
