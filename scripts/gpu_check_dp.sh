@@ -23,7 +23,7 @@
 #     started with RANK/WORLD_SIZE/LOCAL_RANK (no MPI needed). Losses must
 #     agree to LOSS_TOL relative (bf16 weights: the ranks sum the gradients
 #     in another order, so a few roundings differ); with 3+ GPUs also all of
-#     them (--zero 1: the shards are padded);
+#     them (--zero 0, 1 and 2; the shards are padded);
 #   - scaling: GPT-2 124M at T=1024, B=16 per GPU, on 1 GPU and on 2 (the
 #     global batch doubles: weak scaling), each --zero: median tokens/s, the
 #     2-GPU speed-up, and where the communication time went.
@@ -156,12 +156,14 @@ if [ "$NGPU" -ge 2 ]; then
     if [ "$NGPU" -ge 3 ]; then
         W=$NGPU
         run1 refw $SMALL --batch-size 2 --total-batch-size $((2 * 64 * W)) --zero 0
-        runw all_zero1 "$W" tcp $SMALL --batch-size 2 --total-batch-size $((2 * 64 * W)) --zero 1
-        rc=$?
-        d=$(loss_diff "$LOG/all_zero1.jsonl" "$LOG/refw.jsonl")
-        ok=$(awk -v d="$d" -v t="$LOSS_TOL" 'BEGIN { print (d != "n/a" && d + 0 <= t + 0) ? "ok" : "FAIL" }')
-        [ $rc -eq 0 ] || ok=FAIL
-        check $ok "$W GPUs --zero 1 vs 1 GPU, same global batch: losses within $LOSS_TOL" "max rel diff $d, rc=$rc"
+        for z in 0 1 2; do
+            runw all_zero$z "$W" tcp $SMALL --batch-size 2 --total-batch-size $((2 * 64 * W)) --zero $z
+            rc=$?
+            d=$(loss_diff "$LOG/all_zero$z.jsonl" "$LOG/refw.jsonl")
+            ok=$(awk -v d="$d" -v t="$LOSS_TOL" 'BEGIN { print (d != "n/a" && d + 0 <= t + 0) ? "ok" : "FAIL" }')
+            [ $rc -eq 0 ] || ok=FAIL
+            check $ok "$W GPUs --zero $z vs 1 GPU, same global batch: losses within $LOSS_TOL" "max rel diff $d, rc=$rc"
+        done
     fi
     echo "== correctness done ($(elapsed))"
 fi

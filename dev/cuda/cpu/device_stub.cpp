@@ -1,6 +1,7 @@
-// device_stub.cpp — a stand-in for the CPU layer's runtime (runtime.cpp), just
-// enough of device.h for test_cublaslt.cpp until the real runtime lands; it is
-// dropped when the two are merged. Not part of the layer.
+// device_stub.cpp — a test double for the CPU layer's runtime (runtime.cpp):
+// just enough of device.h for test_cublaslt.cpp to test cublaslt.cpp alone.
+// Not part of the layer (test_layer.cu and test_gpt_cu_cpu test cuBLASLt
+// through the real runtime).
 //
 // Device memory here is ordinary host memory. Allocations made through
 // stub_device_alloc() are remembered, so device_range_problem() can say that a

@@ -1,5 +1,6 @@
-// device_stub_nccl.cpp — a stand-in for the CPU layer's runtime (device.h),
-// for test_nccl_mpi only, until runtime.cpp lands; then this file goes.
+// device_stub_nccl.cpp — a test double for the CPU layer's runtime (device.h),
+// for test_nccl_mpi, which tests nccl_mpi.cpp alone (train_gpt_cu_cpu on
+// emulated GPUs tests it through the real runtime).
 //
 // Device memory is ordinary host memory: every non-null pointer counts as
 // device memory, and enqueue runs the operation at once (one stream, so

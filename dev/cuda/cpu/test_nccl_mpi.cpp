@@ -18,8 +18,8 @@
 //                 p2p-mismatch (rank 0 sends 100 floats, rank 1 receives 90:
 //                 status 86) | abort (rank 0 aborts while the others wait in a
 //                 collective: the job must end)
-// Device memory is host memory here (device_stub_nccl.cpp), until the
-// layer's runtime lands.
+// Device memory is host memory here (device_stub_nccl.cpp, a test double of
+// the layer's runtime), so nccl_mpi.cpp is tested alone.
 //
 // Sections: helpers (values, comparison, ids) → the checks → main.
 
