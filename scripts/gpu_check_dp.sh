@@ -35,6 +35,8 @@ LOG=${OUT:+$OUT/gpu_check/dp}
 LOG=${LOG:-gpu_check_logs/dp}
 mkdir -p "$LOG"
 EMULATED=${GPU_EMULATED:-0}
+# steps of the correctness runs: 8 on GPUs; 4 emulated (each step takes seconds on the CPU)
+if [ "$EMULATED" -gt 0 ]; then DP_STEPS=${DP_STEPS:-4}; else DP_STEPS=${DP_STEPS:-8}; fi
 if [ "$EMULATED" -gt 0 ]; then BIN=${BIN:-./train_gpt_cu_cpu}; else BIN=${BIN:-./train_gpt_cu}; fi
 PY=${PYTHON:-python3}
 BENCH_STEPS=${BENCH_STEPS:-10}
@@ -67,7 +69,7 @@ CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WOR
 TOY=/tmp/gptc_dp_toy.bin
 [ -f $TOY ] || $PY scripts/toy_shard.py $TOY 400000 256 0 > /dev/null || { echo "gpu_check_dp: cannot write $TOY"; exit 1; }
 SMALL="--model d2 --channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --seq-len 64
-       --steps 8 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
+       --steps $DP_STEPS --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
 
 # one process: name, flags...
 run1() {
