@@ -104,40 +104,13 @@ test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
 # What the tests write lives in this checkout's $(TEST_DIR) (git ignores it),
 # so two clones testing at once share no path: the 124M fixture (a cache,
 # kept between runs: 1.5 GB, rm -rf $(TEST_DIR) frees it) and the default run.
-# The scripts' throwaway folders come from mktemp.
+# The scripts' throwaway folders come from mktemp. The stages are
+# scripts/test_all.sh; each writes its log to $(TEST_DIR)/logs/.
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
 test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
-	@echo "== the CUDA twin compiles (no GPU needed)"
-	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory check-cuda > check_cuda.log 2>&1 || { cat check_cuda.log; exit 1; }; echo "check-cuda: ok"; \
-	 else echo "check-cuda: SKIPPED, nvcc not found (install the CUDA toolkit to compile train_gpt.cu)"; fi
-	@echo "== the CUDA twin executed on the CPU (dev/cuda/cpu): the layer's tests, test_gpt.cu, dev/cuda, a training run, 3 emulated GPUs"
-	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory test-cuda-cpu > test_cuda_cpu.log 2>&1 || { cat test_cuda_cpu.log; exit 1; }; tail -n 1 test_cuda_cpu.log; \
-	 $(MAKE) --no-print-directory test-cuda-on-cpu > test_cuda_on_cpu.log 2>&1 || { cat test_cuda_on_cpu.log; exit 1; }; grep -E '^(ok|FAIL) ' test_cuda_on_cpu.log; tail -n 1 test_cuda_on_cpu.log; \
-	 else echo "test-cuda-cpu, test-cuda-on-cpu: SKIPPED, the CUDA toolkit's headers not found (CI has CUDA 13 in /usr/local/cuda)"; fi
-	@echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain, ZeRO-1 and ZeRO-2, resharding"
-	scripts/test_dp.sh ./train_gpt_mpi > test_dp.log 2>&1 || { cat test_dp.log; exit 1; }
-	@tail -n 1 test_dp.log
-	@echo "== failover: runs killed (SIGKILL), hung (SIGSTOP) and host-replaced under scripts/supervise.py end bit for bit"
-	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi > test_failover.log 2>&1 || { cat test_failover.log; exit 1; }
-	@tail -n 1 test_failover.log
-	@echo "== resume: runs stopped and resumed at every step, 1 and 3 shards, shuffled or not, 1 process and 2 ranks, end bit for bit"
-	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi > test_resume.log 2>&1 || { cat test_resume.log; exit 1; }
-	@tail -n 1 test_resume.log
-	@echo "== the default run, reduced to 40 steps (test_gpt checks its log and plot below)"
-	rm -rf $(DEFAULT_RUN)
-	mkdir -p $(TEST_DIR)
-	$(MAKE) --no-print-directory train TRAIN_STEPS=40 TRAIN_OUT=$(DEFAULT_RUN) > $(DEFAULT_RUN).log 2>&1 || { cat $(DEFAULT_RUN).log; exit 1; }
-	@tail -n 4 $(DEFAULT_RUN).log
-	@echo "== tokenizer parity with the reference JavaScript tokenizer (committed fixture + regenerated live with node)"
-	./test_tokenizer --live > test_tokenizer.log 2>&1 || { cat test_tokenizer.log; exit 1; }
-	@tail -n 1 test_tokenizer.log
-	@echo "== test_gpt under AddressSanitizer + UBSan (tiny fixture)"
-	@ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan > test_gpt_asan.log 2>&1 || { cat test_gpt_asan.log; exit 1; }
-	@grep -v '^ok ' test_gpt_asan.log | grep -v '^error: ' || true
-	@echo "== test_gpt (tiny fixture + GPT-2 124M shape)"
-	./test_gpt --ref $(FIXTURE_124M)/gpt2_124M_model.bin $(FIXTURE_124M)/gpt2_124M_ref.bin --default-run $(DEFAULT_RUN)
+	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
 test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
@@ -419,8 +392,7 @@ test-cublaslt-cpu: dev/cuda/cpu/test_cublaslt
 
 # host-only: every rank's shard map against the flat parameters (dev/cuda/dp_layout.cu)
 dp-layout: dev/cuda/dp_layout
-	./dev/cuda/dp_layout > dp_layout.log || { cat dp_layout.log; exit 1; }
-	@tail -n 1 dp_layout.log
+	@$(call quietly,./dev/cuda/dp_layout)
 
 # What the NCCL search found, one NAME=value a line (scripts/test_nccl_find.sh and gpu_check.sh read it).
 nccl-info:
@@ -468,8 +440,8 @@ gpu-check:
 .PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu test-nccl-cpu test-cublaslt-cpu
 
 clean:
-	rm -rf $(DEFAULT_RUN) $(DEFAULT_RUN).log test_resume.log test_failover.log test_cuda_cpu.log test_cuda_on_cpu.log $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
-	rm -f train_gpt train_gpt_mpi test_dp.log check_cuda.log test_gpt test_gpt_asan test_gpt_asan.log prepare_data test_tokenizer test_tokenizer.log dev/cpu/bench_train dev/cpu/fma_peak \
-		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dp_layout.log dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi
+	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
+	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean

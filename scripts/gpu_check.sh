@@ -112,7 +112,7 @@ step_tests() {
 
 # 5. benchmark: GPT-2 124M (random init), T=1024, no gradient accumulation
 step_bench() {
-    local shard=/tmp/gptc_bench_train.bin line
+    local shard=$LOG/bench_train.bin line  # (in this run's log folder: two runs never share it)
     [ -f $shard ] || $PY scripts/toy_shard.py $shard 3000000 50257 0 > /dev/null
     BENCH_B=""
     for B in 64 32 16 8 4; do

@@ -66,7 +66,7 @@ fi
 CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
     -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 
-TOY=/tmp/gptc_dp_toy.bin
+TOY=$LOG/toy.bin # (in this run's log folder: two runs at once never share it)
 [ -f $TOY ] || $PY scripts/toy_shard.py $TOY 400000 256 0 > /dev/null || { echo "gpu_check_dp: cannot write $TOY"; exit 1; }
 SMALL="--model d2 --channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --seq-len 64
        --steps $DP_STEPS --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
@@ -174,7 +174,7 @@ if [ "$EMULATED" -gt 0 ]; then
 elif [ "$NGPU" -ge 2 ]; then
 
     # ---- scaling: GPT-2 124M, T=1024, B=16 per GPU -------------------------
-    SHARD=/tmp/gptc_bench_train.bin
+    SHARD=$LOG/bench_train.bin
     [ -f $SHARD ] || $PY scripts/toy_shard.py $SHARD 3000000 50257 0 > /dev/null
     BIG="--model d12 --train-data $SHARD --batch-size 16 --seq-len 1024 --steps $BENCH_STEPS --lr 3e-4
          --val-every 0 --sample-every 0"
