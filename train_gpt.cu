@@ -546,13 +546,12 @@ __global__ void softmax_causal_backward_kernel(floatX* dS, const float* dA, cons
 }
 
 /* ---- GELU (tanh form, as train_gpt.c's gelu_forward) -------------------- */
-#define GELU_SCALE_GPU 0.7978845608028654f /* sqrt(2 / pi) */
 
 __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long long N) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     float x = __bfloat162float(inp[i]);
-    float u = GELU_SCALE_GPU * (x + 0.044715f * x * x * x);
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
     out[i] = __float2bfloat16(x / (1.0f + expf(-2.0f * u)));
 }
 
@@ -561,9 +560,9 @@ __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floa
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     float x = __bfloat162float(inp[i]);
-    float u = GELU_SCALE_GPU * (x + 0.044715f * x * x * x);
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
     float s = 1.0f / (1.0f + expf(-2.0f * u));
-    float du = GELU_SCALE_GPU * (1.0f + 3.0f * 0.044715f * x * x);
+    float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] = __float2bfloat16(__bfloat162float(dout[i]) * (s + x * s * (1.0f - s) * 2.0f * du));
 }
 

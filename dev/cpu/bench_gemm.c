@@ -54,13 +54,6 @@ static void set_threads(int n) {
 #endif
     (void)n;
 }
-static int max_threads(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 
 // ----------------------------------------------------------------------------
 // correctness
@@ -118,7 +111,7 @@ static void test_determinism(int M, int N, int K, int a_t, int b_t) {
     float *C1 = (float*)xmalloc(4L * M * N), *C2 = (float*)xmalloc(4L * M * N), *C3 = (float*)xmalloc(4L * M * N);
     fill(A, (long)M * K); fill(B, (long)K * N); fill(C1, (long)M * N);
     memcpy(C2, C1, 4L * M * N); memcpy(C3, C1, 4L * M * N);
-    int nt = max_threads();
+    int nt = num_threads();
     set_threads(1); gemm(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C1, N, 1, 1);
     set_threads(nt); gemm(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C2, N, 1, 1);
     // 4 row bands computed concurrently, each on its own thread
@@ -141,7 +134,7 @@ static void test_determinism(int M, int N, int K, int a_t, int b_t) {
 static void run_tests(void) {
     static const int sizes[] = {1, 3, 7, 17, 63, 65, 129, 257};
     int ns = (int)(sizeof sizes / sizeof sizes[0]);
-    int nt = max_threads();
+    int nt = num_threads();
     printf("tests: %d sizes^3 x 4 stride layouts x accumulate 0/1 x threaded 0/1, %d threads\n", ns, nt);
     for (int mi = 0; mi < ns; mi++)
         for (int ni = 0; ni < ns; ni++)
@@ -267,7 +260,7 @@ static double kernel_peak(void) {
 }
 
 static void run_bench(void) {
-    int nt = max_threads();
+    int nt = num_threads();
     printf("\nroofline: micro-kernel alone, in cache, 1 thread: %.1f GFLOP/s\n", kernel_peak());
     flush_buf = (float*)xmalloc(64L << 20);
     memset(flush_buf, 0, 64L << 20);
@@ -324,7 +317,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     printf("gemm: MR=%d NR=%d KC=%d MC=%d NC=%d, %d threads\n",
-           GEMM_MR, GEMM_NR, GEMM_KC, GEMM_MC, GEMM_NC, max_threads());
+           GEMM_MR, GEMM_NR, GEMM_KC, GEMM_MC, GEMM_NC, num_threads());
     if (strcmp(mode, "bench")) run_tests();
     if (strcmp(mode, "test")) run_bench();
     printf("%d passed, %d failed\n", n_pass, n_fail);
