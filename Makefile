@@ -54,11 +54,11 @@ $(TOKENIZER_FILES):
 	node scripts/tokenizer_files.js data/tokenizer
 
 # text (a .txt file, a folder of them, or .jsonl) -> token shards
-prepare_data: prepare_data.c train_gpt.c $(GPTC_H)
+prepare_data: prepare_data.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ prepare_data.c $(LDLIBS)
 
 # tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
-test_tokenizer: dev/tokenizer/test_tokenizer.c train_gpt.c $(GPTC_H)
+test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/tokenizer/test_tokenizer.c $(LDLIBS)
 
 # The main job, offline: GPT-2's tokenizer and an English corpus (Brown, State
@@ -163,7 +163,7 @@ check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -Wno-unused-function -fsyntax-only $(OPENMP) test_gpt.c
 
 # Data parallel over MPI (Open MPI's mpicc wraps gcc with MPI's headers and
-# libraries; -DUSE_MPI compiles section 9's collectives in). Said aloud when
+# libraries; -DUSE_MPI compiles section 6's collectives in). Said aloud when
 # mpicc is missing: apt-get install libopenmpi-dev openmpi-bin.
 MPICC ?= mpicc
 train_gpt_mpi: train_gpt.c $(GPTC_H)

@@ -2,8 +2,11 @@
  * train_gpt.c — GPT-2 pretraining on the CPU, in one file.
  *
  * fp32 throughout, OpenMP for the cores. The file reads top to bottom as the
- * story of a training step: load weights and data, run the layers forward,
- * run them backward, update with AdamW, print what the model writes.
+ * story of a training step: the layers, forward and backward; the model they
+ * make; AdamW; the data; the ranks that train together; the sampler; the
+ * loop that runs it all. The plumbing (checked calls, the GEMM engine, the
+ * tokenizer, text to shards, flags, launch, training states and failover)
+ * lives in the headers under gptc/, one include away: a student can skip it.
  *
  * Build and run (see the Makefile for every flag):
  *   make train_gpt
@@ -17,22 +20,27 @@
  * Left out on purpose: mixed precision (fp32 only here; bf16 lives in the
  * CUDA twin), flash-style attention (the T x T attention matrix is
  * materialised: at the sequence lengths a CPU trains on it is small next to
- * the logits), and any BLAS (the matmul below is our own).
+ * the logits), and any BLAS (the matmul is our own, gptc/gemm.h).
  *
- * Banners, in order:
- *   1. Utilities         checked calls, timing, random numbers
- *   2. Model files       the llm.c checkpoint format, read and write
- *   3. Tokenizer         GPT-2 byte-level BPE: encode and decode
- *   4. Data              token shards, the data loader; text to shards
- *   5. Matmul            the packed, register-blocked GEMM every layer uses
- *   6. Layers            forward/backward pairs
- *   7. Model             parameters, activations, forward, backward
- *   8. Optimizer         gradient norm and clipping, AdamW, schedules
- *   9. Data parallel     MPI ranks: allreduce, ZeRO-1, ZeRO-2; a rendezvous for NCCL
- *  10. Checkpoints       training states, memory snapshots and replicas, bad steps
- *  11. Sampler           temperature / top-k / top-p; generation with a KV cache
- *  12. CLI               flags, usage, validation
- *  13. main              --data, --prompt, saving and resuming, the training loop
+ * Reading order (the banners below):
+ *   1. Layers            forward/backward pairs: embeddings, LayerNorm, matmul,
+ *                        attention, GELU, residual, softmax + cross-entropy
+ *   2. Model files       configuration, parameter tensors, the llm.c checkpoint format
+ *   3. Model             activations, init, gpt2_forward, gpt2_backward
+ *   4. Optimizer         gradient norm and clipping, AdamW, schedules
+ *   5. Data loader       token shards into micro-batches, per rank, per epoch
+ *   6. Data parallel     MPI ranks: allreduce, ZeRO-1, ZeRO-2, overlap with backward
+ *   7. Sampler           temperature / top-k / top-p; generation with a KV cache
+ *   8. Training loop     evaluation, samples, logging, train(), main
+ * The headers, in the order they are included:
+ *   gptc/util.h       checked calls, allocation, timing, file helpers, random numbers
+ *   gptc/gemm.h       the packed, register-blocked GEMM every matmul runs on
+ *   gptc/tokenizer.h  GPT-2's byte-level BPE (with the generated gptc/unicode_tables.h)
+ *   gptc/text_data.h  text, folders of .txt and JSONL into token shards
+ *   gptc/cli.h        the flag table, parsing, usage, checks; what the flags build (section 8)
+ *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
+ *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
+ *   gptc/saver.h      snapshots, replicas, saves, resume, rollback, heartbeat        (section 8)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
@@ -50,540 +58,18 @@
 #include <glob.h>
 #include <unistd.h>
 #include <sys/stat.h>
-#include <sys/mman.h>   /* snapshot slots (section 10) */
-#include <fcntl.h>
-#include <poll.h>       /* the rendezvous (section 9) */
-#include <netdb.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "gptc/util.h"      /* defines: CHECK, ALWAYS, FILE_ERROR, xmalloc, time_ms, file helpers, Rng */
-
-
-
-/* ------------------------------------------------------------------------ */
-/* 2. Model files (llm.c format)                                            */
-/* ------------------------------------------------------------------------ */
-/* Header: 256 little-endian int32. [0] magic 20240326, [1] version (3 = fp32
- * params, 5 = bf16 params), [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp.
- * Then the 16 parameter tensors below, in this order, each concatenated over
- * layers. Weights are (out, in), row-major. */
-
-#define MODEL_MAGIC 20240326
-#define MODEL_VERSION_FP32 3
-#define MODEL_VERSION_BF16 5
-
-typedef struct {
-    int max_seq_len;       /* maxT: longest sequence the position table holds */
-    int vocab_size;        /* V: real tokens (50257 for GPT-2) */
-    int padded_vocab_size; /* Vp: V rounded up to a multiple of 128 (50304) */
-    int num_layers;        /* L */
-    int num_heads;         /* NH */
-    int channels;          /* C */
-} GPT2Config;
-
-#define NUM_PARAMETER_TENSORS 16
-static const char* const PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
-/* The tensors with a layer dimension: ln1w .. fcprojb, indices [2, 14). */
-#define LAYER_TENSORS_BEGIN 2
-#define LAYER_TENSORS_END 14
-
-/* Which tensors are 2-D matmul/embedding weights: the ones weight decay
- * applies to by default (biases and LayerNorm parameters are not decayed,
- * as in GPT-2/nanoGPT practice). */
-static const int PARAMETER_IS_MATRIX[NUM_PARAMETER_TENSORS] = {
-    1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0};
-
-typedef struct {
-    float* wte;      /* (Vp, C) token embedding, also the LM head */
-    float* wpe;      /* (maxT, C) position embedding */
-    float* ln1w;     /* (L, C) */
-    float* ln1b;     /* (L, C) */
-    float* qkvw;     /* (L, 3C, C) */
-    float* qkvb;     /* (L, 3C) */
-    float* attprojw; /* (L, C, C) */
-    float* attprojb; /* (L, C) */
-    float* ln2w;     /* (L, C) */
-    float* ln2b;     /* (L, C) */
-    float* fcw;      /* (L, 4C, C) */
-    float* fcb;      /* (L, 4C) */
-    float* fcprojw;  /* (L, C, 4C) */
-    float* fcprojb;  /* (L, C) */
-    float* lnfw;     /* (C) */
-    float* lnfb;     /* (C) */
-} ParameterTensors;
-/* The struct is carved from one buffer by walking it as an array of
- * pointers, in the table's order. */
-static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(float*),
-              "ParameterTensors must hold exactly the 16 tensors of the table");
-
-static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* c) {
-    size_t Vp = c->padded_vocab_size, C = c->channels, maxT = c->max_seq_len, L = c->num_layers;
-    sizes[0] = Vp * C;          /* wte */
-    sizes[1] = maxT * C;        /* wpe */
-    sizes[2] = L * C;           /* ln1w */
-    sizes[3] = L * C;           /* ln1b */
-    sizes[4] = L * 3 * C * C;   /* qkvw */
-    sizes[5] = L * 3 * C;       /* qkvb */
-    sizes[6] = L * C * C;       /* attprojw */
-    sizes[7] = L * C;           /* attprojb */
-    sizes[8] = L * C;           /* ln2w */
-    sizes[9] = L * C;           /* ln2b */
-    sizes[10] = L * 4 * C * C;  /* fcw */
-    sizes[11] = L * 4 * C;      /* fcb */
-    sizes[12] = L * C * 4 * C;  /* fcprojw */
-    sizes[13] = L * C;          /* fcprojb */
-    sizes[14] = C;              /* lnfw */
-    sizes[15] = C;              /* lnfb */
-}
-
-static size_t parameter_count(const GPT2Config* c) {
-    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    parameter_sizes(sizes, c);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
-    return n;
-}
-
-/* Point the 16 tensor pointers into one flat buffer, in file order. */
-static void parameters_point(ParameterTensors* p, float* mem, const GPT2Config* c) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, c);
-    float** ptrs = (float**)p;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        ptrs[i] = mem;
-        mem += sizes[i];
-    }
-}
-
-static int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
-
-/* Bounds a config must satisfy before anything is allocated from it. They
- * are generous (a 1.5B model is L=48, C=1600) but stop a corrupt header from
- * asking for terabytes. Returns NULL when valid, else what is wrong. */
-static const char* config_problem(const GPT2Config* c) {
-    if (c->num_layers < 1 || c->num_layers > 1024) return "num_layers must be in 1..1024";
-    if (c->channels < 1 || c->channels > 65536) return "channels must be in 1..65536";
-    if (c->num_heads < 1 || c->num_heads > c->channels) return "num_heads must be in 1..channels";
-    if (c->channels % c->num_heads != 0) return "channels must be a multiple of num_heads";
-    if (c->max_seq_len < 1 || c->max_seq_len > 1 << 20) return "max_seq_len must be in 1..1048576";
-    if (c->vocab_size < 1 || c->vocab_size > 1 << 24) return "vocab_size must be in 1..16777216";
-    if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 24) + 128)
-        return "padded_vocab_size must be >= vocab_size";
-    double P = (double)parameter_count(c);
-    if (P > 64e9) return "the model would have more than 64 billion parameters";
-    return NULL;
-}
-
-/* Architectures by depth, as GPT-2 published them: d12 = 124M, d24 = 350M,
- * d36 = 774M, d48 = 1.5B. Any other depth dN gets C = 64 N, NH = N. */
-static GPT2Config config_from_depth(int depth) {
-    GPT2Config c;
-    c.num_layers = depth;
-    c.max_seq_len = 1024;
-    c.vocab_size = 50257;
-    c.padded_vocab_size = 50304;
-    switch (depth) {
-        case 12: c.channels = 768; c.num_heads = 12; break;
-        case 24: c.channels = 1024; c.num_heads = 16; break;
-        case 36: c.channels = 1280; c.num_heads = 20; break;
-        case 48: c.channels = 1600; c.num_heads = 25; break;
-        default: c.channels = 64 * depth; c.num_heads = depth; break;
-    }
-    return c;
-}
-
-/* bf16 -> fp32 is exact: bf16 is the top half of an fp32. */
-static float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* Read an llm.c checkpoint. On success fills *config and returns a freshly
- * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
- * On any problem prints what is wrong with which file and returns -1. */
-static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
-    *params_out = NULL;
-    FILE* f = file_open_read(path, "model file");
-    if (!f) return -1;
-    int32_t h[HEADER_INTS];
-    long long fsize = file_size(f);
-    if (fsize < (long long)sizeof(h)) {
-        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
-        fclose(f);
-        return -1;
-    }
-    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
-    if (h[0] != MODEL_MAGIC) {
-        FILE_ERROR(path, "bad magic %d, expected %d: this is not an llm.c model file "
-                   "(a data shard or tokenizer file passed as --model?)", h[0], MODEL_MAGIC);
-        fclose(f);
-        return -1;
-    }
-    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
-        FILE_ERROR(path, "model file version %d; this build reads %d (fp32) and %d (bf16)",
-                   h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
-        fclose(f);
-        return -1;
-    }
-    GPT2Config c;
-    c.max_seq_len = h[2];
-    c.vocab_size = h[3];
-    c.num_layers = h[4];
-    c.num_heads = h[5];
-    c.channels = h[6];
-    c.padded_vocab_size = h[7];
-    const char* problem = config_problem(&c);
-    if (problem) {
-        FILE_ERROR(path, "header describes an impossible model (L=%d C=%d NH=%d maxT=%d V=%d Vp=%d): %s",
-                   c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size,
-                   c.padded_vocab_size, problem);
-        fclose(f);
-        return -1;
-    }
-    size_t n = parameter_count(&c);
-    size_t elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
-    long long expected = (long long)sizeof(h) + (long long)(n * elem);
-    if (fsize != expected) {
-        FILE_ERROR(path, "file is %lld bytes but its header (L=%d C=%d Vp=%d maxT=%d, %s) implies %lld: "
-                   "truncated or not written completely",
-                   fsize, c.num_layers, c.channels, c.padded_vocab_size, c.max_seq_len,
-                   elem == 4 ? "fp32" : "bf16", expected);
-        fclose(f);
-        return -1;
-    }
-    float* params = (float*)malloc(n * sizeof(float)); /* not xmalloc: a model too big for this machine is named */
-    if (!params) {
-        FILE_ERROR(path, "its %zu parameters need %.1f GB as fp32, more than this machine can allocate now: free "
-                   "memory, or use a machine with more", n, n * 4.0 / 1e9);
-        fclose(f);
-        return -1;
-    }
-    if (elem == 4) {
-        if (read_exact(f, params, n * 4, path) != 0) { free(params); fclose(f); return -1; }
-    } else {
-        /* bf16: read in chunks and widen */
-        size_t chunk = 1 << 20;
-        uint16_t* buf = (uint16_t*)xmalloc(chunk * 2);
-        for (size_t i = 0; i < n; i += chunk) {
-            size_t m = n - i < chunk ? n - i : chunk;
-            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); fclose(f); return -1; }
-            for (size_t j = 0; j < m; j++) params[i + j] = bf16_to_float(buf[j]);
-        }
-        free(buf);
-    }
-    fclose(f);
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(params[i])) {
-            FILE_ERROR(path, "parameter %zu is %f: the checkpoint holds non-finite weights", i, params[i]);
-            free(params);
-            return -1;
-        }
-    }
-    *config = c;
-    *params_out = params;
-    return 0;
-}
-
-/* Write an fp32 (version 3) llm.c checkpoint, atomically. */
-static int model_file_write(const char* path, const GPT2Config* c, const float* params) {
-    int32_t h[HEADER_INTS];
-    memset(h, 0, sizeof(h));
-    h[0] = MODEL_MAGIC;
-    h[1] = MODEL_VERSION_FP32;
-    h[2] = c->max_seq_len;
-    h[3] = c->vocab_size;
-    h[4] = c->num_layers;
-    h[5] = c->num_heads;
-    h[6] = c->channels;
-    h[7] = c->padded_vocab_size;
-    WriteChunk chunks[2];
-    chunks[0].data = h;
-    chunks[0].bytes = sizeof(h);
-    chunks[1].data = params;
-    chunks[1].bytes = parameter_count(c) * sizeof(float);
-    return write_file_atomic(path, chunks, 2);
-}
-
+#include "gptc/gemm.h"      /* defines: gemm, the packed, register-blocked GEMM every matmul runs on */
 #include "gptc/tokenizer.h" /* defines: Tokenizer, tokenizer_init, tokenizer_encode, tokenizer_decode */
 #include "gptc/text_data.h" /* defines: SHARD_MAGIC, prepare_shards (text, folders, JSONL -> shards) */
 
 /* ------------------------------------------------------------------------ */
-/* 4. Data                                                                  */
-/* ------------------------------------------------------------------------ */
-/* Token shard (llm.c format): 256 int32 header ([0] magic 20240520, [1]
- * version 1, [2] number of tokens n), then n uint16 tokens; the file is
- * exactly 1024 + 2n bytes. Documents are separated by end-of-text tokens.
- *
- * The loader cuts each shard into samples of T+1 tokens that overlap by one
- * (sample i covers tokens [iT, iT+T], inputs are its first T, targets its
- * last T). A micro-batch is B consecutive samples of the shard's sample order
- * (identity, or a seeded permutation per epoch with --shuffle). With several
- * processes, rank r of W takes samples [cursor + rB, cursor + rB + B) and the
- * cursor advances by W·B, so the ranks together read exactly what one
- * process with batch W·B would. When a shard has fewer than W·B samples left
- * the loader moves to the next shard; after the last, a new epoch begins. */
-
-
-typedef struct {
-    /* configuration */
-    int B, T;
-    int rank, world;
-    int shuffle;
-    uint64_t seed;
-    int vocab_size;      /* tokens must be < this */
-    /* files */
-    glob_t files;
-    int num_shards;
-    long long* shard_tokens; /* (num_shards) tokens per shard, from headers */
-    /* position: everything needed to resume exactly */
-    int epoch;
-    int shard_pos;       /* index into shard_order */
-    long long cursor;    /* next sample, index into sample_order */
-    /* the loaded shard */
-    int loaded_shard;    /* file index, -1 if none */
-    int loaded_epoch;    /* the epoch whose sample order is loaded */
-    uint16_t* tokens;    /* (n) */
-    long long num_tokens;
-    long long num_samples;
-    int* shard_order;    /* (num_shards) */
-    long long* sample_order; /* (num_samples) */
-    /* output of the last load */
-    int* inputs;         /* (B, T) */
-    int* targets;        /* (B, T) */
-} DataLoader;
-
-/* Read and check a shard header against its file size. */
-static int shard_header(const char* path, long long* num_tokens) {
-    FILE* f = file_open_read(path, "data shard");
-    if (!f) return -1;
-    int32_t h[HEADER_INTS];
-    long long fsize = file_size(f);
-    if (fsize < (long long)sizeof(h) || read_exact(f, h, sizeof(h), path) != 0) {
-        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a token shard", fsize);
-        fclose(f);
-        return -1;
-    }
-    fclose(f);
-    if (h[0] != SHARD_MAGIC) {
-        FILE_ERROR(path, "bad magic %d, expected %d: not an llm.c token shard", h[0], SHARD_MAGIC);
-        return -1;
-    }
-    if (h[1] != SHARD_VERSION) {
-        FILE_ERROR(path, "shard version %d, this build reads version %d (uint16 tokens)", h[1], SHARD_VERSION);
-        return -1;
-    }
-    if (h[2] < 0 || fsize != (long long)sizeof(h) + 2LL * h[2]) {
-        FILE_ERROR(path, "header says %d tokens, so the file should be %lld bytes, but it is %lld: "
-                   "truncated or corrupt; re-create it", h[2], (long long)sizeof(h) + 2LL * h[2], fsize);
-        return -1;
-    }
-    *num_tokens = h[2];
-    return 0;
-}
-
-static void dataloader_free(DataLoader* d) {
-    if (d->num_shards > 0) globfree(&d->files);
-    free(d->shard_tokens);
-    free(d->tokens);
-    free(d->shard_order);
-    free(d->sample_order);
-    free(d->inputs);
-    free(d->targets);
-    memset(d, 0, sizeof(*d));
-}
-
-static void shuffle_ints(int* a, int n, Rng* rng) {
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rng_u32(rng) % (uint32_t)(i + 1));
-        int t = a[i]; a[i] = a[j]; a[j] = t;
-    }
-}
-
-static void shuffle_longs(long long* a, long long n, Rng* rng) {
-    for (long long i = n - 1; i > 0; i--) {
-        uint64_t r = ((uint64_t)rng_u32(rng) << 32) | rng_u32(rng);
-        long long j = (long long)(r % (uint64_t)(i + 1));
-        long long t = a[i]; a[i] = a[j]; a[j] = t;
-    }
-}
-
-/* Order of shards for the current epoch. */
-static void dataloader_order_shards(DataLoader* d) {
-    for (int i = 0; i < d->num_shards; i++) d->shard_order[i] = i;
-    if (d->shuffle) {
-        Rng rng;
-        rng_init(&rng, d->seed * 1000003ull + (uint64_t)d->epoch);
-        shuffle_ints(d->shard_order, d->num_shards, &rng);
-    }
-}
-
-/* Load the shard at shard_pos into memory (validating every token) and set
- * its sample order. */
-static int dataloader_load_shard(DataLoader* d) {
-    int file = d->shard_order[d->shard_pos];
-    /* the sample order depends on the epoch: a shard loaded in an earlier
-     * epoch (one shard, or the last of one epoch is the first of the next)
-     * must be reshuffled, or epochs repeat and a resume sees other batches */
-    if (file == d->loaded_shard && (!d->shuffle || d->epoch == d->loaded_epoch)) return 0;
-    const char* path = d->files.gl_pathv[file];
-    long long n = d->shard_tokens[file];
-    FILE* f = file_open_read(path, "data shard");
-    if (!f) return -1;
-    free(d->tokens);
-    d->tokens = (uint16_t*)xmalloc((size_t)n * 2);
-    if (fseek(f, HEADER_INTS * 4, SEEK_SET) != 0 || read_exact(f, d->tokens, (size_t)n * 2, path) != 0) {
-        fclose(f);
-        d->loaded_shard = -1;
-        return -1;
-    }
-    fclose(f);
-    for (long long i = 0; i < n; i++) {
-        if (d->tokens[i] >= d->vocab_size) {
-            FILE_ERROR(path, "token %u at position %lld is out of range for a vocabulary of %d: "
-                       "the shard was made with a different tokenizer than the model's",
-                       d->tokens[i], i, d->vocab_size);
-            d->loaded_shard = -1;
-            return -1;
-        }
-    }
-    d->loaded_shard = file;
-    d->loaded_epoch = d->epoch;
-    d->num_tokens = n;
-    d->num_samples = (n - 1) / d->T;
-    free(d->sample_order);
-    d->sample_order = (long long*)xmalloc(sizeof(long long) * (size_t)(d->num_samples > 0 ? d->num_samples : 1));
-    for (long long i = 0; i < d->num_samples; i++) d->sample_order[i] = i;
-    if (d->shuffle) {
-        Rng rng;
-        rng_init(&rng, d->seed * 1000003ull + (uint64_t)d->epoch * 7919ull + (uint64_t)file + 1);
-        shuffle_longs(d->sample_order, d->num_samples, &rng);
-    }
-    return 0;
-}
-
-/* Open every file matching `pattern` and check their headers. A shard must
- * hold at least one full global micro-batch (W·B samples). */
-static int dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
-                           int vocab_size, int shuffle, uint64_t seed) {
-    memset(d, 0, sizeof(*d));
-    d->B = B; d->T = T; d->rank = rank; d->world = world;
-    d->vocab_size = vocab_size; d->shuffle = shuffle; d->seed = seed;
-    d->loaded_shard = -1;
-    int rc = glob(pattern, 0, NULL, &d->files);
-    if (rc == GLOB_NOMATCH && access(pattern, F_OK) == 0) { /* a file named corpus[1].bin: itself, not a glob */
-        char literal[8300];
-        glob_pattern(literal, sizeof(literal), pattern, "");
-        rc = glob(literal, 0, NULL, &d->files);
-    }
-    if (rc != 0 || d->files.gl_pathc == 0) {
-        if (rc == 0) globfree(&d->files);
-        FILE_ERROR(pattern, "no data files match this pattern (quote it so the shell does not expand it)");
-        return -1;
-    }
-    CHECK(d->files.gl_pathc < (1u << 30), "too many shards");
-    d->num_shards = (int)d->files.gl_pathc;
-    d->shard_tokens = (long long*)xmalloc(sizeof(long long) * (size_t)d->num_shards);
-    long long need = (long long)world * B * T + 1;
-    for (int i = 0; i < d->num_shards; i++) {
-        if (shard_header(d->files.gl_pathv[i], &d->shard_tokens[i]) != 0) { dataloader_free(d); return -1; }
-        if (d->shard_tokens[i] < need) {
-            FILE_ERROR(d->files.gl_pathv[i], "has %lld tokens, fewer than one batch needs "
-                       "(world %d x B %d x T %d + 1 = %lld): use a smaller --batch-size/--seq-len or more data",
-                       d->shard_tokens[i], world, B, T, need);
-            dataloader_free(d);
-            return -1;
-        }
-    }
-    d->shard_order = (int*)xmalloc(sizeof(int) * (size_t)d->num_shards);
-    d->inputs = (int*)xmalloc(sizeof(int) * (size_t)B * T);
-    d->targets = (int*)xmalloc(sizeof(int) * (size_t)B * T);
-    dataloader_order_shards(d);
-    if (dataloader_load_shard(d) != 0) {
-        dataloader_free(d);
-        return -1;
-    }
-    return 0;
-}
-
-/* Go back to the first batch of epoch 0 (used for validation). */
-static int dataloader_reset(DataLoader* d) {
-    d->epoch = 0;
-    d->shard_pos = 0;
-    d->cursor = 0;
-    dataloader_order_shards(d);
-    return dataloader_load_shard(d);
-}
-
-/* Put the loader where a saved run left it (a state checkpoint's epoch,
- * shard position and cursor). 0, or -1 if the position cannot exist. */
-static int dataloader_seek(DataLoader* d, int epoch, int shard_pos, long long cursor) {
-    if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || cursor < 0) return -1;
-    d->epoch = epoch;
-    d->shard_pos = shard_pos;
-    d->cursor = cursor;
-    dataloader_order_shards(d);
-    if (dataloader_load_shard(d) != 0) return -1;
-    return cursor <= d->num_samples ? 0 : -1;
-}
-
-/* Fill inputs/targets (B, T) with this rank's next micro-batch. */
-static int dataloader_next(DataLoader* d) {
-    long long per_step = (long long)d->world * d->B;
-    if (d->cursor + per_step > d->num_samples) {
-        d->cursor = 0;
-        d->shard_pos++;
-        if (d->shard_pos == d->num_shards) {
-            d->shard_pos = 0;
-            d->epoch++;
-            dataloader_order_shards(d);
-        }
-        if (dataloader_load_shard(d) != 0) return -1;
-    }
-    int T = d->T;
-    for (int b = 0; b < d->B; b++) {
-        long long sample = d->sample_order[d->cursor + (long long)d->rank * d->B + b];
-        const uint16_t* src = d->tokens + sample * T;
-        for (int t = 0; t < T; t++) {
-            d->inputs[b * T + t] = src[t];
-            d->targets[b * T + t] = src[t + 1];
-        }
-    }
-    d->cursor += per_step;
-    return 0;
-}
-
-/* Entropy (nats) of the unigram distribution of the loaded shard's tokens:
- * the loss of the best model that ignores context, a baseline to beat. */
-static double dataloader_unigram_entropy(const DataLoader* d) {
-    double* count = (double*)xmalloc(sizeof(double) * (size_t)d->vocab_size);
-    memset(count, 0, sizeof(double) * (size_t)d->vocab_size);
-    for (long long i = 0; i < d->num_tokens; i++) count[d->tokens[i]] += 1.0;
-    double h = 0.0, n = (double)d->num_tokens;
-    for (int v = 0; v < d->vocab_size; v++)
-        if (count[v] > 0) h -= count[v] / n * log(count[v] / n);
-    free(count);
-    return h;
-}
-
-/* Micro-batches in one pass over all shards (for a default of one epoch). */
-static long long dataloader_batches_per_epoch(const DataLoader* d) {
-    long long n = 0, per_step = (long long)d->world * d->B;
-    for (int i = 0; i < d->num_shards; i++) n += ((d->shard_tokens[i] - 1) / d->T) / per_step;
-    return n;
-}
-
-#include "gptc/gemm.h"      /* defines: gemm, the packed, register-blocked GEMM every matmul runs on */
-
-/* ------------------------------------------------------------------------ */
-/* 6. Layers                                                                */
+/* 1. Layers                                                                */
 /* ------------------------------------------------------------------------ */
 /* Each layer is a forward/backward pair with the same name stem and argument
  * order: outputs, then inputs, then sizes. Backward functions accumulate (+=)
@@ -916,9 +402,255 @@ static void crossentropy_softmax_backward(float* probs, const int* targets, int 
 }
 
 /* ------------------------------------------------------------------------ */
-/* 7. Model                                                                 */
+/* 2. Model files (llm.c format)                                            */
 /* ------------------------------------------------------------------------ */
+/* Header: 256 little-endian int32. [0] magic 20240326, [1] version (3 = fp32
+ * params, 5 = bf16 params), [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp.
+ * Then the 16 parameter tensors below, in this order, each concatenated over
+ * layers. Weights are (out, in), row-major. */
 
+#define MODEL_MAGIC 20240326
+#define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5
+
+typedef struct {
+    int max_seq_len;       /* maxT: longest sequence the position table holds */
+    int vocab_size;        /* V: real tokens (50257 for GPT-2) */
+    int padded_vocab_size; /* Vp: V rounded up to a multiple of 128 (50304) */
+    int num_layers;        /* L */
+    int num_heads;         /* NH */
+    int channels;          /* C */
+} GPT2Config;
+
+#define NUM_PARAMETER_TENSORS 16
+static const char* const PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+/* The tensors with a layer dimension: ln1w .. fcprojb, indices [2, 14). */
+#define LAYER_TENSORS_BEGIN 2
+#define LAYER_TENSORS_END 14
+
+/* Which tensors are 2-D matmul/embedding weights: the ones weight decay
+ * applies to by default (biases and LayerNorm parameters are not decayed,
+ * as in GPT-2/nanoGPT practice). */
+static const int PARAMETER_IS_MATRIX[NUM_PARAMETER_TENSORS] = {
+    1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0};
+
+typedef struct {
+    float* wte;      /* (Vp, C) token embedding, also the LM head */
+    float* wpe;      /* (maxT, C) position embedding */
+    float* ln1w;     /* (L, C) */
+    float* ln1b;     /* (L, C) */
+    float* qkvw;     /* (L, 3C, C) */
+    float* qkvb;     /* (L, 3C) */
+    float* attprojw; /* (L, C, C) */
+    float* attprojb; /* (L, C) */
+    float* ln2w;     /* (L, C) */
+    float* ln2b;     /* (L, C) */
+    float* fcw;      /* (L, 4C, C) */
+    float* fcb;      /* (L, 4C) */
+    float* fcprojw;  /* (L, C, 4C) */
+    float* fcprojb;  /* (L, C) */
+    float* lnfw;     /* (C) */
+    float* lnfb;     /* (C) */
+} ParameterTensors;
+/* The struct is carved from one buffer by walking it as an array of
+ * pointers, in the table's order. */
+static_assert(sizeof(ParameterTensors) == NUM_PARAMETER_TENSORS * sizeof(float*),
+              "ParameterTensors must hold exactly the 16 tensors of the table");
+
+static void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const GPT2Config* c) {
+    size_t Vp = c->padded_vocab_size, C = c->channels, maxT = c->max_seq_len, L = c->num_layers;
+    sizes[0] = Vp * C;          /* wte */
+    sizes[1] = maxT * C;        /* wpe */
+    sizes[2] = L * C;           /* ln1w */
+    sizes[3] = L * C;           /* ln1b */
+    sizes[4] = L * 3 * C * C;   /* qkvw */
+    sizes[5] = L * 3 * C;       /* qkvb */
+    sizes[6] = L * C * C;       /* attprojw */
+    sizes[7] = L * C;           /* attprojb */
+    sizes[8] = L * C;           /* ln2w */
+    sizes[9] = L * C;           /* ln2b */
+    sizes[10] = L * 4 * C * C;  /* fcw */
+    sizes[11] = L * 4 * C;      /* fcb */
+    sizes[12] = L * C * 4 * C;  /* fcprojw */
+    sizes[13] = L * C;          /* fcprojb */
+    sizes[14] = C;              /* lnfw */
+    sizes[15] = C;              /* lnfb */
+}
+
+static size_t parameter_count(const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    parameter_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
+/* Point the 16 tensor pointers into one flat buffer, in file order. */
+static void parameters_point(ParameterTensors* p, float* mem, const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    float** ptrs = (float**)p;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        ptrs[i] = mem;
+        mem += sizes[i];
+    }
+}
+
+static int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+/* Bounds a config must satisfy before anything is allocated from it. They
+ * are generous (a 1.5B model is L=48, C=1600) but stop a corrupt header from
+ * asking for terabytes. Returns NULL when valid, else what is wrong. */
+static const char* config_problem(const GPT2Config* c) {
+    if (c->num_layers < 1 || c->num_layers > 1024) return "num_layers must be in 1..1024";
+    if (c->channels < 1 || c->channels > 65536) return "channels must be in 1..65536";
+    if (c->num_heads < 1 || c->num_heads > c->channels) return "num_heads must be in 1..channels";
+    if (c->channels % c->num_heads != 0) return "channels must be a multiple of num_heads";
+    if (c->max_seq_len < 1 || c->max_seq_len > 1 << 20) return "max_seq_len must be in 1..1048576";
+    if (c->vocab_size < 1 || c->vocab_size > 1 << 24) return "vocab_size must be in 1..16777216";
+    if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 24) + 128)
+        return "padded_vocab_size must be >= vocab_size";
+    double P = (double)parameter_count(c);
+    if (P > 64e9) return "the model would have more than 64 billion parameters";
+    return NULL;
+}
+
+/* Architectures by depth, as GPT-2 published them: d12 = 124M, d24 = 350M,
+ * d36 = 774M, d48 = 1.5B. Any other depth dN gets C = 64 N, NH = N. */
+static GPT2Config config_from_depth(int depth) {
+    GPT2Config c;
+    c.num_layers = depth;
+    c.max_seq_len = 1024;
+    c.vocab_size = 50257;
+    c.padded_vocab_size = 50304;
+    switch (depth) {
+        case 12: c.channels = 768; c.num_heads = 12; break;
+        case 24: c.channels = 1024; c.num_heads = 16; break;
+        case 36: c.channels = 1280; c.num_heads = 20; break;
+        case 48: c.channels = 1600; c.num_heads = 25; break;
+        default: c.channels = 64 * depth; c.num_heads = depth; break;
+    }
+    return c;
+}
+
+/* bf16 -> fp32 is exact: bf16 is the top half of an fp32. */
+static float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Read an llm.c checkpoint. On success fills *config and returns a freshly
+ * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
+ * On any problem prints what is wrong with which file and returns -1. */
+static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
+    *params_out = NULL;
+    FILE* f = file_open_read(path, "model file");
+    if (!f) return -1;
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    if (fsize < (long long)sizeof(h)) {
+        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
+        fclose(f);
+        return -1;
+    }
+    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
+    if (h[0] != MODEL_MAGIC) {
+        FILE_ERROR(path, "bad magic %d, expected %d: this is not an llm.c model file "
+                   "(a data shard or tokenizer file passed as --model?)", h[0], MODEL_MAGIC);
+        fclose(f);
+        return -1;
+    }
+    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
+        FILE_ERROR(path, "model file version %d; this build reads %d (fp32) and %d (bf16)",
+                   h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+        fclose(f);
+        return -1;
+    }
+    GPT2Config c;
+    c.max_seq_len = h[2];
+    c.vocab_size = h[3];
+    c.num_layers = h[4];
+    c.num_heads = h[5];
+    c.channels = h[6];
+    c.padded_vocab_size = h[7];
+    const char* problem = config_problem(&c);
+    if (problem) {
+        FILE_ERROR(path, "header describes an impossible model (L=%d C=%d NH=%d maxT=%d V=%d Vp=%d): %s",
+                   c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size,
+                   c.padded_vocab_size, problem);
+        fclose(f);
+        return -1;
+    }
+    size_t n = parameter_count(&c);
+    size_t elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
+    long long expected = (long long)sizeof(h) + (long long)(n * elem);
+    if (fsize != expected) {
+        FILE_ERROR(path, "file is %lld bytes but its header (L=%d C=%d Vp=%d maxT=%d, %s) implies %lld: "
+                   "truncated or not written completely",
+                   fsize, c.num_layers, c.channels, c.padded_vocab_size, c.max_seq_len,
+                   elem == 4 ? "fp32" : "bf16", expected);
+        fclose(f);
+        return -1;
+    }
+    float* params = (float*)malloc(n * sizeof(float)); /* not xmalloc: a model too big for this machine is named */
+    if (!params) {
+        FILE_ERROR(path, "its %zu parameters need %.1f GB as fp32, more than this machine can allocate now: free "
+                   "memory, or use a machine with more", n, n * 4.0 / 1e9);
+        fclose(f);
+        return -1;
+    }
+    if (elem == 4) {
+        if (read_exact(f, params, n * 4, path) != 0) { free(params); fclose(f); return -1; }
+    } else {
+        /* bf16: read in chunks and widen */
+        size_t chunk = 1 << 20;
+        uint16_t* buf = (uint16_t*)xmalloc(chunk * 2);
+        for (size_t i = 0; i < n; i += chunk) {
+            size_t m = n - i < chunk ? n - i : chunk;
+            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); fclose(f); return -1; }
+            for (size_t j = 0; j < m; j++) params[i + j] = bf16_to_float(buf[j]);
+        }
+        free(buf);
+    }
+    fclose(f);
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(params[i])) {
+            FILE_ERROR(path, "parameter %zu is %f: the checkpoint holds non-finite weights", i, params[i]);
+            free(params);
+            return -1;
+        }
+    }
+    *config = c;
+    *params_out = params;
+    return 0;
+}
+
+/* Write an fp32 (version 3) llm.c checkpoint, atomically. */
+static int model_file_write(const char* path, const GPT2Config* c, const float* params) {
+    int32_t h[HEADER_INTS];
+    memset(h, 0, sizeof(h));
+    h[0] = MODEL_MAGIC;
+    h[1] = MODEL_VERSION_FP32;
+    h[2] = c->max_seq_len;
+    h[3] = c->vocab_size;
+    h[4] = c->num_layers;
+    h[5] = c->num_heads;
+    h[6] = c->channels;
+    h[7] = c->padded_vocab_size;
+    WriteChunk chunks[2];
+    chunks[0].data = h;
+    chunks[0].bytes = sizeof(h);
+    chunks[1].data = params;
+    chunks[1].bytes = parameter_count(c) * sizeof(float);
+    return write_file_atomic(path, chunks, 2);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 3. Model                                                                 */
+/* ------------------------------------------------------------------------ */
 #define NUM_ACTIVATION_TENSORS 19
 typedef struct {
     float* encoded;   /* (B, T, C) embeddings: the residual stream entering layer 0 */
@@ -1014,7 +746,7 @@ typedef struct {
     size_t num_parameters;
     float* params_memory;
     float* grads_memory;    /* NULL until training is set up */
-    size_t num_grads;       /* its floats: num_parameters, fewer under ZeRO-2 (section 9) */
+    size_t num_grads;       /* its floats: num_parameters, fewer under ZeRO-2 (section 6) */
     /* AdamW moments */
     float* m_memory;
     float* v_memory;
@@ -1028,7 +760,7 @@ typedef struct {
     size_t num_scratch;
     /* optional: called by gpt2_backward when layer l's parameter gradients are
      * final (l = L-1 down to 0), so data parallelism can start reducing them
-     * while backward goes on (section 9) */
+     * while backward goes on (section 6) */
     void (*on_layer_grads)(void* ctx, int layer);
     /* optional: where backward writes layer l's parameter gradients (NULL:
      * the flat buffer); ZeRO-2 hands out a zeroed one-layer bucket */
@@ -1206,7 +938,7 @@ static void gpt2_zero_grad(GPT2* model) {
 
 /* Layer l's parameter gradients: a ParameterTensors whose per-layer tensors
  * point at layer l's slice, in the flat gradient buffer or, when the data
- * parallel hook hands one out (ZeRO-2, section 9), in a one-layer bucket
+ * parallel hook hands one out (ZeRO-2, section 6), in a one-layer bucket
  * holding the 12 slices back to back in file order. */
 static ParameterTensors layer_grads(GPT2* model, int l) {
     ParameterTensors g = model->grads;
@@ -1274,9 +1006,8 @@ static void gpt2_backward(GPT2* model, float loss_scale) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* 8. Optimizer and schedules                                               */
+/* 4. Optimizer and schedules                                               */
 /* ------------------------------------------------------------------------ */
-
 /* Sums over large arrays are taken in fixed chunks (partial sums in double,
  * added in chunk order), so the result does not depend on the thread count. */
 #define REDUCE_CHUNK 65536
@@ -1410,7 +1141,273 @@ static double lr_at(const LRSchedule* s, int step) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* 9. Data parallel                                                         */
+/* 5. Data loader                                                           */
+/* ------------------------------------------------------------------------ */
+/* Token shard (llm.c format): 256 int32 header ([0] magic 20240520, [1]
+ * version 1, [2] number of tokens n), then n uint16 tokens; the file is
+ * exactly 1024 + 2n bytes. Documents are separated by end-of-text tokens.
+ *
+ * The loader cuts each shard into samples of T+1 tokens that overlap by one
+ * (sample i covers tokens [iT, iT+T], inputs are its first T, targets its
+ * last T). A micro-batch is B consecutive samples of the shard's sample order
+ * (identity, or a seeded permutation per epoch with --shuffle). With several
+ * processes, rank r of W takes samples [cursor + rB, cursor + rB + B) and the
+ * cursor advances by W·B, so the ranks together read exactly what one
+ * process with batch W·B would. When a shard has fewer than W·B samples left
+ * the loader moves to the next shard; after the last, a new epoch begins. */
+
+/* SHARD_MAGIC and SHARD_VERSION: gptc/text_data.h, which writes shards. */
+
+typedef struct {
+    /* configuration */
+    int B, T;
+    int rank, world;
+    int shuffle;
+    uint64_t seed;
+    int vocab_size;      /* tokens must be < this */
+    /* files */
+    glob_t files;
+    int num_shards;
+    long long* shard_tokens; /* (num_shards) tokens per shard, from headers */
+    /* position: everything needed to resume exactly */
+    int epoch;
+    int shard_pos;       /* index into shard_order */
+    long long cursor;    /* next sample, index into sample_order */
+    /* the loaded shard */
+    int loaded_shard;    /* file index, -1 if none */
+    int loaded_epoch;    /* the epoch whose sample order is loaded */
+    uint16_t* tokens;    /* (n) */
+    long long num_tokens;
+    long long num_samples;
+    int* shard_order;    /* (num_shards) */
+    long long* sample_order; /* (num_samples) */
+    /* output of the last load */
+    int* inputs;         /* (B, T) */
+    int* targets;        /* (B, T) */
+} DataLoader;
+
+/* Read and check a shard header against its file size. */
+static int shard_header(const char* path, long long* num_tokens) {
+    FILE* f = file_open_read(path, "data shard");
+    if (!f) return -1;
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    if (fsize < (long long)sizeof(h) || read_exact(f, h, sizeof(h), path) != 0) {
+        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a token shard", fsize);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    if (h[0] != SHARD_MAGIC) {
+        FILE_ERROR(path, "bad magic %d, expected %d: not an llm.c token shard", h[0], SHARD_MAGIC);
+        return -1;
+    }
+    if (h[1] != SHARD_VERSION) {
+        FILE_ERROR(path, "shard version %d, this build reads version %d (uint16 tokens)", h[1], SHARD_VERSION);
+        return -1;
+    }
+    if (h[2] < 0 || fsize != (long long)sizeof(h) + 2LL * h[2]) {
+        FILE_ERROR(path, "header says %d tokens, so the file should be %lld bytes, but it is %lld: "
+                   "truncated or corrupt; re-create it", h[2], (long long)sizeof(h) + 2LL * h[2], fsize);
+        return -1;
+    }
+    *num_tokens = h[2];
+    return 0;
+}
+
+static void dataloader_free(DataLoader* d) {
+    if (d->num_shards > 0) globfree(&d->files);
+    free(d->shard_tokens);
+    free(d->tokens);
+    free(d->shard_order);
+    free(d->sample_order);
+    free(d->inputs);
+    free(d->targets);
+    memset(d, 0, sizeof(*d));
+}
+
+static void shuffle_ints(int* a, int n, Rng* rng) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_u32(rng) % (uint32_t)(i + 1));
+        int t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+static void shuffle_longs(long long* a, long long n, Rng* rng) {
+    for (long long i = n - 1; i > 0; i--) {
+        uint64_t r = ((uint64_t)rng_u32(rng) << 32) | rng_u32(rng);
+        long long j = (long long)(r % (uint64_t)(i + 1));
+        long long t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+/* Order of shards for the current epoch. */
+static void dataloader_order_shards(DataLoader* d) {
+    for (int i = 0; i < d->num_shards; i++) d->shard_order[i] = i;
+    if (d->shuffle) {
+        Rng rng;
+        rng_init(&rng, d->seed * 1000003ull + (uint64_t)d->epoch);
+        shuffle_ints(d->shard_order, d->num_shards, &rng);
+    }
+}
+
+/* Load the shard at shard_pos into memory (validating every token) and set
+ * its sample order. */
+static int dataloader_load_shard(DataLoader* d) {
+    int file = d->shard_order[d->shard_pos];
+    /* the sample order depends on the epoch: a shard loaded in an earlier
+     * epoch (one shard, or the last of one epoch is the first of the next)
+     * must be reshuffled, or epochs repeat and a resume sees other batches */
+    if (file == d->loaded_shard && (!d->shuffle || d->epoch == d->loaded_epoch)) return 0;
+    const char* path = d->files.gl_pathv[file];
+    long long n = d->shard_tokens[file];
+    FILE* f = file_open_read(path, "data shard");
+    if (!f) return -1;
+    free(d->tokens);
+    d->tokens = (uint16_t*)xmalloc((size_t)n * 2);
+    if (fseek(f, HEADER_INTS * 4, SEEK_SET) != 0 || read_exact(f, d->tokens, (size_t)n * 2, path) != 0) {
+        fclose(f);
+        d->loaded_shard = -1;
+        return -1;
+    }
+    fclose(f);
+    for (long long i = 0; i < n; i++) {
+        if (d->tokens[i] >= d->vocab_size) {
+            FILE_ERROR(path, "token %u at position %lld is out of range for a vocabulary of %d: "
+                       "the shard was made with a different tokenizer than the model's",
+                       d->tokens[i], i, d->vocab_size);
+            d->loaded_shard = -1;
+            return -1;
+        }
+    }
+    d->loaded_shard = file;
+    d->loaded_epoch = d->epoch;
+    d->num_tokens = n;
+    d->num_samples = (n - 1) / d->T;
+    free(d->sample_order);
+    d->sample_order = (long long*)xmalloc(sizeof(long long) * (size_t)(d->num_samples > 0 ? d->num_samples : 1));
+    for (long long i = 0; i < d->num_samples; i++) d->sample_order[i] = i;
+    if (d->shuffle) {
+        Rng rng;
+        rng_init(&rng, d->seed * 1000003ull + (uint64_t)d->epoch * 7919ull + (uint64_t)file + 1);
+        shuffle_longs(d->sample_order, d->num_samples, &rng);
+    }
+    return 0;
+}
+
+/* Open every file matching `pattern` and check their headers. A shard must
+ * hold at least one full global micro-batch (W·B samples). */
+static int dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
+                           int vocab_size, int shuffle, uint64_t seed) {
+    memset(d, 0, sizeof(*d));
+    d->B = B; d->T = T; d->rank = rank; d->world = world;
+    d->vocab_size = vocab_size; d->shuffle = shuffle; d->seed = seed;
+    d->loaded_shard = -1;
+    int rc = glob(pattern, 0, NULL, &d->files);
+    if (rc == GLOB_NOMATCH && access(pattern, F_OK) == 0) { /* a file named corpus[1].bin: itself, not a glob */
+        char literal[8300];
+        glob_pattern(literal, sizeof(literal), pattern, "");
+        rc = glob(literal, 0, NULL, &d->files);
+    }
+    if (rc != 0 || d->files.gl_pathc == 0) {
+        if (rc == 0) globfree(&d->files);
+        FILE_ERROR(pattern, "no data files match this pattern (quote it so the shell does not expand it)");
+        return -1;
+    }
+    CHECK(d->files.gl_pathc < (1u << 30), "too many shards");
+    d->num_shards = (int)d->files.gl_pathc;
+    d->shard_tokens = (long long*)xmalloc(sizeof(long long) * (size_t)d->num_shards);
+    long long need = (long long)world * B * T + 1;
+    for (int i = 0; i < d->num_shards; i++) {
+        if (shard_header(d->files.gl_pathv[i], &d->shard_tokens[i]) != 0) { dataloader_free(d); return -1; }
+        if (d->shard_tokens[i] < need) {
+            FILE_ERROR(d->files.gl_pathv[i], "has %lld tokens, fewer than one batch needs "
+                       "(world %d x B %d x T %d + 1 = %lld): use a smaller --batch-size/--seq-len or more data",
+                       d->shard_tokens[i], world, B, T, need);
+            dataloader_free(d);
+            return -1;
+        }
+    }
+    d->shard_order = (int*)xmalloc(sizeof(int) * (size_t)d->num_shards);
+    d->inputs = (int*)xmalloc(sizeof(int) * (size_t)B * T);
+    d->targets = (int*)xmalloc(sizeof(int) * (size_t)B * T);
+    dataloader_order_shards(d);
+    if (dataloader_load_shard(d) != 0) {
+        dataloader_free(d);
+        return -1;
+    }
+    return 0;
+}
+
+/* Go back to the first batch of epoch 0 (used for validation). */
+static int dataloader_reset(DataLoader* d) {
+    d->epoch = 0;
+    d->shard_pos = 0;
+    d->cursor = 0;
+    dataloader_order_shards(d);
+    return dataloader_load_shard(d);
+}
+
+/* Put the loader where a saved run left it (a state checkpoint's epoch,
+ * shard position and cursor). 0, or -1 if the position cannot exist. */
+static int dataloader_seek(DataLoader* d, int epoch, int shard_pos, long long cursor) {
+    if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || cursor < 0) return -1;
+    d->epoch = epoch;
+    d->shard_pos = shard_pos;
+    d->cursor = cursor;
+    dataloader_order_shards(d);
+    if (dataloader_load_shard(d) != 0) return -1;
+    return cursor <= d->num_samples ? 0 : -1;
+}
+
+/* Fill inputs/targets (B, T) with this rank's next micro-batch. */
+static int dataloader_next(DataLoader* d) {
+    long long per_step = (long long)d->world * d->B;
+    if (d->cursor + per_step > d->num_samples) {
+        d->cursor = 0;
+        d->shard_pos++;
+        if (d->shard_pos == d->num_shards) {
+            d->shard_pos = 0;
+            d->epoch++;
+            dataloader_order_shards(d);
+        }
+        if (dataloader_load_shard(d) != 0) return -1;
+    }
+    int T = d->T;
+    for (int b = 0; b < d->B; b++) {
+        long long sample = d->sample_order[d->cursor + (long long)d->rank * d->B + b];
+        const uint16_t* src = d->tokens + sample * T;
+        for (int t = 0; t < T; t++) {
+            d->inputs[b * T + t] = src[t];
+            d->targets[b * T + t] = src[t + 1];
+        }
+    }
+    d->cursor += per_step;
+    return 0;
+}
+
+/* Entropy (nats) of the unigram distribution of the loaded shard's tokens:
+ * the loss of the best model that ignores context, a baseline to beat. */
+static double dataloader_unigram_entropy(const DataLoader* d) {
+    double* count = (double*)xmalloc(sizeof(double) * (size_t)d->vocab_size);
+    memset(count, 0, sizeof(double) * (size_t)d->vocab_size);
+    for (long long i = 0; i < d->num_tokens; i++) count[d->tokens[i]] += 1.0;
+    double h = 0.0, n = (double)d->num_tokens;
+    for (int v = 0; v < d->vocab_size; v++)
+        if (count[v] > 0) h -= count[v] / n * log(count[v] / n);
+    free(count);
+    return h;
+}
+
+/* Micro-batches in one pass over all shards (for a default of one epoch). */
+static long long dataloader_batches_per_epoch(const DataLoader* d) {
+    long long n = 0, per_step = (long long)d->world * d->B;
+    for (int i = 0; i < d->num_shards; i++) n += ((d->shard_tokens[i] - 1) / d->T) / per_step;
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 6. Data parallel                                                         */
 /* ------------------------------------------------------------------------ */
 /* One process per socket (or per machine), launched by mpirun or srun; the
  * build links MPI when USE_MPI is defined (make train_gpt_mpi). Each rank
@@ -1830,7 +1827,7 @@ static void dist_backward_begin(Dist* d, GPT2* model, int micro, int last_micro_
 /* After backward: finish the sums, clip by the global norm, AdamW, and
  * (ZeRO) gather the updated weights. Returns the norm before clipping; the
  * update is skipped (on every rank alike) when it or the loss is not
- * finite, or the loss is a spike (section 10). */
+ * finite, or the loss is a spike (gptc/state.h). */
 static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max_norm, float lr, int t, double loss,
                         int spike, int* finite) {
     double norm, t0 = time_ms();
@@ -1889,14 +1886,9 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
     return norm;
 }
 
-#include "gptc/launch.h"    /* defines: launch_rank_world, Rendezvous, rendezvous_parse, rendezvous_share */
-
-#include "gptc/state.h"     /* defines: StateInfo, the state format, LossWatch, Slot, run.id */
-
 /* ------------------------------------------------------------------------ */
-/* 11. Sampler                                                              */
+/* 7. Sampler                                                               */
 /* ------------------------------------------------------------------------ */
-
 typedef struct {
     float value;
     int index;
@@ -2074,45 +2066,15 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
     return made;
 }
 
-#include "gptc/cli.h"       /* defines: Options, options_parse, usage, options_problem, data_from_text */
-
-/* Build the model the options ask for: a checkpoint, or a random init. */
-static int model_from_options(GPT2* model, const Options* o) {
-    int depth = depth_from_name(o->model);
-    if (!depth) return gpt2_load(model, o->model);
-    GPT2Config c = config_from_depth(depth);
-    if (o->num_layers) c.num_layers = o->num_layers;
-    if (o->channels) c.channels = o->channels;
-    if (o->num_heads) c.num_heads = o->num_heads;
-    if (o->max_seq_len) c.max_seq_len = o->max_seq_len;
-    if (o->vocab_size) c.vocab_size = o->vocab_size;
-    c.padded_vocab_size = round_up(c.vocab_size, 128);
-    const char* problem = config_problem(&c);
-    if (problem) {
-        fprintf(stderr, "error: model L=%d C=%d NH=%d maxT=%d V=%d: %s\n", c.num_layers, c.channels,
-                c.num_heads, c.max_seq_len, c.vocab_size, problem);
-        return -1;
-    }
-    char run_id[4400];
-    snprintf(run_id, sizeof(run_id), "%s/run.id", o->output_dir);
-    if (o->resume && o->output_dir[0] && access(run_id, F_OK) == 0) {
-        /* resuming a run that exists: its state will replace the weights, so
-         * the random init (seconds for GPT-2 124M) waits until train() knows
-         * whether there is one; zeros meanwhile, the same on every rank */
-        float* params = xmalloc_floats(parameter_count(&c));
-        memset(params, 0, parameter_count(&c) * sizeof(float));
-        gpt2_init_with(model, &c, params);
-        model->init_deferred = 1;
-        model->init_seed = (uint64_t)o->seed;
-        return 0;
-    }
-    gpt2_init_random(model, &c, (uint64_t)o->seed);
-    return 0;
-}
-
 /* ------------------------------------------------------------------------ */
-/* 13. main                                                                 */
+/* 8. Training loop and main                                                */
 /* ------------------------------------------------------------------------ */
+/* The plumbing of a run, one include away: gptc/cli.h, gptc/state.h and
+ * gptc/launch.h use the model, the schedules and the ranks defined above;
+ * gptc/saver.h, below, the TrainRun too. */
+#include "gptc/cli.h"       /* defines: Options, options_parse, usage, options_problem, model_from_options, data_from_text */
+#include "gptc/state.h"     /* defines: StateInfo, the state format, LossWatch, Slot, run.id */
+#include "gptc/launch.h"    /* defines: launch_rank_world, Rendezvous, rendezvous_share, dist_check_agreement */
 
 /* Mean loss over up to `batches` micro-batches from the start of the val
  * data (never counting one twice). */
@@ -2136,14 +2098,6 @@ static void print_token(int id, void* ctx) {
     fflush(stdout);
 }
 
-static SamplingConfig sampling_from_options(const Options* o) {
-    SamplingConfig s;
-    s.temperature = o->temperature;
-    s.top_k = o->top_k;
-    s.top_p = o->top_p;
-    return s;
-}
-
 /* A sample from nothing: generation after a single end-of-text token. */
 static void sample_print(const GPT2* model, const Tokenizer* tok, const Options* o, Rng* rng) {
     int V = model->config.vocab_size;
@@ -2154,14 +2108,6 @@ static void sample_print(const GPT2* model, const Tokenizer* tok, const Options*
     gpt2_generate(model, &eot, 1, o->sample_length, &s, rng, eot, out, print_token, (void*)tok);
     printf("\n");
     free(out);
-}
-
-MAYBE_UNUSED static void checkpoint_save(const GPT2* model, const Options* o, int step) {
-    if (!o->output_dir[0]) return;
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/model_%08d.bin", o->output_dir, step);
-    if (gpt2_save(model, path) == 0) printf("saved %s\n", path);
-    else fprintf(stderr, "warning: checkpoint at step %d not written; training continues\n", step);
 }
 
 /* --prompt: encode the prompt, generate with the KV cache, print. */
@@ -2204,7 +2150,7 @@ typedef struct {
     FILE* log;
     double start_ms;
     int rank, world;
-    uint64_t nonce;   /* this run's (section 10) */
+    uint64_t nonce;   /* this run's (gptc/state.h) */
     LossWatch watch;  /* the loss-spike detector */
 } TrainRun;
 
@@ -2304,66 +2250,6 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
                 step + 1, loss, lr, norm, ms, unix_ms());
         fflush(r->log);
     }
-}
-
-/* Before the first step: every rank must hold the same configuration, the
- * same initial weights and the same data files, or the run would silently
- * train nonsense (or hang in a collective of the wrong size). Each rank
- * hashes the three; all compare with rank 0; on a mismatch every rank says
- * what differs and the run stops, on every rank, with no hang. */
-/* The fingerprints the ranks compare: [0] the configuration (model shape
- * and training flags), [1] the initial weights, [2] the training data
- * files (names and sizes). Shared with train_gpt.cu. */
-MAYBE_UNUSED static void run_fingerprint(const GPT2* model, const Options* o, int zero, int overlap,
-                                         const DataLoader* train, uint64_t h[3]) {
-    h[0] = h[1] = h[2] = 0xCBF29CE484222325ull;
-    h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
-    int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
-                  o->decay_all, zero, overlap};
-    float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
-    h[0] = fnv1a(h[0], ints, sizeof(ints));
-    h[0] = fnv1a(h[0], floats, sizeof(floats));
-    h[0] = fnv1a(h[0], o->lr_schedule, strlen(o->lr_schedule));
-    h[1] = fnv1a(h[1], model->params_memory, model->num_parameters * sizeof(float));
-    for (int i = 0; i < train->num_shards; i++) {
-        const char* name = train->files.gl_pathv[i];
-        h[2] = fnv1a(h[2], name, strlen(name));
-        h[2] = fnv1a(h[2], &train->shard_tokens[i], sizeof(long long));
-    }
-}
-
-/* Every rank's fingerprints (`all`: world x 3, gathered): rank 0 and each
- * rank that differs from it say what differs. 1 if any does. */
-MAYBE_UNUSED static int fingerprints_differ(const uint64_t* all, int rank, int world) {
-    static const char* const what[3] = {"configuration (model shape or training flags)", "initial weights",
-                                        "training data (shard names or sizes)"};
-    int bad = 0;
-    for (int r = 1; r < world; r++)
-        for (int k = 0; k < 3; k++)
-            if (all[3 * r + k] != all[k]) {
-                if (rank == 0 || rank == r)
-                    fprintf(stderr, "error: rank %d: its %s differs from rank 0's: launch every rank with the same "
-                            "flags and files\n", r, what[k]);
-                bad = 1;
-            }
-    return bad;
-}
-
-static int dist_check_agreement(const Dist* d, const GPT2* model, const Options* o, const DataLoader* train) {
-    if (d->world == 1) return 0; /* (hashing GPT-2 124M's weights takes half a second) */
-    uint64_t h[3];
-    run_fingerprint(model, o, d->zero, d->overlap, train, h);
-#ifdef USE_MPI
-    uint64_t* all = (uint64_t*)xmalloc(sizeof(uint64_t) * 3 * (size_t)d->world);
-    MPI_CHECK(MPI_Allgather(h, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD));
-    int bad = fingerprints_differ(all, d->rank, d->world);
-    free(all);
-    if (bad && d->rank != 0) fprintf(stderr, "error: rank %d: the ranks disagree (see rank 0's message); stopping\n", d->rank);
-    return bad ? -1 : 0;
-#else
-    (void)d;
-    return 0;
-#endif
 }
 
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print */
@@ -2479,7 +2365,7 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
 }
 
 /* The training loop, with validation, samples, logging, snapshots and
- * checkpoints, on one process or as one rank of several (section 9). Every
+ * checkpoints, on one process or as one rank of several (section 6). Every
  * way out of train_steps comes back here to free what it made. */
 static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                  const char* val_pattern, Dist* dist) {

@@ -1,13 +1,16 @@
 /*
  * gptc/cli.h — the command line: one table of flags drives the parser, the
  * defaults and the usage text; the checks on flags; and the set-up the
- * non-training flags ask for (the tokenizer files, --data's shard cache).
+ * flags ask for (the model, the sampling settings, the tokenizer files,
+ * --data's shard cache).
  *
- * Included by train_gpt.c before its training loop (it needs ScheduleKind
- * from the optimizer); train_gpt.cu and test_gpt.c use it through
- * train_gpt.c. Defines: Options, verbose_flag, OptSpec, OPTION_SPECS, usage,
- * option_set, option_find, options_parse, schedule_parse, depth_from_name,
- * options_problem; tokenizer_setup, data_stamp, data_from_text.
+ * Included by train_gpt.c in section 8, before its training loop: besides
+ * the flags it builds what they ask for from what train_gpt.c defined above
+ * (ScheduleKind, the GPT2 model and its init, SamplingConfig); train_gpt.cu
+ * and test_gpt.c use it through train_gpt.c. Defines: Options, verbose_flag,
+ * OptSpec, OPTION_SPECS, usage, option_set, option_find, options_parse,
+ * schedule_parse, depth_from_name, options_problem; model_from_options,
+ * sampling_from_options, tokenizer_setup, data_stamp, data_from_text.
  */
 #ifndef GPTC_CLI_H
 #define GPTC_CLI_H
@@ -287,6 +290,48 @@ static const char* options_problem(const Options* o) {
     return NULL;
 }
 #undef OPTIONS_PROBLEM
+
+/* Build the model the options ask for: a checkpoint, or a random init. */
+static int model_from_options(GPT2* model, const Options* o) {
+    int depth = depth_from_name(o->model);
+    if (!depth) return gpt2_load(model, o->model);
+    GPT2Config c = config_from_depth(depth);
+    if (o->num_layers) c.num_layers = o->num_layers;
+    if (o->channels) c.channels = o->channels;
+    if (o->num_heads) c.num_heads = o->num_heads;
+    if (o->max_seq_len) c.max_seq_len = o->max_seq_len;
+    if (o->vocab_size) c.vocab_size = o->vocab_size;
+    c.padded_vocab_size = round_up(c.vocab_size, 128);
+    const char* problem = config_problem(&c);
+    if (problem) {
+        fprintf(stderr, "error: model L=%d C=%d NH=%d maxT=%d V=%d: %s\n", c.num_layers, c.channels,
+                c.num_heads, c.max_seq_len, c.vocab_size, problem);
+        return -1;
+    }
+    char run_id[4400];
+    snprintf(run_id, sizeof(run_id), "%s/run.id", o->output_dir);
+    if (o->resume && o->output_dir[0] && access(run_id, F_OK) == 0) {
+        /* resuming a run that exists: its state will replace the weights, so
+         * the random init (seconds for GPT-2 124M) waits until train() knows
+         * whether there is one; zeros meanwhile, the same on every rank */
+        float* params = xmalloc_floats(parameter_count(&c));
+        memset(params, 0, parameter_count(&c) * sizeof(float));
+        gpt2_init_with(model, &c, params);
+        model->init_deferred = 1;
+        model->init_seed = (uint64_t)o->seed;
+        return 0;
+    }
+    gpt2_init_random(model, &c, (uint64_t)o->seed);
+    return 0;
+}
+
+static SamplingConfig sampling_from_options(const Options* o) {
+    SamplingConfig s;
+    s.temperature = o->temperature;
+    s.top_k = o->top_k;
+    s.top_p = o->top_p;
+    return s;
+}
 
 /* Load the tokenizer: with the merges when text must be encoded (--data,
  * --prompt: then a missing file is an error), else decode only for samples

@@ -1,17 +1,22 @@
 /*
- * gptc/launch.h — where this process stands among the ranks, and the
- * rendezvous that hands rank 0's NCCL id to every rank without MPI.
+ * gptc/launch.h — where this process stands among the ranks, the
+ * rendezvous that hands rank 0's NCCL id to every rank without MPI, and the
+ * check, before the first step, that every rank was launched alike.
  *
- * Included by train_gpt.c; used by train_gpt.cu (NCCL set-up) and tested by
- * test_gpt.c. Plain POSIX (files and TCP sockets), so the CPU tests run it.
- * Defines: launch_rank_world (Slurm, Open MPI, PMI or RANK/WORLD_SIZE);
- * Rendezvous, rendezvous_parse ("file:PATH" or "tcp:HOST:PORT"),
- * rendezvous_share; RENDEZVOUS_MAGIC, RENDEZVOUS_MAX_BYTES.
+ * Included by train_gpt.c in section 8 (the check hashes the model, the
+ * options and the data loader's files, and gathers over the Dist ranks, all
+ * defined before it); train_gpt.cu uses it for NCCL's set-up, test_gpt.c
+ * tests it. The rendezvous is plain POSIX (files and TCP sockets), so the
+ * CPU tests run it. Defines: launch_rank_world (Slurm, Open MPI, PMI or
+ * RANK/WORLD_SIZE); Rendezvous, rendezvous_parse ("file:PATH" or
+ * "tcp:HOST:PORT"), rendezvous_share; RENDEZVOUS_MAGIC, RENDEZVOUS_MAX_BYTES;
+ * run_fingerprint, fingerprints_differ, dist_check_agreement.
  */
 #ifndef GPTC_LAUNCH_H
 #define GPTC_LAUNCH_H
 
 #include "util.h"
+#include "cli.h"
 #include <fcntl.h>
 #include <poll.h>
 #include <netdb.h>
@@ -342,6 +347,66 @@ MAYBE_UNUSED static int rendezvous_share(const Rendezvous* rv, int rank, int wor
     if (world == 1) return 0;
     return rv->kind == RENDEZVOUS_FILE ? rendezvous_file(rv, rank, world, blob, bytes)
                                        : rendezvous_tcp(rv, rank, world, blob, bytes);
+}
+
+/* Before the first step: every rank must hold the same configuration, the
+ * same initial weights and the same data files, or the run would silently
+ * train nonsense (or hang in a collective of the wrong size). Each rank
+ * hashes the three; all compare with rank 0; on a mismatch every rank says
+ * what differs and the run stops, on every rank, with no hang. */
+/* The fingerprints the ranks compare: [0] the configuration (model shape
+ * and training flags), [1] the initial weights, [2] the training data
+ * files (names and sizes). Shared with train_gpt.cu. */
+MAYBE_UNUSED static void run_fingerprint(const GPT2* model, const Options* o, int zero, int overlap,
+                                         const DataLoader* train, uint64_t h[3]) {
+    h[0] = h[1] = h[2] = 0xCBF29CE484222325ull;
+    h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
+    int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
+                  o->decay_all, zero, overlap};
+    float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
+    h[0] = fnv1a(h[0], ints, sizeof(ints));
+    h[0] = fnv1a(h[0], floats, sizeof(floats));
+    h[0] = fnv1a(h[0], o->lr_schedule, strlen(o->lr_schedule));
+    h[1] = fnv1a(h[1], model->params_memory, model->num_parameters * sizeof(float));
+    for (int i = 0; i < train->num_shards; i++) {
+        const char* name = train->files.gl_pathv[i];
+        h[2] = fnv1a(h[2], name, strlen(name));
+        h[2] = fnv1a(h[2], &train->shard_tokens[i], sizeof(long long));
+    }
+}
+
+/* Every rank's fingerprints (`all`: world x 3, gathered): rank 0 and each
+ * rank that differs from it say what differs. 1 if any does. */
+MAYBE_UNUSED static int fingerprints_differ(const uint64_t* all, int rank, int world) {
+    static const char* const what[3] = {"configuration (model shape or training flags)", "initial weights",
+                                        "training data (shard names or sizes)"};
+    int bad = 0;
+    for (int r = 1; r < world; r++)
+        for (int k = 0; k < 3; k++)
+            if (all[3 * r + k] != all[k]) {
+                if (rank == 0 || rank == r)
+                    fprintf(stderr, "error: rank %d: its %s differs from rank 0's: launch every rank with the same "
+                            "flags and files\n", r, what[k]);
+                bad = 1;
+            }
+    return bad;
+}
+
+static int dist_check_agreement(const Dist* d, const GPT2* model, const Options* o, const DataLoader* train) {
+    if (d->world == 1) return 0; /* (hashing GPT-2 124M's weights takes half a second) */
+    uint64_t h[3];
+    run_fingerprint(model, o, d->zero, d->overlap, train, h);
+#ifdef USE_MPI
+    uint64_t* all = (uint64_t*)xmalloc(sizeof(uint64_t) * 3 * (size_t)d->world);
+    MPI_CHECK(MPI_Allgather(h, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, MPI_COMM_WORLD));
+    int bad = fingerprints_differ(all, d->rank, d->world);
+    free(all);
+    if (bad && d->rank != 0) fprintf(stderr, "error: rank %d: the ranks disagree (see rank 0's message); stopping\n", d->rank);
+    return bad ? -1 : 0;
+#else
+    (void)d;
+    return 0;
+#endif
 }
 
 #endif /* GPTC_LAUNCH_H */

@@ -9,7 +9,8 @@
  * state_info_of, state_complete_steps, state_prune, slot_path; Saver
  * (saver_init, saver_forget_after, saver_before_update, saver_stall_close,
  * saver_mark, saver_poll, saver_snapshot, saver_restore_newest,
- * saver_abandon, saver_free); train_run_bad_step; run_nonce;
+ * saver_abandon, saver_free); train_run_bad_step; checkpoint_save;
+ * run_nonce;
  * state_load_disk; StateSource, state_resume; heartbeat_write,
  * plumbing_wanted, timing_print; inject_at (the test hooks GPTC_INJECT_*).
  */
@@ -424,6 +425,15 @@ static void saver_free(Saver* sv, int remove_memory) {
     for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
     for (int k = 0; k < HELD_SLOTS; k++) slot_unmap(&sv->held[k], remove_memory);
     memset(sv, 0, sizeof(*sv));
+}
+
+/* A model file (no training state) at `step`, for train_gpt.cu's gpu_train. */
+MAYBE_UNUSED static void checkpoint_save(const GPT2* model, const Options* o, int step) {
+    if (!o->output_dir[0]) return;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", o->output_dir, step);
+    if (gpt2_save(model, path) == 0) printf("saved %s\n", path);
+    else fprintf(stderr, "warning: checkpoint at step %d not written; training continues\n", step);
 }
 
 static uint64_t run_nonce(const Dist* d, const Options* o, int create) {
