@@ -46,9 +46,6 @@
 // Packing is O(MK + KN) against O(MNK) FLOPs: the rest.
 // ----------------------------------------------------------------------------
 
-#ifdef _OPENMP
-#endif
-
 // Micro-tile: MR rows x NR columns of C, held in MR*NR/16 = 16 zmm registers,
 // plus 2 for the B vectors and 1 for the A broadcast. NR runs along the
 // contiguous dimension of C, so it is a multiple of the 16-float vector.

@@ -258,7 +258,7 @@ static int rendezvous_tcp(const Rendezvous* rv, int rank, int world, void* blob,
             return -1;
         }
         char* arrived = (char*)calloc((size_t)world, 1);
-        ALWAYS(arrived != NULL);
+        CHECK(arrived != NULL, "out of memory allocating %d bytes", world);
         int count = 1;
         arrived[0] = 1;
         while (count < world) {

@@ -10,8 +10,7 @@
  * (saver_init, saver_forget_after, saver_before_update, saver_stall_close,
  * saver_mark, saver_poll, saver_snapshot, saver_restore_newest,
  * saver_abandon, saver_free); train_run_bad_step; checkpoint_save;
- * run_nonce;
- * state_load_disk; StateSource, state_resume; heartbeat_write,
+ * run_nonce; state_load_disk; StateSource, state_resume; heartbeat_write,
  * plumbing_wanted, timing_print; inject_at (the test hooks GPTC_INJECT_*).
  */
 #ifndef GPTC_SAVER_H

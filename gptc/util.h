@@ -55,9 +55,9 @@
 /* "Cannot happen" conditions, named so a reader knows they are invariants. */
 #define ALWAYS(cond) CHECK(cond, "internal invariant violated")
 
-/* Recoverable errors in file handling: print "error: <file>: <message>" and
- * return -1 from the enclosing function (which cleans up via goto-free code
- * paths: every reader below frees what it owns before failing). */
+/* Recoverable errors in file handling: prints "error: <file>: <message>",
+ * nothing more; the caller then frees what it owns and returns -1 itself
+ * (every reader frees what it owns before failing). */
 #define FILE_ERROR(path, ...)                                                   \
     do {                                                                        \
         fprintf(stderr, "error: %s: ", (path));                                 \
