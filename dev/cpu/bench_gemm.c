@@ -1,5 +1,5 @@
 // bench_gemm.c — validates and times the matmul engine of train_gpt.c
-// (its "Matmul" section, included from there: the kernel is written once).
+// (gptc/gemm.h, included from there: the kernel is written once).
 //
 // Build (OpenBLAS is linked here only, as the yardstick; train_gpt.c needs none):
 //   gcc -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/cpu/bench_gemm.c -o /tmp/bench_gemm
@@ -14,8 +14,7 @@
 // Build without OpenMP: drop -fopenmp (serial gemm; the thread checks are skipped).
 //
 // The tests exit non-zero on any failure and end with "N passed, N failed".
-#define TESTING
-#include "train_gpt.c"
+#include "gptc/gemm.h" /* defines: gemm and its parts; with gptc/util.h: xmalloc_floats, time_ms, num_threads */
 
 #include <stdint.h>
 #include <time.h>

@@ -1,4 +1,4 @@
-// bench_tokenizer.c — encode speed of the tokenizer section of train_gpt.c in MB/s on the
+// bench_tokenizer.c — encode speed of train_gpt.c's tokenizer (gptc/tokenizer.h) in MB/s on the
 // ~1 MB of mixed documents in dev/fixtures/tokenizer/expected.bin.
 // Run through dev/tokenizer/bench_tokenizer.sh, which also times the
 // reference JS tokenizer on the same documents and prints the ratio.
@@ -10,8 +10,7 @@
 //   many   tokenizer_encode_many, OpenMP over documents, 1 and 2 threads
 //          (each thread starts with an empty cache every pass)
 // Last line: "c_mbps_1thread=X c_mbps_2threads=Y" for the script.
-#define TESTING
-#include "train_gpt.c" /* first: it sets _GNU_SOURCE */
+#include "gptc/tokenizer.h" /* first: its gptc/util.h sets _GNU_SOURCE */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// test_tokenizer.c — checks the tokenizer section of train_gpt.c against the reference
+// test_tokenizer.c — checks the tokenizer of train_gpt.c (gptc/tokenizer.h) against the reference
 // GPT-2 tokenizer (npm gpt-3-encoder, run by scripts/tokenizer_reference.js).
 //
 // Build and run (from the repo root, after scripts/fetch_tokenizer.sh and
@@ -20,8 +20,7 @@
 //   5. bad files each give their error code, not a crash;
 //   6. (--live) the reference regenerated now agrees too.
 // Exits non-zero on any failure; prints "N passed, N failed" last.
-#define TESTING
-#include "train_gpt.c" /* first: it sets _GNU_SOURCE */
+#include "gptc/tokenizer.h" /* first: its gptc/util.h sets _GNU_SOURCE */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

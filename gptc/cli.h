@@ -1,0 +1,431 @@
+/*
+ * gptc/cli.h — the command line: one table of flags drives the parser, the
+ * defaults and the usage text; the checks on flags; and the set-up the
+ * flags ask for (the model, the sampling settings, the tokenizer files,
+ * --data's shard cache).
+ *
+ * Included by train_gpt.c in section 8, before its training loop: besides
+ * the flags it builds what they ask for from what train_gpt.c defined above
+ * (ScheduleKind, the GPT2 model and its init, SamplingConfig); train_gpt.cu
+ * and test_gpt.c use it through train_gpt.c. Defines: Options, verbose_flag,
+ * OptSpec, OPTION_SPECS, usage, option_set, option_find, options_parse,
+ * schedule_parse, depth_from_name, options_problem; model_from_options,
+ * sampling_from_options, tokenizer_setup, data_stamp, data_from_text.
+ */
+#ifndef GPTC_CLI_H
+#define GPTC_CLI_H
+
+#include "util.h"
+#include "tokenizer.h"
+#include "text_data.h"
+
+/* One table drives the parser, the defaults and the usage text, so they
+ * cannot drift apart. Each flag has a long name; llm.c's one-letter flags
+ * are accepted as aliases where llm.c has them. */
+
+typedef struct {
+    /* files */
+    const char* train_data;
+    const char* val_data;
+    const char* model;
+    const char* output_dir;
+    const char* tokenizer;
+    const char* merges;
+    const char* data;
+    const char* prompt;
+    const char* log_file;
+    const char* heartbeat;
+    /* model shape overrides for a random init from a depth */
+    int num_layers, channels, num_heads, max_seq_len, vocab_size;
+    /* batch */
+    int batch_size, seq_len, total_batch_size, steps;
+    /* schedule and optimizer */
+    float lr;
+    int warmup_steps;
+    float final_lr_frac;
+    const char* lr_schedule;
+    float decay_frac;
+    float weight_decay;
+    int decay_all;
+    float beta1, beta2, eps, grad_clip;
+    /* evaluation and sampling */
+    int val_every, val_batches;
+    int sample_every, sample_length;
+    float temperature;
+    int top_k;
+    float top_p;
+    /* run */
+    int save_every, seed, shuffle, threads;
+    int zero, overlap;
+    int resume, stop_at, keep_last, keep_every;
+    int snapshot_every, save_async, rollback_after;
+    const char* shm_dir;
+    float spike_z;
+    int verbose;
+} Options;
+
+/* --verbose 1 or a --heartbeat: say the plumbing (see plumbing_wanted) */
+static int verbose_flag = 0;
+
+typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
+typedef struct {
+    const char* name;  /* --long-name */
+    const char* alias; /* llm.c's -x, or NULL */
+    OptType type;
+    size_t offset;
+    const char* def;
+    const char* help;
+} OptSpec;
+
+#define OPT(name, alias, type, field, def, help) {name, alias, type, offsetof(Options, field), def, help}
+static const OptSpec OPTION_SPECS[] = {
+    OPT("--train-data", "-i", OPT_STRING, train_data, "data/*_train_*.bin", "training token shards (a file or a quoted glob)"),
+    OPT("--val-data", "-j", OPT_STRING, val_data, "", "validation token shards; empty = no validation"),
+    OPT("--model", "-e", OPT_STRING, model, "d12", "llm.c checkpoint to load, or dN for a random GPT-2 of depth N (d12 = 124M, d24, d36, d48)"),
+    OPT("--output-dir", "-o", OPT_STRING, output_dir, "", "where checkpoints go (created if missing); empty = save nothing"),
+    OPT("--data", NULL, OPT_STRING, data, "", "train on a text file, a folder of .txt files or a .jsonl file: tokenized once into <data>.gptc/ beside it; replaces --train-data/--val-data"),
+    OPT("--prompt", NULL, OPT_STRING, prompt, "", "generate a continuation of this text with --model and exit (no training)"),
+    OPT("--tokenizer", NULL, OPT_STRING, tokenizer, "data/tokenizer/gpt2_tokenizer.bin", "llm.c tokenizer file (decode), for samples"),
+    OPT("--merges", NULL, OPT_STRING, merges, "data/tokenizer/gpt2_merges.bin", "BPE merges file (encode), for --data and --prompt"),
+    OPT("--log-file", NULL, OPT_STRING, log_file, "", "JSONL log: one line per step and per evaluation; empty = none"),
+    OPT("--heartbeat", NULL, OPT_STRING, heartbeat, "", "rank 0 rewrites this file after every step (step, time): a supervisor that sees it go stale knows the run hangs; empty = none"),
+    OPT("--num-layers", NULL, OPT_INT, num_layers, "0", "random init: override L of the dN config (0 = keep)"),
+    OPT("--channels", NULL, OPT_INT, channels, "0", "random init: override C (0 = keep)"),
+    OPT("--num-heads", NULL, OPT_INT, num_heads, "0", "random init: override NH (0 = keep)"),
+    OPT("--max-seq-len", NULL, OPT_INT, max_seq_len, "0", "random init: override maxT (0 = keep, 1024)"),
+    OPT("--vocab-size", NULL, OPT_INT, vocab_size, "0", "random init: override V (0 = keep, 50257); Vp = V rounded up to 128"),
+    OPT("--batch-size", "-b", OPT_INT, batch_size, "4", "B: sequences per micro-batch, per process (rank)"),
+    OPT("--seq-len", "-t", OPT_INT, seq_len, "64", "T: tokens per sequence (<= the model's maxT)"),
+    OPT("--total-batch-size", "-d", OPT_INT, total_batch_size, "-1", "tokens per optimizer step over all ranks; a multiple of B*T*ranks (gradient accumulation); -1 = B*T*ranks"),
+    OPT("--steps", "-x", OPT_INT, steps, "-1", "optimizer steps; -1 = one epoch of the training data; 0 = write the initial (untrained) model to --output-dir and stop"),
+    OPT("--lr", "-l", OPT_FLOAT, lr, "3e-4", "peak learning rate"),
+    OPT("--warmup-steps", "-u", OPT_INT, warmup_steps, "0", "linear warmup steps"),
+    OPT("--final-lr-frac", "-q", OPT_FLOAT, final_lr_frac, "1.0", "final learning rate as a fraction of the peak"),
+    OPT("--lr-schedule", NULL, OPT_STRING, lr_schedule, "cosine", "after warmup: cosine, linear, constant or wsd (warmup-stable-decay)"),
+    OPT("--decay-frac", NULL, OPT_FLOAT, decay_frac, "0.2", "wsd: fraction of all steps spent decaying at the end"),
+    OPT("--weight-decay", "-c", OPT_FLOAT, weight_decay, "0.0", "AdamW weight decay"),
+    OPT("--decay-all", NULL, OPT_INT, decay_all, "0", "1 = decay every tensor; 0 = only 2-D weights (not biases, LayerNorms)"),
+    OPT("--beta1", NULL, OPT_FLOAT, beta1, "0.9", "AdamW beta1"),
+    OPT("--beta2", NULL, OPT_FLOAT, beta2, "0.95", "AdamW beta2"),
+    OPT("--eps", NULL, OPT_FLOAT, eps, "1e-8", "AdamW epsilon"),
+    OPT("--grad-clip", NULL, OPT_FLOAT, grad_clip, "1.0", "clip gradients to this global norm; 0 = off"),
+    OPT("--val-every", "-v", OPT_INT, val_every, "20", "validate every this many steps (and at the end); 0 = never"),
+    OPT("--val-batches", "-m", OPT_INT, val_batches, "20", "micro-batches per validation"),
+    OPT("--sample-every", "-s", OPT_INT, sample_every, "20", "print a sample every this many steps; 0 = never"),
+    OPT("--sample-length", "-g", OPT_INT, sample_length, "64", "tokens generated per sample and after --prompt (stops early at end-of-text or maxT)"),
+    OPT("--temperature", NULL, OPT_FLOAT, temperature, "1.0", "sampling temperature; 0 = greedy"),
+    OPT("--top-k", NULL, OPT_INT, top_k, "0", "sample among the k most likely tokens; 0 = all"),
+    OPT("--top-p", NULL, OPT_FLOAT, top_p, "1.0", "nucleus sampling mass; 1 = off"),
+    OPT("--save-every", "-n", OPT_INT, save_every, "0", "write a checkpoint (model + training state) every this many steps (and at the end) to --output-dir; 0 = only at the end"),
+    OPT("--resume", NULL, OPT_INT, resume, "0", "1 = continue bit for bit from the freshest state of this run (own memory snapshot, the neighbour's replica, or disk in --output-dir); none = start fresh"),
+    OPT("--keep-last", NULL, OPT_INT, keep_last, "2", "keep the training states of the last this many saves (and every --keep-every-th); 0 = keep all"),
+    OPT("--keep-every", NULL, OPT_INT, keep_every, "0", "also keep the training state of every step that is a multiple of this; 0 = none"),
+    OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
+    OPT("--snapshot-every", NULL, OPT_INT, snapshot_every, "0", "copy the training state into memory (--shm-dir, and a replica at the next rank) every this many steps: a crash then costs at most this many; 0 = off"),
+    OPT("--shm-dir", NULL, OPT_STRING, shm_dir, "/dev/shm", "where memory snapshots live, created if missing (a tmpfs outlives the process, not the host)"),
+    OPT("--save-async", NULL, OPT_INT, save_async, "1", "1 = copy snapshots while the next step computes and write them in the background; 0 = all at the step boundary"),
+    OPT("--spike-z", NULL, OPT_FLOAT, spike_z, "0", "skip the update when the loss is this many standard deviations above the last 64 steps' mean; 0 = off"),
+    OPT("--rollback-after", NULL, OPT_INT, rollback_after, "3", "after this many bad steps in a row (non-finite or spike), go back to the last memory snapshot, skipping the batches since; 0 = never"),
+    OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
+    OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
+    OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
+    OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too)"),
+    OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
+    OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
+};
+#undef OPT
+#define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
+
+static void usage(FILE* out, const char* prog) {
+    fprintf(out, "usage: %s [flags]\n\nTrain GPT-2 (train_gpt on the CPU, train_gpt_cu on a GPU). Flags (default in brackets):\n", prog);
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptSpec* s = &OPTION_SPECS[i];
+        char names[64];
+        snprintf(names, sizeof(names), "%s%s%s", s->name, s->alias ? ", " : "", s->alias ? s->alias : "");
+        fprintf(out, "  %-24s %s [%s]\n", names, s->help, s->def[0] ? s->def : "\"\"");
+    }
+    fprintf(out, "  %-24s %s\n", "--help, -h", "print this text");
+}
+
+/* Store `value` into the field of `spec`. Returns 0, or -1 with a message. */
+static int option_set(Options* o, const OptSpec* spec, const char* value) {
+    char* field = (char*)o + spec->offset;
+    char* end = NULL;
+    errno = 0;
+    if (spec->type == OPT_INT) {
+        long v = strtol(value, &end, 10);
+        if (end == value || *end != '\0' || errno != 0 || v < -2147483647L || v > 2147483647L) {
+            fprintf(stderr, "error: %s expects an integer, got \"%s\"\n", spec->name, value);
+            return -1;
+        }
+        int iv = (int)v;
+        memcpy(field, &iv, sizeof(int));
+    } else if (spec->type == OPT_FLOAT) {
+        float v = strtof(value, &end);
+        if (end == value || *end != '\0' || errno != 0 || !isfinite(v)) {
+            fprintf(stderr, "error: %s expects a number, got \"%s\"\n", spec->name, value);
+            return -1;
+        }
+        memcpy(field, &v, sizeof(float));
+    } else {
+        memcpy(field, &value, sizeof(const char*));
+    }
+    return 0;
+}
+
+static const OptSpec* option_find(const char* arg) {
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        const OptSpec* s = &OPTION_SPECS[i];
+        if (!strcmp(arg, s->name) || (s->alias && !strcmp(arg, s->alias))) return s;
+    }
+    return NULL;
+}
+
+/* Parse argv into *o (defaults first). Returns 0 to run, 1 for --help,
+ * -1 on an error (already printed). Accepts "--flag value" and "--flag=value". */
+static int options_parse(Options* o, int argc, char** argv) {
+    memset(o, 0, sizeof(*o));
+    for (int i = 0; i < NUM_OPTIONS; i++) ALWAYS(option_set(o, &OPTION_SPECS[i], OPTION_SPECS[i].def) == 0);
+    for (int i = 1; i < argc; i++) {
+        const char* arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return 1;
+        const char* value = NULL;
+        char name[64];
+        const char* eq = strchr(arg, '=');
+        if (eq && arg[0] == '-' && arg[1] == '-' && (size_t)(eq - arg) < sizeof(name)) {
+            memcpy(name, arg, (size_t)(eq - arg));
+            name[eq - arg] = '\0';
+            value = eq + 1;
+            arg = name;
+        }
+        const OptSpec* spec = option_find(arg);
+        if (!spec) {
+            fprintf(stderr, "error: unknown flag \"%s\"; run with --help for the list\n", argv[i]);
+            return -1;
+        }
+        if (!value) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "error: %s needs a value\n", spec->name);
+                return -1;
+            }
+            value = argv[++i];
+        }
+        if (option_set(o, spec, value) != 0) return -1;
+    }
+    verbose_flag = o->verbose == 1 || o->heartbeat[0] != '\0';
+    return 0;
+}
+
+static int schedule_parse(const char* name, ScheduleKind* kind) {
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(name, SCHEDULE_NAMES[i])) {
+            *kind = (ScheduleKind)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* "d12" -> 12; anything else -> 0 (a file path). */
+static int depth_from_name(const char* name) {
+    if (name[0] != 'd' || name[1] < '1' || name[1] > '9') return 0;
+    char* end;
+    long d = strtol(name + 1, &end, 10);
+    return (*end == '\0' && d > 0 && d <= 1024) ? (int)d : 0;
+}
+
+/* Checks that need no files: ranges and combinations of flags. Returns NULL
+ * if all is well, else a message naming the flags involved. */
+#define OPTIONS_PROBLEM(cond, msg) do { if (cond) return (msg); } while (0)
+static const char* options_problem(const Options* o) {
+    OPTIONS_PROBLEM(o->batch_size < 1, "--batch-size must be >= 1");
+    OPTIONS_PROBLEM(o->seq_len < 1, "--seq-len must be >= 1");
+    OPTIONS_PROBLEM(o->total_batch_size != -1 && o->total_batch_size < 1, "--total-batch-size must be >= 1 or -1");
+    OPTIONS_PROBLEM(o->total_batch_size > 0 && o->total_batch_size % (o->batch_size * o->seq_len) != 0,
+                    "--total-batch-size must be a multiple of --batch-size x --seq-len (it sets the gradient accumulation)");
+    OPTIONS_PROBLEM(o->steps < -1, "--steps must be >= 1, -1 for one epoch, or 0 to write the initial model");
+    OPTIONS_PROBLEM(o->steps == 0 && !o->output_dir[0], "--steps 0 writes the initial model: give --output-dir");
+    OPTIONS_PROBLEM(o->steps == 0 && (o->resume || o->stop_at), "--steps 0 writes the initial model: it takes no --resume or --stop-at");
+    OPTIONS_PROBLEM(o->verbose != 0 && o->verbose != 1, "--verbose must be 0 or 1");
+    OPTIONS_PROBLEM(!(o->lr >= 0.0f), "--lr must be >= 0");
+    OPTIONS_PROBLEM(o->warmup_steps < 0, "--warmup-steps must be >= 0");
+    OPTIONS_PROBLEM(!(o->final_lr_frac >= 0.0f && o->final_lr_frac <= 1.0f), "--final-lr-frac must be in [0, 1]");
+    OPTIONS_PROBLEM(!(o->decay_frac >= 0.0f && o->decay_frac <= 1.0f), "--decay-frac must be in [0, 1]");
+    OPTIONS_PROBLEM(!(o->weight_decay >= 0.0f), "--weight-decay must be >= 0");
+    OPTIONS_PROBLEM(o->decay_all != 0 && o->decay_all != 1, "--decay-all must be 0 or 1");
+    OPTIONS_PROBLEM(!(o->beta1 >= 0.0f && o->beta1 < 1.0f), "--beta1 must be in [0, 1)");
+    OPTIONS_PROBLEM(!(o->beta2 >= 0.0f && o->beta2 < 1.0f), "--beta2 must be in [0, 1)");
+    OPTIONS_PROBLEM(!(o->eps > 0.0f), "--eps must be > 0");
+    OPTIONS_PROBLEM(!(o->grad_clip >= 0.0f), "--grad-clip must be >= 0");
+    OPTIONS_PROBLEM(o->val_every < 0, "--val-every must be >= 0");
+    OPTIONS_PROBLEM(o->val_batches < 1, "--val-batches must be >= 1");
+    OPTIONS_PROBLEM(o->sample_every < 0, "--sample-every must be >= 0");
+    OPTIONS_PROBLEM(o->sample_length < 1, "--sample-length must be >= 1");
+    OPTIONS_PROBLEM(!(o->temperature >= 0.0f), "--temperature must be >= 0");
+    OPTIONS_PROBLEM(o->top_k < 0, "--top-k must be >= 0");
+    OPTIONS_PROBLEM(!(o->top_p > 0.0f && o->top_p <= 1.0f), "--top-p must be in (0, 1]");
+    OPTIONS_PROBLEM(o->save_every < 0, "--save-every must be >= 0");
+    OPTIONS_PROBLEM(o->resume != 0 && o->resume != 1, "--resume must be 0 or 1");
+    OPTIONS_PROBLEM(o->resume && !o->output_dir[0], "--resume needs --output-dir (where the states are)");
+    OPTIONS_PROBLEM(o->stop_at < 0, "--stop-at must be >= 0");
+    OPTIONS_PROBLEM(o->keep_last < 0 || o->keep_every < 0, "--keep-last and --keep-every must be >= 0");
+    OPTIONS_PROBLEM(o->stop_at > 0 && !o->output_dir[0], "--stop-at needs --output-dir (to save the state)");
+    OPTIONS_PROBLEM(o->snapshot_every < 0, "--snapshot-every must be >= 0");
+    OPTIONS_PROBLEM(o->snapshot_every > 0 && !o->output_dir[0], "--snapshot-every needs --output-dir (the run's memory is named after it)");
+    OPTIONS_PROBLEM(o->save_async != 0 && o->save_async != 1, "--save-async must be 0 or 1");
+    OPTIONS_PROBLEM(!(o->spike_z >= 0.0f), "--spike-z must be >= 0");
+    OPTIONS_PROBLEM(o->rollback_after < 0, "--rollback-after must be >= 0");
+    OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
+    OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
+    OPTIONS_PROBLEM(o->zero < 0 || o->zero > 2, "--zero must be 0, 1 or 2");
+    OPTIONS_PROBLEM(o->overlap != 0 && o->overlap != 1, "--overlap must be 0 or 1");
+    OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
+                    "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");
+    int overrides = o->num_layers || o->channels || o->num_heads || o->max_seq_len || o->vocab_size;
+    OPTIONS_PROBLEM(overrides && !depth_from_name(o->model),
+                    "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size apply to a random init "
+                    "(--model dN), not to a checkpoint file, whose shape is fixed");
+    ScheduleKind kind;
+    OPTIONS_PROBLEM(schedule_parse(o->lr_schedule, &kind) != 0, "--lr-schedule must be cosine, linear, constant or wsd");
+    return NULL;
+}
+#undef OPTIONS_PROBLEM
+
+/* Build the model the options ask for: a checkpoint, or a random init. */
+static int model_from_options(GPT2* model, const Options* o) {
+    int depth = depth_from_name(o->model);
+    if (!depth) return gpt2_load(model, o->model);
+    GPT2Config c = config_from_depth(depth);
+    if (o->num_layers) c.num_layers = o->num_layers;
+    if (o->channels) c.channels = o->channels;
+    if (o->num_heads) c.num_heads = o->num_heads;
+    if (o->max_seq_len) c.max_seq_len = o->max_seq_len;
+    if (o->vocab_size) c.vocab_size = o->vocab_size;
+    c.padded_vocab_size = round_up(c.vocab_size, 128);
+    const char* problem = config_problem(&c);
+    if (problem) {
+        fprintf(stderr, "error: model L=%d C=%d NH=%d maxT=%d V=%d: %s\n", c.num_layers, c.channels,
+                c.num_heads, c.max_seq_len, c.vocab_size, problem);
+        return -1;
+    }
+    char run_id[4400];
+    snprintf(run_id, sizeof(run_id), "%s/run.id", o->output_dir);
+    if (o->resume && o->output_dir[0] && access(run_id, F_OK) == 0) {
+        /* resuming a run that exists: its state will replace the weights, so
+         * the random init (seconds for GPT-2 124M) waits until train() knows
+         * whether there is one; zeros meanwhile, the same on every rank */
+        float* params = xmalloc_floats(parameter_count(&c));
+        memset(params, 0, parameter_count(&c) * sizeof(float));
+        gpt2_init_with(model, &c, params);
+        model->init_deferred = 1;
+        model->init_seed = (uint64_t)o->seed;
+        return 0;
+    }
+    gpt2_init_random(model, &c, (uint64_t)o->seed);
+    return 0;
+}
+
+static SamplingConfig sampling_from_options(const Options* o) {
+    SamplingConfig s;
+    s.temperature = o->temperature;
+    s.top_k = o->top_k;
+    s.top_p = o->top_p;
+    return s;
+}
+
+/* Load the tokenizer: with the merges when text must be encoded (--data,
+ * --prompt: then a missing file is an error), else decode only for samples
+ * (a missing file just means samples print ids). */
+static int tokenizer_setup(Tokenizer* tok, const Options* o, int vocab_size) {
+    memset(tok, 0, sizeof(*tok));
+    int need_encode = o->data[0] || o->prompt[0];
+    if (!need_encode && o->sample_every == 0) return 0;
+    if (!need_encode && access(o->tokenizer, R_OK) != 0) {
+        printf("tokenizer %s not found: samples print token ids (make tokenizer fetches it)\n", o->tokenizer);
+        return 0;
+    }
+    if (tokenizer_init(tok, o->tokenizer, need_encode ? o->merges : NULL) != 0) return -1;
+    if ((int)tok->vocab_size != vocab_size) {
+        fprintf(stderr, "%s: tokenizer %s has %u tokens, the model (--model %s) %d: give the tokenizer the model "
+                "was trained with (--tokenizer, --merges)\n", need_encode ? "error" : "warning", o->tokenizer,
+                tok->vocab_size, o->model, vocab_size);
+        tokenizer_free(tok);
+        if (need_encode) return -1;
+        printf("samples print token ids\n");
+    }
+    return 0;
+}
+
+/* A fingerprint of the --data input (each file's path, size and mtime) and
+ * of the tokenizer: the shard cache is reused only when it matches. */
+static void data_stamp(const char* input, const Tokenizer* tok, char* out, size_t cap) {
+    size_t n = (size_t)snprintf(out, cap, "gptc data cache v1\ntokenizer %u tokens, %u merges, eot %u\n",
+                                tok->vocab_size, tok->num_merges, tok->eot_token);
+    struct stat st;
+    glob_t g;
+    memset(&g, 0, sizeof(g));
+    const char* one[1] = {input};
+    char** files = (char**)one;
+    size_t nfiles = 1;
+    if (stat(input, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char pattern[8300];
+        glob_pattern(pattern, sizeof(pattern), input, "/*.txt");
+        if (glob(pattern, 0, NULL, &g) == 0) { files = g.gl_pathv; nfiles = g.gl_pathc; }
+    }
+    for (size_t i = 0; i < nfiles && n < cap; i++) {
+        if (stat(files[i], &st) != 0) continue;
+        n += (size_t)snprintf(out + n, cap - n, "%s %lld %lld.%09ld\n", files[i], (long long)st.st_size,
+                              (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    }
+    if (g.gl_pathc) globfree(&g);
+}
+
+/* --data: tokenize the text once into <data>.gptc/ and point the train and
+ * val patterns there. Reuses the cache when its stamp matches. */
+static int data_from_text(const Options* o, const Tokenizer* tok, char* train_pattern, char* val_pattern, size_t cap) {
+    char dir[4096], stamp_path[4200], prefix[4200], stamp[16384];
+    snprintf(dir, sizeof(dir), "%s.gptc", o->data);
+    snprintf(stamp_path, sizeof(stamp_path), "%s/stamp.txt", dir);
+    snprintf(prefix, sizeof(prefix), "%s/shard", dir);
+    glob_pattern(train_pattern, cap, prefix, "_train_*.bin"); /* <data> may hold glob characters: in[1].txt */
+    glob_pattern(val_pattern, cap, prefix, "_val_*.bin");
+    data_stamp(o->data, tok, stamp, sizeof(stamp));
+    size_t len = 0;
+    FILE* f = fopen(stamp_path, "rb");
+    char* old = NULL;
+    if (f) { fclose(f); old = file_read_all(stamp_path, &len); }
+    int fresh = old && len == strlen(stamp) && memcmp(old, stamp, len) == 0;
+    free(old);
+    if (fresh) {
+        printf("data: %s tokenized earlier, reusing %s\n", o->data, dir);
+        return 0;
+    }
+    if (mkdir_p(dir) != 0) {
+        FILE_ERROR(dir, "cannot create the token cache: %s", strerror(errno));
+        return -1;
+    }
+    remove(stamp_path); /* invalid until the new shards are complete */
+    char cmd[8500];
+    glob_t g;
+    glob_pattern(cmd, sizeof(cmd), prefix, "_*.bin");
+    if (glob(cmd, 0, NULL, &g) == 0) { /* stale shards of an earlier input */
+        for (size_t i = 0; i < g.gl_pathc; i++) remove(g.gl_pathv[i]);
+        globfree(&g);
+    }
+    double t0 = time_ms();
+    ShardStats st;
+    if (prepare_shards(o->data, prefix, tok, 0.05, 100000000, &st) != 0) return -1;
+    if (st.train_tokens == 0) { /* (the stamp stays absent: the next run tokenizes again) */
+        FILE_ERROR(o->data, "gives %zu tokens in all, every one of them taken for the validation split: too little "
+                   "text to train on; give more text", st.val_tokens);
+        return -1;
+    }
+    printf("data: tokenized %s in %.1f s: %zu documents, %zu train + %zu val tokens (cached in %s)\n", o->data,
+           (time_ms() - t0) / 1000.0, st.documents, st.train_tokens, st.val_tokens, dir);
+    WriteChunk chunk;
+    chunk.data = stamp;
+    chunk.bytes = strlen(stamp);
+    return write_file_atomic(stamp_path, &chunk, 1);
+}
+
+#endif /* GPTC_CLI_H */

@@ -1,0 +1,256 @@
+/*
+ * gptc/util.h — the small helpers everything else uses.
+ *
+ * Included by train_gpt.c (first) and by every other gptc/ header; a student
+ * can skip it. Defines: MAYBE_UNUSED, RESTRICT; CHECK, ALWAYS, FILE_ERROR
+ * (checked calls, named invariants, file errors); xmalloc, xmalloc_floats;
+ * time_ms, unix_ms; num_threads; file_size, file_open_read, read_exact,
+ * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; HEADER_INTS (the
+ * 256-int32 header of every llm.c file); Rng with rng_init, rng_u32,
+ * rng_uniform, rng_normal (seeded, one uint64 of state).
+ */
+#ifndef GPTC_UTIL_H
+#define GPTC_UTIL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <errno.h>
+#include <glob.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* for the parts only train_gpt.cu and the tests call */
+#define MAYBE_UNUSED __attribute__((unused))
+
+#ifdef __cplusplus
+#define RESTRICT __restrict__
+#else
+#define RESTRICT restrict
+#endif
+
+/* Fatal check for things that must not fail (memory, internal invariants):
+ * prints the failed expression, where, and a hint, then exits. */
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "error: %s:%d: check failed: %s\n", __FILE__,       \
+                    __LINE__, #cond);                                           \
+            fprintf(stderr, "  " __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                              \
+            exit(EXIT_FAILURE);                                                 \
+        }                                                                       \
+    } while (0)
+
+/* "Cannot happen" conditions, named so a reader knows they are invariants. */
+#define ALWAYS(cond) CHECK(cond, "internal invariant violated")
+
+/* Recoverable errors in file handling: prints "error: <file>: <message>",
+ * nothing more; the caller then frees what it owns and returns -1 itself
+ * (every reader frees what it owns before failing). */
+#define FILE_ERROR(path, ...)                                                   \
+    do {                                                                        \
+        fprintf(stderr, "error: %s: ", (path));                                 \
+        fprintf(stderr, __VA_ARGS__);                                           \
+        fprintf(stderr, "\n");                                                  \
+    } while (0)
+
+static void* xmalloc(size_t bytes) {
+    void* p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+/* 64-byte aligned allocation (one cache line, one AVX-512 vector). */
+static float* xmalloc_floats(size_t n) {
+    void* p = NULL;
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    bytes = (bytes + 63) & ~(size_t)63;
+    int rc = posix_memalign(&p, 64, bytes);
+    CHECK(rc == 0 && p != NULL, "out of memory allocating %zu floats", n);
+    return (float*)p;
+}
+
+static double time_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* Wall-clock milliseconds since the epoch: comparable across processes, for
+ * the recovery timings a supervisor reads (scripts/supervise.py). */
+static double unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Size of an open file in bytes, or -1. */
+static long long file_size(FILE* f) {
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) return -1;
+    return (long long)st.st_size;
+}
+
+/* Open a file to read it as `what` ("model file", "data shard", ...): it
+ * must be a regular file (a folder opens too, and then reads as 4096 bytes
+ * or as a size of 2^63). NULL after a message naming the file. */
+static FILE* file_open_read(const char* path, const char* what) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        FILE_ERROR(path, "cannot open %s: %s", what, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    memset(&st, 0, sizeof(st));
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        FILE_ERROR(path, "%s, not a %s: give the path of the file itself",
+                   S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file", what);
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* Read exactly n bytes or report which file came up short. */
+static int read_exact(FILE* f, void* dst, size_t n, const char* path) {
+    if (fread(dst, 1, n, f) != n) {
+        FILE_ERROR(path, "read failed after %ld bytes (wanted %zu more): %s",
+                   ftell(f), n, ferror(f) ? strerror(errno) : "unexpected end of file");
+        return -1;
+    }
+    return 0;
+}
+
+/* Write a whole file atomically: to "<path>.tmp", fsync, then rename over
+ * <path>. A crash or a full disk leaves the previous <path> untouched. */
+typedef struct {
+    const void* data;
+    size_t bytes;
+} WriteChunk;
+
+static int write_file_atomic(const char* path, const WriteChunk* chunks, int nchunks) {
+    size_t len = strlen(path);
+    char* tmp = (char*)xmalloc(len + 5);
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    FILE* f = fopen(tmp, "wb");
+    if (!f) {
+        FILE_ERROR(tmp, "cannot create: %s", strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; i < nchunks && ok; i++) {
+        if (fwrite(chunks[i].data, 1, chunks[i].bytes, f) != chunks[i].bytes) ok = 0;
+    }
+    if (ok && fflush(f) != 0) ok = 0;
+    if (ok && fsync(fileno(f)) != 0) ok = 0;
+    int saved_errno = errno;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) {
+        FILE_ERROR(path, "write failed (%s); the previous file, if any, is untouched",
+                   strerror(saved_errno ? saved_errno : errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        FILE_ERROR(path, "cannot rename %s into place: %s", tmp, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+/* mkdir -p: create `path` and any missing parents. Returns 0 or -1 (errno set). */
+static int mkdir_p(const char* path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(buf)) { errno = ENAMETOOLONG; return -1; }
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char saved = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            buf[i] = saved;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) { errno = ENOTDIR; return -1; }
+    return 0;
+}
+
+/* A glob pattern for the files `literal` + `wild` (wild: "*.txt", ...):
+ * the literal part, a folder the user named ("runs/lr[3e-4]"), has its
+ * glob characters escaped, so it matches only itself. */
+static void glob_pattern(char* out, size_t cap, const char* literal, const char* wild) {
+    size_t n = 0;
+    for (const char* p = literal; *p && n + 2 < cap; p++) {
+        if (strchr("*?[]\\", *p)) out[n++] = '\\';
+        out[n++] = *p;
+    }
+    snprintf(out + n, cap - n, "%s", wild);
+}
+
+/* Random numbers: xorshift64* for bits, Box-Muller for normals. Seeded, so a
+ * run is reproducible; the state is one uint64 (easy to checkpoint). */
+typedef struct {
+    uint64_t state;
+} Rng;
+
+static void rng_init(Rng* rng, uint64_t seed) {
+    /* splitmix64 of the seed, so nearby seeds give unrelated streams and the
+     * state is never zero (xorshift's fixed point). */
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    rng->state = z ? z : 0x2545F4914F6CDD1Dull;
+}
+
+static uint32_t rng_u32(Rng* rng) {
+    uint64_t x = rng->state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng->state = x;
+    return (uint32_t)((x * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+/* uniform in [0, 1) with 24 random bits */
+static float rng_uniform(Rng* rng) { return (rng_u32(rng) >> 8) / 16777216.0f; }
+
+/* standard normal, computed in double */
+static double rng_normal(Rng* rng) {
+    double u1 = ((rng_u32(rng) >> 8) + 1.0) / 16777217.0; /* (0, 1] */
+    double u2 = (rng_u32(rng) >> 8) / 16777216.0;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* Every llm.c file (model, tokenizer, token shard) and our training state
+ * opens with a header of 256 little-endian int32. */
+#define HEADER_INTS 256
+
+#endif /* GPTC_UTIL_H */
