@@ -373,11 +373,11 @@ print-cpu-layer:
 # -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX  mpi.h without MPI's C++ bindings (not in libmpi)
 # $(MPI_CPU_CXXFLAGS)  the -I/-D flags mpicc adds (Open MPI: mpicc --showme:compile)
 # -I$(CUDA_HOME)/include  NCCL's own nccl.h and cuda_bf16.h, compiled as host C++ (libnccl is not linked)
-# device_stub_nccl.cpp  a test double for the runtime (device.h): host memory as device memory, and
-#                       the last operation's declared ranges, which the test checks
+# device_stub.cpp  a test double for the runtime (device.h): host memory as device memory, and
+#                  the last operation's declared ranges, which the test checks
 MPI_CPU_CXXFLAGS = -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(shell $(MPICC) --showme:compile 2>/dev/null)
 MPI_CPU_LDLIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
-NCCL_CPU_SRC = dev/cuda/cpu/test_nccl_mpi.cpp dev/cuda/cpu/nccl_mpi.cpp dev/cuda/cpu/device_stub_nccl.cpp
+NCCL_CPU_SRC = dev/cuda/cpu/test_nccl_mpi.cpp dev/cuda/cpu/nccl_mpi.cpp dev/cuda/cpu/device_stub.cpp
 dev/cuda/cpu/test_nccl_mpi: $(NCCL_CPU_SRC) dev/cuda/cpu/device.h
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(CXX) $(CUDA_CPU_CXXFLAGS) $(MPI_CPU_CXXFLAGS) -o $@ $(NCCL_CPU_SRC) $(MPI_CPU_LDLIBS)

@@ -1,13 +1,16 @@
 // device_stub.cpp — a test double for the CPU layer's runtime (runtime.cpp):
-// just enough of device.h for test_cublaslt.cpp to test cublaslt.cpp alone.
-// Not part of the layer (test_layer.cu and test_gpt_cu_cpu test cuBLASLt
-// through the real runtime).
+// just enough of device.h for test_cublaslt.cpp and test_nccl_mpi.cpp to test
+// cublaslt.cpp and nccl_mpi.cpp alone. Not part of the layer (test_layer.cu,
+// test_gpt_cu_cpu and gpu_check_dp on emulated GPUs test both through the
+// real runtime).
 //
 // Device memory here is ordinary host memory. Allocations made through
 // stub_device_alloc() are remembered, so device_range_problem() can say that a
 // pointer is not device memory or that a range runs past its allocation (the
-// real runtime says more: freed memory, which cudaMalloc). enqueue() runs the
-// body at once and keeps the ranges of the last operation for the test to look at.
+// real runtime says more: freed memory, which cudaMalloc); a test that makes
+// none (test_nccl_mpi) has every non-null pointer count. enqueue() runs the
+// body at once (one stream: every operation ordered after the previous one)
+// and keeps the name and ranges of the last operation for the test to check.
 #include "device.h"  // defines: Range, device_range_problem, is_device_pointer, enqueue, fatal
 
 #include <cstdarg>
@@ -40,7 +43,10 @@ void stub_device_free(void* p) {
 
 std::string device_range_problem(const void* p, size_t bytes) {
     char msg[160];
-    if (!p) return "a null pointer";
+    if (!p) return "a null pointer is not device memory";
+    // A test that never calls stub_device_alloc (test_nccl_mpi: plain malloc)
+    // has every non-null pointer count as device memory.
+    if (stub_allocations.empty()) return "";
     uintptr_t a = (uintptr_t)p;
     auto it = stub_allocations.upper_bound(a);
     if (it == stub_allocations.begin()) {

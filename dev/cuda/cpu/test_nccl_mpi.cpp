@@ -18,7 +18,7 @@
 //                 p2p-mismatch (rank 0 sends 100 floats, rank 1 receives 90:
 //                 status 86) | abort (rank 0 aborts while the others wait in a
 //                 collective: the job must end)
-// Device memory is host memory here (device_stub_nccl.cpp, a test double of
+// Device memory is host memory here (device_stub.cpp, a test double of
 // the layer's runtime), so nccl_mpi.cpp is tested alone.
 //
 // Sections: helpers (values, comparison, ids) → the checks → main.
@@ -38,7 +38,7 @@
 
 #include "device.h"  // defines: cuda_cpu::Range (what the stub recorded)
 
-namespace cuda_cpu {  // recorded by device_stub_nccl.cpp: the last enqueued operation
+namespace cuda_cpu {  // recorded by device_stub.cpp: the last enqueued operation
 extern std::string stub_last_name;
 extern std::vector<Range> stub_last_ranges;
 }  // namespace cuda_cpu
