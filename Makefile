@@ -335,6 +335,9 @@ $(CPU_BUILD)/%.cu: %.cu dev/cuda/cpu/translate.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
 
+# (kept: make would delete them as intermediates and translate them again next time)
+.PRECIOUS: $(CPU_BUILD)/%.cu
+
 $(CPU_BUILD)/dev/cuda/common.h: dev/cuda/common.h dev/cuda/cpu/translate.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
