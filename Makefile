@@ -91,7 +91,7 @@ train-toy: train_gpt
 		--val-every 100 --val-batches 10 --sample-every 200 --sample-length 48 \
 		--output-dir out/toy --log-file out/toy/log.jsonl
 
-# the tests include train_gpt.c under TESTING (its main() is left out, so
+# the tests include train_gpt.c under GPTC_NO_MAIN (its main() is left out, so
 # some helpers only main() uses are unused: -Wno-unused-function)
 test_gpt: test_gpt.c train_gpt.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ test_gpt.c $(LDLIBS)

@@ -18,7 +18,7 @@
  *   - the checker itself, with one planted wrong value it must reject.
  * Exits non-zero on any failure; the last line is "N passed, N failed".
  */
-#define TESTING
+#define GPTC_NO_MAIN
 #include "train_gpt.c"
 #include <sys/wait.h>
 

@@ -37,7 +37,7 @@
  * Exit status non-zero on any failure; the last line is "N passed, N failed".
  * Without a GPU the GPU checks are skipped, said so, and the exit status is 77.
  */
-#define GPTCU_LIBRARY
+#define GPTC_NO_MAIN
 #include "train_gpt.cu"
 
 /* ---- tolerances (bf16 activations; relative to the largest |reference|) -- */

@@ -159,11 +159,13 @@ static void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
     }
 }
 
-/* out(N,C) = (inp - mean) * rstd * weight + bias, per row; eps = 1e-5 as in
- * GPT-2 (torch.nn.LayerNorm default). mean, rstd (N) are kept for backward. */
+/* out(N,C) = (inp - mean) * rstd * weight + bias, per row; rstd =
+ * 1/sqrt(var + eps), eps = 1e-5 as in GPT-2 (torch.nn.LayerNorm default).
+ * mean, rstd (N) are kept for backward. */
+#define LAYERNORM_EPS 1e-5f /* (the CUDA twin's kernels use it too) */
 static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C) {
-    const float eps = 1e-5f;
+    const float eps = LAYERNORM_EPS;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float* x = inp + (size_t)i * C;
@@ -2443,7 +2445,7 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* d
     return rc;
 }
 
-#if !defined(TESTING) && !defined(GPTC_LIBRARY) /* included for its functions: no main */
+#ifndef GPTC_NO_MAIN /* the tests, train_gpt.cu and dev/ include this file for its functions: no main */
 int main(int argc, char** argv) {
     Dist dist;
     dist_init(&dist, &argc, &argv);
@@ -2470,4 +2472,4 @@ int main(int argc, char** argv) {
     dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }
-#endif /* !TESTING && !GPTC_LIBRARY */
+#endif /* !GPTC_NO_MAIN */

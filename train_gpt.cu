@@ -61,7 +61,15 @@
  *   G6. Data parallel: start-up (MPI or rendezvous), NCCL, buckets and shards
  *   G7. Training loop and main: training states (snapshots, resume), the loop
  */
-#define GPTC_LIBRARY /* train_gpt.c without its main() */
+/* GPTC_NO_MAIN, the one "no main" switch: defined by whoever includes this
+ * file for its kernels (test_gpt.cu, dev/cuda/), it leaves out both mains;
+ * here it always leaves out train_gpt.c's, which is not ours. */
+#ifdef GPTC_NO_MAIN
+#define GPTCU_MAIN 0
+#else
+#define GPTCU_MAIN 1
+#define GPTC_NO_MAIN
+#endif
 #include "train_gpt.c"
 
 #include <cuda_runtime.h>
@@ -326,7 +334,7 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
         float d = __bfloat162float(x[c]) - m;
         var += d * d;
     }
-    float s = rsqrtf(warp_sum(var) / C + 1e-5f);
+    float s = rsqrtf(warp_sum(var) / C + LAYERNORM_EPS);
     for (int c = lane; c < C; c += 32) {
         float n = (__bfloat162float(x[c]) - m) * s;
         o[c] = __float2bfloat16(n * __bfloat162float(weight[c]) + __bfloat162float(bias[c]));
@@ -3103,7 +3111,7 @@ static int gpu_train_fn(GPT2* model, const Options* o, const Tokenizer* tok, con
     return gpu_train(model, o, (const GpuRunContext*)ctx, tok, train_pattern, val_pattern);
 }
 
-#ifndef GPTCU_LIBRARY /* test_gpt.cu and dev/cuda/ include this file for its kernels */
+#if GPTCU_MAIN /* not when test_gpt.cu or dev/cuda/ include this file for its kernels (GPTC_NO_MAIN) */
 int main(int argc, char** argv) {
     CudaOptions co;
     argc = cuda_options_parse(&co, argc, argv);
@@ -3152,4 +3160,4 @@ int main(int argc, char** argv) {
     gpu_comm_free(&comm, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }
-#endif /* !GPTCU_LIBRARY */
+#endif /* GPTCU_MAIN */

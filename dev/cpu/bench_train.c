@@ -9,7 +9,7 @@
  *   gptc B=4 T=64 ms/step=... gflops=... peak_rss_gb=... threads=2 ... matmul_gflops=...
  * FLOPs per step = B*T*(6P + 6*L*C*T), the same formula as bench_torch.py.
  */
-#define TESTING
+#define GPTC_NO_MAIN
 #include "train_gpt.c"
 #include <sys/resource.h>
 

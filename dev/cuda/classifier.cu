@@ -18,7 +18,7 @@
  *   ./dev/cuda/classifier 2          # only variant 2
  *   ./dev/cuda/classifier 0 27 131 256   # all variants, N = 27, V = 131, Vp = 256 (the tiny fixture's shape)
  */
-#define GPTCU_LIBRARY
+#define GPTC_NO_MAIN
 #include "train_gpt.cu"
 #include "dev/cuda/common.h"
 

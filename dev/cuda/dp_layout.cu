@@ -22,7 +22,7 @@
  * The checker is tested too: a shard map with a piece one DP_ALIGN too short
  * must be rejected. Exit status 0 or 1; the last line is "N passed, N failed".
  */
-#define GPTCU_LIBRARY
+#define GPTC_NO_MAIN
 #include "train_gpt.cu"
 
 static int passed = 0, failed = 0;

@@ -17,7 +17,7 @@
  *   ./dev/cuda/layernorm 1         # only variant 1
  *   ./dev/cuda/layernorm 0 4 9 36  # all variants at B=4 T=9 C=36 (awkward sizes)
  */
-#define GPTCU_LIBRARY
+#define GPTC_NO_MAIN
 #include "train_gpt.cu"
 #include "dev/cuda/common.h"
 
@@ -34,7 +34,7 @@ __global__ void layernorm_forward_naive_kernel(floatX* out, float* mean, float* 
         float d = __bfloat162float(x[c]) - m;
         v += d * d;
     }
-    float s = rsqrtf(v / C + 1e-5f);
+    float s = rsqrtf(v / C + LAYERNORM_EPS);
     for (int c = 0; c < C; c++)
         out[(size_t)row * C + c] = __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(weight[c]) +
                                                     __bfloat162float(bias[c]));
