@@ -1,8 +1,8 @@
 // cuda_cpu.h — the kernel-execution core of the CPU execution layer for CUDA
-// code (the start of issue 11, not its completion; see dev/cuda/cpu/README.md).
+// code (see dev/cuda/cpu/README.md).
 //
-// Included by: dev/cuda/cpu/test_cuda_cpu.cpp today; later, by the build that
-// compiles train_gpt.cu, test_gpt.cu and the dev/cuda kernels with g++.
+// Included by: include/cuda_runtime.h (so by every .cu file the layer builds:
+// train_gpt.cu, test_gpt.cu, dev/cuda/*.cu), runtime.cpp, test_cuda_cpu.cpp.
 // Implemented in: dev/cuda/cpu/cuda_cpu.cpp (the scheduler, fibers, warp ops).
 //
 // What it gives a kernel written for CUDA:
@@ -26,9 +26,8 @@
 // __syncthreads, warp masks that cannot be met) stops the launch with an error
 // that names the kernel, the block and the thread.
 //
-// Left out on purpose, for later sessions: the runtime memory API, streams,
-// cuBLASLt, NCCL, cuda_bf16.h, and translating `k<<<...>>>(...)` and
-// `extern __shared__` (a script will emit cpu_launch and CPU_EXTERN_SHARED).
+// The runtime API (memory, streams, events, launches on streams: runtime.cpp),
+// cuBLASLt, NCCL and the launch-syntax translation (translate.py) build on it.
 #pragma once
 
 #include <cstddef>      // size_t
@@ -112,7 +111,7 @@ bool race_check_enabled();
 #define __shared__ __attribute__((section("cuda_cpu_shared"), used)) static
 
 // `extern __shared__ T name[];` cannot be a macro of __shared__ (extern static
-// is not C++); the launch-syntax translation will rewrite it to this. All
+// is not C++); translate.py rewrites it to this. All
 // such arrays alias the launch's dynamic shared memory, 16-byte aligned and
 // poisoned like the static kind.
 #define CPU_EXTERN_SHARED(T, name) T* name = reinterpret_cast<T*>(cuda_cpu::dynamic_shared())
