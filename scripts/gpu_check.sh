@@ -1,19 +1,23 @@
 #!/bin/bash
-# scripts/gpu_check.sh — the one command for a machine with a GPU (under 8
-# minutes on one H100/H200): build everything through the Makefile (NCCL
-# found where the machine keeps it), validate the kernel lab, run test_gpt.cu
-# (first under compute-sanitizer when it is there), time GPT-2 124M training
-# at T=1024 with the largest micro-batch that fits, beside PyTorch
+# scripts/gpu_check.sh — the one command for a machine with a GPU (about 7
+# minutes on one H100/H200, under GPU_CHECK_BUDGET seconds in all): build
+# everything through the Makefile (NCCL found where the machine keeps it),
+# run test_gpt.cu (the CUDA twin against the CPU trainer and PyTorch's
+# fixture, training states, a GPU state resumed on the CPU), validate the
+# kernel lab, time GPT-2 124M training at T=1024 with the largest
+# micro-batch that fits, run the data-parallel (NCCL, ZeRO) code through
+# scripts/gpu_check_dp.sh (with one GPU its one-GPU mode: --zero 1 and 2 as
+# one rank of a one-rank communicator, bit for bit against --zero 0; with
+# two or more also 2 GPUs against 1 and the scaling), time PyTorch
 # (torch.compile + SDPA flash attention, same model and batch) when torch
-# with CUDA is importable, then the data-parallel (NCCL, ZeRO) code through
-# scripts/gpu_check_dp.sh: with one GPU its one-GPU mode (--zero 1 and 2 as
-# one rank of a one-rank communicator, bit for bit against --zero 0; about
-# a minute), with two or more also 2 GPUs against 1 and the scaling (about 3
-# minutes more); skipped only when the build has no NCCL. Prints a short
-# table last.
-# Logs go to $OUT/gpu_check/ when OUT is set, else to ./gpu_check_logs/.
-#   scripts/gpu_check.sh                 # everything
-#   BENCH_STEPS=10 scripts/gpu_check.sh  # shorter benchmark
+# with CUDA is importable, and last compute-sanitizer's memcheck over
+# test_gpt_cu. Most telling first: a step that would not fit in what is
+# left of the budget is skipped and says so. Prints a short table last.
+# Logs go to ./gpu_check_logs/; when OUT is set (the device tool) they are
+# packed into $OUT/gpu_check_logs.tgz, with the table in $OUT/summary.txt.
+#   scripts/gpu_check.sh                         # everything
+#   GPU_CHECK_BUDGET=300 scripts/gpu_check.sh    # seconds for the whole check (default 420)
+#   BENCH_STEPS=10 scripts/gpu_check.sh          # shorter benchmark
 #   scripts/gpu_check.sh --plan 1        # the steps a machine with 1 GPU runs (add no-nccl: a build without
 #                                        # NCCL); runs nothing (scripts/test_gpu_host.sh checks the plans)
 #   scripts/gpu_check_dp.sh              # the NCCL checks alone
@@ -27,6 +31,13 @@ note() { summary+=("$1"); echo "== $1"; }
 # The table: every line printed as data (an MFU of 41.3% stays "41.3%").
 summary_print() { [ ${#summary[@]} -eq 0 ] || printf '%s\n' "${summary[@]}"; }
 elapsed() { echo $(( $(date +%s) - START ))s; }
+# Seconds a step may take: the least of what it wants and what is left of
+# the budget (less 10 s for the summary); 0 when less than its minimum is left.
+step_limit() { # step_limit WANT MIN
+    local left=$(( BUDGET - ($(date +%s) - START) - 10 ))
+    [ "$left" -lt "$2" ] && { echo 0; return; }
+    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 
 # Which data-parallel check a machine gets: dp_mode NGPU HAVE_NCCL(1|0).
 # gpu_check_dp.sh has a mode for one GPU too: only a build without NCCL, or
@@ -40,12 +51,12 @@ dp_mode() {
 }
 
 # The steps, in order, for a machine with NGPU GPUs: gpu_check_steps NGPU HAVE_NCCL.
-gpu_check_steps() { echo build kernel_lab sanitizer tests bench torch "dp_$(dp_mode "$1" "$2")"; }
+gpu_check_steps() { echo build tests kernel_lab bench "dp_$(dp_mode "$1" "$2")" torch sanitizer; }
 
 # What each step does, for --plan.
 step_describe() {
     case $1 in
-    build) echo "build: make train_gpt_cu test_gpt_cu (NCCL where the Makefile finds it)" ;;
+    build) echo "build: make train_gpt_cu test_gpt_cu train_gpt (NCCL where the Makefile finds it)" ;;
     kernel_lab) echo "kernel lab: dev/cuda/run_all.sh" ;;
     sanitizer) echo "compute-sanitizer memcheck ./test_gpt_cu (when installed)" ;;
     tests) echo "tests: ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt" ;;
@@ -63,61 +74,58 @@ step_describe() {
 
 # ---- the steps ----------------------------------------------------------------
 
+# A step left out for want of time: skipped NAME.
+skipped() { note "$1: SKIPPED, not enough of the ${BUDGET}s budget left ($(elapsed))"; }
+
 # 1. build through the Makefile's CUDA section (it finds NCCL where this
 # machine keeps it: the CUDA toolkit, the system, NCCL_HOME, or PyTorch's pip
-# wheel; or builds without it, one GPU only, and says so)
+# wheel; or builds without it, one GPU only, and says so); the CPU trainer
+# too (the tests resume a GPU training state with it)
 step_build() {
-    make -B --no-print-directory train_gpt_cu test_gpt_cu NVCC="$NVCC" CUDA_ARCH="$ARCH" > "$LOG/build.log" 2>&1
+    make -B -j4 --no-print-directory train_gpt_cu test_gpt_cu train_gpt NVCC="$NVCC" CUDA_ARCH="$ARCH" \
+        > "$LOG/build.log" 2>&1
     local rc=$?
     grep -E 'nvcc|NCCL' "$LOG/build.log"
     if [ $rc -ne 0 ]; then
         cat "$LOG/build.log"
         note "build: FAILED"
-        echo
-        summary_print
+        gpu_check_finish
         exit 1
     fi
     note "build: ok ($ARCH, NCCL ${NCCL_LIB:-not found: one GPU only}, $(elapsed))"
 }
 
-# 2. kernel lab
+# 2. the tests (--cpu-binary: the CPU trainer must continue a training state the GPU wrote)
+step_tests() {
+    local t rc
+    t=$(step_limit 240 30)
+    [ "$t" -gt 0 ] || { skipped "test_gpt_cu"; return; }
+    timeout "$t" ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt > "$LOG/test_gpt_cu.log" 2>&1
+    rc=$?
+    grep -E '^FAIL' "$LOG/test_gpt_cu.log" | head -30
+    note "test_gpt_cu: $(tail -n 1 "$LOG/test_gpt_cu.log") (rc=$rc$([ $rc -eq 124 ] && echo ", timed out after ${t}s"), $(elapsed))"
+}
+
+# 3. kernel lab
 step_kernel_lab() {
-    ARCH=$ARCH NVCC=$NVCC timeout 240 dev/cuda/run_all.sh > "$LOG/dev_cuda.log" 2>&1
-    note "dev/cuda: $(tail -n 1 "$LOG/dev_cuda.log") ($(elapsed))"
+    local t
+    t=$(step_limit 120 30)
+    [ "$t" -gt 0 ] || { skipped "dev/cuda"; return; }
+    ARCH=$ARCH NVCC=$NVCC timeout "$t" dev/cuda/run_all.sh > "$LOG/dev_cuda.log" 2>&1
+    note "$(tail -n 1 "$LOG/dev_cuda.log") ($(elapsed))"
     grep -E 'FAIL|GB/s' "$LOG/dev_cuda.log" | head -20
 }
 
-# 3. compute-sanitizer (memcheck) over the tests
-step_sanitizer() {
-    if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
-        local cs rc
-        cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        timeout 180 "$cs" --tool memcheck --error-exitcode 9 ./test_gpt_cu > "$LOG/test_sanitizer.log" 2>&1
-        rc=$?
-        note "compute-sanitizer memcheck test_gpt_cu: rc=$rc, $(grep -c 'Invalid\|ERROR SUMMARY: [1-9]' "$LOG/test_sanitizer.log") error lines ($(elapsed))"
-        grep -m 5 -E 'Invalid|ERROR SUMMARY' "$LOG/test_sanitizer.log"
-    else
-        note "compute-sanitizer: not installed, skipped"
-    fi
-}
-
-# 4. the tests (--cpu-binary: the CPU trainer must continue a training state the GPU wrote)
-step_tests() {
-    [ -x ./train_gpt ] || make train_gpt > /dev/null 2>&1
-    timeout 300 ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt > "$LOG/test_gpt_cu.log" 2>&1
-    local rc=$?
-    grep -E '^FAIL' "$LOG/test_gpt_cu.log" | head -30
-    note "test_gpt_cu: $(tail -n 1 "$LOG/test_gpt_cu.log") (rc=$rc, $(elapsed))"
-}
-
-# 5. benchmark: GPT-2 124M (random init), T=1024, no gradient accumulation
+# 4. benchmark: GPT-2 124M (random init), T=1024, no gradient accumulation
 step_bench() {
-    local shard=$LOG/bench_train.bin line  # (in this run's log folder: two runs never share it)
-    [ -f $shard ] || $PY scripts/toy_shard.py $shard 3000000 50257 0 > /dev/null
+    local shard=$LOG/bench_train.bin line t B  # (in this run's log folder: two runs never share it)
+    [ -f "$shard" ] || $PY scripts/toy_shard.py "$shard" 3000000 50257 0 > /dev/null
     BENCH_B=""
     for B in 64 32 16 8 4; do
-        ./train_gpt_cu --model d12 --train-data $shard --batch-size $B --seq-len 1024 --steps $BENCH_STEPS \
-            --val-every 0 --sample-every 0 --lr 3e-4 > "$LOG/bench_B$B.log" 2>&1
+        t=$(step_limit 90 40)
+        [ "$t" -gt 0 ] || break
+        timeout "$t" ./train_gpt_cu --model d12 --train-data "$shard" --batch-size $B --seq-len 1024 \
+            --steps "$BENCH_STEPS" --val-every 0 --sample-every 0 --lr 3e-4 > "$LOG/bench_B$B.log" 2>&1
         if grep -q '^step' "$LOG/bench_B$B.log"; then BENCH_B=$B; break; fi
         tail -n 3 "$LOG/bench_B$B.log"
     done
@@ -129,44 +137,76 @@ step_bench() {
         note "train_gpt_cu: GPT-2 124M B=$BENCH_B T=1024: $GPU_TPS tok/s, MFU $GPU_MFU (median; $(elapsed))"
         grep -E 'memory|device|GELU|cuBLASLt' "$LOG/bench_B$BENCH_B.log"
         tail -n 2 "$LOG/bench_B$BENCH_B.log"
+    elif [ "$(step_limit 90 40)" -eq 0 ]; then
+        skipped "train_gpt_cu benchmark"
     else
         note "train_gpt_cu benchmark: FAILED (see $LOG/bench_B*.log)"
     fi
 }
 
-# 6. PyTorch, same model and batch
-step_torch() {
-    if [ -n "$BENCH_B" ] && $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-        timeout 300 $PY scripts/bench_torch_gpu.py --B $BENCH_B --T 1024 --steps 15 > "$LOG/bench_torch.log" 2>&1
-        local tline t_tps ratio
-        tline=$(grep '^torch' "$LOG/bench_torch.log")
-        if [ -n "$tline" ]; then
-            t_tps=$(echo "$tline" | grep -o 'tok/s=[0-9]*' | cut -d= -f2)
-            ratio=$(awk -v a="${GPU_TPS:-0}" -v b="$t_tps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-            note "PyTorch (torch.compile, SDPA): $tline"
-            note "train_gpt_cu / PyTorch tokens/s: $ratio"
-        else
-            tail -n 5 "$LOG/bench_torch.log"
-            note "PyTorch benchmark: FAILED (see $LOG/bench_torch.log)"
-        fi
-    else
-        note "PyTorch with CUDA: not importable, skipped"
-    fi
-}
-
-# 7. data parallel over NCCL (ZeRO): gpu_check_dp.sh picks its checks by the GPUs it sees
-step_dp() { # step_dp LIMIT_SECONDS
-    BIN=./train_gpt_cu timeout "$1" scripts/gpu_check_dp.sh > "$LOG/dp.log" 2>&1
+# 5. data parallel over NCCL (ZeRO): gpu_check_dp.sh picks its checks by the GPUs it sees
+step_dp() { # step_dp WANT_SECONDS
+    local t l
+    t=$(step_limit "$1" 60)
+    [ "$t" -gt 0 ] || { skipped "data parallel"; return; }
+    BIN=./train_gpt_cu GPU_CHECK_DP_LOG="$LOG/dp" timeout "$t" scripts/gpu_check_dp.sh > "$LOG/dp.log" 2>&1
     note "data parallel ($NGPU GPU(s)): $(tail -n 1 "$LOG/dp.log") ($(elapsed))"
-    local l
     while IFS= read -r l; do summary+=("  $l"); done < <(sed -n '/==== gpu_check_dp summary/,$p' "$LOG/dp.log" | sed '1d;$d')
 }
-step_dp_one() { step_dp 240; }
+step_dp_one() { step_dp 180; }
 step_dp_multi() { step_dp 480; }
 step_dp_no_nccl() { note "data parallel: SKIPPED, this build has no NCCL (make nccl-info; the build said where it looked)"; }
 step_dp_no_gpu() { note "data parallel: SKIPPED, no GPU visible"; }
 
+# 6. PyTorch, same model and batch
+step_torch() {
+    local t tline t_tps ratio
+    if [ -z "$BENCH_B" ] || ! $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        note "PyTorch with CUDA: not importable (or no benchmark to compare with), skipped"
+        return
+    fi
+    t=$(step_limit 180 60)
+    [ "$t" -gt 0 ] || { skipped "PyTorch benchmark"; return; }
+    timeout "$t" $PY scripts/bench_torch_gpu.py --B "$BENCH_B" --T 1024 --steps 15 > "$LOG/bench_torch.log" 2>&1
+    tline=$(grep '^torch' "$LOG/bench_torch.log")
+    if [ -n "$tline" ]; then
+        t_tps=$(echo "$tline" | grep -o 'tok/s=[0-9]*' | cut -d= -f2)
+        ratio=$(awk -v a="${GPU_TPS:-0}" -v b="$t_tps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+        note "PyTorch (torch.compile, SDPA): $tline"
+        note "train_gpt_cu / PyTorch tokens/s: $ratio"
+    else
+        tail -n 5 "$LOG/bench_torch.log"
+        note "PyTorch benchmark: FAILED or out of time (limit ${t}s; see bench_torch.log)"
+    fi
+}
+
+# 7. compute-sanitizer (memcheck) over the tests without --binary (the
+# forward, backward and AdamW kernels on the tiny fixture)
+step_sanitizer() {
+    local cs rc t
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    [ -x "$cs" ] || { note "compute-sanitizer: not installed, skipped"; return; }
+    t=$(step_limit 150 30)
+    [ "$t" -gt 0 ] || { skipped "compute-sanitizer"; return; }
+    timeout "$t" "$cs" --tool memcheck --error-exitcode 9 ./test_gpt_cu > "$LOG/test_sanitizer.log" 2>&1
+    rc=$?
+    note "compute-sanitizer memcheck test_gpt_cu: rc=$rc$([ $rc -eq 124 ] && echo " (out of time: ${t}s)"), $(grep -c 'Invalid\|ERROR SUMMARY: [1-9]' "$LOG/test_sanitizer.log") error lines ($(elapsed))"
+    grep -m 5 -E 'Invalid|ERROR SUMMARY' "$LOG/test_sanitizer.log"
+}
+
 # ---- main -----------------------------------------------------------------------
+
+# The summary, printed and, under the device tool, packed with the logs into $OUT.
+gpu_check_finish() {
+    echo
+    echo "==== gpu_check summary ($(elapsed), logs in $LOG)"
+    summary_print
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        { echo "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC'), $(head -n 1 "$LOG/gpu.txt" 2>/dev/null), commit $GIT_REV"
+          summary_print; } > "$OUT/summary.txt"
+        tar czf "$OUT/gpu_check_logs.tgz" --exclude='*.bin' -C "$(dirname "$LOG")" "$(basename "$LOG")"
+    fi
+}
 
 gpu_check_main() {
     set -u
@@ -181,33 +221,33 @@ gpu_check_main() {
         done
         return 0
     fi
-    LOG=${OUT:+$OUT/gpu_check}
-    LOG=${LOG:-gpu_check_logs}
+    LOG=gpu_check_logs
+    rm -rf "$LOG"
     mkdir -p "$LOG"
     NVCC=${NVCC:-nvcc}
     command -v "$NVCC" >/dev/null 2>&1 || NVCC=/usr/local/cuda/bin/nvcc
     PY=${PYTHON:-python3}
     BENCH_STEPS=${BENCH_STEPS:-15}
+    BUDGET=${GPU_CHECK_BUDGET:-420}
     START=$(date +%s)
     BENCH_B=""
     GPU_TPS=""
+    GIT_REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo "+changes")
 
-    nvidia-smi -L 2>&1 | tee "$LOG/gpu.txt"
+    { nvidia-smi -L; nvidia-smi --query-gpu=driver_version,memory.total,clocks.max.sm --format=csv,noheader
+      "$NVCC" --version | tail -n 2; } 2>&1 | tee "$LOG/gpu.txt"
     NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
     local cap
     cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     ARCH=sm_${cap:-90}
-    echo "arch: $ARCH"
+    echo "arch: $ARCH, budget ${BUDGET}s, commit $GIT_REV"
     local info have=0 s
     info=$(make -s --no-print-directory nccl-info NVCC="$NVCC")
     NCCL_LIB=$(echo "$info" | grep '^NCCL_LIB=' | cut -d= -f2-)
     echo "$info" | grep '^NCCL_SAID=' | cut -d= -f2-
     [ -n "$NCCL_LIB" ] && have=1
     for s in $(gpu_check_steps "$NGPU" "$have"); do "step_$s"; done
-
-    echo
-    echo "==== gpu_check summary ($(elapsed), logs in $LOG)"
-    summary_print
+    gpu_check_finish
 }
 
 # run, unless sourced (the tests source this file for its functions)

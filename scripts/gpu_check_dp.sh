@@ -27,12 +27,11 @@
 #   - scaling: GPT-2 124M at T=1024, B=16 per GPU, on 1 GPU and on 2 (the
 #     global batch doubles: weak scaling), each --zero: median tokens/s, the
 #     2-GPU speed-up, and where the communication time went.
-# Logs go to $OUT/gpu_check/dp/ when OUT is set, else ./gpu_check_logs/dp/.
+# Logs go to $GPU_CHECK_DP_LOG (gpu_check.sh sets it), else ./gpu_check_logs/dp/.
 # The last line is "dp: N passed, N failed"; exit status non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
-LOG=${OUT:+$OUT/gpu_check/dp}
-LOG=${LOG:-gpu_check_logs/dp}
+LOG=${GPU_CHECK_DP_LOG:-gpu_check_logs/dp}
 mkdir -p "$LOG"
 EMULATED=${GPU_EMULATED:-0}
 # steps of the correctness runs: 8 on GPUs; 4 emulated (each step takes seconds on the CPU)
@@ -105,6 +104,7 @@ runw() {
 
 # max |loss_a - loss_b| / |loss_b| over the steps of two JSONL logs, or "n/a" when they differ in length
 loss_diff() {
+    [ -s "$1" ] && [ -s "$2" ] || { echo n/a; return; } # (a run that wrote no log has no losses to compare)
     awk -F'"loss": ' '/"loss"/ { split($2, v, ","); if (FILENAME == ARGV[1]) a[++n] = v[1]; else b[++m] = v[1] }
         END { if (n == 0 || n != m) { print "n/a"; exit }
               worst = 0; for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d; r = d / (b[i] < 0 ? -b[i] : b[i]);

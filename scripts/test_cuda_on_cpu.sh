@@ -84,7 +84,7 @@ check $ok "the same run with CUDA_CPU_SEED=7 (threads, blocks and streams in oth
 [ $ok = ok ] || tail -n 20 "$LOG/train_seed7.log"
 
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
-GPU_EMULATED=3 OUT=$LOG run gpu_check_dp_emulated scripts/gpu_check_dp.sh
+GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh
 
 # ---- 6. a rank killed mid-run ---------------------------------------------------------
 # rank 1 is killed (SIGKILL) once rank 0 has printed its third step: the job must end, not hang
