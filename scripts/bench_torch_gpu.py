@@ -12,7 +12,8 @@ bf16 autocast with fp32 master weights (torch's usual mixed precision),
 F.scaled_dot_product_attention(is_causal=True) (flash attention on sm80+),
 torch.compile, fused AdamW, clip_grad_norm_(1.0). One random batch, reused.
 MFU uses the same FLOPs per token as train_gpt_cu: 6 P + 6 L C T.
-STATUS: not yet run on a GPU.
+STATUS: ran on an H200 on 2026-11-30 (dev/cuda/RESULTS.md): B=64 T=1024,
+538,659 tok/s (compile=1), before GPT-2's init was added here (timing unaffected).
 """
 import argparse
 import math
@@ -51,6 +52,17 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(maxT, C)
         self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
         self.lnf = nn.LayerNorm(C)
+        # GPT-2's init, as train_gpt.c's: N(0, 0.02), the two projections into
+        # the residual stream N(0, 0.02 / sqrt(2 L)), biases 0 (PyTorch's own
+        # defaults gave a loss near 77 on the first H200 run: N(0, 1) embeddings)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                continue  # LayerNorm weights 1, biases 0 (set below for Linear)
+            std = 0.02 / math.sqrt(2 * L) if name.endswith(("attproj.weight", "fcproj.weight")) else 0.02
+            nn.init.normal_(p, 0.0, std)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets):
         T = idx.shape[1]

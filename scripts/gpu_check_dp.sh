@@ -1,7 +1,8 @@
 #!/bin/bash
 # scripts/gpu_check_dp.sh — the data-parallel (NCCL) path of train_gpt_cu on
-# a machine with GPUs. STATUS: not yet run on a GPU (written where there is
-# none); expect to fix things on its first run.
+# a machine with GPUs. STATUS: its one-GPU mode ran on an H200 on 2026-11-30,
+# 6 of 6 passing (dev/cuda/RESULTS.md); the 2+ GPU checks and the scaling
+# have not run on GPUs yet (only on 2 and 3 emulated ones, in make test).
 #
 #   scripts/gpu_check_dp.sh             # ./train_gpt_cu must exist (gpu_check.sh builds it)
 #   BENCH_STEPS=10 scripts/gpu_check_dp.sh

@@ -2,7 +2,8 @@
  * dev/cuda/layernorm.cu — LayerNorm forward (and the production backward),
  * bf16 in and out, fp32 statistics.
  *
- * STATUS: not yet run on a GPU; validated on the CPU in every make test (dev/cuda/cpu).
+ * STATUS: validated and timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md);
+ * validated on the CPU in every make test (dev/cuda/cpu).
  *
  * CPU reference: train_gpt.c's layernorm_forward / layernorm_backward (fp32,
  * on the same bf16-rounded inputs).
