@@ -52,7 +52,7 @@ dp_mode() {
 }
 
 # The steps, in order, for a machine with NGPU GPUs: gpu_check_steps NGPU HAVE_NCCL.
-gpu_check_steps() { echo build tests kernel_lab bench "dp_$(dp_mode "$1" "$2")" torch sanitizer; }
+gpu_check_steps() { echo build tests kernel_lab bench profile "dp_$(dp_mode "$1" "$2")" torch sanitizer; }
 
 # What each step does, for --plan.
 step_describe() {
@@ -61,7 +61,8 @@ step_describe() {
     kernel_lab) echo "kernel lab: dev/cuda/run_all.sh" ;;
     sanitizer) echo "compute-sanitizer memcheck ./test_gpt_cu (when installed)" ;;
     tests) echo "tests: ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt" ;;
-    bench) echo "benchmark: GPT-2 124M, T=1024, the largest B that fits" ;;
+    bench) echo "benchmark: GPT-2 124M, T=1024, the largest B that fits; GELU in cuBLASLt's epilogue and in our kernel" ;;
+    profile) echo "profile: ncu's time of every kernel in one step (B=16), grouped (scripts/ncu_breakdown.py)" ;;
     torch) echo "PyTorch, same model and batch (when torch with CUDA imports)" ;;
     dp_one) echo "data parallel, one GPU: scripts/gpu_check_dp.sh (--zero 1 and 2 as one rank of a one-rank NCCL" \
         "communicator, bit for bit against --zero 0)" ;;
@@ -138,6 +139,18 @@ step_bench() {
         note "train_gpt_cu: GPT-2 124M B=$BENCH_B T=1024: $GPU_TPS tok/s, MFU $GPU_MFU (median; $(elapsed))"
         grep -E 'memory|device|GELU|cuBLASLt' "$LOG/bench_B$BENCH_B.log"
         tail -n 2 "$LOG/bench_B$BENCH_B.log"
+        # the GELU epilogue's default is decided by measurement: the same run with our GELU kernel
+        t=$(step_limit 60 30)
+        if [ "$t" -gt 0 ]; then
+            local tps0
+            timeout "$t" ./train_gpt_cu --model d12 --train-data "$shard" --batch-size $BENCH_B --seq-len 1024 \
+                --steps "$BENCH_STEPS" --val-every 0 --sample-every 0 --lr 3e-4 --gelu-fusion 0 \
+                > "$LOG/bench_B${BENCH_B}_gelu0.log" 2>&1
+            tps0=$(grep '^step' "$LOG/bench_B${BENCH_B}_gelu0.log" | tail -n +4 | grep -o '[0-9]* tok/s' |
+                   awk '{print $1}' | sort -n | awk '{a[NR] = $1} END { if (NR) print a[int((NR + 1) / 2)] }')
+            note "  with --gelu-fusion 0 (our GELU kernel): ${tps0:-FAILED} tok/s$([ -n "$tps0" ] &&
+                awk -v a="$tps0" -v b="$GPU_TPS" 'BEGIN { printf " = %.3fx the epilogue", a / b }')"
+        fi
     elif [ "$(step_limit 90 40)" -eq 0 ]; then
         skipped "train_gpt_cu benchmark"
     else
@@ -145,7 +158,27 @@ step_bench() {
     fi
 }
 
-# 5. data parallel over NCCL (ZeRO): gpu_check_dp.sh picks its checks by the GPUs it sees
+# 5. profile: every kernel of one step timed by Nsight Compute (one metric,
+# one pass; the GPU's clocks left alone), grouped by scripts/ncu_breakdown.py
+step_profile() {
+    local ncu t shard=$LOG/bench_train.bin
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    [ -n "$ncu" ] && [ -x "$ncu" ] || { note "profile: ncu not installed, skipped"; return; }
+    t=$(step_limit 90 30)
+    [ "$t" -gt 0 ] || { skipped "profile"; return; }
+    timeout "$t" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 3000 \
+        ./train_gpt_cu --model d12 --train-data "$shard" --batch-size 16 --seq-len 1024 --steps 2 \
+        --val-every 0 --sample-every 0 > "$LOG/ncu.csv" 2> "$LOG/ncu.err"
+    if $PY scripts/ncu_breakdown.py "$LOG/ncu.csv" --top 25 > "$LOG/profile.txt" 2>&1; then
+        note "profile (ncu, B=16 T=1024): $(head -n 1 "$LOG/profile.txt") ($(elapsed)); the top 10:"
+        local l
+        while IFS= read -r l; do summary+=("  $l"); done < <(sed -n 2,11p "$LOG/profile.txt")
+    else
+        note "profile: FAILED ($(head -n 1 "$LOG/profile.txt"); see ncu.err)"
+    fi
+}
+
+# 6. data parallel over NCCL (ZeRO): gpu_check_dp.sh picks its checks by the GPUs it sees
 step_dp() { # step_dp WANT_SECONDS
     local t l
     t=$(step_limit "$1" 60)
@@ -159,7 +192,7 @@ step_dp_multi() { step_dp 480; }
 step_dp_no_nccl() { note "data parallel: SKIPPED, this build has no NCCL (make nccl-info; the build said where it looked)"; }
 step_dp_no_gpu() { note "data parallel: SKIPPED, no GPU visible"; }
 
-# 6. PyTorch, same model and batch
+# 7. PyTorch, same model and batch
 step_torch() {
     local t tline t_tps ratio
     if [ -z "$BENCH_B" ] || ! $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -181,7 +214,7 @@ step_torch() {
     fi
 }
 
-# 7. compute-sanitizer (memcheck) over the tests without --binary (the
+# 8. compute-sanitizer (memcheck) over the tests without --binary (the
 # forward, backward and AdamW kernels on the tiny fixture)
 step_sanitizer() {
     local cs rc t
