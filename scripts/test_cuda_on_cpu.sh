@@ -42,7 +42,8 @@ run() {
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
-         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout; do
+         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout \
+         .cpu/dev/cuda/adamw; do
     [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
 done
 echo "test_cuda_on_cpu: logs in $LOG"
@@ -60,6 +61,9 @@ export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what count
 run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36
 run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
+# issue 13's files: awkward sizes, then a reduced default size (the full one is too slow here), one a line
+run dev_cuda_adamw ./.cpu/dev/cuda/adamw 0 1001
+run dev_cuda_adamw_65539 ./.cpu/dev/cuda/adamw 0 65539
 unset DEV_CUDA_REPS
 
 # ---- 4. a training run: the loss falls, and another scheduling seed gives the same bytes ----
