@@ -263,6 +263,7 @@ CUDA_LDLIBS = -lcublasLt $(NCCL_LDLIBS)
 CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
 # the kernel lab's further files (issue 13), one a line
 CUDA_DEV += dev/cuda/adamw
+CUDA_DEV += dev/cuda/encoder
 
 # MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
 # (--showme:compile, --showme:link); nvcc takes -I, -D, -L and -l as they
@@ -360,6 +361,7 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 
 # the kernel lab's further files on the CPU layer (issue 13), one a line
 CPU_LAB = $(CPU_BUILD)/dev/cuda/adamw
+CPU_LAB += $(CPU_BUILD)/dev/cuda/encoder
 
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout \
@@ -429,6 +431,7 @@ CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-
 quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; } && tail -n 1 $$log && rm -f $$log
 # the kernel lab's further files (issue 13), one a line
 CHECK_CUDA_LAB = dev/cuda/adamw.cu
+CHECK_CUDA_LAB += dev/cuda/encoder.cu
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \

@@ -43,7 +43,8 @@ run() {
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
          dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout \
-         .cpu/dev/cuda/adamw; do
+         .cpu/dev/cuda/adamw \
+         .cpu/dev/cuda/encoder; do
     [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
 done
 echo "test_cuda_on_cpu: logs in $LOG"
@@ -64,6 +65,8 @@ run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
 # issue 13's files: awkward sizes, then a reduced default size (the full one is too slow here), one a line
 run dev_cuda_adamw ./.cpu/dev/cuda/adamw 0 1001
 run dev_cuda_adamw_65539 ./.cpu/dev/cuda/adamw 0 65539
+run dev_cuda_encoder ./.cpu/dev/cuda/encoder 0 3 7 20 11
+run dev_cuda_encoder_c768 ./.cpu/dev/cuda/encoder 0 2 64 768 2048
 unset DEV_CUDA_REPS
 
 # ---- 4. a training run: the loss falls, and another scheduling seed gives the same bytes ----

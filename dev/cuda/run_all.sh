@@ -20,6 +20,7 @@ run() { # name, args...
 # built by the Makefile (its flags, and NCCL found where this machine keeps it: the files include train_gpt.cu)
 LAB="layernorm classifier"
 LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
+LAB="$LAB encoder"
 for f in $LAB; do
     echo "== build dev/cuda/$f ($ARCH)"
     make -B --no-print-directory "dev/cuda/$f" NVCC="$NVCC" CUDA_ARCH="$ARCH" || { fail=$((fail + 1)); continue; }
@@ -31,5 +32,7 @@ run classifier 0 27 131 256
 # issue 13's files, one block each
 run adamw
 run adamw 0 1001
+run encoder
+run encoder 0 3 7 20 11
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]
