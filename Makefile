@@ -264,6 +264,7 @@ CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
 # the kernel lab's further files (issue 13), one a line
 CUDA_DEV += dev/cuda/adamw
 CUDA_DEV += dev/cuda/encoder
+CUDA_DEV += dev/cuda/gelu
 
 # MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
 # (--showme:compile, --showme:link); nvcc takes -I, -D, -L and -l as they
@@ -362,6 +363,7 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 # the kernel lab's further files on the CPU layer (issue 13), one a line
 CPU_LAB = $(CPU_BUILD)/dev/cuda/adamw
 CPU_LAB += $(CPU_BUILD)/dev/cuda/encoder
+CPU_LAB += $(CPU_BUILD)/dev/cuda/gelu
 
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout \
@@ -432,6 +434,7 @@ quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exi
 # the kernel lab's further files (issue 13), one a line
 CHECK_CUDA_LAB = dev/cuda/adamw.cu
 CHECK_CUDA_LAB += dev/cuda/encoder.cu
+CHECK_CUDA_LAB += dev/cuda/gelu.cu
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \

@@ -21,6 +21,7 @@ run() { # name, args...
 LAB="layernorm classifier"
 LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
 LAB="$LAB encoder"
+LAB="$LAB gelu"
 for f in $LAB; do
     echo "== build dev/cuda/$f ($ARCH)"
     make -B --no-print-directory "dev/cuda/$f" NVCC="$NVCC" CUDA_ARCH="$ARCH" || { fail=$((fail + 1)); continue; }
@@ -34,5 +35,7 @@ run adamw
 run adamw 0 1001
 run encoder
 run encoder 0 3 7 20 11
+run gelu
+run gelu 0 1001
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]
