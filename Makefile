@@ -265,6 +265,7 @@ CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
 CUDA_DEV += dev/cuda/adamw
 CUDA_DEV += dev/cuda/encoder
 CUDA_DEV += dev/cuda/gelu
+CUDA_DEV += dev/cuda/matmul
 
 # MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
 # (--showme:compile, --showme:link); nvcc takes -I, -D, -L and -l as they
@@ -364,6 +365,7 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 CPU_LAB = $(CPU_BUILD)/dev/cuda/adamw
 CPU_LAB += $(CPU_BUILD)/dev/cuda/encoder
 CPU_LAB += $(CPU_BUILD)/dev/cuda/gelu
+CPU_LAB += $(CPU_BUILD)/dev/cuda/matmul
 
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout \
@@ -435,6 +437,7 @@ quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exi
 CHECK_CUDA_LAB = dev/cuda/adamw.cu
 CHECK_CUDA_LAB += dev/cuda/encoder.cu
 CHECK_CUDA_LAB += dev/cuda/gelu.cu
+CHECK_CUDA_LAB += dev/cuda/matmul.cu
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \

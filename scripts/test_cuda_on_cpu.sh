@@ -45,7 +45,8 @@ for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer
          dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout \
          .cpu/dev/cuda/adamw \
          .cpu/dev/cuda/encoder \
-         .cpu/dev/cuda/gelu; do
+         .cpu/dev/cuda/gelu \
+         .cpu/dev/cuda/matmul; do
     [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
 done
 echo "test_cuda_on_cpu: logs in $LOG"
@@ -70,6 +71,8 @@ run dev_cuda_encoder ./.cpu/dev/cuda/encoder 0 3 7 20 11
 run dev_cuda_encoder_c768 ./.cpu/dev/cuda/encoder 0 2 64 768 2048
 run dev_cuda_gelu ./.cpu/dev/cuda/gelu 0 1001
 run dev_cuda_gelu_65541 ./.cpu/dev/cuda/gelu 0 65541
+run dev_cuda_matmul ./.cpu/dev/cuda/matmul 0 13 20 # (C = 768 takes a minute here: 8 x 32, rows 16-byte aligned, instead)
+run dev_cuda_matmul_c32 ./.cpu/dev/cuda/matmul 0 8 32
 unset DEV_CUDA_REPS
 
 # ---- 4. a training run: the loss falls, and another scheduling seed gives the same bytes ----

@@ -22,6 +22,7 @@ LAB="layernorm classifier"
 LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
 LAB="$LAB encoder"
 LAB="$LAB gelu"
+LAB="$LAB matmul"
 for f in $LAB; do
     echo "== build dev/cuda/$f ($ARCH)"
     make -B --no-print-directory "dev/cuda/$f" NVCC="$NVCC" CUDA_ARCH="$ARCH" || { fail=$((fail + 1)); continue; }
@@ -37,5 +38,7 @@ run encoder
 run encoder 0 3 7 20 11
 run gelu
 run gelu 0 1001
+run matmul
+run matmul 0 13 20
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]
