@@ -29,7 +29,7 @@
  *
  * Build and run (from the repository root):
  *   make dev/cuda/adamw              (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
- *   ./dev/cuda/adamw                 # every variant, n = 124,475,904 (all of GPT-2 124M as one tensor)
+ *   ./dev/cuda/adamw                 # every variant, n = 50304 x 768 = 38,633,472 (GPT-2 124M's wte, its largest tensor)
  *   ./dev/cuda/adamw 3               # only variant 3
  *   ./dev/cuda/adamw 0 1001          # every variant at n = 1001 (a tail of 1 for variant 3)
  */
@@ -195,7 +195,8 @@ static int same_bits(const char* what, const float* a, const float* b, size_t n)
 int main(int argc, char** argv) {
     require_device("adamw");
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    size_t n = argc > 2 ? (size_t)atoll(argv[2]) : (size_t)124475904;
+    /* train_gpt.cu launches adamw_kernel once per tensor: the largest, wte (Vp x C), by default */
+    size_t n = argc > 2 ? (size_t)atoll(argv[2]) : (size_t)50304 * 768;
     CHECK(n > 0 && n < ((size_t)1 << 32), "n = %zu: give 1 .. 2^32 - 1 elements (the random bits take i as 32 bits)", n);
     printf("n = %zu elements, step %d, lr %g, betas %g %g, eps %g, weight decay %g\n", n, ADAMW_STEP, ADAMW_LR, ADAMW_B1,
            ADAMW_B2, ADAMW_EPS, ADAMW_WD);
