@@ -4,6 +4,7 @@
 # one each file says so and exits 77 (counted as skipped, not failed).
 #   dev/cuda/run_all.sh            # from the repository root
 #   ARCH=sm_80 dev/cuda/run_all.sh # an A100
+#   dev/cuda/run_all.sh adamw gelu # only these files (a short GPU slot)
 set -u
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-nvcc}
@@ -12,6 +13,7 @@ ARCH=${ARCH:-sm_90}
 pass=0; fail=0; skip=0
 run() { # name, args...
     name=$1; shift
+    case " $LAB " in *" $name "*) ;; *) return ;; esac # not asked for
     echo "== dev/cuda/$name $*"
     "./dev/cuda/$name" "$@"
     rc=$?
@@ -23,6 +25,7 @@ LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
 LAB="$LAB encoder"
 LAB="$LAB gelu"
 LAB="$LAB matmul"
+[ $# -gt 0 ] && LAB="$*" # the files named on the command line only
 # in one parallel make: about 10 s of nvcc a file, one after another they would eat gpu_check.sh's time for the lab
 targets=$(for f in $LAB; do printf 'dev/cuda/%s ' "$f"; done)
 echo "== build $targets($ARCH)"
