@@ -261,6 +261,11 @@ NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,
 # $(NCCL_LDLIBS)      NCCL where it was found (above), with its rpath; nothing without it
 CUDA_LDLIBS = -lcublasLt $(NCCL_LDLIBS)
 CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
+# the kernel lab's further files (issue 13), one a line
+CUDA_DEV += dev/cuda/adamw
+CUDA_DEV += dev/cuda/encoder
+CUDA_DEV += dev/cuda/gelu
+CUDA_DEV += dev/cuda/matmul
 
 # MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
 # (--showme:compile, --showme:link); nvcc takes -I, -D, -L and -l as they
@@ -356,8 +361,15 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 	$(CXX) $(CPU_APP_FLAGS) -Idev/cuda -c -o $@.o $<
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
+# the kernel lab's further files on the CPU layer (issue 13), one a line
+CPU_LAB = $(CPU_BUILD)/dev/cuda/adamw
+CPU_LAB += $(CPU_BUILD)/dev/cuda/encoder
+CPU_LAB += $(CPU_BUILD)/dev/cuda/gelu
+CPU_LAB += $(CPU_BUILD)/dev/cuda/matmul
+
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
-		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout
+		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout \
+		$(CPU_LAB)
 	scripts/test_cuda_on_cpu.sh
 
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
@@ -421,11 +433,16 @@ nccl-info:
 CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. $(NCCL_CUFLAGS)
 # $(call quietly,COMMAND): its output into a temporary file; all of it on failure, else its last line
 quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; } && tail -n 1 $$log && rm -f $$log
+# the kernel lab's further files (issue 13), one a line
+CHECK_CUDA_LAB = dev/cuda/adamw.cu
+CHECK_CUDA_LAB += dev/cuda/encoder.cu
+CHECK_CUDA_LAB += dev/cuda/gelu.cu
+CHECK_CUDA_LAB += dev/cuda/matmul.cu
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
-	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu; do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu $(CHECK_CUDA_LAB); do \
 	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
 	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \

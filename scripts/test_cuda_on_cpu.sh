@@ -42,7 +42,11 @@ run() {
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
-         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout; do
+         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout \
+         .cpu/dev/cuda/adamw \
+         .cpu/dev/cuda/encoder \
+         .cpu/dev/cuda/gelu \
+         .cpu/dev/cuda/matmul; do
     [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
 done
 echo "test_cuda_on_cpu: logs in $LOG"
@@ -60,6 +64,14 @@ export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what count
 run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36
 run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
+# issue 13's files: awkward sizes, then a reduced default size (the full one is too slow here), one a line
+run dev_cuda_adamw ./.cpu/dev/cuda/adamw 0 1001
+run dev_cuda_adamw_65539 ./.cpu/dev/cuda/adamw 0 65539
+run dev_cuda_encoder ./.cpu/dev/cuda/encoder 0 3 7 20 11
+run dev_cuda_encoder_c768 ./.cpu/dev/cuda/encoder 0 4 64 768 2048 # (a bucket of 3 chunks for variant 3)
+run dev_cuda_gelu ./.cpu/dev/cuda/gelu 0 4099 # (variant 3: 3 blocks and a tail of 3)
+run dev_cuda_matmul ./.cpu/dev/cuda/matmul 0 13 20 # (C = 768 takes a minute here: 8 x 32, rows 16-byte aligned, instead)
+run dev_cuda_matmul_c32 ./.cpu/dev/cuda/matmul 0 8 32
 unset DEV_CUDA_REPS
 
 # ---- 4. a training run: the loss falls, and another scheduling seed gives the same bytes ----

@@ -4,6 +4,7 @@
 # one each file says so and exits 77 (counted as skipped, not failed).
 #   dev/cuda/run_all.sh            # from the repository root
 #   ARCH=sm_80 dev/cuda/run_all.sh # an A100
+#   dev/cuda/run_all.sh adamw gelu # only these files (a short GPU slot)
 set -u
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-nvcc}
@@ -12,19 +13,35 @@ ARCH=${ARCH:-sm_90}
 pass=0; fail=0; skip=0
 run() { # name, args...
     name=$1; shift
+    case " $LAB " in *" $name "*) ;; *) return ;; esac # not asked for
     echo "== dev/cuda/$name $*"
     "./dev/cuda/$name" "$@"
     rc=$?
     if [ $rc -eq 0 ]; then pass=$((pass + 1)); elif [ $rc -eq 77 ]; then skip=$((skip + 1)); else fail=$((fail + 1)); fi
 }
 # built by the Makefile (its flags, and NCCL found where this machine keeps it: the files include train_gpt.cu)
-for f in layernorm classifier; do
-    echo "== build dev/cuda/$f ($ARCH)"
-    make -B --no-print-directory "dev/cuda/$f" NVCC="$NVCC" CUDA_ARCH="$ARCH" || { fail=$((fail + 1)); continue; }
-done
+LAB="layernorm classifier"
+LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
+LAB="$LAB encoder"
+LAB="$LAB gelu"
+LAB="$LAB matmul"
+[ $# -gt 0 ] && LAB="$*" # the files named on the command line only
+# in one parallel make: about 10 s of nvcc a file, one after another they would eat gpu_check.sh's time for the lab
+targets=$(for f in $LAB; do printf 'dev/cuda/%s ' "$f"; done)
+echo "== build $targets($ARCH)"
+make -B -j "$(nproc 2>/dev/null || echo 4)" --no-print-directory $targets NVCC="$NVCC" CUDA_ARCH="$ARCH" || fail=$((fail + 1))
 run layernorm
 run layernorm 0 4 9 36
 run classifier
 run classifier 0 27 131 256
+# issue 13's files, one block each
+run adamw
+run adamw 0 1001
+run encoder
+run encoder 0 3 7 20 11
+run gelu
+run gelu 0 1001
+run matmul
+run matmul 0 13 20
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]
