@@ -111,11 +111,11 @@ step_tests() {
 # 3. kernel lab
 step_kernel_lab() {
     local t
-    t=$(step_limit 120 30)
+    t=$(step_limit 150 30)
     [ "$t" -gt 0 ] || { skipped "dev/cuda"; return; }
     ARCH=$ARCH NVCC=$NVCC timeout "$t" dev/cuda/run_all.sh > "$LOG/dev_cuda.log" 2>&1
     note "$(tail -n 1 "$LOG/dev_cuda.log") ($(elapsed))"
-    grep -E 'FAIL|GB/s' "$LOG/dev_cuda.log" | head -20
+    grep -E 'FAIL|GB/s|TFLOP/s' "$LOG/dev_cuda.log" | head -60
 }
 
 # 4. benchmark: GPT-2 124M (random init), T=1024, no gradient accumulation
