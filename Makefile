@@ -312,7 +312,7 @@ test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
 #   make test-cuda-on-cpu                   what make test runs of them (a few minutes)
 CPU_BUILD = .cpu
 CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
-CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h
+CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h dev/cuda/cpu/include/mma.h
 MPI_CXXFLAGS = -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(shell $(MPICC) --showme:compile 2>/dev/null)
 MPI_CXXLIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
 # the layer itself: optimised, not instrumented (its own memory is not device memory)
