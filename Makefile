@@ -356,7 +356,7 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 	$(CXX) $(CPU_APP_FLAGS) -Idev/cuda -c -o $@.o $<
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
+test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout
 	scripts/test_cuda_on_cpu.sh
 
@@ -425,7 +425,7 @@ check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
-	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu; do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu; do \
 	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
 	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \
@@ -451,6 +451,6 @@ gpu-check:
 clean:
 	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
-		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean

@@ -515,6 +515,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
             exec.thread = (uint32_t)t;
             exec.epoch = r.epoch;
             exec.warp_epoch = r.warp_epochs[t / 32];
+            exec.call = nullptr;  // a WMMA call's accesses never span a switch
             fiber_switch(&r.scheduler, r.fibers[t].sp);
             r.current = -1;
             if (r.fault) return;
@@ -753,8 +754,10 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
     r.fibers.resize(threads);
     r.current = -1;
     r.fault = false;
-    dyn_shared_buf.assign(shared_bytes + 16, 0);
-    dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 15) & ~(uintptr_t)15) : nullptr;
+    // 128-byte aligned: a GPU's dynamic shared memory starts at least that
+    // aligned when the kernel has no static __shared__ (WMMA asks 32 bytes).
+    dyn_shared_buf.assign(shared_bytes + 128, 0);
+    dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 127) & ~(uintptr_t)127) : nullptr;
     // Static storage, all of it: the cuda_cpu_shared section holds the
     // __shared__ variables, except those of template kernels, which GCC puts
     // in .bss whatever their section attribute says. A kernel can reach no

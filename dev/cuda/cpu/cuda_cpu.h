@@ -115,7 +115,7 @@ bool race_check_enabled();
 
 // `extern __shared__ T name[];` cannot be a macro of __shared__ (extern static
 // is not C++); translate.py rewrites it to this. All
-// such arrays alias the launch's dynamic shared memory, 16-byte aligned and
+// such arrays alias the launch's dynamic shared memory, 128-byte aligned and
 // poisoned like the static kind.
 #define CPU_EXTERN_SHARED(T, name) T* name = reinterpret_cast<T*>(cuda_cpu::dynamic_shared())
 

@@ -442,14 +442,24 @@ int main(int argc, char** argv) {
     }
 #if defined(__CUDACC__)
     const bool on_gpu = true;  // nvcc: a real GPU, where the planted bugs are undefined behaviour, not reports
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("test_wmma: no GPU visible; skipped (the CPU layer's build runs everywhere: make .cpu/dev/cuda/cpu/test_wmma)\n");
+        return 77;
+    }
 #else
     const bool on_gpu = false;
 #endif
     int passed = 0, failed = 0;
     for (const Case& c : cases) {
+        if (on_gpu && c.want_status == 1) {  // code relying on the GPU's own mapping: for information, not counted
+            printf("info %s: on this GPU exit %d (0: the GPU's mapping is the one the code assumes)\n", c.name, c.run());
+            continue;
+        }
         if (on_gpu && c.want_status != 0) continue;
         std::string err;
-        int status = run_child(c, &err);
+        // On a GPU in this process: CUDA, initialised above, does not survive a fork.
+        int status = on_gpu ? c.run() : run_child(c, &err);
         bool ok = status == c.want_status && (c.want_text[0] == 0 || err.find(c.want_text) != std::string::npos);
         printf("%s %s: %s (exit %d)\n", ok ? "ok  " : "FAIL", c.name, c.what, status);
         if (!ok || getenv("TEST_WMMA_VERBOSE")) {
