@@ -28,7 +28,7 @@ run classifier
 run classifier 0 27 131 256
 # tensor cores (WMMA): the CPU layer's own test, its correct-program cases on the GPU
 echo "== build dev/cuda/cpu/test_wmma ($ARCH)"
-if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -o dev/cuda/cpu/test_wmma dev/cuda/cpu/test_wmma.cu; then
+if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o dev/cuda/cpu/test_wmma dev/cuda/cpu/test_wmma.cu; then
     run cpu/test_wmma
 else
     fail=$((fail + 1))

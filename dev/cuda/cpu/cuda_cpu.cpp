@@ -464,12 +464,16 @@ static void diagnose_warp(block_run& r) {
                 snprintf(buf, sizeof buf, "called %s on another kind of fragment (type, use or layout) instead", op_name(g.call.op));
                 why = buf;
             } else if (g.state == FIBER_WARP && !same_call(g.call, c)) {
-                snprintf(buf, sizeof buf, "called %s with mask 0x%08x width %d instead", op_name(g.call.op), g.call.mask, g.call.width);
+                if (g.call.op >= WARP_WMMA_FILL) snprintf(buf, sizeof buf, "called %s instead", op_name(g.call.op));
+                else snprintf(buf, sizeof buf, "called %s with mask 0x%08x width %d instead", op_name(g.call.op), g.call.mask, g.call.width);
                 why = buf;
             }
             if (why) {
-                r.message = where(r, t) + format_msg("%s with mask 0x%08x waits for lane %d, which %s",
-                                                     op_name(c.op), c.mask, l, why);
+                if (c.op >= WARP_WMMA_FILL)  // WMMA calls take no mask: the whole warp
+                    r.message = where(r, t) + format_msg("%s (a call of the whole warp) waits for lane %d, which %s", op_name(c.op), l, why);
+                else
+                    r.message = where(r, t) + format_msg("%s with mask 0x%08x waits for lane %d, which %s",
+                                                         op_name(c.op), c.mask, l, why);
                 r.fault = true;
                 return;
             }

@@ -6,7 +6,8 @@
 //
 //   make .cpu/dev/cuda/cpu/test_wmma && ./.cpu/dev/cuda/cpu/test_wmma     every case, each in a child process
 //   ./.cpu/dev/cuda/cpu/test_wmma CASE                                     one case, in this process (to see its report)
-//   nvcc -arch=sm_90 -std=c++17 -o test_wmma dev/cuda/cpu/test_wmma.cu && ./test_wmma   on a GPU
+//   TEST_VERBOSE=1 ./.cpu/dev/cuda/cpu/test_wmma                          every case with its stderr
+//   nvcc -arch=sm_90 -std=c++17 -I. -o test_wmma dev/cuda/cpu/test_wmma.cu && ./test_wmma   on a GPU
 //
 // A planted bug must end its case with the status the table says (2: the
 // launch failed, 719; 86: the layer's report; 1: wrong numbers) and a report
@@ -17,8 +18,8 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
+#include "dev/cuda/cpu/test_cases.h"  // Case, cases_main: each case in a child process
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -91,6 +92,8 @@ enum bug {
     BUG_OOB,                // ldm 32 over a 16 x 16 allocation: reads past its end
     BUG_ROW_MAPPING,        // scales row r by s[r], assuming the sm_80 accumulator mapping
     BUG_ACC_AS_A,           // reuses an accumulator's elements as a matrix_a fragment
+    BUG_LANE_SKIPS_FILL,    // lane 31 does not call fill_fragment
+    BUG_TWO_BLOCKS,         // every block stores to the same C: a race between blocks
 };
 
 // One 16x16x16 product by one warp, C = A B (all row-major, ldm 16), with a planted bug.
@@ -99,7 +102,7 @@ __global__ void bug_kernel(float* C, const __nv_bfloat16* A, const __nv_bfloat16
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
+    if (which != BUG_LANE_SKIPS_FILL || lane != 31) wmma::fill_fragment(acc, 0.0f);
     const __nv_bfloat16* pa = A;
     unsigned lda = 16;
     if (which == BUG_MISALIGNED) pa = A + 8;
@@ -308,7 +311,7 @@ static int bug_case(int which) {
     float* S = device_floats(16);
     CK(cudaMemcpy(S, hs.data(), sizeof(float) * 16, cudaMemcpyHostToDevice));
     float* C = device_floats(256);
-    bug_kernel<<<1, 32>>>(C, A, B, S, which);
+    bug_kernel<<<which == BUG_TWO_BLOCKS ? 2 : 1, 32>>>(C, A, B, S, which);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         fprintf(stderr, "cudaDeviceSynchronize: %s (%d)\n", cudaGetErrorString(e), (int)e);
@@ -344,6 +347,8 @@ static int case_lane_pointer() { return bug_case(BUG_LANE_POINTER); }
 static int case_out_of_bounds() { return bug_case(BUG_OOB); }
 static int case_row_mapping() { return bug_case(BUG_ROW_MAPPING); }
 static int case_acc_as_a() { return bug_case(BUG_ACC_AS_A); }
+static int case_lane_skips_fill() { return bug_case(BUG_LANE_SKIPS_FILL); }
+static int case_two_blocks() { return bug_case(BUG_TWO_BLOCKS); }
 
 // A tile through shared memory (`across_warps`: shared_race_kernel, else
 // warp_reread_kernel); 0 when C = A B, 2 when the launch failed.
@@ -376,15 +381,7 @@ static int case_shared_race() { return tile_case(true, 0); }
 static int case_warp_syncwarp_ok() { return tile_case(false, 1); }
 static int case_warp_reread_race() { return tile_case(false, 0); }
 
-// ---- the driver ----------------------------------------------------------------------------------
-
-struct Case {
-    const char* name;
-    int (*run)();
-    int want_status;       // the child's exit status: 0 pass, 2 launch failed (719), 86 the layer's report, 1 wrong numbers
-    const char* want_text;  // must appear in its stderr ("" for none)
-    const char* what;
-};
+// ---- the table (the driver: test_cases.h) ----------------------------------------------------
 
 static const Case cases[] = {
     {"bf16_16x16x16", case_bf16_16x16x16, 0, "", "C = A B, one 16x16x16 tile, bf16, against float64"},
@@ -396,11 +393,13 @@ static const Case cases[] = {
     {"half_tiled", case_half_tiled, 0, "", "64x48x32 with __half inputs (16 elements a lane), float accumulator"},
     {"half_accumulator", case_half_accumulator, 0, "", "__half inputs and accumulator, stored column-major"},
     {"bug_free", case_bug_free, 0, "", "the planted-bug kernel without a bug computes A B"},
-    {"lane_skips_mma", case_lane_skips_mma, 2, "wmma::mma_sync with mask 0xffffffff waits for lane 7", "lane 7 skips mma_sync: the launch fails, naming it"},
+    {"lane_skips_mma", case_lane_skips_mma, 2, "wmma::mma_sync (a call of the whole warp) waits for lane 7", "lane 7 skips mma_sync: the launch fails, naming it"},
+    {"lane_skips_fill", case_lane_skips_fill, 2, "wmma::fill_fragment (a call of the whole warp) waits for lane 31", "lane 31 skips fill_fragment: the launch fails, naming it"},
     {"misaligned", case_misaligned, 2, "not 256-bit (32-byte) aligned", "load_matrix_sync from a pointer 16 bytes off a 32-byte boundary"},
     {"bad_ldm", case_bad_ldm, 2, "ldm 20, which is not a multiple of 8", "load_matrix_sync with ldm 20 for bf16"},
     {"lane_pointer", case_lane_pointer, 2, "must be the same for every lane", "lanes pass different pointers to load_matrix_sync"},
     {"out_of_bounds", case_out_of_bounds, 86, "past the end of cudaMalloc", "load_matrix_sync reading past its allocation (ldm 32 over 16x16)"},
+    {"two_blocks", case_two_blocks, 86, "race between blocks", "two blocks store_matrix_sync the same tile of global memory"},
     {"row_mapping", case_row_mapping, 1, "wrong C", "code assuming the GPU's accumulator mapping (row of x[i]) computes wrong values"},
     {"acc_as_a", case_acc_as_a, 1, "wrong C", "an accumulator's x[] reused as a matrix_a fragment computes wrong values"},
     {"shared_barrier_ok", case_shared_barrier_ok, 0, "", "warp 0 stores a tile to shared memory, __syncthreads, warp 1 reads it"},
@@ -409,65 +408,16 @@ static const Case cases[] = {
     {"warp_reread_race", case_warp_reread_race, 2, "race inside the block", "the same without __syncwarp: a race inside the warp"},
 };
 
-static int run_child(const Case& c, std::string* err) {
-    int pipefd[2];
-    if (pipe(pipefd) != 0) { perror("pipe"); exit(1); }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) { perror("fork"); exit(1); }
-    if (pid == 0) {
-        close(pipefd[0]);
-        dup2(pipefd[1], 2);
-        int r = c.run();
-        fflush(stdout);
-        fflush(stderr);
-        _exit(r);
-    }
-    close(pipefd[1]);
-    char buf[4096];
-    ssize_t k;
-    while ((k = read(pipefd[0], buf, sizeof buf)) > 0) err->append(buf, (size_t)k);
-    close(pipefd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 int main(int argc, char** argv) {
-    if (argc == 2) {
-        for (const Case& c : cases)
-            if (strcmp(argv[1], c.name) == 0) return c.run();
-        fprintf(stderr, "no case '%s'\n", argv[1]);
-        return 2;
-    }
 #if defined(__CUDACC__)
-    const bool on_gpu = true;  // nvcc: a real GPU, where the planted bugs are undefined behaviour, not reports
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         printf("test_wmma: no GPU visible; skipped (the CPU layer's build runs everywhere: make .cpu/dev/cuda/cpu/test_wmma)\n");
         return 77;
     }
+    const bool on_gpu = true;  // nvcc: a real GPU
 #else
-    const bool on_gpu = false;
+    const bool on_gpu = false;  // the CPU layer
 #endif
-    int passed = 0, failed = 0;
-    for (const Case& c : cases) {
-        if (on_gpu && c.want_status == 1) {  // code relying on the GPU's own mapping: for information, not counted
-            printf("info %s: on this GPU exit %d (0: the GPU's mapping is the one the code assumes)\n", c.name, c.run());
-            continue;
-        }
-        if (on_gpu && c.want_status != 0) continue;
-        std::string err;
-        // On a GPU in this process: CUDA, initialised above, does not survive a fork.
-        int status = on_gpu ? c.run() : run_child(c, &err);
-        bool ok = status == c.want_status && (c.want_text[0] == 0 || err.find(c.want_text) != std::string::npos);
-        printf("%s %s: %s (exit %d)\n", ok ? "ok  " : "FAIL", c.name, c.what, status);
-        if (!ok || getenv("TEST_WMMA_VERBOSE")) {
-            printf("     want exit %d%s%s%s; its stderr:\n%s\n", c.want_status, c.want_text[0] ? " and \"" : "",
-                   c.want_text, c.want_text[0] ? "\"" : "", err.c_str());
-        }
-        ok ? passed++ : failed++;
-    }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_main(argc, argv, cases, sizeof cases / sizeof cases[0], on_gpu);
 }
