@@ -7,7 +7,9 @@
 #   scripts/test_cuda_on_cpu.sh          # about 3.5 minutes on 2 cores (195 s measured)
 #
 # What runs, each a check line (details in $LOG/*.log):
-#   1. the layer's own tests: planted bugs it must catch (test_layer), its
+#   1. the layer's own tests: planted bugs it must catch (test_layer), tensor
+#      cores (test_wmma: products against float64, WMMA misuse caught; again
+#      under another seed, which scrambles fragments another way), its
 #      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks;
 #   2. test_gpt_cu_cpu: forward/backward/AdamW against the CPU trainer and
 #      PyTorch, training states (save, resume bit for bit, a GPU state
@@ -41,7 +43,7 @@ run() {
     [ $rc -eq 0 ] || tail -n 30 "$LOG/$name.log"
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
+for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
          dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout \
          .cpu/dev/cuda/adamw \
          .cpu/dev/cuda/encoder \
@@ -53,6 +55,8 @@ echo "test_cuda_on_cpu: logs in $LOG"
 
 # ---- 1. the layer itself -----------------------------------------------------
 run layer_planted_bugs ./.cpu/dev/cuda/cpu/test_layer
+run layer_wmma ./.cpu/dev/cuda/cpu/test_wmma
+run layer_wmma_seed7 env CUDA_CPU_SEED=7 ./.cpu/dev/cuda/cpu/test_wmma
 run layer_cublaslt ./dev/cuda/cpu/test_cublaslt
 run layer_nccl_over_mpi dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 

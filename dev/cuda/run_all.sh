@@ -4,7 +4,7 @@
 # one each file says so and exits 77 (counted as skipped, not failed).
 #   dev/cuda/run_all.sh            # from the repository root
 #   ARCH=sm_80 dev/cuda/run_all.sh # an A100
-#   dev/cuda/run_all.sh adamw gelu # only these files (a short GPU slot)
+#   dev/cuda/run_all.sh adamw gelu # only these files (a short GPU slot); wmma: the CPU layer's WMMA test
 set -u
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-nvcc}
@@ -25,9 +25,10 @@ LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
 LAB="$LAB encoder"
 LAB="$LAB gelu"
 LAB="$LAB matmul"
+LAB="$LAB wmma" # the CPU layer's own WMMA test (dev/cuda/cpu/test_wmma.cu), built by nvcc below
 [ $# -gt 0 ] && LAB="$*" # the files named on the command line only
 # in one parallel make: about 10 s of nvcc a file, one after another they would eat gpu_check.sh's time for the lab
-targets=$(for f in $LAB; do printf 'dev/cuda/%s ' "$f"; done)
+targets=$(for f in $LAB; do [ "$f" = wmma ] || printf 'dev/cuda/%s ' "$f"; done)
 echo "== build $targets($ARCH)"
 make -B -j "$(nproc 2>/dev/null || echo 4)" --no-print-directory $targets NVCC="$NVCC" CUDA_ARCH="$ARCH" || fail=$((fail + 1))
 run layernorm
@@ -43,5 +44,15 @@ run gelu
 run gelu 0 1001
 run matmul
 run matmul 0 13 20
+# tensor cores (WMMA): the CPU layer's own test, its correct-program cases on the GPU
+case " $LAB " in *" wmma "*)
+    echo "== build dev/cuda/cpu/test_wmma ($ARCH)"
+    if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o dev/cuda/cpu/test_wmma dev/cuda/cpu/test_wmma.cu; then
+        LAB="$LAB cpu/test_wmma"
+        run cpu/test_wmma
+    else
+        fail=$((fail + 1))
+    fi ;;
+esac
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]

@@ -13,8 +13,8 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
+#include "dev/cuda/cpu/test_cases.h"  // Case, cases_main: each case in a child process
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -335,20 +335,13 @@ static int case_cublaslt_bad_types() {
     return lt_case(CUBLASLT_EPILOGUE_DEFAULT, 0, CUDA_R_16F) != CUBLAS_STATUS_SUCCESS ? 3 : 0;
 }
 
-// ---- the driver ------------------------------------------------------------------------------
-
-struct Case {
-    const char* name;
-    int (*run)();
-    int want_status;      // the child's exit status: 0 pass, 86 the layer's report, others: the case's own verdict
-    const char* want_text; // must appear in its stderr ("" for none)
-    const char* what;
-};
+// ---- the cases (the driver: test_cases.h) ---------------------------------------------------
 
 static const Case cases[] = {
     {"ok_basic", case_ok_basic, 0, "", "a correct program runs and computes"},
     {"syncthreads_ok", case_syncthreads_ok, 0, "", "a block reduction with its barriers: the same bits under 8 seeds"},
-    {"syncthreads_missing", case_syncthreads_missing, 1, "differs between seeds", "a missing __syncthreads changes the result between seeds (race check off)"},
+    {"syncthreads_missing", case_syncthreads_missing, 1, "differs between seeds", "a missing __syncthreads changes the result between seeds (race check off)",
+     "CUDA_CPU_RACE_CHECK=0"},
     {"syncthreads_missing_detected", case_syncthreads_missing_detected, 2, "race inside the block", "a missing __syncthreads is named by the race check (launch fails, 719)"},
     {"shared_broadcast_ok", case_shared_broadcast_ok, 0, "", "thread 0..3 fill shared memory, a barrier, all read: no report"},
     {"shared_missing_barrier", case_shared_missing_barrier, 2, "which no thread of this block has written", "the same without the barrier: a read before the write, reported"},
@@ -372,50 +365,4 @@ static const Case cases[] = {
     {"cublaslt_bad_types", case_cublaslt_bad_types, 3, "", "cuBLASLt refuses fp16 A with bf16 B and D"},
 };
 
-static int run_child(const Case& c, std::string* err) {
-    int pipefd[2];
-    if (pipe(pipefd) != 0) { perror("pipe"); exit(1); }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) { perror("fork"); exit(1); }
-    if (pid == 0) {
-        close(pipefd[0]);
-        dup2(pipefd[1], 2);
-        if (!strcmp(c.name, "syncthreads_missing")) setenv("CUDA_CPU_RACE_CHECK", "0", 1);  // the seeds alone
-        int r = c.run();
-        fflush(stdout);
-        fflush(stderr);
-        _exit(r);
-    }
-    close(pipefd[1]);
-    char buf[4096];
-    ssize_t k;
-    while ((k = read(pipefd[0], buf, sizeof buf)) > 0) err->append(buf, (size_t)k);
-    close(pipefd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-int main(int argc, char** argv) {
-    if (argc == 2) {
-        for (const Case& c : cases)
-            if (strcmp(argv[1], c.name) == 0) return c.run();
-        fprintf(stderr, "no case '%s'\n", argv[1]);
-        return 2;
-    }
-    int passed = 0, failed = 0;
-    for (const Case& c : cases) {
-        std::string err;
-        int status = run_child(c, &err);
-        bool ok = status == c.want_status && (c.want_text[0] == 0 || err.find(c.want_text) != std::string::npos);
-        printf("%s %s: %s (exit %d)\n", ok ? "ok  " : "FAIL", c.name, c.what, status);
-        if (!ok || getenv("TEST_LAYER_VERBOSE")) {
-            printf("     want exit %d%s%s%s; its stderr:\n%s\n", c.want_status, c.want_text[0] ? " and \"" : "",
-                   c.want_text, c.want_text[0] ? "\"" : "", err.c_str());
-        }
-        ok ? passed++ : failed++;
-    }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
-}
+int main(int argc, char** argv) { return cases_main(argc, argv, cases, sizeof cases / sizeof cases[0], false); }
