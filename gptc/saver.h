@@ -11,7 +11,11 @@
  * saver_mark, saver_poll, saver_snapshot, saver_restore_newest,
  * saver_abandon, saver_free); train_run_bad_step; checkpoint_save;
  * run_nonce; state_load_disk; StateSource, state_resume; heartbeat_write,
- * plumbing_wanted, timing_print; inject_at (the test hooks GPTC_INJECT_*).
+ * plumbing_wanted, timing_print; inject_at, test_hook_nan, test_hook_spike,
+ * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
+ * train() and gpu_train() share: train_run_resume, StepOutcome,
+ * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
+ * train_run_report, train_run_final_save.
  */
 #ifndef GPTC_SAVER_H
 #define GPTC_SAVER_H
@@ -764,6 +768,113 @@ static int inject_at(const char* var, int step, int* done_upto) {
         if (end == p) break;
     }
     return 0;
+}
+
+/* Is `step` (1-based) one at which a test hook plants its fault? These
+ * two calls are the only places the loops meet GPTC_INJECT_*. */
+static int test_hook_nan(TrainRun* r, int step) { return inject_at("GPTC_INJECT_NAN", step, &r->nan_upto); }
+static double test_hook_spike(TrainRun* r, int step) {
+    return inject_at("GPTC_INJECT_SPIKE", step, &r->spike_upto) ? 100.0 : 0.0; /* added to the loss the rule sees */
+}
+
+/* Said once at the start when a test hook is set. `nan_works` 0: the
+ * trainer cannot plant NaN gradients (the CUDA twin). */
+static void test_hooks_print(int nan_works) {
+    const char *nan = getenv("GPTC_INJECT_NAN"), *spike = getenv("GPTC_INJECT_SPIKE");
+    if (nan_works && (nan || spike))
+        printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n", nan ? nan : "", spike ? spike : "");
+    if (!nan_works && spike) printf("test hooks: loss spikes at steps [%s]\n", spike);
+    if (!nan_works && nan) printf("test hooks: GPTC_INJECT_NAN is not implemented on the GPU (ignored)\n");
+}
+
+/* ---- the loop's tail: train() in train_gpt.c and gpu_train() in the CUDA
+ * twin run the same code after each update and at the end ---------------- */
+
+/* A new run or a resumed one: the run's nonce (run.id), the newest state
+ * every rank can get (state_resume), and the memory slots of steps after it
+ * forgotten. The step to start from (0: a new run), or -1. Collective. */
+static int train_run_resume(TrainRun* r, Saver* sv, const Dist* d, GPT2* model, const Options* o) {
+    int start = 0;
+    StateSource source = SOURCE_NONE;
+    if (o->output_dir[0]) r->nonce = run_nonce(d, o, 0);
+    if (o->resume && (start = state_resume(r, d, model, o, sv, &source)) < 0) return -1;
+    if (o->output_dir[0] && start == 0) r->nonce = run_nonce(d, o, 1); /* a new run: a new nonce */
+    saver_forget_after(sv, start);
+    return start;
+}
+
+/* How a step went: its loss (the ranks' mean), whether its gradients were
+ * finite, whether its loss was a spike (z its z-score); either of the last
+ * two skipped its update. */
+typedef struct {
+    double loss;
+    int finite, spike;
+    double z;
+} StepOutcome;
+
+/* After step `step`'s update (0-based; the run started at `start`): say a
+ * spike, the first step's time and the heartbeat; take a good loss into the
+ * spike window, or count a bad step, which after --rollback-after in a row
+ * goes back to the newest snapshot (`can_restore` 0: none is kept). Returns
+ * the step the loop continues after (a rollback), or -1. Collective. */
+static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* model, const Options* o, int step,
+                                int start, const StepOutcome* s, int can_restore) {
+    if (s->spike)
+        printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, s->loss, s->z, o->spike_z);
+    if (step == start) timing_print(d, "first step done", unix_ms());
+    heartbeat_write(o, r->rank, step + 1);
+    if (s->finite && !s->spike) {
+        losswatch_accept(&r->watch, (float)s->loss);
+        return -1;
+    }
+    int back = train_run_bad_step(r, sv, d, model, o, step, can_restore);
+    if (back >= 0) r->rollbacks++;
+    return back;
+}
+
+/* What the boundary after `done` steps asks for (never at the end, which
+ * saves anyway): --stop-at, a save (--save-every, or the stop's), a
+ * snapshot (a save's, or --snapshot-every's; none inside a run of bad steps). */
+typedef struct {
+    int done, stop, save, snapshot;
+} Boundary;
+
+static Boundary train_run_boundary(const TrainRun* r, const Options* o, int done) {
+    Boundary b;
+    b.done = done;
+    b.stop = o->stop_at > 0 && done == o->stop_at && done < r->steps;
+    b.save = (o->save_every > 0 && done % o->save_every == 0 && done < r->steps) || b.stop;
+    int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r->steps;
+    b.snapshot = (b.save || snap) && r->watch.bad_run == 0;
+    return b;
+}
+
+/* --stop-at: wait for the last snapshot to reach its slot and the disk. */
+static void train_run_stop(Saver* sv, const Dist* d, const Options* o, int done) {
+    saver_before_update(sv);
+    saver_poll(sv, d, o, 1);
+    printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
+}
+
+/* The end of the loop: what the snapshots cost, and the rollbacks. */
+static void train_run_report(const TrainRun* r, Saver* sv) {
+    saver_stall_close(sv);
+    if (sv->snapshots > 0)
+        printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
+               "in all\n", sv->snapshots, sv->stall_ms / sv->snapshots, sv->max_stall_ms, sv->disk_wait_ms);
+    if (r->rollbacks) printf("rollbacks: %d\n", r->rollbacks);
+}
+
+/* The final snapshot is handed to the Saver: wait until it is on disk.
+ * 0, or -1 (said) when it could not be written. Collective. */
+static int train_run_final_save(Saver* sv, const Dist* d, const Options* o) {
+    saver_before_update(sv);
+    saver_poll(sv, d, o, 1);
+    if (!sv->last_failed) return 0;
+    fprintf(stderr, "error: the final model and training state could not be written (see above); make room in %s and "
+            "run again with --resume 1 to write them%s\n", o->output_dir,
+            sv->memory ? " (from the memory snapshots, still in place)" : "");
+    return -1;
 }
 
 #endif /* GPTC_SAVER_H */
