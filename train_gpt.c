@@ -544,31 +544,18 @@ static float bf16_to_float(uint16_t h) {
     return f;
 }
 
-/* Read an llm.c checkpoint. On success fills *config and returns a freshly
- * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
- * On any problem prints what is wrong with which file and returns -1. */
-static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
-    *params_out = NULL;
-    FILE* f = file_open_read(path, "model file");
-    if (!f) return -1;
-    int32_t h[HEADER_INTS];
-    long long fsize = file_size(f);
-    if (fsize < (long long)sizeof(h)) {
-        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
-        fclose(f);
-        return -1;
-    }
-    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
+/* Check a checkpoint's header h against the file's size: magic, version,
+ * a possible model, and exactly the bytes it implies. Fills *config and
+ * returns the bytes per parameter (4: fp32, 2: bf16), or -1 after a message. */
+static int model_header_check(const char* path, const int32_t* h, long long fsize, GPT2Config* config) {
     if (h[0] != MODEL_MAGIC) {
         FILE_ERROR(path, "bad magic %d, expected %d: this is not an llm.c model file "
                    "(a data shard or tokenizer file passed as --model?)", h[0], MODEL_MAGIC);
-        fclose(f);
         return -1;
     }
     if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
         FILE_ERROR(path, "model file version %d; this build reads %d (fp32) and %d (bf16)",
                    h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
-        fclose(f);
         return -1;
     }
     GPT2Config c;
@@ -583,48 +570,73 @@ static int model_file_read(const char* path, GPT2Config* config, float** params_
         FILE_ERROR(path, "header describes an impossible model (L=%d C=%d NH=%d maxT=%d V=%d Vp=%d): %s",
                    c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size,
                    c.padded_vocab_size, problem);
-        fclose(f);
         return -1;
     }
     size_t n = parameter_count(&c);
-    size_t elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
-    long long expected = (long long)sizeof(h) + (long long)(n * elem);
+    int elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
+    long long expected = (long long)HEADER_INTS * 4 + (long long)(n * elem);
     if (fsize != expected) {
         FILE_ERROR(path, "file is %lld bytes but its header (L=%d C=%d Vp=%d maxT=%d, %s) implies %lld: "
                    "truncated or not written completely",
                    fsize, c.num_layers, c.channels, c.padded_vocab_size, c.max_seq_len,
                    elem == 4 ? "fp32" : "bf16", expected);
-        fclose(f);
         return -1;
     }
+    *config = c;
+    return elem;
+}
+
+/* Read n parameters of `elem` bytes each (4: fp32; 2: bf16, widened) from
+ * f into a fresh fp32 buffer, all of them finite. The buffer, or NULL
+ * after a message. */
+static float* model_params_read(FILE* f, const char* path, size_t n, int elem) {
     float* params = (float*)malloc(n * sizeof(float)); /* not xmalloc: a model too big for this machine is named */
     if (!params) {
         FILE_ERROR(path, "its %zu parameters need %.1f GB as fp32, more than this machine can allocate now: free "
                    "memory, or use a machine with more", n, n * 4.0 / 1e9);
-        fclose(f);
-        return -1;
+        return NULL;
     }
     if (elem == 4) {
-        if (read_exact(f, params, n * 4, path) != 0) { free(params); fclose(f); return -1; }
+        if (read_exact(f, params, n * 4, path) != 0) { free(params); return NULL; }
     } else {
         /* bf16: read in chunks and widen */
         size_t chunk = 1 << 20;
         uint16_t* buf = (uint16_t*)xmalloc(chunk * 2);
         for (size_t i = 0; i < n; i += chunk) {
             size_t m = n - i < chunk ? n - i : chunk;
-            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); fclose(f); return -1; }
+            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); return NULL; }
             for (size_t j = 0; j < m; j++) params[i + j] = bf16_to_float(buf[j]);
         }
         free(buf);
     }
-    fclose(f);
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(params[i])) {
             FILE_ERROR(path, "parameter %zu is %f: the checkpoint holds non-finite weights", i, params[i]);
             free(params);
-            return -1;
+            return NULL;
         }
     }
+    return params;
+}
+
+/* Read an llm.c checkpoint. On success fills *config and returns a freshly
+ * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
+ * On any problem prints what is wrong with which file and returns -1. */
+static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
+    *params_out = NULL;
+    FILE* f = file_open_read(path, "model file");
+    if (!f) return -1;
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    GPT2Config c;
+    int elem = -1;
+    if (fsize < (long long)sizeof(h))
+        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
+    else if (read_exact(f, h, sizeof(h), path) == 0)
+        elem = model_header_check(path, h, fsize, &c);
+    float* params = elem > 0 ? model_params_read(f, path, parameter_count(&c), elem) : NULL;
+    fclose(f);
+    if (!params) return -1;
     *config = c;
     *params_out = params;
     return 0;
