@@ -84,7 +84,7 @@
 #else
 /* Built without NCCL (the Makefile found none and said so: -DGPTC_NO_NCCL).
  * These stand in for the NCCL names G1 and G6 use, so that the one-GPU
- * trainer compiles and links. Nothing should reach them: cuda_options_problem
+ * trainer compiles and links. Nothing should reach them: gpu_options_problem
  * and gpu_comm_init refuse --init, several ranks and --zero 1|2 first; if one
  * is reached all the same, it fails through NCCL_CHECK with the reason. */
 #define GPU_HAVE_NCCL 0
@@ -2097,7 +2097,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
         cm->dist.t_comm = unix_ms();
         return 0;
     }
-#if !GPU_HAVE_NCCL /* (cuda_options_problem refused this already) */
+#if !GPU_HAVE_NCCL /* (gpu_options_problem refused this already) */
     fprintf(stderr, "error: %d rank(s)%s need an NCCL communicator, and %s\n", cm->world,
             sharded ? " under --zero 1|2" : "", GPU_NO_NCCL_HINT);
     return -1;
