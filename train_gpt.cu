@@ -2971,7 +2971,12 @@ static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, Gpu
  * TrainRun and Saver (plus MFU), and so does the loop's tail (gptc/saver.h).
  * With several ranks each trains on its slice of every step's batch (G6).
  * Returns 0 or -1 from anywhere: what it set up is in `st`, for
- * gpu_train_free (its only caller is gpu_train). */
+ * gpu_train_free (its only caller is gpu_train).
+ * STATUS (2026-11-30): split into gpu_train_setup / the loop /
+ * gpu_train_finish, with the tail shared with train(), after the H200 run;
+ * run since through the CPU execution layer (make test-cuda-on-cpu: 11 of
+ * 11, an 8-step run with snapshots and saves gives the same lines and model
+ * bytes), not yet on a GPU. */
 static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
                            const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
     int start = gpu_train_setup(st, host, o, comm, train_pattern, val_pattern);
