@@ -839,6 +839,9 @@ static void test_cli(void) {
         {"--model gpt2.bin --num-layers 4", -2, "shape override with a checkpoint"},
         {"--top-p 0", -2, "top-p of zero"},
         {"--beta2 1.0", -2, "beta2 of one"},
+        {"--gelu-fusion 2", -2, "GPU flag out of range"},
+        {"--init nfs:/x", -2, "unknown rendezvous"},
+        {"--init-timeout 0", -2, "zero timeout"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char what[128];
@@ -1134,6 +1137,7 @@ static void test_trainer_binary(void) {
         {"--frobnicate 3", "unknown flag"},
         {"-b 3 -t 5 -d 100", "multiple of --batch-size"},
         {"--model d2 --channels 30 --num-heads 4", "multiple of num_heads"},
+        {"--gelu-fusion 1", "is a flag of train_gpt_cu"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(cmd, sizeof(cmd), "./train_gpt -i %s %s", shard, bad[i].args);

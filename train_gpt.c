@@ -544,31 +544,18 @@ static float bf16_to_float(uint16_t h) {
     return f;
 }
 
-/* Read an llm.c checkpoint. On success fills *config and returns a freshly
- * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
- * On any problem prints what is wrong with which file and returns -1. */
-static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
-    *params_out = NULL;
-    FILE* f = file_open_read(path, "model file");
-    if (!f) return -1;
-    int32_t h[HEADER_INTS];
-    long long fsize = file_size(f);
-    if (fsize < (long long)sizeof(h)) {
-        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
-        fclose(f);
-        return -1;
-    }
-    if (read_exact(f, h, sizeof(h), path) != 0) { fclose(f); return -1; }
+/* Check a checkpoint's header h against the file's size: magic, version,
+ * a possible model, and exactly the bytes it implies. Fills *config and
+ * returns the bytes per parameter (4: fp32, 2: bf16), or -1 after a message. */
+static int model_header_check(const char* path, const int32_t* h, long long fsize, GPT2Config* config) {
     if (h[0] != MODEL_MAGIC) {
         FILE_ERROR(path, "bad magic %d, expected %d: this is not an llm.c model file "
                    "(a data shard or tokenizer file passed as --model?)", h[0], MODEL_MAGIC);
-        fclose(f);
         return -1;
     }
     if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
         FILE_ERROR(path, "model file version %d; this build reads %d (fp32) and %d (bf16)",
                    h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
-        fclose(f);
         return -1;
     }
     GPT2Config c;
@@ -583,48 +570,73 @@ static int model_file_read(const char* path, GPT2Config* config, float** params_
         FILE_ERROR(path, "header describes an impossible model (L=%d C=%d NH=%d maxT=%d V=%d Vp=%d): %s",
                    c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size,
                    c.padded_vocab_size, problem);
-        fclose(f);
         return -1;
     }
     size_t n = parameter_count(&c);
-    size_t elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
-    long long expected = (long long)sizeof(h) + (long long)(n * elem);
+    int elem = h[1] == MODEL_VERSION_FP32 ? 4 : 2;
+    long long expected = (long long)HEADER_INTS * 4 + (long long)(n * elem);
     if (fsize != expected) {
         FILE_ERROR(path, "file is %lld bytes but its header (L=%d C=%d Vp=%d maxT=%d, %s) implies %lld: "
                    "truncated or not written completely",
                    fsize, c.num_layers, c.channels, c.padded_vocab_size, c.max_seq_len,
                    elem == 4 ? "fp32" : "bf16", expected);
-        fclose(f);
         return -1;
     }
+    *config = c;
+    return elem;
+}
+
+/* Read n parameters of `elem` bytes each (4: fp32; 2: bf16, widened) from
+ * f into a fresh fp32 buffer, all of them finite. The buffer, or NULL
+ * after a message. */
+static float* model_params_read(FILE* f, const char* path, size_t n, int elem) {
     float* params = (float*)malloc(n * sizeof(float)); /* not xmalloc: a model too big for this machine is named */
     if (!params) {
         FILE_ERROR(path, "its %zu parameters need %.1f GB as fp32, more than this machine can allocate now: free "
                    "memory, or use a machine with more", n, n * 4.0 / 1e9);
-        fclose(f);
-        return -1;
+        return NULL;
     }
     if (elem == 4) {
-        if (read_exact(f, params, n * 4, path) != 0) { free(params); fclose(f); return -1; }
+        if (read_exact(f, params, n * 4, path) != 0) { free(params); return NULL; }
     } else {
         /* bf16: read in chunks and widen */
         size_t chunk = 1 << 20;
         uint16_t* buf = (uint16_t*)xmalloc(chunk * 2);
         for (size_t i = 0; i < n; i += chunk) {
             size_t m = n - i < chunk ? n - i : chunk;
-            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); fclose(f); return -1; }
+            if (read_exact(f, buf, m * 2, path) != 0) { free(buf); free(params); return NULL; }
             for (size_t j = 0; j < m; j++) params[i + j] = bf16_to_float(buf[j]);
         }
         free(buf);
     }
-    fclose(f);
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(params[i])) {
             FILE_ERROR(path, "parameter %zu is %f: the checkpoint holds non-finite weights", i, params[i]);
             free(params);
-            return -1;
+            return NULL;
         }
     }
+    return params;
+}
+
+/* Read an llm.c checkpoint. On success fills *config and returns a freshly
+ * allocated fp32 parameter buffer (parameter_count floats) in *params_out.
+ * On any problem prints what is wrong with which file and returns -1. */
+static int model_file_read(const char* path, GPT2Config* config, float** params_out) {
+    *params_out = NULL;
+    FILE* f = file_open_read(path, "model file");
+    if (!f) return -1;
+    int32_t h[HEADER_INTS];
+    long long fsize = file_size(f);
+    GPT2Config c;
+    int elem = -1;
+    if (fsize < (long long)sizeof(h))
+        FILE_ERROR(path, "file is %lld bytes, shorter than the 1024-byte header: not a model file", fsize);
+    else if (read_exact(f, h, sizeof(h), path) == 0)
+        elem = model_header_check(path, h, fsize, &c);
+    float* params = elem > 0 ? model_params_read(f, path, parameter_count(&c), elem) : NULL;
+    fclose(f);
+    if (!params) return -1;
     *config = c;
     *params_out = params;
     return 0;
@@ -2154,6 +2166,8 @@ typedef struct {
     int rank, world;
     uint64_t nonce;   /* this run's (gptc/state.h) */
     LossWatch watch;  /* the loss-spike detector */
+    int rollbacks;    /* rollbacks to a snapshot so far (gptc/saver.h) */
+    int nan_upto, spike_upto; /* the test hooks' (gptc/saver.h): the last step each planted a fault at */
 } TrainRun;
 
 /* rank/world: this process's place among the data-parallel ranks (0, 1 alone). */
@@ -2254,15 +2268,11 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
     }
 }
 
-#include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print */
+#include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
+                               the loop's tail (train_run_after_step, train_run_boundary, ...) */
 
-/* The steps of a run, from the set-up to the final save (train() below
- * owns the TrainRun and the Saver). 0, or -1 after a message. */
-static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o, const Tokenizer* tok, Dist* dist,
-                       int* remove_memory) {
-    if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
-    gpt2_alloc_training(model, r->B, r->T);
-    dist_setup_model(dist, model);
+/* What each rank holds, and how the ranks share the work. */
+static void train_memory_print(const GPT2* model, const Dist* dist) {
     double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
     double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P;
     static const char* const modes[3] = {"allreduce", "ZeRO-1: AdamW state sharded", "ZeRO-2: AdamW state and gradients sharded"};
@@ -2272,96 +2282,100 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     if (plumbing_wanted(dist) || dist->zero) printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
            "gradients %zu floats\n", dist->world, modes[dist->zero], dist->shard, dist->shard * dist->world, opt_floats,
            dist->grad_floats);
-    if (getenv("GPTC_INJECT_NAN") || getenv("GPTC_INJECT_SPIKE"))
-        printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n",
-               getenv("GPTC_INJECT_NAN") ? getenv("GPTC_INJECT_NAN") : "", getenv("GPTC_INJECT_SPIKE") ? getenv("GPTC_INJECT_SPIKE") : "");
+}
+
+/* What the collectives cost per step, over the run (several ranks only). */
+static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
+    if (dist->world <= 1) return;
+    double W = dist->world, wire = (W - 1) / W * (dist->reduced + dist->gathered) * sizeof(float);
+    printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
+           "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
+           dist->gathered, model->num_parameters, wire, dist->comm_ms / steps, dist->exposed_ms / steps,
+           dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
+}
+
+/* Before the first step: the ranks agree, the training memory, the Saver,
+ * and the state to resume from (or the random init put off until now).
+ * Returns the step to start from, or -1 after a message. */
+static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
+    if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
+    gpt2_alloc_training(model, r->B, r->T);
+    dist_setup_model(dist, model);
+    train_memory_print(model, dist);
+    test_hooks_print(1);
     timing_print(dist, "communicator ready", dist->t_comm);
     if (saver_init(saver, dist, model, o) != 0) return -1;
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
-    int start = 0;
-    StateSource source = SOURCE_NONE;
-    if (o->output_dir[0]) r->nonce = run_nonce(dist, o, 0);
-    if (o->resume && (start = state_resume(r, dist, model, o, saver, &source)) < 0) return -1;
-    if (o->output_dir[0] && start == 0) r->nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
-    saver_forget_after(saver, start);
+    int start = train_run_resume(r, saver, dist, model, o);
+    if (start < 0) return -1;
     if (start == 0 && model->init_deferred) gpt2_fill_random(model, model->init_seed); /* no state: the init after all */
     model->init_deferred = 0;
     timing_print(dist, "state loaded", unix_ms());
     heartbeat_write(o, r->rank, start);
-    int rollbacks = 0, nan_upto = 0, spike_upto = 0;
+    return start;
+}
+
+/* Is this step's loss a spike (--spike-z)? Also where the test hooks plant
+ * their faults: a NaN gradient, a loss raised for the spike rule. */
+static int train_spike(TrainRun* r, GPT2* model, const Options* o, int step, double loss, double* z) {
+    if (test_hook_nan(r, step + 1) && r->rank == 0) model->grads_memory[0] = NAN;
+    return losswatch_spike(&r->watch, loss + test_hook_spike(r, step + 1), o->spike_z, z);
+}
+
+/* After the last step: what the run cost, and the final state and model.
+ * 0, or -1 when they could not be written. */
+static int train_finish(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
+    train_comm_print(model, dist, r->steps);
+    train_run_report(r, saver);
+    if (!o->output_dir[0]) return 0;
+    saver_snapshot(saver, r, dist, model, o, r->steps, 1); /* the final state and model */
+    return train_run_final_save(saver, dist, o);
+}
+
+/* The steps of a run, from the set-up to the final save (train() below
+ * owns the TrainRun and the Saver). 0, or -1 after a message. */
+static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o, const Tokenizer* tok, Dist* dist,
+                       int* remove_memory) {
+    int start = train_setup(r, saver, model, o, dist);
+    if (start < 0) return -1;
     for (int step = start; step <= r->steps; step++) {
+        /* at the boundary before step `step`: validation and a sample */
         if (train_run_val_due(r, o, step) && (step > start || start == 0))
             train_run_log_val(r, step, (float)(dist_sum(dist, evaluate(model, &r->val, o->val_batches)) / r->world));
         if (train_run_sample_due(r, o, step) && r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
         if (step == r->steps) break;
+        /* the step: gradients of grad_accum micro-batches, summed over the ranks; then AdamW */
         double t0 = time_ms();
         gpt2_zero_grad(model);
-        double loss = 0.0;
+        StepOutcome s = {0.0, 0, 0, 0.0};
         for (int micro = 0; micro < r->grad_accum; micro++) {
             if (dataloader_next(&r->train) != 0) return -1;
-            loss += gpt2_forward(model, r->train.inputs, r->train.targets, r->B, r->T) / r->grad_accum;
+            s.loss += gpt2_forward(model, r->train.inputs, r->train.targets, r->B, r->T) / r->grad_accum;
             dist_backward_begin(dist, model, micro, micro == r->grad_accum - 1);
             gpt2_backward(model, 1.0f / ((float)r->grad_accum * r->world));
         }
-        loss = dist_sum(dist, loss) / r->world;
-        if (inject_at("GPTC_INJECT_NAN", step + 1, &nan_upto) && r->rank == 0) model->grads_memory[0] = NAN;
-        double z = 0.0;
-        int spike = losswatch_spike(&r->watch, loss + (inject_at("GPTC_INJECT_SPIKE", step + 1, &spike_upto) ? 100.0 : 0.0),
-                                    o->spike_z, &z);
+        s.loss = dist_sum(dist, s.loss) / r->world;
+        s.spike = train_spike(r, model, o, step, s.loss, &s.z);
         float lr = (float)lr_at(&r->sched, step);
-        int finite = 0;
         saver_before_update(saver); /* the last snapshot's copy must be done before the weights change */
-        double norm = dist_step(dist, model, &r->opt, o->grad_clip, lr, step + 1, loss, spike, &finite);
-        train_run_log_step(r, step, loss, lr, norm, time_ms() - t0, finite, "");
-        if (spike) printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, z, o->spike_z);
-        if (step == start) timing_print(dist, "first step done", unix_ms());
-        heartbeat_write(o, r->rank, step + 1);
-        int back = -1;
-        if (finite && !spike) losswatch_accept(&r->watch, (float)loss);
-        else back = train_run_bad_step(r, saver, dist, model, o, step, 1);
+        double norm = dist_step(dist, model, &r->opt, o->grad_clip, lr, step + 1, s.loss, s.spike, &s.finite);
+        train_run_log_step(r, step, s.loss, lr, norm, time_ms() - t0, s.finite, "");
+        /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
+        int back = train_run_after_step(r, saver, dist, model, o, step, start, &s, 1);
         if (back >= 0) {
-            rollbacks++;
             step = back - 1; /* the loop's step++ continues after the snapshot's step */
             continue;
         }
-        int done = step + 1;
-        int stop = o->stop_at > 0 && done == o->stop_at && done < r->steps;
-        int save = (o->save_every > 0 && done % o->save_every == 0 && done < r->steps) || stop;
-        int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r->steps;
-        if ((save || snap) && r->watch.bad_run == 0) saver_snapshot(saver, r, dist, model, o, done, save);
+        Boundary b = train_run_boundary(r, o, step + 1);
+        if (b.snapshot) saver_snapshot(saver, r, dist, model, o, b.done, b.save);
         else saver_poll(saver, dist, o, 0);
-        if (stop) {
-            saver_before_update(saver);
-            saver_poll(saver, dist, o, 1);
-            printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
+        if (b.stop) {
+            train_run_stop(saver, dist, o, b.done);
             *remove_memory = 0; /* the memory stays for the next job on this host */
             return 0;
         }
     }
-    if (dist->world > 1) {
-        double W = dist->world, wire = (W - 1) / W * (dist->reduced + dist->gathered) * sizeof(float);
-        printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
-               "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
-               dist->gathered, model->num_parameters, wire, dist->comm_ms / r->steps, dist->exposed_ms / r->steps,
-               dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
-    }
-    saver_stall_close(saver);
-    if (saver->snapshots > 0)
-        printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
-               "in all\n", saver->snapshots, saver->stall_ms / saver->snapshots, saver->max_stall_ms, saver->disk_wait_ms);
-    if (rollbacks) printf("rollbacks: %d\n", rollbacks);
-    int rc = 0;
-    if (o->output_dir[0]) {
-        saver_snapshot(saver, r, dist, model, o, r->steps, 1); /* the final state and model */
-        saver_before_update(saver);
-        saver_poll(saver, dist, o, 1);
-        if (saver->last_failed) {
-            fprintf(stderr, "error: the final model and training state could not be written (see above); make room "
-                    "in %s and run again with --resume 1 to write them%s\n", o->output_dir,
-                    saver->memory ? " (from the memory snapshots, still in place)" : "");
-            rc = -1;
-        }
-    }
+    int rc = train_finish(r, saver, model, o, dist);
     *remove_memory = rc == 0; /* the run is over: its memory snapshots go (kept if the last write failed) */
     return rc;
 }
@@ -2454,6 +2468,7 @@ int main(int argc, char** argv) {
     Options o;
     int rc = options_parse(&o, argc, argv);
     const char* problem = rc == 0 ? options_problem(&o) : NULL;
+    if (rc == 0 && !problem) problem = options_cpu_problem(&o); /* a flag of train_gpt_cu */
     if (rc != 0 || problem) {
         if (rc != 0) usage(rc == 1 ? stdout : stderr, argv[0]);
         if (problem) fprintf(stderr, "error: %s\n", problem);

@@ -36,8 +36,9 @@
  *   make train_gpt_cu     # e.g. nvcc -O3 -arch=sm_90 -std=c++17 -Xcompiler -fopenmp -I. -o train_gpt_cu train_gpt.cu -lcublasLt -lnccl
  *   ./train_gpt_cu --model d12 --train-data "data/fineweb_train_*.bin" --batch-size 16 --seq-len 1024
  *   mpirun -np 8 ./train_gpt_cu_mpi --init mpi --zero 1 ...     (make train_gpt_cu_mpi)
- * Same flags as train_gpt (./train_gpt_cu --help), plus the GPU-only ones in
- * CUDA_FLAGS_HELP below.
+ * Same flags as train_gpt (./train_gpt_cu --help), plus the GPU-only ones
+ * (--gelu-fusion, --init, --init-timeout, --comm-timeout), all in the one
+ * flag table of gptc/cli.h.
  *
  * Left out for now (honest list): flash-style attention (attention is
  * "variant 1": Q K^T and A V through batched cuBLASLt GEMMs with the T x T
@@ -85,7 +86,7 @@
 #else
 /* Built without NCCL (the Makefile found none and said so: -DGPTC_NO_NCCL).
  * These stand in for the NCCL names G1 and G6 use, so that the one-GPU
- * trainer compiles and links. Nothing should reach them: cuda_options_problem
+ * trainer compiles and links. Nothing should reach them: gpu_options_problem
  * and gpu_comm_init refuse --init, several ranks and --zero 1|2 first; if one
  * is reached all the same, it fails through NCCL_CHECK with the reason. */
 #define GPU_HAVE_NCCL 0
@@ -2100,7 +2101,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
         cm->dist.t_comm = unix_ms();
         return 0;
     }
-#if !GPU_HAVE_NCCL /* (cuda_options_problem refused this already) */
+#if !GPU_HAVE_NCCL /* (gpu_options_problem refused this already) */
     fprintf(stderr, "error: %d rank(s)%s need an NCCL communicator, and %s\n", cm->world,
             sharded ? " under --zero 1|2" : "", GPU_NO_NCCL_HINT);
     return -1;
@@ -2579,91 +2580,13 @@ static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
 /* G7. Training loop and main                                               */
 /* ------------------------------------------------------------------------ */
 
-/* GPU-only flags, taken out of argv before train_gpt.c's parser sees it. */
-typedef struct {
-    int gelu_fusion;      /* --gelu-fusion 0|1 */
-    const char* init;     /* --init auto|mpi|file:PATH|tcp:HOST:PORT */
-    double init_timeout;  /* --init-timeout, seconds */
-    double comm_timeout;  /* --comm-timeout, seconds */
-} CudaOptions;
-
-#define CUDA_FLAGS_HELP \
-    "  --gelu-fusion            GPU: 1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels [1]\n" \
-    "  --init                   GPU, one process per GPU: how the ranks meet: mpi (a build with MPI, make\n" \
-    "                           train_gpt_cu_mpi; under mpirun or srun --mpi=pmix), file:PATH (a path every rank\n" \
-    "                           sees) or tcp:HOST:PORT (rank 0's host and a free port), with rank and size from the\n" \
-    "                           launcher (Slurm, Open MPI, PMI, or RANK/WORLD_SIZE/LOCAL_RANK) and a run id\n" \
-    "                           (GPTC_RUN_ID, or Slurm's job and step); auto = mpi in an MPI build started as\n" \
-    "                           several ranks, else one GPU [auto]\n" \
-    "  --init-timeout           GPU: seconds to wait for every rank at a file: or tcp: rendezvous [300]\n" \
-    "  --comm-timeout           GPU, several ranks: stop when a wait on a collective lasts this many seconds\n" \
-    "                           (a rank hung or died) [1800]\n" \
-    "  --zero                   (shared) on GPUs: 0 = allreduce, 1 = ZeRO-1, 2 = ZeRO-2; 1 and 2 also run on one\n" \
-    "                           GPU, as one rank of the sharded code\n"
-
-/* Remove the GPU flags from argv (in place); returns the new argc or -1. */
-static int cuda_options_parse(CudaOptions* co, int argc, char** argv) {
-    static const char* const names[4] = {"--gelu-fusion", "--init", "--init-timeout", "--comm-timeout"};
-    co->gelu_fusion = 1;
-    co->init = "auto";
-    co->init_timeout = 300.0;
-    co->comm_timeout = 1800.0;
-    int out = 1;
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        const char* value = NULL;
-        int which = -1;
-        for (int f = 0; f < 4 && which < 0; f++) {
-            size_t n = strlen(names[f]);
-            if (!strcmp(a, names[f])) {
-                if (i + 1 >= argc) {
-                    fprintf(stderr, "error: %s needs a value\n", names[f]);
-                    return -1;
-                }
-                value = argv[++i];
-                which = f;
-            } else if (!strncmp(a, names[f], n) && a[n] == '=') {
-                value = a + n + 1;
-                which = f;
-            }
-        }
-        if (which < 0) {
-            argv[out++] = argv[i];
-            continue;
-        }
-        if (which == 0) {
-            if (strcmp(value, "0") && strcmp(value, "1")) {
-                fprintf(stderr, "error: --gelu-fusion must be 0 or 1, got \"%s\"\n", value);
-                return -1;
-            }
-            co->gelu_fusion = value[0] == '1';
-        } else if (which == 1) {
-            if (strcmp(value, "auto") && strcmp(value, "mpi") && strncmp(value, "file:", 5) && strncmp(value, "tcp:", 4)) {
-                fprintf(stderr, "error: --init must be auto, mpi, file:PATH or tcp:HOST:PORT, got \"%s\"\n", value);
-                return -1;
-            }
-            co->init = value;
-        } else {
-            char* end = NULL;
-            double v = strtod(value, &end);
-            if (end == value || *end != '\0' || !(v > 0.0) || !isfinite(v)) {
-                fprintf(stderr, "error: %s must be a number of seconds > 0, got \"%s\"\n", names[which], value);
-                return -1;
-            }
-            if (which == 2) co->init_timeout = v;
-            else co->comm_timeout = v;
-        }
-    }
-    argv[out] = NULL;
-    return out;
-}
-
-/* What the flags ask that this build cannot do (checked before any GPU is touched). */
-static const char* cuda_options_problem(const CudaOptions* co, const Options* o) {
+/* What the flags ask that this build cannot do (checked before any GPU is
+ * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
+static const char* gpu_options_problem(const Options* o) {
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
     int env_rank = 0, env_world = 1, env_local = 0;
-    if (strcmp(co->init, "auto"))
+    if (strcmp(o->init, "auto"))
         return "--init: the ranks meet to build an NCCL communicator, and " GPU_NO_NCCL_HINT;
     if (launcher_env_present() && (launch_rank_world(&env_rank, &env_world, &env_local) != 0 || env_world > 1))
         return "the launcher's environment describes several ranks, which need NCCL, and " GPU_NO_NCCL_HINT;
@@ -2672,11 +2595,9 @@ static const char* cuda_options_problem(const CudaOptions* co, const Options* o)
                GPU_NO_NCCL_HINT "; or train with --zero 0";
 #endif
 #ifndef USE_MPI
-    if (!strcmp(co->init, "mpi"))
+    if (!strcmp(o->init, "mpi"))
         return "--init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this build meets through "
                "--init file:PATH or --init tcp:HOST:PORT";
-#else
-    (void)co;
 #endif
     if (o->zero > 0 && (o->resume || o->stop_at || o->snapshot_every))
         return "--resume, --stop-at and --snapshot-every need --zero 0 on GPUs: under ZeRO-1/2 each GPU holds its shard "
@@ -2787,12 +2708,6 @@ static void gpu_snapshot_hand_over(GpuSnapshots* gs, Saver* sv, const Dist* d, c
     gs->pending = 0;
 }
 
-/* What gpu_train needs beyond train_gpt.c's arguments. */
-typedef struct {
-    const CudaOptions* co;
-    GpuComm* comm;
-} GpuRunContext;
-
 /* Why this run cannot keep training states (NULL: it can). */
 static const char* gpu_states_problem(const GpuComm* comm, const Options* o) {
     if (o->zero > 0)
@@ -2846,7 +2761,7 @@ static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     return start;
 }
 
-/* What a training run holds: gpu_train_steps sets it up piece by piece,
+/* What a training run holds: gpu_train_setup sets it up piece by piece,
  * and gpu_train_free releases whatever of it was set up, on every way out
  * (an error anywhere, --stop-at, the end): gpu_train calls one, then the other. */
 typedef struct {
@@ -2857,6 +2772,11 @@ typedef struct {
     GpuSnapshots gs;   /* gs.stream != NULL once the host arrays are pinned */
     int have_run, have_model, have_dp, have_saver;
     int drop_memory;   /* saver_free's remove_memory: the run is over and its last write worked */
+    int states;        /* the run keeps training states (gptc/state.h): snapshots, --resume, --stop-at */
+    double peak, fpt;  /* the device's peak bf16 TFLOP/s (0: unknown) and the FLOPs per token, for MFU */
+    MemoryPlan plan;   /* the memory the plan expects, */
+    MemoryHeadroom room; /* the headroom kept beside it, */
+    size_t free0;      /* and the free bytes they were checked against */
 } GpuTrainState;
 
 /* Release what `st` holds. The pinned host arrays are unpinned on every
@@ -2879,43 +2799,22 @@ static void gpu_train_free(GpuTrainState* st, int failed, int world) {
     memset(st, 0, sizeof(*st));
 }
 
-/* The training loop: train_gpt.c's train() with the GPU doing the steps;
- * the data, schedule, log lines, training states (snapshots in memory and
- * on disk, --resume, --stop-at, rollback after bad steps) come from the same
- * TrainRun and Saver (plus MFU). With several ranks each trains on its
- * slice of every step's batch (G6). Returns 0 or -1 from anywhere: what it
- * set up is in `st`, for gpu_train_free (its only caller is gpu_train). */
-static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, const GpuRunContext* ctx,
-                           const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
-    const GPT2Config* c = &host->config;
-    GpuComm* comm = ctx->comm;
-    int rank = comm->rank, world = comm->world;
-    /* (references: the body reads as the plain loop it is; everything lives in st) */
-    TrainRun& r = st->r;
-    GpuDataParallel& dp = st->dp;
-    GpuGPT2& g = st->g;
-    Saver& saver = st->saver;
-    GpuSnapshots& gs = st->gs;
-    if (train_run_init(&r, c, o, train_pattern, val_pattern, rank, world) != 0) return -1;
-    st->have_run = 1;
-    int B = r.B, T = r.T;
-    if (r.grad_accum > MAX_MICRO_STEPS) {
-        fprintf(stderr, "error: %d micro-batches per step; this build allows %d: raise --batch-size\n", r.grad_accum,
-                MAX_MICRO_STEPS);
-        return -1;
-    }
-    /* training states (gptc/state.h), or why not */
+/* Whether this run keeps training states (st->states), or why not; an
+ * error when the flags ask for them anyway. 0 or -1. */
+static int gpu_train_states_decide(GpuTrainState* st, const GpuComm* comm, const Options* o) {
     const char* no_states = o->output_dir[0] ? gpu_states_problem(comm, o) : "no --output-dir";
-    int states = no_states == NULL;
-    if (!states && (o->resume || o->stop_at || o->snapshot_every)) {
+    st->states = no_states == NULL;
+    if (!st->states && (o->resume || o->stop_at || o->snapshot_every)) {
         fprintf(stderr, "error: --resume, --stop-at and --snapshot-every need training states, which this run cannot "
                 "keep: %s\n", no_states);
         return -1;
     }
-    if (!states && o->output_dir[0]) printf("training states: off (%s); --save-every writes model files only\n", no_states);
-    if (getenv("GPTC_INJECT_SPIKE")) printf("test hooks: loss spikes at steps [%s]\n", getenv("GPTC_INJECT_SPIKE"));
-    if (getenv("GPTC_INJECT_NAN")) printf("test hooks: GPTC_INJECT_NAN is not implemented on the GPU (ignored)\n");
-    if (gpu_comm_check_agreement(comm, host, o, o->zero, &r.train) != 0) return -1;
+    if (!st->states && o->output_dir[0]) printf("training states: off (%s); --save-every writes model files only\n", no_states);
+    return 0;
+}
+
+/* The device, and its peak bf16 TFLOP/s (0: unknown). */
+static double gpu_device_print(void) {
     int dev;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -2926,212 +2825,262 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, cons
     else snprintf(peak_s, sizeof(peak_s), "unknown (MFU n/a)");
     printf("device: %s, %.1f GB, compute capability %d.%d, peak dense bf16 %s\n", prop.name,
            prop.totalGlobalMem / 1e9, prop.major, prop.minor, peak_s);
-    dp_layout(&dp, comm, c, o->zero, o->overlap);
-    MemoryPlan plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES);
-    dp_memory_plan(&dp, &plan, host->num_parameters);
-    memory_plan_print(&plan);
-    MemoryHeadroom room;
-    size_t free0 = gpu_memory_headroom(comm, &room), free1, total_mem;
-    memory_headroom_print(&room);
+    return peak;
+}
+
+/* The memory plan checked against the free memory, then the model and
+ * the data-parallel buffers on the device. 0 or -1. */
+static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm) {
+    const GPT2Config* c = &host->config;
+    int B = st->r.B, T = st->r.T;
+    dp_layout(&st->dp, comm, c, o->zero, o->overlap);
+    st->plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES);
+    dp_memory_plan(&st->dp, &st->plan, host->num_parameters);
+    memory_plan_print(&st->plan);
+    st->free0 = gpu_memory_headroom(comm, &st->room);
+    memory_headroom_print(&st->room);
     char verdict[512];
-    if (!memory_check(memory_plan_total(&plan), free0, memory_headroom_total(&room), verdict, sizeof(verdict))) {
-        fprintf(stderr, "error: rank %d: %s: lower --batch-size%s\n", rank, verdict,
-                world > 1 && o->zero < 2 ? " or raise --zero" : "");
+    if (!memory_check(memory_plan_total(&st->plan), st->free0, memory_headroom_total(&st->room), verdict,
+                      sizeof(verdict))) {
+        fprintf(stderr, "error: rank %d: %s: lower --batch-size%s\n", comm->rank, verdict,
+                comm->world > 1 && o->zero < 2 ? " or raise --zero" : "");
         return -1;
     }
     printf("%s\n", verdict);
-    gpu_model_init_with(&g, host, B, T, ctx->co->gelu_fusion, o->zero == 0 || !dp.active);
+    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->zero == 0 || !st->dp.active);
     st->have_model = 1;
-    dp_init(&dp, &g, host);
+    dp_init(&st->dp, &st->g, host);
     st->have_dp = 1;
+    size_t free1, total_mem;
     CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem));
     printf("memory: cudaMemGetInfo says %.0f MB taken since the context (the plan: %.0f MB; the difference is "
            "NCCL, cuBLASLt and allocator rounding), %.0f MB free\n",
-           ((double)free0 - (double)free1) / 1048576.0, memory_plan_total(&plan) / 1048576.0, free1 / 1048576.0);
-    printf("GELU: %s\n", g.gelu_fusion ? "cuBLASLt epilogues" : "own kernels");
-    dp_print(&dp, host->num_parameters, r.grad_accum);
-    double fpt = flops_per_token(c, host->num_parameters, T);
+           ((double)st->free0 - (double)free1) / 1048576.0, memory_plan_total(&st->plan) / 1048576.0, free1 / 1048576.0);
+    printf("GELU: %s\n", st->g.gelu_fusion ? "cuBLASLt epilogues" : "own kernels");
+    dp_print(&st->dp, host->num_parameters, st->r.grad_accum);
+    return 0;
+}
+
+/* What the headroom's allowance is for, measured after the first step. */
+static void gpu_memory_after_first_step(const GpuTrainState* st) {
+    size_t free1, total_mem;
+    CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem));
+    printf("memory after the first step: %.0f MB taken beyond the plan (the headroom kept %.0f MB)\n",
+           ((double)st->free0 - (double)free1 - (double)memory_plan_total(&st->plan)) / 1048576.0,
+           memory_headroom_total(&st->room) / 1048576.0);
+}
+
+/* The Saver and the state to resume from (with training states), the
+ * random init put off until now, and the weights on the device. The step
+ * to start from, or -1. */
+static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm) {
     Dist* dist = &comm->dist; /* rank and world for train_gpt.c's helpers; with states, the slices too */
     timing_print(dist, "communicator ready", dist->t_comm);
-
-    saver.newest = saver.pinned = -1; /* (without states only saver_before_update sees it: a no-op then) */
-    if (states) {
+    st->saver.newest = st->saver.pinned = -1; /* (without states only saver_before_update sees it: a no-op then) */
+    if (st->states) {
 #ifdef USE_MPI
         gpu_comm_mpi_alone(comm);
 #endif
         dist->zero = 0;
         dist_setup_model(dist, host); /* each rank's slice of the state: [save_lo, save_hi) */
-        gpu_snapshots_init(&gs, host);
-        if (saver_init(&saver, dist, host, o) != 0) return -1;
+        gpu_snapshots_init(&st->gs, host);
+        if (saver_init(&st->saver, dist, host, o) != 0) return -1;
         st->have_saver = 1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
-    int start = 0;
-    if (states) { /* as train(): the run's nonce, the newest state every rank can get, this run's memory only */
-        StateSource source = SOURCE_NONE;
-        r.nonce = run_nonce(dist, o, 0);
-        if (o->resume && (start = state_resume(&r, dist, host, o, &saver, &source)) < 0) return -1;
-        if (start == 0) r.nonce = run_nonce(dist, o, 1); /* a new run: a new nonce */
-        saver_forget_after(&saver, start);
-    }
+    int start = st->states ? train_run_resume(&st->r, &st->saver, dist, host, o) : 0; /* as train() */
+    if (start < 0) return -1;
     int deferred = host->init_deferred;
-    ALWAYS(!deferred || states); /* (deferred only under --resume) */
+    ALWAYS(!deferred || st->states); /* (deferred only under --resume) */
     if (start == 0 && deferred) gpt2_fill_random(host, host->init_seed); /* no state: the init after all */
     host->init_deferred = 0;
     if (start > 0) /* the state's weights and moments; bf16 as the update of step start - 1 rounded them */
-        gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
+        gpu_weights_upload(&st->g, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
     else if (deferred)
-        gpu_weights_upload(&g, host->params_memory, NULL, NULL, o->seed, -1);
+        gpu_weights_upload(&st->g, host->params_memory, NULL, NULL, o->seed, -1);
     timing_print(dist, "state loaded", unix_ms());
-    heartbeat_write(o, rank, start);
+    heartbeat_write(o, comm->rank, start);
+    return start;
+}
 
-    int rollbacks = 0, spike_upto = 0;
+/* Set up a run in `st`, piece by piece (gpu_train_free releases what was
+ * set up): the TrainRun, training states or not, the device, its memory,
+ * the model, the Saver and the state to resume from. The step to start
+ * from, or -1 after a message. */
+static int gpu_train_setup(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
+                           const char* train_pattern, const char* val_pattern) {
+    if (train_run_init(&st->r, &host->config, o, train_pattern, val_pattern, comm->rank, comm->world) != 0) return -1;
+    st->have_run = 1;
+    if (st->r.grad_accum > MAX_MICRO_STEPS) {
+        fprintf(stderr, "error: %d micro-batches per step; this build allows %d: raise --batch-size\n",
+                st->r.grad_accum, MAX_MICRO_STEPS);
+        return -1;
+    }
+    if (gpu_train_states_decide(st, comm, o) != 0) return -1;
+    test_hooks_print(0);
+    if (gpu_comm_check_agreement(comm, host, o, o->zero, &st->r.train) != 0) return -1;
+    st->peak = gpu_device_print();
+    if (gpu_train_build(st, host, o, comm) != 0) return -1;
+    st->fpt = flops_per_token(&host->config, host->num_parameters, st->r.T);
+    return gpu_train_resume(st, host, o, comm);
+}
+
+/* Mean validation loss over the ranks. */
+static float gpu_evaluate_ranks(GpuGPT2* g, DataLoader* val, GpuComm* comm, int batches) {
+    double loss = gpu_evaluate(g, val, batches);
+    gpu_comm_sum(comm, &loss, 1);
+    return (float)(loss / comm->world);
+}
+
+/* A sample at a boundary: the sampler runs on the CPU, with the KV cache,
+ * on the host's copy of the weights. */
+static void gpu_sample_print(GpuTrainState* st, GPT2* host, const Dist* dist, int rank, const Tokenizer* tok,
+                             const Options* o) {
+    if (st->gs.pending) { /* the snapshot's copies are this very master: take them */
+        gpu_snapshot_hand_over(&st->gs, &st->saver, dist, host, o);
+    } else {
+        saver_before_update(&st->saver); /* the Saver's thread is done with the host weights */
+        dp_params_to_host(&st->dp, host);
+    }
+    if (rank == 0) sample_print(host, tok, o, &st->r.sample_rng);
+}
+
+/* A model file at `done` steps, for a run without training states. */
+static void gpu_checkpoint_save(GpuTrainState* st, GPT2* host, const Options* o, int rank, int done) {
+    dp_params_to_host(&st->dp, host);
+    if (rank == 0) checkpoint_save(host, o, done);
+}
+
+/* After the last step: what the collectives and the snapshots cost, and
+ * the final state and model (a model file only, without states). 0 or -1. */
+static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm) {
+    GpuDataParallel& dp = st->dp;
+    Dist* dist = &comm->dist;
+    if (dp.active && dp.steps_timed > 0)
+        printf("communication per step: %.2f ms of reduction left after backward, %.2f ms all-gather (means over %d "
+               "steps)\n", dp.exposed_ms / dp.steps_timed, dp.gather_ms / dp.steps_timed, dp.steps_timed);
+    if (!st->states) {
+        gpu_checkpoint_save(st, host, o, comm->rank, st->r.steps);
+        return 0;
+    }
+    gpu_snapshot_hand_over(&st->gs, &st->saver, dist, host, o); /* (none is pending here: each is handed over by the next update) */
+    train_run_report(&st->r, &st->saver);
+    gpu_snapshot_start(&st->gs, &st->saver, &st->g, &st->r, st->r.steps, 1); /* the final state and model */
+    gpu_snapshot_hand_over(&st->gs, &st->saver, dist, host, o);
+    int rc = train_run_final_save(&st->saver, dist, o);
+    st->drop_memory = rc == 0; /* the run is over: its memory snapshots go (kept if the last write failed) */
+    return rc;
+}
+
+/* The training loop: train_gpt.c's train() with the GPU doing the steps;
+ * the data, schedule, log lines, training states (snapshots in memory and
+ * on disk, --resume, --stop-at, rollback after bad steps) come from the same
+ * TrainRun and Saver (plus MFU), and so does the loop's tail (gptc/saver.h).
+ * With several ranks each trains on its slice of every step's batch (G6).
+ * Returns 0 or -1 from anywhere: what it set up is in `st`, for
+ * gpu_train_free (its only caller is gpu_train).
+ * STATUS (2026-11-30): split into gpu_train_setup / the loop /
+ * gpu_train_finish, with the tail shared with train(), after the H200 run;
+ * run since through the CPU execution layer (make test-cuda-on-cpu: 11 of
+ * 11, an 8-step run with snapshots and saves gives the same lines and model
+ * bytes), not yet on a GPU. */
+static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
+                           const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
+    int start = gpu_train_setup(st, host, o, comm, train_pattern, val_pattern);
+    if (start < 0) return -1;
+    Dist* dist = &comm->dist;
+    int rank = comm->rank, world = comm->world;
+    /* (references: the body reads as the plain loop it is; everything lives in st) */
+    TrainRun& r = st->r;
+    GpuDataParallel& dp = st->dp;
+    GpuGPT2& g = st->g;
+    Saver& saver = st->saver;
+    GpuSnapshots& gs = st->gs;
     for (int step = start; step <= r.steps; step++) {
+        /* at the boundary before step `step`: validation and a sample */
         dp_params_ready(&dp);
-        if (train_run_val_due(&r, o, step) && (step > start || start == 0)) {
-            double val = gpu_evaluate(&g, &r.val, o->val_batches);
-            gpu_comm_sum(comm, &val, 1);
-            train_run_log_val(&r, step, (float)(val / world));
-        }
-        if (train_run_sample_due(&r, o, step)) { /* the sampler runs on the CPU, with the KV cache */
-            if (gs.pending) { /* the snapshot's copies are this very master: take them */
-                gpu_snapshot_hand_over(&gs, &saver, dist, host, o);
-            } else {
-                saver_before_update(&saver); /* the Saver's thread is done with the host weights */
-                dp_params_to_host(&dp, host);
-            }
-            if (rank == 0) sample_print(host, tok, o, &r.sample_rng);
-        }
+        if (train_run_val_due(&r, o, step) && (step > start || start == 0))
+            train_run_log_val(&r, step, gpu_evaluate_ranks(&g, &r.val, comm, o->val_batches));
+        if (train_run_sample_due(&r, o, step)) gpu_sample_print(st, host, dist, rank, tok, o);
         if (step == r.steps) break;
+        /* the step: gradients of grad_accum micro-batches, reduced over the ranks as backward goes; then AdamW */
         double t0 = time_ms();
         dp_zero_grad(&dp);
         for (int micro = 0; micro < r.grad_accum; micro++) {
             if (dataloader_next(&r.train) != 0) return -1;
-            gpu_forward(&g, r.train.inputs, r.train.targets, B, T, 1.0f / ((float)r.grad_accum * B * T * world), micro);
+            gpu_forward(&g, r.train.inputs, r.train.targets, r.B, r.T,
+                        1.0f / ((float)r.grad_accum * r.B * r.T * world), micro);
             dp_arm(&dp, micro == r.grad_accum - 1);
             gpu_backward(&g);
         }
         dp_backward_done(&dp);
         float lr = (float)lr_at(&r.sched, step);
-        double loss = 0.0;
-        int finite = 0;
+        StepOutcome s = {0.0, 0, 0, 0.0};
         saver_before_update(&saver); /* the snapshot handed over before the last update is copied out */
         gpu_snapshot_hand_over(&gs, &saver, dist, host, o); /* the last boundary's copies, before master, m, v change */
-        SpikeGate gate = {&r.watch, o->spike_z, inject_at("GPTC_INJECT_SPIKE", step + 1, &spike_upto) ? 100.0 : 0.0,
-                          0, 0.0};
+        SpikeGate gate = {&r.watch, o->spike_z, test_hook_spike(&r, step + 1), 0, 0.0};
         double norm = dp_step(&dp, &r.opt, lr, step + 1, o->grad_clip, gpu_update_seed(o->seed, step), r.grad_accum,
-                              &gate, &loss, &finite);
+                              &gate, &s.loss, &s.finite);
         dp_step_wait(&dp); /* the step's time includes the update and the all-gather */
         double ms = time_ms() - t0;
         char mfu[64];
-        mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, fpt, peak); /* per GPU */
-        train_run_log_step(&r, step, loss, lr, norm, ms, finite, mfu);
-        if (gate.spike)
-            printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, loss, gate.z, o->spike_z);
-        if (step == start) {
-            timing_print(dist, "first step done", unix_ms());
-            CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem)); /* what the headroom's allowance is for, measured */
-            printf("memory after the first step: %.0f MB taken beyond the plan (the headroom kept %.0f MB)\n",
-                   ((double)free0 - (double)free1 - (double)memory_plan_total(&plan)) / 1048576.0,
-                   memory_headroom_total(&room) / 1048576.0);
-        }
-        heartbeat_write(o, rank, step + 1);
-        int back = -1;
-        if (finite && !gate.spike) {
-            losswatch_accept(&r.watch, (float)loss);
-        } else {
-            ALWAYS(!gs.pending); /* handed over before this step's update */
-            back = train_run_bad_step(&r, &saver, dist, host, o, step, states);
-        }
+        mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, st->fpt, st->peak); /* per GPU */
+        train_run_log_step(&r, step, s.loss, lr, norm, ms, s.finite, mfu);
+        /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
+        s.spike = gate.spike;
+        s.z = gate.z;
+        ALWAYS(!gs.pending); /* handed over before this step's update: a rollback may write the host arrays */
+        int back = train_run_after_step(&r, &saver, dist, host, o, step, start, &s, st->states);
+        if (step == start) gpu_memory_after_first_step(st);
         if (back >= 0) { /* the host arrays hold the snapshot: to the GPU (a snapshot's last update was applied) */
             gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, back - 1);
-            rollbacks++;
             step = back - 1; /* the loop's step++ continues after the snapshot's step */
             continue;
         }
-        int done = step + 1;
-        if (!states) {
-            if (o->save_every > 0 && done % o->save_every == 0 && done < r.steps) {
-                dp_params_to_host(&dp, host);
-                if (rank == 0) checkpoint_save(host, o, done);
-            }
+        Boundary b = train_run_boundary(&r, o, step + 1);
+        if (!st->states) { /* (no --stop-at without states) */
+            if (b.save) gpu_checkpoint_save(st, host, o, rank, b.done);
             continue;
         }
-        int stop = o->stop_at > 0 && done == o->stop_at && done < r.steps;
-        int save = (o->save_every > 0 && done % o->save_every == 0 && done < r.steps) || stop;
-        int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r.steps;
-        if ((save || snap) && r.watch.bad_run == 0) gpu_snapshot_start(&gs, &saver, &g, &r, done, save);
+        if (b.snapshot) gpu_snapshot_start(&gs, &saver, &g, &r, b.done, b.save);
         saver_poll(&saver, dist, o, 0);
-        if (stop) {
+        if (b.stop) {
             gpu_snapshot_hand_over(&gs, &saver, dist, host, o);
-            saver_before_update(&saver);
-            saver_poll(&saver, dist, o, 1);
-            printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
+            train_run_stop(&saver, dist, o, b.done);
             st->drop_memory = 0; /* the memory stays for the next job on this host */
             return 0;
         }
     }
-    if (dp.active && dp.steps_timed > 0)
-        printf("communication per step: %.2f ms of reduction left after backward, %.2f ms all-gather (means over %d "
-               "steps)\n", dp.exposed_ms / dp.steps_timed, dp.gather_ms / dp.steps_timed, dp.steps_timed);
-    int rc = 0;
-    if (states) {
-        gpu_snapshot_hand_over(&gs, &saver, dist, host, o); /* (none is pending here: each is handed over by the next update) */
-        saver_stall_close(&saver);
-        if (saver.snapshots > 0)
-            printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk "
-                   "%.0f ms in all\n", saver.snapshots, saver.stall_ms / saver.snapshots, saver.max_stall_ms,
-                   saver.disk_wait_ms);
-        if (rollbacks) printf("rollbacks: %d\n", rollbacks);
-        gpu_snapshot_start(&gs, &saver, &g, &r, r.steps, 1); /* the final state and model */
-        gpu_snapshot_hand_over(&gs, &saver, dist, host, o);
-        saver_before_update(&saver);
-        saver_poll(&saver, dist, o, 1);
-        if (saver.last_failed) {
-            fprintf(stderr, "error: the final model and training state could not be written (see above); make room "
-                    "in %s and run again with --resume 1 to write them%s\n", o->output_dir,
-                    saver.memory ? " (from the memory snapshots, still in place)" : "");
-            rc = -1;
-        }
-        st->drop_memory = rc == 0; /* the run is over: its memory snapshots go (kept if the last write failed) */
-    } else {
-        dp_params_to_host(&dp, host);
-        if (rank == 0) checkpoint_save(host, o, r.steps);
-    }
-    return rc;
+    return gpu_train_finish(st, host, o, comm);
 }
 
 /* gpu_train_steps, then gpu_train_free: every way out of a run releases it. */
-static int gpu_train(GPT2* host, const Options* o, const GpuRunContext* ctx, const Tokenizer* tok,
+static int gpu_train(GPT2* host, const Options* o, GpuComm* comm, const Tokenizer* tok,
                      const char* train_pattern, const char* val_pattern) {
     GpuTrainState st;
     memset(&st, 0, sizeof(st));
-    int rc = gpu_train_steps(&st, host, o, ctx, tok, train_pattern, val_pattern);
-    gpu_train_free(&st, rc != 0, ctx->comm->world);
+    int rc = gpu_train_steps(&st, host, o, comm, tok, train_pattern, val_pattern);
+    gpu_train_free(&st, rc != 0, comm->world);
     return rc;
 }
 
-/* gpu_train as train_gpt.c's TrainFn; ctx is a GpuRunContext.
+/* gpu_train as train_gpt.c's TrainFn; ctx is the GpuComm.
  * (--prompt stays on the CPU: the sampler with its KV cache.) */
 static int gpu_train_fn(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                         const char* val_pattern, void* ctx) {
-    return gpu_train(model, o, (const GpuRunContext*)ctx, tok, train_pattern, val_pattern);
+    return gpu_train(model, o, (GpuComm*)ctx, tok, train_pattern, val_pattern);
 }
 
 #if GPTCU_MAIN /* not when test_gpt.cu or dev/cuda/ include this file for its kernels (GPTC_NO_MAIN) */
 int main(int argc, char** argv) {
-    CudaOptions co;
-    argc = cuda_options_parse(&co, argc, argv);
-    if (argc < 0) return EXIT_FAILURE;
     Options o;
-    int rc = options_parse(&o, argc, argv);
+    int rc = options_parse(&o, argc, argv); /* one table for both trainers, the GPU's flags in it (gptc/cli.h) */
     if (rc != 0) {
         usage(rc == 1 ? stdout : stderr, argv[0]);
-        fprintf(rc == 1 ? stdout : stderr, "GPU-only flags:\n" CUDA_FLAGS_HELP);
         return rc == 1 ? 0 : EXIT_FAILURE;
     }
     const char* problem = options_problem(&o);
-    if (!problem) problem = cuda_options_problem(&co, &o);
+    if (!problem) problem = gpu_options_problem(&o);
     if (problem) {
         fprintf(stderr, "error: %s\n", problem);
         return EXIT_FAILURE;
@@ -3141,9 +3090,9 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: no CUDA device found; train on the CPU with ./train_gpt (same flags)\n");
         return EXIT_FAILURE;
     }
-    gpu_comm_timeout_s = co.comm_timeout;
+    gpu_comm_timeout_s = o.comm_timeout;
     GpuComm comm;
-    if (gpu_comm_init(&comm, co.init, co.init_timeout, o.zero > 0, &argc, &argv) != 0) {
+    if (gpu_comm_init(&comm, o.init, o.init_timeout, o.zero > 0, &argc, &argv) != 0) {
         gpu_comm_free(&comm, 1);
         return EXIT_FAILURE;
     }
@@ -3161,9 +3110,8 @@ int main(int argc, char** argv) {
     if (o.threads > 0) omp_set_num_threads(o.threads);
     printf("threads: %d (OpenMP, host side: data, sampling)%s\n", num_threads(), comm.world > 1 ? " per rank" : "");
 #endif
-    GpuRunContext ctx = {&co, &comm};
     /* train_gpt.c: model, tokenizer, --prompt, --data (rank 0 tokenizes; under MPI the others wait) */
-    rc = gptc_run(&o, gpu_train_fn, &ctx, comm.mpi ? &comm.dist : NULL);
+    rc = gptc_run(&o, gpu_train_fn, &comm, comm.mpi ? &comm.dist : NULL);
     gpu_comm_free(&comm, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }

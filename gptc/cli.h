@@ -9,7 +9,8 @@
  * (ScheduleKind, the GPT2 model and its init, SamplingConfig); train_gpt.cu
  * and test_gpt.c use it through train_gpt.c. Defines: Options, verbose_flag,
  * OptSpec, OPTION_SPECS, usage, option_set, option_find, options_parse,
- * schedule_parse, depth_from_name, options_problem; model_from_options,
+ * schedule_parse, depth_from_name, options_problem, options_cpu_problem
+ * (the GPU-only flags are in the one table, marked); model_from_options,
  * sampling_from_options, tokenizer_setup, data_stamp, data_from_text.
  */
 #ifndef GPTC_CLI_H
@@ -62,12 +63,17 @@ typedef struct {
     const char* shm_dir;
     float spike_z;
     int verbose;
+    /* GPU only (train_gpt_cu: train_gpt refuses them, options_cpu_problem) */
+    int gelu_fusion;
+    const char* init;
+    double init_timeout, comm_timeout;
+    const char* gpu_flag; /* the first GPU-only flag given, or NULL */
 } Options;
 
 /* --verbose 1 or a --heartbeat: say the plumbing (see plumbing_wanted) */
 static int verbose_flag = 0;
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_STRING } OptType;
+typedef enum { OPT_INT, OPT_FLOAT, OPT_DOUBLE, OPT_STRING } OptType;
 typedef struct {
     const char* name;  /* --long-name */
     const char* alias; /* llm.c's -x, or NULL */
@@ -75,9 +81,11 @@ typedef struct {
     size_t offset;
     const char* def;
     const char* help;
+    int gpu;           /* 1: a flag of train_gpt_cu only */
 } OptSpec;
 
-#define OPT(name, alias, type, field, def, help) {name, alias, type, offsetof(Options, field), def, help}
+#define OPT(name, alias, type, field, def, help) {name, alias, type, offsetof(Options, field), def, help, 0}
+#define GPU_OPT(name, type, field, def, help) {name, NULL, type, offsetof(Options, field), def, help, 1}
 static const OptSpec OPTION_SPECS[] = {
     OPT("--train-data", "-i", OPT_STRING, train_data, "data/*_train_*.bin", "training token shards (a file or a quoted glob)"),
     OPT("--val-data", "-j", OPT_STRING, val_data, "", "validation token shards; empty = no validation"),
@@ -129,22 +137,33 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
-    OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too)"),
+    OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too); on GPUs 1 and 2 also run on one GPU, as one rank of the sharded code"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
+    GPU_OPT("--gelu-fusion", OPT_INT, gelu_fusion, "1", "1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels"),
+    GPU_OPT("--init", OPT_STRING, init, "auto", "one process per GPU: how the ranks meet: mpi (a build with MPI, make train_gpt_cu_mpi; under mpirun or srun --mpi=pmix), file:PATH (a path every rank sees) or tcp:HOST:PORT (rank 0's host and a free port), with rank and size from the launcher (Slurm, Open MPI, PMI, or RANK/WORLD_SIZE/LOCAL_RANK) and a run id (GPTC_RUN_ID, or Slurm's job and step); auto = mpi in an MPI build started as several ranks, else one GPU"),
+    GPU_OPT("--init-timeout", OPT_DOUBLE, init_timeout, "300", "seconds to wait for every rank at a file: or tcp: rendezvous"),
+    GPU_OPT("--comm-timeout", OPT_DOUBLE, comm_timeout, "1800", "several ranks: stop when a wait on a collective lasts this many seconds (a rank hung or died)"),
 };
 #undef OPT
+#undef GPU_OPT
 #define NUM_OPTIONS ((int)(sizeof(OPTION_SPECS) / sizeof(OPTION_SPECS[0])))
 
+/* The usage text: the flags of both trainers, then those of train_gpt_cu
+ * only (which train_gpt refuses). */
 static void usage(FILE* out, const char* prog) {
     fprintf(out, "usage: %s [flags]\n\nTrain GPT-2 (train_gpt on the CPU, train_gpt_cu on a GPU). Flags (default in brackets):\n", prog);
-    for (int i = 0; i < NUM_OPTIONS; i++) {
-        const OptSpec* s = &OPTION_SPECS[i];
-        char names[64];
-        snprintf(names, sizeof(names), "%s%s%s", s->name, s->alias ? ", " : "", s->alias ? s->alias : "");
-        fprintf(out, "  %-24s %s [%s]\n", names, s->help, s->def[0] ? s->def : "\"\"");
+    for (int gpu = 0; gpu < 2; gpu++) {
+        if (gpu) fprintf(out, "GPU only (train_gpt_cu; train_gpt refuses them):\n");
+        for (int i = 0; i < NUM_OPTIONS; i++) {
+            const OptSpec* s = &OPTION_SPECS[i];
+            if (s->gpu != gpu) continue;
+            char names[64];
+            snprintf(names, sizeof(names), "%s%s%s", s->name, s->alias ? ", " : "", s->alias ? s->alias : "");
+            fprintf(out, "  %-24s %s [%s]\n", names, s->help, s->def[0] ? s->def : "\"\"");
+        }
+        if (!gpu) fprintf(out, "  %-24s %s\n", "--help, -h", "print this text");
     }
-    fprintf(out, "  %-24s %s\n", "--help, -h", "print this text");
 }
 
 /* Store `value` into the field of `spec`. Returns 0, or -1 with a message. */
@@ -160,13 +179,18 @@ static int option_set(Options* o, const OptSpec* spec, const char* value) {
         }
         int iv = (int)v;
         memcpy(field, &iv, sizeof(int));
-    } else if (spec->type == OPT_FLOAT) {
-        float v = strtof(value, &end);
+    } else if (spec->type == OPT_FLOAT || spec->type == OPT_DOUBLE) { /* (a float read as a float: no double rounding) */
+        double v = spec->type == OPT_FLOAT ? (double)strtof(value, &end) : strtod(value, &end);
         if (end == value || *end != '\0' || errno != 0 || !isfinite(v)) {
             fprintf(stderr, "error: %s expects a number, got \"%s\"\n", spec->name, value);
             return -1;
         }
-        memcpy(field, &v, sizeof(float));
+        if (spec->type == OPT_FLOAT) {
+            float f = (float)v; /* exact: it was a float */
+            memcpy(field, &f, sizeof(float));
+        } else {
+            memcpy(field, &v, sizeof(double));
+        }
     } else {
         memcpy(field, &value, sizeof(const char*));
     }
@@ -211,6 +235,7 @@ static int options_parse(Options* o, int argc, char** argv) {
             value = argv[++i];
         }
         if (option_set(o, spec, value) != 0) return -1;
+        if (spec->gpu && !o->gpu_flag) o->gpu_flag = spec->name;
     }
     verbose_flag = o->verbose == 1 || o->heartbeat[0] != '\0';
     return 0;
@@ -287,9 +312,24 @@ static const char* options_problem(const Options* o) {
                     "(--model dN), not to a checkpoint file, whose shape is fixed");
     ScheduleKind kind;
     OPTIONS_PROBLEM(schedule_parse(o->lr_schedule, &kind) != 0, "--lr-schedule must be cosine, linear, constant or wsd");
+    OPTIONS_PROBLEM(o->gelu_fusion != 0 && o->gelu_fusion != 1, "--gelu-fusion must be 0 or 1");
+    OPTIONS_PROBLEM(strcmp(o->init, "auto") && strcmp(o->init, "mpi") && strncmp(o->init, "file:", 5) &&
+                    strncmp(o->init, "tcp:", 4), "--init must be auto, mpi, file:PATH or tcp:HOST:PORT");
+    OPTIONS_PROBLEM(!(o->init_timeout > 0.0), "--init-timeout must be a number of seconds > 0");
+    OPTIONS_PROBLEM(!(o->comm_timeout > 0.0), "--comm-timeout must be a number of seconds > 0");
     return NULL;
 }
 #undef OPTIONS_PROBLEM
+
+/* train_gpt (the CPU trainer) refuses the flags of train_gpt_cu: a
+ * message naming the first one given, or NULL. */
+static const char* options_cpu_problem(const Options* o) {
+    static char msg[160];
+    if (!o->gpu_flag) return NULL;
+    snprintf(msg, sizeof(msg), "%s is a flag of train_gpt_cu (the GPU trainer); train_gpt trains on the CPU: drop it",
+             o->gpu_flag);
+    return msg;
+}
 
 /* Build the model the options ask for: a checkpoint, or a random init. */
 static int model_from_options(GPT2* model, const Options* o) {

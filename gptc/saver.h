@@ -10,8 +10,15 @@
  * (saver_init, saver_forget_after, saver_before_update, saver_stall_close,
  * saver_mark, saver_poll, saver_snapshot, saver_restore_newest,
  * saver_abandon, saver_free); train_run_bad_step; checkpoint_save;
- * run_nonce; state_load_disk; StateSource, state_resume; heartbeat_write,
- * plumbing_wanted, timing_print; inject_at (the test hooks GPTC_INJECT_*).
+ * run_nonce; state_load_disk; StateSource, state_resume (and its steps:
+ * state_memory_gather, state_candidates, state_source_of, state_disk_check,
+ * state_replica_exchange, state_load_from, state_resume_none,
+ * state_sources_print); heartbeat_write,
+ * plumbing_wanted, timing_print; inject_at, test_hook_nan, test_hook_spike,
+ * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
+ * train() and gpu_train() share: train_run_resume, StepOutcome,
+ * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
+ * train_run_report, train_run_final_save.
  */
 #ifndef GPTC_SAVER_H
 #define GPTC_SAVER_H
@@ -502,29 +509,21 @@ static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Option
     return 0;
 }
 
-/* Continue from the freshest state that every rank can get, in order of
- * preference: its own snapshot in memory (/dev/shm, survives the process),
- * the replica its neighbour (r+1) mod W keeps of it, the newest complete
- * state on disk. The ranks first agree on the newest step complete
- * everywhere, then load; a corrupt or missing copy falls back to the next
- * step, with a warning. Returns the step to continue from (0 when there is
- * none), or -1 when a state of this run cannot continue it (a clear error:
- * what differs). Collective. */
 typedef enum { SOURCE_NONE, SOURCE_OWN, SOURCE_REPLICA, SOURCE_DISK } StateSource;
 static const char* const SOURCE_NAMES[4] = {"nowhere", "its own snapshot in memory", "the neighbour's replica",
                                             "disk"};
+#define MEMORY_SLOTS (OWN_SLOTS + HELD_SLOTS) /* per rank: its own snapshots, then its predecessor's replicas */
 
-static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, const Saver* sv,
-                        StateSource* source_out) {
-    int W = d->world, me = d->rank, next = (me + 1) % W, prev = (me + W - 1) % W;
-    StateInfo now = state_info_of(r, d, model, o, 0), s;
-    uint64_t id;
-    if (dist_sum(d, run_id_read(o->output_dir, &id) < 0) > 0) return -1;
+/* The steps every rank holds in memory for this run, gathered from all:
+ * all[q * MEMORY_SLOTS + k] is the step in rank q's slot k (-1: none, or
+ * not this run's, or not one this run can continue). Collective; caller frees. */
+static int* state_memory_gather(const TrainRun* r, const Dist* d, const Options* o, const StateInfo* now) {
+    int W = d->world, me = d->rank, prev = (me + W - 1) % W;
     int32_t h[HEADER_INTS];
     char path[4400];
-    /* what each rank holds in memory: 3 own slots, 2 replicas of its predecessor */
-    int mine[OWN_SLOTS + HELD_SLOTS];
-    for (int k = 0; k < OWN_SLOTS + HELD_SLOTS; k++) {
+    StateInfo s;
+    int mine[MEMORY_SLOTS];
+    for (int k = 0; k < MEMORY_SLOTS; k++) {
         int own = k < OWN_SLOTS;
         slot_path(path, sizeof(path), o, own ? me : prev, me, own ? k : k - OWN_SLOTS);
         mine[k] = -1;
@@ -535,58 +534,202 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             fclose(f);
         }
         if (magic == STATE_MAGIC && state_read_header(path, &s, h, 1) == 0 && r->nonce && s.nonce == r->nonce &&
-            s.rank == (own ? me : prev) && !state_differs(&s, &now, 0) && s.world == W && s.zero == now.zero && s.B == now.B)
+            s.rank == (own ? me : prev) && !state_differs(&s, now, 0) && s.world == W && s.zero == now->zero &&
+            s.B == now->B)
             mine[k] = s.step;
     }
-    int* all = (int*)xmalloc(sizeof(int) * (OWN_SLOTS + HELD_SLOTS) * (size_t)W);
+    int* all = (int*)xmalloc(sizeof(int) * MEMORY_SLOTS * (size_t)W);
 #ifdef USE_MPI
-    MPI_CHECK(MPI_Allgather(mine, OWN_SLOTS + HELD_SLOTS, MPI_INT, all, OWN_SLOTS + HELD_SLOTS, MPI_INT, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allgather(mine, MEMORY_SLOTS, MPI_INT, all, MEMORY_SLOTS, MPI_INT, MPI_COMM_WORLD));
 #else
     memcpy(all, mine, sizeof(mine));
 #endif
-    int* disk;
+    return all;
+}
+
+/* Every step anyone could offer (in memory anywhere, complete on disk),
+ * ascending, repeats included; their count. Caller frees *cand. */
+static int state_candidates(const int* all, int W, const int* disk, int ndisk, int** cand) {
+    int n = 0;
+    *cand = (int*)xmalloc(sizeof(int) * (MEMORY_SLOTS * (size_t)W + (size_t)ndisk + 1));
+    for (int i = 0; i < MEMORY_SLOTS * W; i++)
+        if (all[i] > 0) (*cand)[n++] = all[i];
+    for (int i = 0; i < ndisk; i++) (*cand)[n++] = disk[i];
+    qsort(*cand, (size_t)n, sizeof(int), int_compare);
+    return n;
+}
+
+/* Where this rank would get `step` from, in order of preference: its own
+ * slot (*own_slot), the replica its neighbour (r+1) mod W holds, disk. */
+static StateSource state_source_of(const int* all, const Dist* d, const int* disk, int ndisk, int step, int* own_slot) {
+    int W = d->world, me = d->rank, next = (me + 1) % W, held_by_next = 0, on_disk = 0;
+    *own_slot = -1;
+    for (int k = 0; k < OWN_SLOTS; k++)
+        if (all[me * MEMORY_SLOTS + k] == step) *own_slot = k;
+    for (int k = OWN_SLOTS; k < MEMORY_SLOTS; k++)
+        if (W > 1 && all[next * MEMORY_SLOTS + k] == step) held_by_next = 1;
+    for (int i = 0; i < ndisk; i++) on_disk |= disk[i] == step;
+    return *own_slot >= 0 ? SOURCE_OWN : held_by_next ? SOURCE_REPLICA : on_disk ? SOURCE_DISK : SOURCE_NONE;
+}
+
+/* A state on disk: of an earlier run in this folder (one started afresh
+ * since, with a new run.id: *earlier, to be passed over), or of this run
+ * but unable to continue it (said here; returns what differs). */
+static const char* state_disk_check(const TrainRun* r, const Options* o, const StateInfo* now, int step, int* earlier) {
+    char path[4400];
+    int32_t h[HEADER_INTS];
+    StateInfo s;
+    const char* differs = NULL;
+    *earlier = 0;
+    state_path(path, sizeof(path), o->output_dir, step, 0);
+    if (state_read_header(path, &s, h, 1) == 0) {
+        *earlier = r->nonce && s.nonce != r->nonce;
+        if (!*earlier && (differs = state_differs(&s, now, 0)))
+            fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new --output-dir or run "
+                    "with the same settings\n", path, differs);
+    }
+    return differs;
+}
+
+#ifdef USE_MPI
+/* A replica travels back to its owner. A rank may both need its replica
+ * and hold the one its predecessor needs (each lost its newest own
+ * snapshot): both directions are posted non-blocking, sizes first, so no
+ * pair of sends can wait on each other. Returns this rank's replica (its
+ * float count in *floats) when `need`, else NULL. Collective. */
+static float* state_replica_exchange(const Dist* d, const Options* o, const int* all, int step, int need,
+                                     long long* floats) {
+    int W = d->world, me = d->rank, next = (me + 1) % W, prev = (me + W - 1) % W;
+    int* needs = (int*)xmalloc(sizeof(int) * (size_t)W);
+    MPI_CHECK(MPI_Allgather(&need, 1, MPI_INT, needs, 1, MPI_INT, MPI_COMM_WORLD));
+    int prev_needs = W > 1 && needs[prev];
+    free(needs);
+    char* out = NULL;               /* the replica of prev's state that this rank holds */
+    long long out_floats = 0;
+    float* replica = NULL;          /* the replica of this rank's state, from its neighbour */
+    MPI_Request rq[2];
+    int nrq = 0;
+    *floats = 0;
+    if (prev_needs) {
+        int k = OWN_SLOTS;
+        while (all[me * MEMORY_SLOTS + k] != step) k++;
+        char path[4400];
+        slot_path(path, sizeof(path), o, prev, me, k - OWN_SLOTS);
+        size_t bytes = 0;
+        out = file_read_all(path, &bytes);
+        out_floats = out ? (long long)bytes / 4 : 0;
+    }
+    if (need) MPI_CHECK(MPI_Irecv(floats, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, &rq[nrq++]));
+    if (prev_needs) MPI_CHECK(MPI_Isend(&out_floats, 1, MPI_LONG_LONG, prev, 8, MPI_COMM_WORLD, &rq[nrq++]));
+    MPI_CHECK(MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE));
+    nrq = 0;
+    if (need) replica = xmalloc_floats(*floats ? (size_t)*floats : 1);
+    if (need && *floats) MPI_CHECK(MPI_Irecv(replica, (int)*floats, MPI_FLOAT, next, 9, MPI_COMM_WORLD, &rq[nrq++]));
+    if (prev_needs && out_floats)
+        MPI_CHECK(MPI_Isend(out, (int)out_floats, MPI_FLOAT, prev, 9, MPI_COMM_WORLD, &rq[nrq++]));
+    MPI_CHECK(MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE));
+    free(out);
+    return replica;
+}
+#endif
+
+/* Load `step` from `src` into the model's weights and this rank's slice of
+ * the moments, and its record into *s (a replica: `replica`, `floats`
+ * long). 1 if it worked. */
+static int state_load_from(StateSource src, TrainRun* r, const Dist* d, GPT2* model, const Options* o,
+                           const Saver* sv, int step, int own_slot, const float* replica, long long floats,
+                           StateInfo* s) {
+    char path[4400];
+    int32_t h[HEADER_INTS];
+    float* m_at = model->m_memory + dist_moments_at(d); /* where this rank's slice of the moments goes */
+    float* v_at = model->v_memory + dist_moments_at(d);
+    if (src == SOURCE_DISK) return state_load_disk(r, d, model, o, step, s) == 0;
+    if (src == SOURCE_OWN && sv->memory) { /* the slot is mapped already: straight from memory */
+        slot_path(path, sizeof(path), o, d->rank, d->rank, own_slot);
+        return state_load_record(sv->own[own_slot].base, sv->own[own_slot].bytes, path, s, model->params_memory, m_at,
+                                 v_at) == 0 && s->step == step;
+    }
+    if (src == SOURCE_OWN) { /* (this run takes no memory snapshots: read the file) */
+        slot_path(path, sizeof(path), o, d->rank, d->rank, own_slot);
+        return state_read_header(path, s, h, 0) == 0 && s->step == step &&
+               state_read_arrays(path, s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
+    }
+    return replica && state_load_record((const unsigned char*)replica, (size_t)floats * 4, "the neighbour's replica", s,
+                                        model->params_memory, m_at, v_at) == 0 && s->step == step;
+}
+
+/* No state was loaded (result 0): an error when states exist that are not
+ * this run's, or are this run's but unreadable (never start over them
+ * silently). 0 (a fresh start, said) or -1. */
+static int state_resume_none(const TrainRun* r, const Dist* d, const Options* o, int passed_over, int unreadable) {
+    if (passed_over > 0 && unreadable == 0) { /* states exist, none of this run */
+        if (d->rank == 0)
+            fprintf(stderr, "error: every training state in %s belongs to another run than %s/run.id names (nonce "
+                    "%016llx): if they are this run's and run.id was replaced, remove run.id and resume again; to "
+                    "start a new run, use a new --output-dir (or run without --resume)\n", o->output_dir,
+                    o->output_dir, (unsigned long long)r->nonce);
+        return -1;
+    }
+    if (unreadable > 0) { /* states of this run exist, none could be read */
+        fprintf(stderr, "error: no usable training state in %s (or in memory): repair or remove them, or start a new "
+                "--output-dir\n", o->output_dir);
+        return -1;
+    }
+    if (d->rank == 0) printf("resume: no training state in %s or in memory: starting from step 0\n", o->output_dir);
+    return 0;
+}
+
+/* Say where each rank's state came from. Collective. */
+static void state_sources_print(const Dist* d, StateSource src, int step) {
+    int W = d->world;
+    int* srcs = (int*)xmalloc(sizeof(int) * (size_t)W);
+    int mine = (int)src;
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, srcs, 1, MPI_INT, MPI_COMM_WORLD));
+#else
+    srcs[0] = mine;
+#endif
+    printf("resume: continuing after step %d;", step);
+    for (int q = 0; q < W; q++) printf(" rank %d from %s%s", q, SOURCE_NAMES[srcs[q]], q + 1 < W ? "," : "\n");
+    free(srcs);
+}
+
+/* Continue from the freshest state that every rank can get, in order of
+ * preference: its own snapshot in memory (/dev/shm, survives the process),
+ * the replica its neighbour (r+1) mod W keeps of it, the newest complete
+ * state on disk. The ranks first agree on the newest step complete
+ * everywhere, then load; a corrupt or missing copy falls back to the next
+ * step, with a warning. Returns the step to continue from (0 when there is
+ * none), or -1 when a state of this run cannot continue it (a clear error:
+ * what differs). Collective. */
+static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, const Saver* sv) {
+    int W = d->world;
+    StateInfo now = state_info_of(r, d, model, o, 0), s;
+    uint64_t id;
+    if (dist_sum(d, run_id_read(o->output_dir, &id) < 0) > 0) return -1;
+    int* all = state_memory_gather(r, d, o, &now);
+    int *disk, *cand;
     int ndisk = state_complete_steps(o->output_dir, &disk);
-    /* every step anyone could offer, newest first */
-    int ncand = 0, *cand = (int*)xmalloc(sizeof(int) * ((OWN_SLOTS + HELD_SLOTS) * (size_t)W + (size_t)ndisk + 1));
-    for (int i = 0; i < (OWN_SLOTS + HELD_SLOTS) * W; i++)
-        if (all[i] > 0) cand[ncand++] = all[i];
-    for (int i = 0; i < ndisk; i++) cand[ncand++] = disk[i];
-    qsort(cand, (size_t)ncand, sizeof(int), int_compare);
+    int ncand = state_candidates(all, W, disk, ndisk, &cand);
     int result = 0, unreadable = 0, passed_over = 0;
     StateSource src = SOURCE_NONE;
-    for (int c = ncand - 1; c >= 0; c--) {
-        int step = cand[c];
+    for (int c = ncand - 1; c >= 0; c--) { /* newest first */
+        int step = cand[c], own_slot = -1;
         if (c < ncand - 1 && cand[c + 1] == step) continue; /* tried */
-        int own_slot = -1, held_by_next = 0, on_disk = 0;
-        for (int k = 0; k < OWN_SLOTS; k++)
-            if (all[me * (OWN_SLOTS + HELD_SLOTS) + k] == step) own_slot = k;
-        for (int k = OWN_SLOTS; k < OWN_SLOTS + HELD_SLOTS; k++)
-            if (W > 1 && all[next * (OWN_SLOTS + HELD_SLOTS) + k] == step) held_by_next = 1;
-        for (int i = 0; i < ndisk; i++) on_disk |= disk[i] == step;
-        src = own_slot >= 0 ? SOURCE_OWN : held_by_next ? SOURCE_REPLICA : on_disk ? SOURCE_DISK : SOURCE_NONE;
+        src = state_source_of(all, d, disk, ndisk, step, &own_slot);
         if (dist_sum(d, src == SOURCE_NONE) > 0) continue; /* not complete everywhere */
-        /* a disk state of an earlier run in this folder (one started afresh
-         * since, with a new run.id) is passed over; one of this run that
-         * cannot continue it is refused, together */
-        const char* differs = NULL;
         int earlier = 0;
-        if (src == SOURCE_DISK) {
+        const char* differs = src == SOURCE_DISK ? state_disk_check(r, o, &now, step, &earlier) : NULL;
+        if (dist_sum(d, earlier) > 0) { /* passed over, together */
+            char path[4400];
             state_path(path, sizeof(path), o->output_dir, step, 0);
-            if (state_read_header(path, &s, h, 1) == 0) {
-                earlier = r->nonce && s.nonce != r->nonce;
-                if (!earlier && (differs = state_differs(&s, &now, 0)))
-                    fprintf(stderr, "error: %s was written by an incompatible run: %s differs; start a new "
-                            "--output-dir or run with the same settings\n", path, differs);
-            }
-        }
-        if (dist_sum(d, earlier) > 0) {
             if (d->rank == 0)
                 fprintf(stderr, "warning: %s belongs to an earlier run in this folder (its run.id differs): passed over\n",
                         path);
             passed_over++;
             continue;
         }
-        if (dist_sum(d, differs != NULL) > 0) {
+        if (dist_sum(d, differs != NULL) > 0) { /* refused, together */
             result = -1;
             break;
         }
@@ -597,64 +740,13 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             result = -1;
             break;
         }
-        /* a replica travels back to its owner: who needs one? */
+        long long floats = 0;
+        float* replica = NULL;
 #ifdef USE_MPI
-        int need = src == SOURCE_REPLICA, prev_needs = 0;
-        int* needs = (int*)xmalloc(sizeof(int) * (size_t)W);
-        MPI_CHECK(MPI_Allgather(&need, 1, MPI_INT, needs, 1, MPI_INT, MPI_COMM_WORLD));
-        prev_needs = W > 1 && needs[prev];
-        free(needs);
-        /* a rank may both need its replica and hold the one its predecessor
-         * needs (each lost its newest own snapshot): both directions are
-         * posted non-blocking, sizes first, so no pair of sends can wait on
-         * each other */
-        char* out = NULL;               /* the replica of prev's state that this rank holds */
-        long long out_floats = 0, replica_floats = 0;
-        float* replica = NULL;          /* the replica of this rank's state, from its neighbour */
-        MPI_Request rq[2];
-        int nrq = 0;
-        if (prev_needs) {
-            int k = OWN_SLOTS;
-            while (all[me * (OWN_SLOTS + HELD_SLOTS) + k] != step) k++;
-            slot_path(path, sizeof(path), o, prev, me, k - OWN_SLOTS);
-            size_t bytes = 0;
-            out = file_read_all(path, &bytes);
-            out_floats = out ? (long long)bytes / 4 : 0;
-        }
-        if (need) MPI_CHECK(MPI_Irecv(&replica_floats, 1, MPI_LONG_LONG, next, 8, MPI_COMM_WORLD, &rq[nrq++]));
-        if (prev_needs) MPI_CHECK(MPI_Isend(&out_floats, 1, MPI_LONG_LONG, prev, 8, MPI_COMM_WORLD, &rq[nrq++]));
-        MPI_CHECK(MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE));
-        nrq = 0;
-        if (need) replica = xmalloc_floats(replica_floats ? (size_t)replica_floats : 1);
-        if (need && replica_floats)
-            MPI_CHECK(MPI_Irecv(replica, (int)replica_floats, MPI_FLOAT, next, 9, MPI_COMM_WORLD, &rq[nrq++]));
-        if (prev_needs && out_floats)
-            MPI_CHECK(MPI_Isend(out, (int)out_floats, MPI_FLOAT, prev, 9, MPI_COMM_WORLD, &rq[nrq++]));
-        MPI_CHECK(MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE));
-        free(out);
+        replica = state_replica_exchange(d, o, all, step, src == SOURCE_REPLICA, &floats);
 #endif
-        int ok;
-        float* m_at = model->m_memory + dist_moments_at(d); /* where this rank's slice of the moments goes */
-        float* v_at = model->v_memory + dist_moments_at(d);
-        if (src == SOURCE_DISK) {
-            ok = state_load_disk(r, d, model, o, step, &s) == 0;
-        } else if (src == SOURCE_OWN && sv->memory) { /* the slot is mapped already: straight from memory */
-            slot_path(path, sizeof(path), o, me, me, own_slot);
-            ok = state_load_record(sv->own[own_slot].base, sv->own[own_slot].bytes, path, &s, model->params_memory, m_at,
-                                   v_at) == 0 && s.step == step;
-        } else if (src == SOURCE_OWN) { /* (this run takes no memory snapshots: read the file) */
-            slot_path(path, sizeof(path), o, me, me, own_slot);
-            ok = state_read_header(path, &s, h, 0) == 0 && s.step == step &&
-                 state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
-        } else {
-#ifdef USE_MPI
-            ok = state_load_record((const unsigned char*)replica, (size_t)replica_floats * 4, "the neighbour's replica",
-                                   &s, model->params_memory, m_at, v_at) == 0 && s.step == step;
-            free(replica);
-#else
-            ok = 0;
-#endif
-        }
+        int ok = state_load_from(src, r, d, model, o, sv, step, own_slot, replica, floats, &s);
+        free(replica);
         if (dist_sum(d, src != SOURCE_DISK) > 0 && dist_sum(d, ok) == W) dist_allgather_state(d, model); /* memory holds slices */
         int position_missing = ok && dataloader_seek(&r->train, s.epoch, s.shard_pos, s.cursor) != 0;
         if (dist_sum(d, position_missing) > 0) { /* the state is fine: the data is not the run's */
@@ -677,37 +769,12 @@ static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* 
             break;
         }
         fprintf(stderr, "warning: rank %d: the training state of step %d is not usable on every rank (this rank: %s, "
-                "%s); trying the one before\n", me, step, SOURCE_NAMES[src], ok ? "fine" : "unreadable");
+                "%s); trying the one before\n", d->rank, step, SOURCE_NAMES[src], ok ? "fine" : "unreadable");
         src = SOURCE_NONE;
         unreadable++;
     }
-    if (result == 0 && passed_over > 0 && unreadable == 0) { /* states exist, none of this run: never start over them */
-        if (d->rank == 0)
-            fprintf(stderr, "error: every training state in %s belongs to another run than %s/run.id names (nonce "
-                    "%016llx): if they are this run's and run.id was replaced, remove run.id and resume again; to "
-                    "start a new run, use a new --output-dir (or run without --resume)\n", o->output_dir,
-                    o->output_dir, (unsigned long long)r->nonce);
-        result = -1;
-    }
-    if (result == 0 && unreadable > 0) { /* states of this run exist, none could be read: do not start over silently */
-        fprintf(stderr, "error: no usable training state in %s (or in memory): repair or remove them, or start a new "
-                "--output-dir\n", o->output_dir);
-        result = -1;
-    }
-    if (result == 0 && d->rank == 0) printf("resume: no training state in %s or in memory: starting from step 0\n", o->output_dir);
-    if (result > 0) { /* say where each rank's state came from */
-        int* srcs = (int*)xmalloc(sizeof(int) * (size_t)W);
-        int mine_src = (int)src;
-#ifdef USE_MPI
-        MPI_CHECK(MPI_Allgather(&mine_src, 1, MPI_INT, srcs, 1, MPI_INT, MPI_COMM_WORLD));
-#else
-        srcs[0] = mine_src;
-#endif
-        printf("resume: continuing after step %d;", result);
-        for (int q = 0; q < W; q++) printf(" rank %d from %s%s", q, SOURCE_NAMES[srcs[q]], q + 1 < W ? "," : "\n");
-        free(srcs);
-    }
-    *source_out = src;
+    if (result == 0) result = state_resume_none(r, d, o, passed_over, unreadable);
+    if (result > 0) state_sources_print(d, src, result);
     free(cand);
     free(disk);
     free(all);
@@ -764,6 +831,112 @@ static int inject_at(const char* var, int step, int* done_upto) {
         if (end == p) break;
     }
     return 0;
+}
+
+/* Is `step` (1-based) one at which a test hook plants its fault? These
+ * two calls are the only places the loops meet GPTC_INJECT_*. */
+static int test_hook_nan(TrainRun* r, int step) { return inject_at("GPTC_INJECT_NAN", step, &r->nan_upto); }
+static double test_hook_spike(TrainRun* r, int step) {
+    return inject_at("GPTC_INJECT_SPIKE", step, &r->spike_upto) ? 100.0 : 0.0; /* added to the loss the rule sees */
+}
+
+/* Said once at the start when a test hook is set. `nan_works` 0: the
+ * trainer cannot plant NaN gradients (the CUDA twin). */
+static void test_hooks_print(int nan_works) {
+    const char *nan = getenv("GPTC_INJECT_NAN"), *spike = getenv("GPTC_INJECT_SPIKE");
+    if (nan_works && (nan || spike))
+        printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n", nan ? nan : "", spike ? spike : "");
+    if (!nan_works && spike) printf("test hooks: loss spikes at steps [%s]\n", spike);
+    if (!nan_works && nan) printf("test hooks: GPTC_INJECT_NAN is not implemented on the GPU (ignored)\n");
+}
+
+/* ---- the loop's tail: train() in train_gpt.c and gpu_train() in the CUDA
+ * twin run the same code after each update and at the end ---------------- */
+
+/* A new run or a resumed one: the run's nonce (run.id), the newest state
+ * every rank can get (state_resume), and the memory slots of steps after it
+ * forgotten. The step to start from (0: a new run), or -1. Collective. */
+static int train_run_resume(TrainRun* r, Saver* sv, const Dist* d, GPT2* model, const Options* o) {
+    int start = 0;
+    if (o->output_dir[0]) r->nonce = run_nonce(d, o, 0);
+    if (o->resume && (start = state_resume(r, d, model, o, sv)) < 0) return -1;
+    if (o->output_dir[0] && start == 0) r->nonce = run_nonce(d, o, 1); /* a new run: a new nonce */
+    saver_forget_after(sv, start);
+    return start;
+}
+
+/* How a step went: its loss (the ranks' mean), whether its gradients were
+ * finite, whether its loss was a spike (z its z-score); either of the last
+ * two skipped its update. */
+typedef struct {
+    double loss;
+    int finite, spike;
+    double z;
+} StepOutcome;
+
+/* After step `step`'s update (0-based; the run started at `start`): say a
+ * spike, the first step's time and the heartbeat; take a good loss into the
+ * spike window, or count a bad step, which after --rollback-after in a row
+ * goes back to the newest snapshot (`can_restore` 0: none is kept). Returns
+ * the step the loop continues after (a rollback), or -1. Collective. */
+static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* model, const Options* o, int step,
+                                int start, const StepOutcome* s, int can_restore) {
+    if (s->spike)
+        printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, s->loss, s->z, o->spike_z);
+    if (step == start) timing_print(d, "first step done", unix_ms());
+    heartbeat_write(o, r->rank, step + 1);
+    if (s->finite && !s->spike) {
+        losswatch_accept(&r->watch, (float)s->loss);
+        return -1;
+    }
+    int back = train_run_bad_step(r, sv, d, model, o, step, can_restore);
+    if (back >= 0) r->rollbacks++;
+    return back;
+}
+
+/* What the boundary after `done` steps asks for (never at the end, which
+ * saves anyway): --stop-at, a save (--save-every, or the stop's), a
+ * snapshot (a save's, or --snapshot-every's; none inside a run of bad steps). */
+typedef struct {
+    int done, stop, save, snapshot;
+} Boundary;
+
+static Boundary train_run_boundary(const TrainRun* r, const Options* o, int done) {
+    Boundary b;
+    b.done = done;
+    b.stop = o->stop_at > 0 && done == o->stop_at && done < r->steps;
+    b.save = (o->save_every > 0 && done % o->save_every == 0 && done < r->steps) || b.stop;
+    int snap = o->snapshot_every > 0 && done % o->snapshot_every == 0 && done < r->steps;
+    b.snapshot = (b.save || snap) && r->watch.bad_run == 0;
+    return b;
+}
+
+/* --stop-at: wait for the last snapshot to reach its slot and the disk. */
+static void train_run_stop(Saver* sv, const Dist* d, const Options* o, int done) {
+    saver_before_update(sv);
+    saver_poll(sv, d, o, 1);
+    printf("stopping after step %d (--stop-at); continue with --resume 1\n", done);
+}
+
+/* The end of the loop: what the snapshots cost, and the rollbacks. */
+static void train_run_report(const TrainRun* r, Saver* sv) {
+    saver_stall_close(sv);
+    if (sv->snapshots > 0)
+        printf("snapshots: %d taken, stall %.2f ms per snapshot on average (worst %.1f ms); waits for the disk %.0f ms "
+               "in all\n", sv->snapshots, sv->stall_ms / sv->snapshots, sv->max_stall_ms, sv->disk_wait_ms);
+    if (r->rollbacks) printf("rollbacks: %d\n", r->rollbacks);
+}
+
+/* The final snapshot is handed to the Saver: wait until it is on disk.
+ * 0, or -1 (said) when it could not be written. Collective. */
+static int train_run_final_save(Saver* sv, const Dist* d, const Options* o) {
+    saver_before_update(sv);
+    saver_poll(sv, d, o, 1);
+    if (!sv->last_failed) return 0;
+    fprintf(stderr, "error: the final model and training state could not be written (see above); make room in %s and "
+            "run again with --resume 1 to write them%s\n", o->output_dir,
+            sv->memory ? " (from the memory snapshots, still in place)" : "");
+    return -1;
 }
 
 #endif /* GPTC_SAVER_H */
