@@ -704,13 +704,56 @@ __global__ void column_sums_partial_kernel(float* part0, float* part1, const flo
     }
 }
 
+/* The bias gradients' pass 1 with 16-byte loads (OC % 8 == 0, dout 16-byte
+ * aligned): a (32, 8) block takes 256 columns, thread (x, y) a pack of 8
+ * columns and every 8th row of the split from y, so one warp reads 512
+ * contiguous bytes per row; the 8 row-lanes are added in order as above.
+ * Not yet run on a GPU. */
+#define COLSUM_VEC_COLS 256
+
+__global__ void column_sums_partial_vec_kernel(float* __restrict__ part, const floatX* __restrict__ dout, int N,
+                                               int OC) {
+    __shared__ float sums[8][COLSUM_VEC_COLS]; /* [y][j * 32 + x]: column 8 x + j of the block, conflict-free */
+    int tx = threadIdx.x, ty = threadIdx.y;    /* (32, 8) */
+    int c0 = blockIdx.x * COLSUM_VEC_COLS + 8 * tx;
+    int r0 = blockIdx.y * COLSUM_ROWS_PER_SPLIT, r1 = min(N, r0 + COLSUM_ROWS_PER_SPLIT);
+    float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (c0 < OC)
+        for (int r = r0 + ty; r < r1; r += 8) {
+            float f[8];
+            pack8_to_float(f, *(const Pack8*)(dout + (size_t)r * OC + c0));
+            for (int j = 0; j < 8; j++) a[j] += f[j];
+        }
+    for (int j = 0; j < 8; j++) sums[ty][j * 32 + tx] = a[j];
+    __syncthreads(); /* all 8 row-lanes' sums are in shared memory */
+    int t = ty * 32 + tx, c = blockIdx.x * COLSUM_VEC_COLS + t; /* thread t finishes column t of the block */
+    if (c >= OC) return;
+    int k = (t % 8) * 32 + t / 8;
+    float acc = 0.0f;
+    for (int i = 0; i < 8; i++) acc += sums[i][k];
+    part[(size_t)blockIdx.y * OC + c] = acc;
+}
+
 static int column_sums_splits(int N) { return ceil_div(N, COLSUM_ROWS_PER_SPLIT); }
 
-/* dbias(OC) += column sums of dout(N, OC). `part` holds splits * OC floats. */
-static void bias_backward_gpu(float* dbias, float* part, const floatX* dout, int N, int OC, cudaStream_t s) {
+/* The scalar bias gradients alone (before 2026-11-30 the only one; now the fallback). */
+static void bias_backward_scalar_gpu(float* dbias, float* part, const floatX* dout, int N, int OC, cudaStream_t s) {
     int splits = column_sums_splits(N);
     dim3 grid(ceil_div(OC, COLSUM_COLS), splits), block(32, 8);
     column_sums_partial_kernel<false><<<grid, block, 0, s>>>(part, NULL, dout, NULL, NULL, NULL, N, OC);
+    KERNEL_CHECK();
+    column_sums_finish_gpu(dbias, NULL, part, NULL, splits, OC, s);
+}
+
+/* dbias(OC) += column sums of dout(N, OC). `part` holds splits * OC floats. */
+static void bias_backward_gpu(float* dbias, float* part, const floatX* dout, int N, int OC, cudaStream_t s) {
+    if (OC % 8 != 0 || !is_aligned16(dout)) {
+        bias_backward_scalar_gpu(dbias, part, dout, N, OC, s);
+        return;
+    }
+    int splits = column_sums_splits(N);
+    dim3 grid(ceil_div(OC, COLSUM_VEC_COLS), splits), block(32, 8);
+    column_sums_partial_vec_kernel<<<grid, block, 0, s>>>(part, dout, N, OC);
     KERNEL_CHECK();
     column_sums_finish_gpu(dbias, NULL, part, NULL, splits, OC, s);
 }
