@@ -477,14 +477,15 @@ static void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const f
  * layernorm_backward). With n = (x - mean) * rstd and dn = dy * w:
  *   dx += rstd * (dn - mean(dn) - n * mean(dn * n))     (dinp, accumulated)
  *   dweight += sum over rows of dy * n,  dbias += sum over rows of dy
- * Block b owns rows [64 b, 64 b + 64): its 8 warps take every 8th row, each
- * lane keeping its packs of x, dy and dinp in registers (all loads of a row
- * issued before any store), and its channels' running dweight/dbias sums in
- * fp32 registers. At the end the warps add their sums into shared memory in
- * warp order, and the block writes its partial row (blocks, C) of each.
- * layernorm_backward_finish_kernel then adds the partials in block order:
- * no atomics, the same result on every run and every GPU (the row-to-block
- * map depends on N only).
+ * Block b owns rows [32 b, 32 b + 32): its 4 warps take every 4th row, each
+ * lane holding its packs of x, dy and dinp in registers (all loads of a row
+ * issued before any store). Each warp keeps running dweight/dbias sums of
+ * its rows in its own slice of shared memory, every lane touching only its
+ * own channels (no atomics; laid out [j][p] so a warp's accesses hit 32
+ * banks). At the end the block adds its warps' sums in warp order and writes
+ * its partial row (blocks, C) of each; layernorm_backward_finish (the
+ * column-sum finish) adds the partials in block order. The result is the
+ * same on every run and every GPU: the row-to-block map depends on N only.
  *
  * Why the old dx kernel (layernorm_backward_dx_kernel below) took 400 us
  * when the forward with the same access pattern takes 25 (H200, 16384 x 768;
@@ -501,27 +502,36 @@ static void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const f
  * DRAM, latency. Here every row is one burst of 16-byte loads (3 tensors x
  * K packs per lane, ~4.6 KB per warp at C = 768) and then one burst of
  * stores, and the dweight/dbias sums reuse the registers instead of reading
- * x and dy a second time (column_sums_partial_kernel<true> did). */
-#define LN_BWD_ROWS_PER_BLOCK 64 /* 8 warps x 8 rows */
+ * x and dy a second time (column_sums_partial_kernel<true> did).
+ * Registers: the sums live in shared memory, not registers, because 16 fp32
+ * per pack would cost 48 registers per lane at C = 768 (ptxas: 174 per
+ * thread with them, one block per SM). */
+#define LN_BWD_WARPS 4
+#define LN_BWD_ROWS_PER_BLOCK 32 /* 4 warps x 8 rows */
 
 static int layernorm_backward_blocks(int N) { return ceil_div(N, LN_BWD_ROWS_PER_BLOCK); }
 /* floats of scratch the backward needs: dweight and dbias partials */
 static size_t layernorm_backward_part_floats(int N, int C) { return 2 * (size_t)layernorm_backward_blocks(N) * C; }
+/* dynamic shared memory: per warp, dweight and dbias sums of 8 P floats (P = packs) */
+static size_t layernorm_backward_smem(int C) { return (size_t)LN_BWD_WARPS * 2 * 8 * ((C + 7) / 8) * sizeof(float); }
 
 template <int K>
-__global__ void __launch_bounds__(32 * LN_ROWS_PER_BLOCK)
+__global__ void __launch_bounds__(32 * LN_BWD_WARPS)
     layernorm_backward_kernel(floatX* __restrict__ dinp, float* __restrict__ part_dw, float* __restrict__ part_db,
                               const floatX* __restrict__ dout, const floatX* __restrict__ inp,
                               const floatX* __restrict__ weight, const float* __restrict__ mean,
                               const float* __restrict__ rstd, int N, int C, int vec) {
-    __shared__ float sdw[256 * K], sdb[256 * K]; /* the block's sums by channel (K = 8: 16 KB) */
+    extern __shared__ float ln_bwd_smem[]; /* (warps, 2, 8, P): channel 8p + j at [j * P + p] */
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     int P = (C + 7) / 8;
-    float w[K][8], dw[K][8], db[K][8];
+    float* sdw = ln_bwd_smem + (size_t)warp * 16 * P;
+    float* sdb = sdw + 8 * P;
+    Pack8 w[K];
     for (int i = 0; i < K; i++) {
         int p = lane + 32 * i;
-        if (p < P) pack8_to_float(w[i], row_pack_load(weight, p, C, vec)); /* once per warp */
-        for (int j = 0; j < 8; j++) dw[i][j] = db[i][j] = 0.0f;
+        if (p >= P) continue;
+        w[i] = row_pack_load(weight, p, C, vec); /* once per warp */
+        for (int j = 0; j < 8; j++) sdw[j * P + p] = sdb[j * P + p] = 0.0f;
     }
     int r0 = blockIdx.x * LN_BWD_ROWS_PER_BLOCK, r1 = min(N, r0 + LN_BWD_ROWS_PER_BLOCK);
     for (int row = r0 + warp; row < r1; row += nwarps) {
@@ -541,53 +551,48 @@ __global__ void __launch_bounds__(32 * LN_ROWS_PER_BLOCK)
         /* a = sum dn, b = sum dn * n; channels past C have dy = w = 0: dn = 0 */
         float a = 0.0f, b = 0.0f;
         for (int i = 0; i < K; i++) {
-            if (lane + 32 * i >= P) continue;
-            float xf[8], dyf[8];
+            int p = lane + 32 * i;
+            if (p >= P) continue;
+            float xf[8], dyf[8], wf[8];
             pack8_to_float(xf, xp[i]);
             pack8_to_float(dyf, dyp[i]);
+            pack8_to_float(wf, w[i]);
             for (int j = 0; j < 8; j++) {
-                float n = (xf[j] - m) * s, dn = dyf[j] * w[i][j];
+                float n = (xf[j] - m) * s, dn = dyf[j] * wf[j];
                 a += dn;
                 b += dn * n;
-                dw[i][j] += dyf[j] * n;
-                db[i][j] += dyf[j];
+                sdw[j * P + p] += dyf[j] * n;
+                sdb[j * P + p] += dyf[j];
             }
         }
         float dn_mean = warp_sum(a) / C, dn_n_mean = warp_sum(b) / C;
         for (int i = 0; i < K; i++) {
             int p = lane + 32 * i;
             if (p >= P) continue;
-            float xf[8], dyf[8], dxf[8];
+            float xf[8], dyf[8], wf[8], dxf[8];
             pack8_to_float(xf, xp[i]);
             pack8_to_float(dyf, dyp[i]);
+            pack8_to_float(wf, w[i]);
             pack8_to_float(dxf, dxp[i]);
             for (int j = 0; j < 8; j++) {
-                float n = (xf[j] - m) * s, dn = dyf[j] * w[i][j];
+                float n = (xf[j] - m) * s, dn = dyf[j] * wf[j];
                 dxf[j] += s * (dn - dn_mean - n * dn_n_mean);
             }
             row_pack_store(dx, p, C, vec, float_to_pack8(dxf));
         }
     }
-    /* the block's sums: warp 0 writes its channels, then warps 1, 2, ... add
-     * theirs in order (each lane touches only its own channels) */
-    for (int wi = 0; wi < nwarps; wi++) {
-        if (warp == wi) {
-            for (int i = 0; i < K; i++) {
-                int p = lane + 32 * i;
-                if (p >= P) continue;
-                for (int j = 0; j < 8; j++) {
-                    int c = 8 * p + j;
-                    if (c >= C) continue;
-                    sdw[c] = wi == 0 ? dw[i][j] : sdw[c] + dw[i][j];
-                    sdb[c] = wi == 0 ? db[i][j] : sdb[c] + db[i][j];
-                }
-            }
+    __syncthreads(); /* every warp's sums are final */
+    /* the block's sums, warps added in order; thread t takes slots t, t + blockDim.x, ... */
+    for (int k = threadIdx.x; k < 8 * P; k += blockDim.x) {
+        int j = k / P, p = k % P, c = 8 * p + j;
+        if (c >= C) continue;
+        float tw = 0.0f, tb = 0.0f;
+        for (int wi = 0; wi < nwarps; wi++) {
+            tw += ln_bwd_smem[(size_t)wi * 16 * P + k];
+            tb += ln_bwd_smem[(size_t)wi * 16 * P + 8 * P + k];
         }
-        __syncthreads(); /* warp wi's sums are in before warp wi + 1 adds (and before the block reads them) */
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        part_dw[(size_t)blockIdx.x * C + c] = sdw[c];
-        part_db[(size_t)blockIdx.x * C + c] = sdb[c];
+        part_dw[(size_t)blockIdx.x * C + c] = tw;
+        part_db[(size_t)blockIdx.x * C + c] = tb;
     }
 }
 
@@ -794,9 +799,15 @@ static void layernorm_backward_gpu(floatX* dinp, float* dweight, float* dbias, f
     int blocks = layernorm_backward_blocks(N);
     float* part_dw = part;
     float* part_db = part + (size_t)blocks * C;
-#define LN_BWD(KK)                                                                        \
-    layernorm_backward_kernel<KK><<<blocks, 32 * LN_ROWS_PER_BLOCK, 0, s>>>(dinp, part_dw, part_db, dout, inp, \
-                                                                            weight, mean, rstd, N, C, vec)
+    size_t smem = layernorm_backward_smem(C); /* 24 KB at C = 768, 51 KB at C = 1600 */
+#define LN_BWD(KK)                                                                                              \
+    do {                                                                                                        \
+        if (smem > 48 * 1024)                                                                                   \
+            CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<KK>,                                      \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));           \
+        layernorm_backward_kernel<KK><<<blocks, 32 * LN_BWD_WARPS, smem, s>>>(dinp, part_dw, part_db, dout, inp, \
+                                                                              weight, mean, rstd, N, C, vec);   \
+    } while (0)
     LN_DISPATCH_K(K, LN_BWD);
 #undef LN_BWD
     KERNEL_CHECK();

@@ -20,16 +20,21 @@
  *      fallback for C > 2048). H200: 0.461 ms at the default size.
  *   5  NEW production: layernorm_backward_gpu, one fused pass (dx and per-block
  *      dweight/dbias partials, 16-byte loads, row in registers) + one finish
+ *   bias gradient (dbias += column sums of dy, here with OC = C: the column
+ *   sums the bias gradients of every matmul take)
+ *   6  OLD production (until 2026-11-30): bias_backward_scalar_gpu, 2-byte
+ *      loads (now the fallback for OC % 8 != 0)
+ *   7  NEW production: bias_backward_gpu, 16-byte loads
  * Bytes counted for the GB/s figure (the same for old and new, the least any
  * kernel must move): forward x read, out written; backward x, dy, dinp read,
- * dinp written.
+ * dinp written; bias gradient dy read.
  *
  * Build and run (from the repository root):
  *   make dev/cuda/layernorm                 (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
  *   ./dev/cuda/layernorm           # validate and time every variant (B=16, T=1024, C=768)
  *   ./dev/cuda/layernorm 1         # only variant 1
  *   ./dev/cuda/layernorm 0 4 9 36  # all variants at B=4 T=9 C=36 (awkward sizes: the scalar-load path)
- *   ./dev/cuda/layernorm 0 5 29 520   # 145 rows (3 backward blocks), C % 8 == 0, 65 packs (K = 3, ragged)
+ *   ./dev/cuda/layernorm 0 5 29 520   # 145 rows (5 backward blocks), C % 8 == 0, 65 packs (K = 3, ragged)
  */
 #define GPTC_NO_MAIN
 #include "train_gpt.cu"
@@ -62,10 +67,11 @@ typedef struct {
     float *mean, *rstd, *dw, *db, *part;
 } LnCtx;
 
-static const char* const VARIANT_NAMES[6] = {
+static const char* const VARIANT_NAMES[8] = {
     "", "forward 1 (naive, thread per row)", "forward 2 (OLD production, scalar)",
     "forward 3 (NEW production, 16-byte, row in registers)", "backward 4 (OLD production, 4 launches)",
-    "backward 5 (NEW production, fused + finish)"};
+    "backward 5 (NEW production, fused + finish)", "bias grad 6 (OLD production, scalar)",
+    "bias grad 7 (NEW production, 16-byte)"};
 
 static void run_forward(void* p) {
     LnCtx* c = (LnCtx*)p;
@@ -77,6 +83,12 @@ static void run_forward(void* p) {
     } else {
         layernorm_forward_gpu(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 0);
     }
+}
+
+static void run_bias(void* p) {
+    LnCtx* c = (LnCtx*)p;
+    if (c->variant == 6) bias_backward_scalar_gpu(c->db, c->part, c->dout, c->N, c->C, 0);
+    else bias_backward_gpu(c->db, c->part, c->dout, c->N, c->C, 0);
 }
 
 static void run_backward(void* p) {
@@ -91,7 +103,7 @@ int main(int argc, char** argv) {
     require_device("layernorm");
     int only = argc > 1 ? atoi(argv[1]) : 0;
     int B = argc > 4 ? atoi(argv[2]) : 16, T = argc > 4 ? atoi(argv[3]) : 1024, C = argc > 4 ? atoi(argv[4]) : 768;
-    CHECK(B > 0 && T > 0 && C > 0 && only >= 0 && only <= 5, "usage: layernorm [variant 0..5 [B T C]]");
+    CHECK(B > 0 && T > 0 && C > 0 && only >= 0 && only <= 7, "usage: layernorm [variant 0..7 [B T C]]");
     int N = B * T;
     printf("N = B*T = %d rows, C = %d\n", N, C);
     float* x = random_floats((size_t)N * C, -3.0f, 3.0f, 1);
@@ -183,6 +195,24 @@ int main(int argc, char** argv) {
         double ms = time_kernel(&flush, 20, run_backward, &ctx);
         print_timing(VARIANT_NAMES[v], ms, (double)N * C * 2 * 4 + N * 8.0, peak);
         free(gdx); free(gdw); free(gdb); free(gdw2); free(gdb2);
+    }
+    for (int v = 6; v <= 7; v++) {
+        if (only && v != only) continue;
+        if (!db) { /* the bias gradient's reference: column sums of dy */
+            db = xmalloc_floats(C);
+            memset(db, 0, C * sizeof(float));
+            for (int i = 0; i < N; i++)
+                for (int c = 0; c < C; c++) db[c] += dy[(size_t)i * C + c];
+        }
+        printf("variant %s\n", VARIANT_NAMES[v]);
+        ctx.variant = v;
+        CUDA_CHECK(cudaMemset(ctx.db, 0, C * sizeof(float)));
+        run_bias(&ctx);
+        float* gdb = from_device_f32(ctx.db, C);
+        ok &= validate("dbias (fp32)", gdb, db, C, 1e-2 * sqrt((double)N), 1e-3);
+        double ms = time_kernel(&flush, 20, run_bias, &ctx);
+        print_timing(VARIANT_NAMES[v], ms, (double)N * C * 2, peak);
+        free(gdb);
     }
     free(gm); free(gr); free(dx); free(dw); free(db);
     l2flush_free(&flush);
