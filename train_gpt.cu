@@ -434,7 +434,7 @@ __global__ void layernorm_forward_scalar_kernel(floatX* out, float* mean, float*
     }
 }
 
-#define LN_ROWS_PER_BLOCK 8 /* warps per block in the forward and backward */
+#define LN_ROWS_PER_BLOCK 8 /* warps (one row each) per block: the forwards and the unfused dx kernel */
 
 static void layernorm_forward_scalar_gpu(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C, cudaStream_t s) {
@@ -483,8 +483,8 @@ static void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const f
  * its rows in its own slice of shared memory, every lane touching only its
  * own channels (no atomics; laid out [j][p] so a warp's accesses hit 32
  * banks). At the end the block adds its warps' sums in warp order and writes
- * its partial row (blocks, C) of each; layernorm_backward_finish (the
- * column-sum finish) adds the partials in block order. The result is the
+ * its partial row (blocks, C) of each; column_sums_finish_kernel adds the
+ * partials in block order. The result is the
  * same on every run and every GPU: the row-to-block map depends on N only.
  *
  * Why the old dx kernel (layernorm_backward_dx_kernel below) took 400 us
@@ -1068,19 +1068,20 @@ __global__ void classifier_scalar_kernel(floatX* logits, float* losses, const in
     }
 }
 
-static void classifier_gpu(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
-                           cudaStream_t s) {
-    if (Vp % 8 == 0 && is_aligned16(logits))
-        classifier_kernel<<<N, CLS_THREADS, 0, s>>>(logits, losses, targets, V, Vp, dloss);
-    else
-        classifier_scalar_kernel<<<N, 512, 0, s>>>(logits, losses, targets, V, Vp, dloss);
-    KERNEL_CHECK();
-}
-
-/* The old kernel alone (the kernel lab's variant 2). */
+/* The scalar classifier alone: the fallback, and the kernel lab's variant 2. */
 static void classifier_scalar_gpu(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
                                   float dloss, cudaStream_t s) {
     classifier_scalar_kernel<<<N, 512, 0, s>>>(logits, losses, targets, V, Vp, dloss);
+    KERNEL_CHECK();
+}
+
+static void classifier_gpu(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
+                           cudaStream_t s) {
+    if (Vp % 8 != 0 || !is_aligned16(logits)) {
+        classifier_scalar_gpu(logits, losses, targets, N, V, Vp, dloss, s);
+        return;
+    }
+    classifier_kernel<<<N, CLS_THREADS, 0, s>>>(logits, losses, targets, V, Vp, dloss);
     KERNEL_CHECK();
 }
 
