@@ -24,7 +24,9 @@ for f in layernorm classifier; do
 done
 run layernorm
 run layernorm 0 4 9 36
+run layernorm 0 5 29 520
 run classifier
 run classifier 0 27 131 256
+run classifier 0 5 13 21
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]
