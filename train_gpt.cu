@@ -977,12 +977,14 @@ __global__ void __launch_bounds__(CLS_THREADS)
     int target = targets[row];
     float xt = __bfloat162float(xrow[target]); /* read before the barrier below, so before any store */
     float m = -INFINITY, s = 0.0f;
+    int nan_seen = 0; /* fmaxf drops NaN: remember one, so that the loss says NaN (the failover guard looks) */
     for (int p = threadIdx.x; p < P; p += blockDim.x) {
         float f[8];
         pack8_to_float(f, x[p]);
         float pm = -INFINITY;
         for (int j = 0; j < 8; j++) {
             if (8 * p + j >= V) f[j] = -INFINITY; /* pad columns take no part */
+            nan_seen |= f[j] != f[j];
             pm = fmaxf(pm, f[j]);
         }
         if (pm == -INFINITY) continue; /* a pack of padding only */
@@ -992,6 +994,7 @@ __global__ void __launch_bounds__(CLS_THREADS)
         s = s * expf(m - mm) + t; /* m = -inf at first: s = 0 * 0 */
         m = mm;
     }
+    if (nan_seen) s = NAN; /* online_merge carries a NaN sum through */
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
         online_merge(m, s, m2, s2);
