@@ -261,6 +261,63 @@ static void test_forward_backward(const char* model_path, const Reference* ref, 
     gpt2_free(&cpu);
 }
 
+/* The tiny fixture has C = 36, which takes the LayerNorm kernels' scalar-load
+ * path; this model (C = 320 = 40 packs of 8: two per lane for 8 lanes, the
+ * 16-byte path; 160 rows: three blocks of the LayerNorm backward; Vp = 128:
+ * the 16-byte classifier) checks the vector paths against the CPU trainer,
+ * on random weights with LayerNorm weights and biases away from 1 and 0. */
+static void test_forward_backward_wide(void) {
+    GPT2Config config = {48, 100, 128, 2, 5, 320}; /* maxT V Vp L NH C */
+    const int B = 4, T = 40;
+    GPT2 cpu;
+    gpt2_init_random(&cpu, &config, 11);
+    Rng rng;
+    rng_init(&rng, 12);
+    float* ln[6] = {cpu.params.ln1w, cpu.params.ln1b, cpu.params.ln2w, cpu.params.ln2b, cpu.params.lnfw,
+                    cpu.params.lnfb};
+    size_t ln_n[6] = {2 * 320, 2 * 320, 2 * 320, 2 * 320, 320, 320};
+    for (int i = 0; i < 6; i++)
+        for (size_t j = 0; j < ln_n[i]; j++) ln[i][j] = (float)((i % 2 ? 0.0 : 1.0) + 0.2 * rng_normal(&rng));
+    int x[B * T], y[B * T];
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int)(rng_u32(&rng) % (uint32_t)config.vocab_size);
+        y[i] = (int)(rng_u32(&rng) % (uint32_t)config.vocab_size);
+    }
+    size_t BT = (size_t)B * T, P = cpu.num_parameters;
+    gpt2_alloc_training(&cpu, B, T);
+    GpuGPT2 g;
+    gpu_model_init(&g, &cpu, B, T, 1);
+    gpt2_forward(&cpu, x, NULL, B, T);
+    gpu_forward(&g, x, NULL, B, T, 0.0f, 0);
+    compare_activations(&g, &cpu, "C=320 (16-byte paths)");
+    float cpu_loss = gpt2_forward(&cpu, x, y, B, T);
+    gpt2_zero_grad(&cpu);
+    gpt2_backward(&cpu, 1.0f);
+    gpu_zero_grad(&g);
+    gpu_forward(&g, x, y, B, T, 1.0f / BT, 0);
+    gpu_backward(&g);
+    double loss = gpu_losses_fetch(&g, 1);
+    char what[200];
+    snprintf(what, sizeof(what), "C=320 (16-byte paths): loss %.6f vs CPU %.6f", loss, cpu_loss);
+    check(fabs(loss - cpu_loss) <= TOL_LOSS * fabs(cpu_loss), what, "");
+    float* grads = device_to_host(&g, g.grads_memory, P, 0);
+    size_t off = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        snprintf(what, sizeof(what), "C=320 (16-byte paths): gradient %s vs CPU", PARAMETER_NAMES[i]);
+        check_close(what, grads + off, cpu.grads_memory + off, g.param_sizes[i], TOL_GRAD);
+        off += g.param_sizes[i];
+    }
+    gpu_zero_grad(&g);
+    gpu_forward(&g, x, y, B, T, 1.0f / BT, 0);
+    gpu_backward(&g);
+    float* grads2 = device_to_host(&g, g.grads_memory, P, 0);
+    check(!memcmp(grads, grads2, P * sizeof(float)), "C=320 (16-byte paths): gradients bitwise identical on a second run", "");
+    free(grads);
+    free(grads2);
+    gpu_model_free(&g);
+    gpt2_free(&cpu);
+}
+
 /* 10 AdamW steps on the reference batch, as test_gpt.c runs them on the CPU. */
 static void test_adamw_steps(const char* model_path, const Reference* ref) {
     GPT2 cpu;
@@ -493,6 +550,7 @@ int main(int argc, char** argv) {
         test_adamw_steps(model_path, &ref);
         reference_free(&ref);
     }
+    test_forward_backward_wide();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

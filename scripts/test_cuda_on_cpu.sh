@@ -65,8 +65,10 @@ run test_gpt_cu ./test_gpt_cu_cpu --binary ./train_gpt_cu_cpu --cpu-binary ./tra
 
 # ---- 3. the kernel lab -----------------------------------------------------------
 export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what counts
-run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36
+run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36          # C % 8 != 0: scalar loads
+run dev_cuda_layernorm_vec ./.cpu/dev/cuda/layernorm 0 5 29 520  # 16-byte paths, ragged packs, 5 blocks
 run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
+run dev_cuda_classifier_scalar ./.cpu/dev/cuda/classifier 0 5 13 21  # Vp % 8 != 0: the scalar fallback
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
 # issue 13's files: awkward sizes, then a reduced default size (the full one is too slow here), one a line
 run dev_cuda_adamw ./.cpu/dev/cuda/adamw 0 1001

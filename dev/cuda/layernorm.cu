@@ -7,16 +7,35 @@
  *
  * CPU reference: train_gpt.c's layernorm_forward / layernorm_backward (fp32,
  * on the same bf16-rounded inputs).
- * Variants (forward):
+ * Variants (each names itself OLD or NEW in the output; NEW = not yet run on a GPU):
+ *   forward
  *   1  naive: one thread per row, three passes over the row
- *   2  production: layernorm_forward_gpu from train_gpt.cu (one warp per row)
- * Backward: layernorm_backward_gpu from train_gpt.cu, validated (and timed).
+ *   2  OLD production (until 2026-11-30): layernorm_forward_scalar_gpu from
+ *      train_gpt.cu, one warp per row, 2-byte loads, three passes (now the
+ *      fallback for C > 2048)
+ *   3  NEW production: layernorm_forward_gpu, one warp per row, the row in
+ *      registers, 16-byte loads and stores (C % 8 == 0; scalar loads otherwise)
+ *   backward (dinp += dx, dweight += sum dy xhat, dbias += sum dy)
+ *   4  OLD production (until 2026-11-30): layernorm_backward_unfused_gpu, the
+ *      dx kernel then column sums (4 launches, x and dy read twice; now the
+ *      fallback for C > 2048). H200: 0.461 ms at the default size.
+ *   5  NEW production: layernorm_backward_gpu, one fused pass (dx and per-block
+ *      dweight/dbias partials, 16-byte loads, row in registers) + one finish
+ *   bias gradient (dbias += column sums of dy, here with OC = C: the column
+ *   sums the bias gradients of every matmul take)
+ *   6  OLD production (until 2026-11-30): bias_backward_scalar_gpu, 2-byte
+ *      loads (now the fallback for OC % 8 != 0)
+ *   7  NEW production: bias_backward_gpu, 16-byte loads
+ * Bytes counted for the GB/s figure (the same for old and new, the least any
+ * kernel must move): forward x read, out written; backward x, dy, dinp read,
+ * dinp written; bias gradient dy read.
  *
  * Build and run (from the repository root):
  *   make dev/cuda/layernorm                 (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
  *   ./dev/cuda/layernorm           # validate and time every variant (B=16, T=1024, C=768)
  *   ./dev/cuda/layernorm 1         # only variant 1
- *   ./dev/cuda/layernorm 0 4 9 36  # all variants at B=4 T=9 C=36 (awkward sizes)
+ *   ./dev/cuda/layernorm 0 4 9 36  # all variants at B=4 T=9 C=36 (awkward sizes: the scalar-load path)
+ *   ./dev/cuda/layernorm 0 5 29 520   # 145 rows (5 backward blocks), C % 8 == 0, 65 packs (K = 3, ragged)
  */
 #define GPTC_NO_MAIN
 #include "train_gpt.cu"
@@ -49,25 +68,43 @@ typedef struct {
     float *mean, *rstd, *dw, *db, *part;
 } LnCtx;
 
+static const char* const VARIANT_NAMES[8] = {
+    "", "forward 1 (naive, thread per row)", "forward 2 (OLD production, scalar)",
+    "forward 3 (NEW production, 16-byte, row in registers)", "backward 4 (OLD production, 4 launches)",
+    "backward 5 (NEW production, fused + finish)", "bias grad 6 (OLD production, scalar)",
+    "bias grad 7 (NEW production, 16-byte)"};
+
 static void run_forward(void* p) {
     LnCtx* c = (LnCtx*)p;
     if (c->variant == 1) {
         layernorm_forward_naive_kernel<<<ceil_div(c->N, 128), 128>>>(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
         KERNEL_CHECK();
+    } else if (c->variant == 2) {
+        layernorm_forward_scalar_gpu(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 0);
     } else {
         layernorm_forward_gpu(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 0);
     }
 }
 
+static void run_bias(void* p) {
+    LnCtx* c = (LnCtx*)p;
+    if (c->variant == 6) bias_backward_scalar_gpu(c->db, c->part, c->dout, c->N, c->C, 0);
+    else bias_backward_gpu(c->db, c->part, c->dout, c->N, c->C, 0);
+}
+
 static void run_backward(void* p) {
     LnCtx* c = (LnCtx*)p;
-    layernorm_backward_gpu(c->dinp, c->dw, c->db, c->part, c->dout, c->inp, c->w, c->mean, c->rstd, c->N, c->C, 0);
+    if (c->variant == 4)
+        layernorm_backward_unfused_gpu(c->dinp, c->dw, c->db, c->part, c->dout, c->inp, c->w, c->mean, c->rstd, c->N, c->C, 0);
+    else
+        layernorm_backward_gpu(c->dinp, c->dw, c->db, c->part, c->dout, c->inp, c->w, c->mean, c->rstd, c->N, c->C, 0);
 }
 
 int main(int argc, char** argv) {
     require_device("layernorm");
     int only = argc > 1 ? atoi(argv[1]) : 0;
     int B = argc > 4 ? atoi(argv[2]) : 16, T = argc > 4 ? atoi(argv[3]) : 1024, C = argc > 4 ? atoi(argv[4]) : 768;
+    CHECK(B > 0 && T > 0 && C > 0 && only >= 0 && only <= 7, "usage: layernorm [variant 0..7 [B T C]]");
     int N = B * T;
     printf("N = B*T = %d rows, C = %d\n", N, C);
     float* x = random_floats((size_t)N * C, -3.0f, 3.0f, 1);
@@ -83,15 +120,14 @@ int main(int argc, char** argv) {
     ctx.w = to_device_bf16(w, C);
     ctx.b = to_device_bf16(b, C);
     ctx.dout = to_device_bf16(dy, (size_t)N * C);
-    ctx.dinp = to_device_bf16(dx0, (size_t)N * C);
+    ctx.dinp = to_device_bf16(dx0, (size_t)N * C); /* dx0 is now bf16-rounded: the reference starts from it */
     CUDA_CHECK(cudaMalloc((void**)&ctx.out, (size_t)N * C * sizeof(floatX)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.mean, N * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.rstd, N * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.dw, C * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.db, C * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.part, 2 * (size_t)column_sums_splits(N) * C * sizeof(float)));
-    CUDA_CHECK(cudaMemset(ctx.dw, 0, C * sizeof(float)));
-    CUDA_CHECK(cudaMemset(ctx.db, 0, C * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.part, layernorm_backward_scratch_floats(N, C) * sizeof(float)));
+    floatX* dinp0 = to_device_bf16(dx0, (size_t)N * C); /* to restore dinp before each backward's check */
 
     /* CPU reference */
     float* out = xmalloc_floats((size_t)N * C);
@@ -103,37 +139,44 @@ int main(int argc, char** argv) {
     l2flush_init(&flush);
     double peak = peak_bandwidth_gbs();
     int ok = 1;
-    for (int v = 1; v <= 2; v++) {
+    for (int v = 1; v <= 3; v++) {
         if (only && v != only) continue;
         ctx.variant = v;
         run_forward(&ctx);
         float* got = from_device_bf16(ctx.out, (size_t)N * C);
         float* gm = from_device_f32(ctx.mean, N);
         float* gr = from_device_f32(ctx.rstd, N);
-        char name[64];
-        printf("variant %d (%s)\n", v, v == 1 ? "naive, thread per row" : "production, warp per row");
-        snprintf(name, sizeof(name), "out (bf16)");
-        ok &= validate(name, got, out, (size_t)N * C, 1e-2, 1e-2);
+        printf("variant %s\n", VARIANT_NAMES[v]);
+        ok &= validate("out (bf16)", got, out, (size_t)N * C, 1e-2, 1e-2);
         ok &= validate("mean (fp32)", gm, mean, N, 1e-5, 1e-4);
         ok &= validate("rstd (fp32)", gr, rstd, N, 1e-5, 1e-4);
         free(got); free(gm); free(gr);
         double ms = time_kernel(&flush, 20, run_forward, &ctx);
-        print_timing(v == 1 ? "forward variant 1" : "forward variant 2", ms, (double)N * C * 4 + C * 4.0 + N * 8.0, peak);
+        print_timing(VARIANT_NAMES[v], ms, (double)N * C * 4 + C * 4.0 + N * 8.0, peak);
     }
-    if (!only || only == 2) {
-        /* backward: production only; CPU reference on the same inputs and the GPU's mean/rstd inputs */
-        printf("backward (production)\n");
-        ctx.variant = 2;
-        run_forward(&ctx);
-        float* gm = from_device_f32(ctx.mean, N);
-        float* gr = from_device_f32(ctx.rstd, N);
-        float* dx = xmalloc_floats((size_t)N * C);
-        memcpy(dx, dx0, (size_t)N * C * sizeof(float));
-        float* dw = xmalloc_floats(C);
-        float* db = xmalloc_floats(C);
-        memset(dw, 0, C * sizeof(float));
-        memset(db, 0, C * sizeof(float));
-        layernorm_backward(dx, dw, db, dy, x, w, gm, gr, N, C);
+    /* backward: CPU reference on the same inputs, with the GPU forward's mean/rstd */
+    float* dx = NULL;
+    float *dw = NULL, *db = NULL, *gm = NULL, *gr = NULL;
+    for (int v = 4; v <= 5; v++) {
+        if (only && v != only) continue;
+        if (!dx) {
+            ctx.variant = 3;
+            run_forward(&ctx);
+            gm = from_device_f32(ctx.mean, N);
+            gr = from_device_f32(ctx.rstd, N);
+            dx = xmalloc_floats((size_t)N * C);
+            memcpy(dx, dx0, (size_t)N * C * sizeof(float));
+            dw = xmalloc_floats(C);
+            db = xmalloc_floats(C);
+            memset(dw, 0, C * sizeof(float));
+            memset(db, 0, C * sizeof(float));
+            layernorm_backward(dx, dw, db, dy, x, w, gm, gr, N, C);
+        }
+        printf("variant %s\n", VARIANT_NAMES[v]);
+        ctx.variant = v;
+        CUDA_CHECK(cudaMemcpy(ctx.dinp, dinp0, (size_t)N * C * sizeof(floatX), cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(cudaMemset(ctx.dw, 0, C * sizeof(float)));
+        CUDA_CHECK(cudaMemset(ctx.db, 0, C * sizeof(float)));
         run_backward(&ctx);
         float* gdx = from_device_bf16(ctx.dinp, (size_t)N * C);
         float* gdw = from_device_f32(ctx.dw, C);
@@ -141,10 +184,38 @@ int main(int argc, char** argv) {
         ok &= validate("dinp (bf16, accumulated)", gdx, dx, (size_t)N * C, 2e-2, 2e-2);
         ok &= validate("dweight (fp32)", gdw, dw, C, 1e-2 * sqrt((double)N), 1e-3);
         ok &= validate("dbias (fp32)", gdb, db, C, 1e-2 * sqrt((double)N), 1e-3);
+        /* the same inputs again: bitwise the same parameter gradients (no order-dependent sums) */
+        CUDA_CHECK(cudaMemset(ctx.dw, 0, C * sizeof(float)));
+        CUDA_CHECK(cudaMemset(ctx.db, 0, C * sizeof(float)));
+        run_backward(&ctx);
+        float* gdw2 = from_device_f32(ctx.dw, C);
+        float* gdb2 = from_device_f32(ctx.db, C);
+        int same = !memcmp(gdw, gdw2, C * sizeof(float)) && !memcmp(gdb, gdb2, C * sizeof(float));
+        printf("  %-28s %s\n", "dweight, dbias run twice", same ? "ok    bitwise identical" : "FAIL  differ");
+        ok &= same;
         double ms = time_kernel(&flush, 20, run_backward, &ctx);
-        print_timing("backward", ms, (double)N * C * 2 * 4 + N * 8.0, peak); /* dy, x twice; dinp read+write */
-        free(gm); free(gr); free(dx); free(dw); free(db); free(gdx); free(gdw); free(gdb);
+        print_timing(VARIANT_NAMES[v], ms, (double)N * C * 2 * 4 + N * 8.0, peak);
+        free(gdx); free(gdw); free(gdb); free(gdw2); free(gdb2);
     }
+    for (int v = 6; v <= 7; v++) {
+        if (only && v != only) continue;
+        if (!db) { /* the bias gradient's reference: column sums of dy */
+            db = xmalloc_floats(C);
+            memset(db, 0, C * sizeof(float));
+            for (int i = 0; i < N; i++)
+                for (int c = 0; c < C; c++) db[c] += dy[(size_t)i * C + c];
+        }
+        printf("variant %s\n", VARIANT_NAMES[v]);
+        ctx.variant = v;
+        CUDA_CHECK(cudaMemset(ctx.db, 0, C * sizeof(float)));
+        run_bias(&ctx);
+        float* gdb = from_device_f32(ctx.db, C);
+        ok &= validate("dbias (fp32)", gdb, db, C, 1e-2 * sqrt((double)N), 1e-3);
+        double ms = time_kernel(&flush, 20, run_bias, &ctx);
+        print_timing(VARIANT_NAMES[v], ms, (double)N * C * 2, peak);
+        free(gdb);
+    }
+    free(gm); free(gr); free(dx); free(dw); free(db);
     l2flush_free(&flush);
     printf("%s\n", ok ? "layernorm: all variants valid" : "layernorm: FAILED");
     return ok ? 0 : 1;

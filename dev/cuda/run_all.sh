@@ -33,8 +33,10 @@ echo "== build $targets($ARCH)"
 make -B -j "$(nproc 2>/dev/null || echo 4)" --no-print-directory $targets NVCC="$NVCC" CUDA_ARCH="$ARCH" || fail=$((fail + 1))
 run layernorm
 run layernorm 0 4 9 36
+run layernorm 0 5 29 520
 run classifier
 run classifier 0 27 131 256
+run classifier 0 5 13 21
 # issue 13's files, one block each
 run adamw
 run adamw 0 1001
