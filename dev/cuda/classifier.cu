@@ -2,8 +2,10 @@
  * dev/cuda/classifier.cu — the fused classifier: softmax + cross-entropy +
  * dlogits over rows of Vp bf16 logits, without storing the probabilities.
  *
- * STATUS: validated and timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md);
- * validated on the CPU in every make test (dev/cuda/cpu).
+ * STATUS: the OLD variants (then the production kernels) were validated and
+ * timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md); the NEW ones have
+ * not yet run on a GPU. All are validated on the CPU in every make test
+ * (dev/cuda/cpu).
  *
  * CPU reference: train_gpt.c's crossentropy_softmax_forward then
  * crossentropy_softmax_backward (fp32, on the same bf16-rounded logits).

@@ -2,8 +2,10 @@
  * dev/cuda/layernorm.cu — LayerNorm forward (and the production backward),
  * bf16 in and out, fp32 statistics.
  *
- * STATUS: validated and timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md);
- * validated on the CPU in every make test (dev/cuda/cpu).
+ * STATUS: the OLD variants (then the production kernels) were validated and
+ * timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md); the NEW ones have
+ * not yet run on a GPU. All are validated on the CPU in every make test
+ * (dev/cuda/cpu).
  *
  * CPU reference: train_gpt.c's layernorm_forward / layernorm_backward (fp32,
  * on the same bf16-rounded inputs).
