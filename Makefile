@@ -324,9 +324,11 @@ CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/
 # -fsanitize=thread               every load and store calls __tsan_readN/__tsan_writeN, which
 #                                 runtime.cpp implements (libtsan is not linked: the checks are its own)
 # -O1                             kernels are stepped thread by thread; compile time matters more
+# -DATTN_MMA_SCALAR               flash attention's 16x16 tile products as plain fp32 FMAs, not WMMA
+#                                 (train_gpt.cu, attn_mma16): the layer has no nvcuda::wmma yet
 CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
 	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) \
-	-fsanitize=thread
+	-fsanitize=thread -DATTN_MMA_SCALAR
 CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
 
 $(CPU_BUILD)/layer/%.o: dev/cuda/cpu/%.cpp $(CPU_LAYER_H)
