@@ -260,7 +260,7 @@ NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,
 # -lcublasLt          cuBLASLt: every matmul (the CUDA runtime is linked by nvcc)
 # $(NCCL_LDLIBS)      NCCL where it was found (above), with its rpath; nothing without it
 CUDA_LDLIBS = -lcublasLt $(NCCL_LDLIBS)
-CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
+CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier dev/cuda/attention
 
 # MPI in the GPU build: Open MPI's mpicc says which flags it adds to gcc
 # (--showme:compile, --showme:link); nvcc takes -I, -D, -L and -l as they
@@ -359,7 +359,8 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
-		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout
+		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
+		$(CPU_BUILD)/dev/cuda/dp_layout
 	scripts/test_cuda_on_cpu.sh
 
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
@@ -427,7 +428,7 @@ check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
-	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu; do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu dev/cuda/dp_layout.cu; do \
 	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
 	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \

@@ -42,7 +42,7 @@ run() {
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
-         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout; do
+         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention .cpu/dev/cuda/dp_layout; do
     [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
 done
 echo "test_cuda_on_cpu: logs in $LOG"
@@ -59,6 +59,7 @@ run test_gpt_cu ./test_gpt_cu_cpu --binary ./train_gpt_cu_cpu --cpu-binary ./tra
 export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what counts
 run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36
 run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
+run dev_cuda_attention ./.cpu/dev/cuda/attention 0 2 70 2 20
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
 unset DEV_CUDA_REPS
 

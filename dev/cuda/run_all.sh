@@ -18,7 +18,7 @@ run() { # name, args...
     if [ $rc -eq 0 ]; then pass=$((pass + 1)); elif [ $rc -eq 77 ]; then skip=$((skip + 1)); else fail=$((fail + 1)); fi
 }
 # built by the Makefile (its flags, and NCCL found where this machine keeps it: the files include train_gpt.cu)
-for f in layernorm classifier; do
+for f in layernorm classifier attention; do
     echo "== build dev/cuda/$f ($ARCH)"
     make -B --no-print-directory "dev/cuda/$f" NVCC="$NVCC" CUDA_ARCH="$ARCH" || { fail=$((fail + 1)); continue; }
 done
@@ -26,5 +26,7 @@ run layernorm
 run layernorm 0 4 9 36
 run classifier
 run classifier 0 27 131 256
+run attention
+run attention 0 2 70 2 20
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]
