@@ -312,7 +312,7 @@ test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
 #   make test-cuda-on-cpu                   what make test runs of them (a few minutes)
 CPU_BUILD = .cpu
 CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
-CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h
+CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h dev/cuda/cpu/include/mma.h
 MPI_CXXFLAGS = -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(shell $(MPICC) --showme:compile 2>/dev/null)
 MPI_CXXLIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
 # the layer itself: optimised, not instrumented (its own memory is not device memory)
@@ -324,11 +324,9 @@ CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/
 # -fsanitize=thread               every load and store calls __tsan_readN/__tsan_writeN, which
 #                                 runtime.cpp implements (libtsan is not linked: the checks are its own)
 # -O1                             kernels are stepped thread by thread; compile time matters more
-# -DATTN_MMA_SCALAR               flash attention's 16x16 tile products as plain fp32 FMAs, not WMMA
-#                                 (train_gpt.cu, attn_mma16): the layer has no nvcuda::wmma yet
 CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
 	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) \
-	-fsanitize=thread -DATTN_MMA_SCALAR
+	-fsanitize=thread
 CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
 
 $(CPU_BUILD)/layer/%.o: dev/cuda/cpu/%.cpp $(CPU_LAYER_H)
@@ -358,9 +356,16 @@ $(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common
 	$(CXX) $(CPU_APP_FLAGS) -Idev/cuda -c -o $@.o $<
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
+# the lab's attention once more with -DATTN_MMA_SCALAR: flash attention's tile
+# products as plain fp32 FMAs instead of WMMA (train_gpt.cu's attn_mma16), so
+# that path, the algorithm apart from the tensor cores, stays tested
+$(CPU_BUILD)/dev/cuda/attention_scalar: $(CPU_BUILD)/dev/cuda/attention.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
+	$(CXX) $(CPU_APP_FLAGS) -DATTN_MMA_SCALAR -Idev/cuda -c -o $@.o $<
+	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
+
+test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
-		$(CPU_BUILD)/dev/cuda/dp_layout
+		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout
 	scripts/test_cuda_on_cpu.sh
 
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
@@ -428,7 +433,7 @@ check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
-	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu dev/cuda/dp_layout.cu; do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu; do \
 	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
 	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \
@@ -454,6 +459,6 @@ gpu-check:
 clean:
 	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
-		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
 .PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean

@@ -7,7 +7,9 @@
 #   scripts/test_cuda_on_cpu.sh          # about 3.5 minutes on 2 cores (195 s measured)
 #
 # What runs, each a check line (details in $LOG/*.log):
-#   1. the layer's own tests: planted bugs it must catch (test_layer), its
+#   1. the layer's own tests: planted bugs it must catch (test_layer), tensor
+#      cores (test_wmma: products against float64, WMMA misuse caught; again
+#      under another seed, which scrambles fragments another way), its
 #      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks;
 #   2. test_gpt_cu_cpu: forward/backward/AdamW against the CPU trainer and
 #      PyTorch, training states (save, resume bit for bit, a GPU state
@@ -41,14 +43,17 @@ run() {
     [ $rc -eq 0 ] || tail -n 30 "$LOG/$name.log"
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer dev/cuda/cpu/test_cublaslt \
-         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention .cpu/dev/cuda/dp_layout; do
+for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention \
+         .cpu/dev/cuda/attention_scalar .cpu/dev/cuda/dp_layout; do
     [ -x "$b" ] || { echo "test_cuda_on_cpu: $b not built: make test-cuda-on-cpu"; exit 1; }
 done
 echo "test_cuda_on_cpu: logs in $LOG"
 
 # ---- 1. the layer itself -----------------------------------------------------
 run layer_planted_bugs ./.cpu/dev/cuda/cpu/test_layer
+run layer_wmma ./.cpu/dev/cuda/cpu/test_wmma
+run layer_wmma_seed7 env CUDA_CPU_SEED=7 ./.cpu/dev/cuda/cpu/test_wmma
 run layer_cublaslt ./dev/cuda/cpu/test_cublaslt
 run layer_nccl_over_mpi dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 
@@ -60,6 +65,7 @@ export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what count
 run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36
 run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
 run dev_cuda_attention ./.cpu/dev/cuda/attention 0 2 70 2 20
+run dev_cuda_attention_scalar ./.cpu/dev/cuda/attention_scalar 0 2 70 2 20 # tile products without WMMA
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
 unset DEV_CUDA_REPS
 

@@ -28,5 +28,12 @@ run classifier
 run classifier 0 27 131 256
 run attention
 run attention 0 2 70 2 20
+# tensor cores (WMMA): the CPU layer's own test, its correct-program cases on the GPU
+echo "== build dev/cuda/cpu/test_wmma ($ARCH)"
+if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -o dev/cuda/cpu/test_wmma dev/cuda/cpu/test_wmma.cu; then
+    run cpu/test_wmma
+else
+    fail=$((fail + 1))
+fi
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]

@@ -7,6 +7,7 @@
 //   2. fibers and their stacks
 //   3. device side: arriving at a barrier or a warp operation, faults
 //   4. the block scheduler: rounds, warp exchanges, barrier release, diagnosis
+//   4b. WMMA: the fragment mappings, the checks of load/store, mma_sync's arithmetic
 //   5. launch: the driver's checks, then the grid
 #include "cuda_cpu.h"
 
@@ -79,6 +80,8 @@ struct warp_call {
     int arg;          // source lane, lane mask or delta
     int width;
     uint64_t result;  // filled in when the whole mask has arrived
+    uint64_t tag;     // WMMA: the fragment kinds (and memory layout), which every lane must agree on
+    uint64_t extra;   // WMMA load/store: ldm
 };
 
 struct fiber {
@@ -100,7 +103,7 @@ struct block_run {
     std::vector<uint32_t> warp_epochs; // warp operations completed, per warp
 };
 
-thread_local exec_point exec = {false, false, 0, 0, 0, 0};
+thread_local exec_point exec = {false, false, 0, 0, 0, 0, nullptr};
 thread_local uintptr_t shared_static_lo = 0, shared_static_bytes = 0, shared_dynamic_lo = 0, shared_dynamic_bytes = 0;
 
 bool race_check_enabled() {
@@ -126,6 +129,10 @@ static const char* op_name(warp_op op) {
         case WARP_BALLOT: return "__ballot_sync";
         case WARP_ANY: return "__any_sync";
         case WARP_ALL: return "__all_sync";
+        case WARP_WMMA_FILL: return "wmma::fill_fragment";
+        case WARP_WMMA_LOAD: return "wmma::load_matrix_sync";
+        case WARP_WMMA_STORE: return "wmma::store_matrix_sync";
+        case WARP_WMMA_MMA: return "wmma::mma_sync";
     }
     return "?";
 }
@@ -134,8 +141,9 @@ static const char* op_name(warp_op op) {
 static std::string where(const block_run& r, int t) {
     char buf[256];
     const uint3 tid = r.fibers[t].tid;
-    snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' block (%u,%u,%u) thread (%u,%u,%u) [lane %d of warp %d]: ",
-             r.kernel, blockIdx.x, blockIdx.y, blockIdx.z, tid.x, tid.y, tid.z, t % 32, t / 32);
+    snprintf(buf, sizeof buf, "cuda_cpu: kernel '%s' block (%u,%u,%u) thread (%u,%u,%u) [lane %d of warp %d]%s%s: ",
+             r.kernel, blockIdx.x, blockIdx.y, blockIdx.z, tid.x, tid.y, tid.z, t % 32, t / 32,
+             t == r.current && exec.call ? " in " : "", t == r.current && exec.call ? exec.call : "");
     return buf;
 }
 
@@ -277,7 +285,7 @@ uint64_t warp_arrive(warp_op op, unsigned mask, uint64_t value, int arg, int wid
         if ((mask & (1u << l)) && warp_base + l >= n)
             fault(f, "%s with mask 0x%08x names lane %d, which does not exist (the block has %d threads)",
                   op_name(op), mask, l, n);
-    f.call = warp_call{op, mask, value, arg, width, 0};
+    f.call = warp_call{op, mask, value, arg, width, 0, 0, 0};
     f.state = FIBER_WARP;
     yield_to_scheduler(f);
     return f.call.result;
@@ -378,8 +386,10 @@ static int shfl_source(const warp_call& c, int lane) {
 }
 
 static bool same_call(const warp_call& a, const warp_call& b) {
-    return a.op == b.op && a.mask == b.mask && a.width == b.width;
+    return a.op == b.op && a.mask == b.mask && a.width == b.width && a.tag == b.tag;
 }
+
+static bool wmma_complete(block_run& r, int base);  // section 4b
 
 // Completes every warp operation whose whole mask has arrived at a matching
 // call; returns whether any did. Sets r.fault when an exchange reads a lane
@@ -397,6 +407,13 @@ static bool complete_warp_ops(block_run& r) {
             if (c.mask & (1u << l))
                 ready = r.fibers[base + l].state == FIBER_WARP && same_call(r.fibers[base + l].call, c);
         if (!ready) continue;
+        if (c.op >= WARP_WMMA_FILL) {  // section 4b: checks, mma_sync's arithmetic
+            if (!wmma_complete(r, base)) return progress;
+            for (int l = 0; l < 32; l++) r.fibers[base + l].state = FIBER_RUNNABLE;
+            if (c.op != WARP_WMMA_FILL) r.warp_epochs[base / 32]++;  // fill_fragment orders nothing
+            progress = true;
+            continue;
+        }
         uint64_t ballot = 0;
         for (int l = 0; l < 32; l++)
             if ((c.mask & (1u << l)) && r.fibers[base + l].call.value) ballot |= 1ull << l;
@@ -443,7 +460,10 @@ static void diagnose_warp(block_run& r) {
             char buf[160];
             if (g.state == FIBER_DONE) why = "has exited";
             else if (g.state == FIBER_BARRIER) why = "waits at __syncthreads instead";
-            else if (g.state == FIBER_WARP && !same_call(g.call, c)) {
+            else if (g.state == FIBER_WARP && g.call.op == c.op && g.call.op >= WARP_WMMA_FILL && g.call.tag != c.tag) {
+                snprintf(buf, sizeof buf, "called %s on another kind of fragment (type, use or layout) instead", op_name(g.call.op));
+                why = buf;
+            } else if (g.state == FIBER_WARP && !same_call(g.call, c)) {
                 snprintf(buf, sizeof buf, "called %s with mask 0x%08x width %d instead", op_name(g.call.op), g.call.mask, g.call.width);
                 why = buf;
             }
@@ -495,6 +515,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
             exec.thread = (uint32_t)t;
             exec.epoch = r.epoch;
             exec.warp_epoch = r.warp_epochs[t / 32];
+            exec.call = nullptr;  // a WMMA call's accesses never span a switch
             fiber_switch(&r.scheduler, r.fibers[t].sp);
             r.current = -1;
             if (r.fault) return;
@@ -522,6 +543,172 @@ static void run_block(block_run& r, uint64_t block_seed) {
         for (fiber& f : r.fibers) f.state = FIBER_RUNNABLE;
         r.epoch++;
     }
+}
+
+// ---- 4b. WMMA: the fragment mappings, the checks of load/store, mma_sync's arithmetic ----
+// cuda_cpu.h (section 3b) says what is modelled; include/mma.h is the API.
+
+static wmma_map wmma_maps[WMMA_KINDS];  // per kind; set at every launch from the seed
+
+// Each kind's scramble from the seed: mul odd in 3..253 (never the identity
+// nor its mirror), add any; splitmix64 so nearby seeds give unrelated maps.
+static void wmma_seed_maps(uint64_t seed) {
+    uint64_t s = seed ^ 0x5bd1e9955bd1e995ull;
+    for (int k = 0; k < WMMA_KINDS; k++) {
+        const uint64_t h = splitmix64(&s);
+        wmma_maps[k] = wmma_map{(uint32_t)(3 + 2 * (h % 126)), (uint32_t)((h >> 8) & 255), 0};
+    }
+}
+
+static int wmma_type_of(int kind) { return kind / 3 % 3; }
+static int wmma_use_of(int kind) { return kind / 9; }
+static size_t wmma_bytes(int kind) { return wmma_type_of(kind) == WMMA_FLOAT ? 4 : 2; }
+// CUDA's num_elements: 16 for half matrix_a/b (each position in two lanes), 8 otherwise.
+static int wmma_per_lane(int kind) { return wmma_use_of(kind) != WMMA_ACC && wmma_type_of(kind) == WMMA_HALF ? 16 : 8; }
+static const char* wmma_type_name(int kind) {
+    switch (wmma_type_of(kind)) { case WMMA_BF16: return "__nv_bfloat16"; case WMMA_HALF: return "__half"; default: return "float"; }
+}
+
+// The warp must be whole: a WMMA call names all 32 lanes.
+static void wmma_need_whole_warp(fiber& f, warp_op op) {
+    const int t = running->current, base = t - t % 32, n = (int)running->fibers.size();
+    if (base + 32 > n)
+        fault(f, "%s in a warp of %d threads: WMMA calls need all 32 lanes (the block has %d threads)", op_name(op), n - base, n);
+}
+
+static void wmma_wait(fiber& f, warp_op op, uint64_t value, uint64_t tag, uint64_t extra) {
+    f.call = warp_call{op, 0xffffffffu, value, 0, 32, 0, tag, extra};
+    f.state = FIBER_WARP;
+    yield_to_scheduler(f);
+}
+
+wmma_map wmma_memory(warp_op op, int kind, const void* p, unsigned ldm, int mem_layout) {
+    fiber& f = self(op_name(op));
+    wmma_need_whole_warp(f, op);
+    // CUDA Programming Guide, WMMA (load_matrix_sync, store_matrix_sync):
+    // "mptr must be a 256-bit aligned pointer ... ldm ... must be a multiple
+    // of 8 for __half element type or multiple of 4 for float element type
+    // (i.e., multiple of 16 bytes in both cases)"; bf16 is 2 bytes as __half.
+    if ((uintptr_t)p % 32 != 0)
+        fault(f, "%s with pointer %p, which is not 256-bit (32-byte) aligned (it is %zu bytes past a 32-byte boundary): "
+              "CUDA requires mptr to be", op_name(op), p, (size_t)((uintptr_t)p % 32));
+    if ((size_t)ldm * wmma_bytes(kind) % 16 != 0)
+        fault(f, "%s with ldm %u, which is not a multiple of %zu (16 bytes of %s): CUDA requires it to be",
+              op_name(op), ldm, 16 / wmma_bytes(kind), wmma_type_name(kind));
+    if (mem_layout != 0 && mem_layout != 1)
+        fault(f, "%s with layout %d: it must be mem_row_major or mem_col_major", op_name(op), mem_layout);
+    wmma_wait(f, op, (uint64_t)(uintptr_t)p, (uint64_t)kind << 8 | (uint64_t)mem_layout, ldm);
+    exec.call = op_name(op);
+    wmma_map m = wmma_maps[kind];
+    m.lane = running->current % 32;
+    return m;
+}
+
+void wmma_fill(int tag) {
+    fiber& f = self(op_name(WARP_WMMA_FILL));
+    wmma_need_whole_warp(f, WARP_WMMA_FILL);
+    wmma_wait(f, WARP_WMMA_FILL, 0, (uint64_t)tag, 0);
+}
+
+struct wmma_operands {  // one lane's, on its stack while it waits
+    void* d;
+    const void* a;
+    const void* b;
+    const void* c;
+};
+
+void wmma_mma(int kind_d, int kind_a, int kind_b, int kind_c, void* d, const void* a, const void* b, const void* c) {
+    fiber& f = self(op_name(WARP_WMMA_MMA));
+    wmma_need_whole_warp(f, WARP_WMMA_MMA);
+    wmma_operands ops{d, a, b, c};
+    wmma_wait(f, WARP_WMMA_MMA, (uint64_t)(uintptr_t)&ops,
+              (uint64_t)kind_d << 24 | (uint64_t)kind_a << 16 | (uint64_t)kind_b << 8 | (uint64_t)kind_c, 0);
+}
+
+static float wmma_get(int kind, const void* frag, int i) {
+    switch (wmma_type_of(kind)) {
+        case WMMA_BF16: {  // the upper 16 bits of a float
+            uint16_t h;
+            memcpy(&h, (const char*)frag + 2 * i, 2);
+            uint32_t u = (uint32_t)h << 16;
+            float x;
+            memcpy(&x, &u, 4);
+            return x;
+        }
+        case WMMA_HALF: {
+            _Float16 h;  // IEEE binary16, as __half; GCC converts exactly
+            memcpy(&h, (const char*)frag + 2 * i, 2);
+            return (float)h;
+        }
+        default: {
+            float x;
+            memcpy(&x, (const char*)frag + 4 * i, 4);
+            return x;
+        }
+    }
+}
+
+static void wmma_put(int kind, void* frag, int i, float v) {
+    if (wmma_type_of(kind) == WMMA_HALF) {
+        const _Float16 h = (_Float16)v;  // round to nearest even, as the tensor core's half output
+        memcpy((char*)frag + 2 * i, &h, 2);
+    } else {
+        CPU_ALWAYS(wmma_type_of(kind) == WMMA_FLOAT);
+        memcpy((char*)frag + 4 * i, &v, 4);
+    }
+}
+
+// The whole warp has arrived at the same WMMA call (same kinds): check what
+// must agree between lanes, and for mma_sync compute every lane's d. Returns
+// false after setting r.fault.
+static bool wmma_complete(block_run& r, int base) {
+    const warp_call& c0 = r.fibers[base].call;
+    if (c0.op == WARP_WMMA_LOAD || c0.op == WARP_WMMA_STORE) {
+        // "The values of mptr, ldm, layout and all template parameters ... must be the same for all threads in the warp."
+        for (int l = 1; l < 32; l++) {
+            const warp_call& c = r.fibers[base + l].call;
+            if (c.value != c0.value || c.extra != c0.extra) {
+                r.message = where(r, base + l) + format_msg("%s with pointer %p and ldm %u, but lane 0 of the warp passed %p and ldm %u: "
+                                                            "the pointer, ldm and layout must be the same for every lane",
+                                                            op_name(c0.op), (void*)(uintptr_t)c.value, (unsigned)c.extra,
+                                                            (void*)(uintptr_t)c0.value, (unsigned)c0.extra);
+                r.fault = true;
+                return false;
+            }
+        }
+        return true;
+    }
+    if (c0.op != WARP_WMMA_MMA) return true;  // fill_fragment: arriving is all
+    const int kd = (int)(c0.tag >> 24 & 255), ka = (int)(c0.tag >> 16 & 255), kb = (int)(c0.tag >> 8 & 255), kc = (int)(c0.tag & 255);
+    // Gather the three matrices from the lanes' fragments ([row][col], 16x16).
+    float A[256], B[256], C[256], D[256];
+    for (int l = 0; l < 32; l++) {
+        const wmma_operands* ops = reinterpret_cast<const wmma_operands*>((uintptr_t)r.fibers[base + l].call.value);
+        struct { int kind; const void* frag; float* to; } in[3] = {{ka, ops->a, A}, {kb, ops->b, B}, {kc, ops->c, C}};
+        for (const auto& x : in) {
+            wmma_map m = wmma_maps[x.kind];
+            m.lane = l;
+            const int e = wmma_per_lane(x.kind);
+            for (int i = 0; i < e; i++) x.to[wmma_position(m, i, e)] = wmma_get(x.kind, x.frag, i);
+        }
+    }
+    // D = A B + C, m16n16k16: each product of two bf16 or half values is
+    // exact in fp32 (8 or 11 significant bits each); the sum over k is fp32,
+    // in k order from C (the hardware's order and internal rounding are its own).
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float acc = C[i * 16 + j];
+            for (int k = 0; k < 16; k++) acc += A[i * 16 + k] * B[k * 16 + j];
+            D[i * 16 + j] = acc;
+        }
+    // Scatter D to the lanes' d fragments (after all reads: d may be c).
+    for (int l = 0; l < 32; l++) {
+        const wmma_operands* ops = reinterpret_cast<const wmma_operands*>((uintptr_t)r.fibers[base + l].call.value);
+        wmma_map m = wmma_maps[kd];
+        m.lane = l;
+        for (int i = 0; i < wmma_per_lane(kd); i++) wmma_put(kd, ops->d, i, D[wmma_position(m, i, wmma_per_lane(kd))]);
+    }
+    return true;
 }
 
 // ---- 5. launch ----------------------------------------------------------------------------
@@ -567,8 +754,10 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
     r.fibers.resize(threads);
     r.current = -1;
     r.fault = false;
-    dyn_shared_buf.assign(shared_bytes + 16, 0);
-    dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 15) & ~(uintptr_t)15) : nullptr;
+    // 128-byte aligned: a GPU's dynamic shared memory starts at least that
+    // aligned when the kernel has no static __shared__ (WMMA asks 32 bytes).
+    dyn_shared_buf.assign(shared_bytes + 128, 0);
+    dyn_shared_ptr = shared_bytes ? (void*)(((uintptr_t)dyn_shared_buf.data() + 127) & ~(uintptr_t)127) : nullptr;
     // Static storage, all of it: the cuda_cpu_shared section holds the
     // __shared__ variables, except those of template kernels, which GCC puts
     // in .bss whatever their section attribute says. A kernel can reach no
@@ -582,6 +771,7 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
     blockDim = block;
     running = &r;
     const uint64_t seed = current_seed();
+    wmma_seed_maps(seed);
     // Blocks run one at a time, in a seeded order: CUDA promises none, and
     // the race checks see accesses of different blocks as unordered anyway.
     const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;

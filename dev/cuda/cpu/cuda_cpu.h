@@ -13,6 +13,7 @@
 //   __syncthreads, __syncwarp, __shfl_sync, __shfl_xor_sync, __shfl_down_sync,
 //   __shfl_up_sync, __ballot_sync, __any_sync, __all_sync
 //   atomicAdd (float, int, unsigned, unsigned long long), atomicMax, atomicCAS
+//   the warp-collective core of nvcuda::wmma (include/mma.h builds the API on it)
 // and to the host:
 //   cpu_launch(kernel, grid, block, shared_bytes, args...)   for k<<<grid, block, shared_bytes>>>(args...)
 //   cpu_func_set_max_dynamic_shared(kernel, bytes)           for cudaFuncSetAttribute(k, MaxDynamicSharedMemorySize, bytes)
@@ -43,6 +44,7 @@
 //   1. CUDA's built-in types and variables
 //   2. qualifiers defined away, shared memory
 //   3. barriers and warp operations
+//   3b. tensor cores: the warp-collective WMMA calls
 //   4. atomics
 //   5. errors and launch
 
@@ -74,6 +76,7 @@ struct exec_point {
     uint32_t thread;      // linear thread index in the block
     uint32_t epoch;       // barriers the block has completed
     uint32_t warp_epoch;  // warp operations this thread's warp has completed
+    const char* call;     // the warp-collective call whose memory accesses run now (wmma::load_matrix_sync), or null
 };
 extern thread_local exec_point exec;  // (per OS thread: others, like a saver thread, are never in a kernel)
 // The block's shared memory, static and dynamic: the runtime's hooks send
@@ -112,7 +115,7 @@ bool race_check_enabled();
 
 // `extern __shared__ T name[];` cannot be a macro of __shared__ (extern static
 // is not C++); translate.py rewrites it to this. All
-// such arrays alias the launch's dynamic shared memory, 16-byte aligned and
+// such arrays alias the launch's dynamic shared memory, 128-byte aligned and
 // poisoned like the static kind.
 #define CPU_EXTERN_SHARED(T, name) T* name = reinterpret_cast<T*>(cuda_cpu::dynamic_shared())
 
@@ -129,6 +132,7 @@ namespace cuda_cpu {
 enum warp_op {
     WARP_SYNC, WARP_SHFL_IDX, WARP_SHFL_XOR, WARP_SHFL_DOWN, WARP_SHFL_UP,
     WARP_BALLOT, WARP_ANY, WARP_ALL,
+    WARP_WMMA_FILL, WARP_WMMA_LOAD, WARP_WMMA_STORE, WARP_WMMA_MMA,  // section 3b
 };
 // The calling lane arrives at a warp operation with its mask and value; it
 // yields until every lane in the mask has arrived with the same operation,
@@ -173,6 +177,55 @@ inline int __any_sync(unsigned mask, int predicate) {
 inline int __all_sync(unsigned mask, int predicate) {
     return (int)cuda_cpu::warp_arrive(cuda_cpu::WARP_ALL, mask, predicate != 0, 0, 32);
 }
+
+// ---- 3b. tensor cores: the warp-collective WMMA calls ----------------------------------
+// include/mma.h gives kernels CUDA's nvcuda::wmma API (fragments,
+// fill_fragment, load_matrix_sync, store_matrix_sync, mma_sync) on these.
+//
+// A 16x16 fragment is spread over the 32 lanes of a warp, as on the GPU:
+// lane l holds `per_lane` elements x[0..per_lane), element i being the matrix
+// position wmma_position(map, i, per_lane) = row * 16 + col (row = m and
+// col = k for matrix_a, k and n for matrix_b, m and n for an accumulator).
+// CUDA leaves that mapping unspecified, so the layer picks one no code can
+// rely on: an affine scramble of lane * per_lane + i, different for each kind
+// of fragment (use, type, layout) and for each seed (CUDA_CPU_SEED). Code that
+// assumes a mapping (the GPU's, or that an accumulator's elements line up with
+// a matrix_a's) computes wrong values here, and different ones under another
+// seed. Half matrix_a/b fragments hold 16 elements per lane, each position
+// twice (in two lanes), as CUDA's num_elements says.
+//
+// Every call is warp-collective: all 32 lanes arrive at the same call with the
+// same fragment kind (load and store: the same pointer, ldm and layout), or the
+// launch fails (719), naming the lane that is missing. load, store and mma
+// complete like a warp operation (they order the lanes' accesses as
+// __syncwarp does; the loads and stores happen after it, each lane its own
+// elements, through the instrumented code, so bounds and race checks see
+// them); fill_fragment only checks that all lanes arrive, and orders nothing
+// (on a GPU it is a register move).
+namespace cuda_cpu {
+enum wmma_use { WMMA_A, WMMA_B, WMMA_ACC };
+enum wmma_type { WMMA_BF16, WMMA_HALF, WMMA_FLOAT };
+enum wmma_layout { WMMA_ROW, WMMA_COL, WMMA_NONE };  // a fragment's own layout (matrix_a, matrix_b) or none (accumulator)
+constexpr int wmma_kind(int use, int type, int layout) { return use * 9 + type * 3 + layout; }
+constexpr int WMMA_KINDS = 27;
+struct wmma_map {
+    uint32_t mul, add;  // position = (mul * (lane * per_lane + i) + add) mod 256; mul odd: a permutation
+    int lane;
+};
+inline int wmma_position(wmma_map m, int i, int per_lane) {
+    return (int)((m.mul * (uint32_t)(m.lane * per_lane + i) + m.add) & 255u);
+}
+// load_matrix_sync (op WARP_WMMA_LOAD) and store_matrix_sync (WARP_WMMA_STORE):
+// checks p and ldm, waits for the warp, returns this lane's mapping; the
+// caller then moves its elements and calls wmma_leave. mem_layout: 0 row-major, 1 column-major.
+wmma_map wmma_memory(warp_op op, int kind, const void* p, unsigned ldm, int mem_layout);
+inline void wmma_leave() { exec.call = nullptr; }
+// fill_fragment: every lane must arrive (`tag` names the fragment's type); orders nothing.
+void wmma_fill(int tag);
+// mma_sync: d = a * b + c, each lane passing its own fragments' elements;
+// the products are exact, summed in fp32 over k in order from c (half d: rounded to nearest at the end).
+void wmma_mma(int kind_d, int kind_a, int kind_b, int kind_c, void* d, const void* a, const void* b, const void* c);
+}  // namespace cuda_cpu
 
 // ---- 4. atomics ---------------------------------------------------------------------
 // The fibers of a block share one OS thread and blocks run one after another,
