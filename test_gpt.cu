@@ -30,6 +30,9 @@
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
  *     and the final weights against PyTorch;
  *   - stochastic rounding is unbiased;
+ *   - flash attention (G2) forward and backward against train_gpt.c's
+ *     attention at T 1, 7, 64, 129 and head sizes 32, 64, 128 (and 9), the
+ *     log-sum-exp against float64 (tolerances TOL_ATTN_*);
  *   - with --binary: training states (save, stop, resume from disk and from
  *     memory: the final weights bit for bit the uninterrupted run's; a
  *     snapshot every step changes nothing; with --cpu-binary the CPU
@@ -179,6 +182,24 @@ static void test_memory_check(void) {
              memory_allowance(1) / MB);
     check(memory_allowance(0) >= 256 * MB && memory_allowance(1) > memory_allowance(0),
           "memory: an allowance for lazily loaded kernels, more with NCCL", d);
+}
+
+/* The memory plan of GPT-2 124M at B = 16, T = 1024: attention keeps the
+ * log-sum-exp, L B NH T fp32 (9 MB), where the materialised variant kept
+ * L B NH T^2 bf16 probabilities (4.5 GB), and the scratch is less than that
+ * variant's fp32 scores alone (B NH T^2, 768 MB). */
+static void test_memory_plan_attention(void) {
+    GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
+    int B = 16, T = 1024;
+    MemoryPlan p = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES);
+    size_t lse = (size_t)12 * B * 12 * T * 4, probs = (size_t)12 * B * 12 * T * T * 2;
+    size_t scores = (size_t)B * 12 * T * T * 4;
+    char d[240];
+    snprintf(d, sizeof(d), "attention %.1f MB, activations %.0f MB (the T x T probabilities were %.0f MB more), "
+             "scratch %.0f MB", p.attention / 1048576.0, p.activations / 1048576.0, (probs - lse) / 1048576.0,
+             p.scratch / 1048576.0);
+    check(p.attention == lse && p.scratch < scores, "memory plan: attention keeps B NH T statistics per layer, "
+          "nothing T x T", d);
 }
 
 /* ---- GPU checks --------------------------------------------------------- */
@@ -598,6 +619,7 @@ int main(int argc, char** argv) {
     test_mfu_format();
     test_lt_decisions(model_path);
     test_memory_check();
+    test_memory_plan_attention();
     if (host_only) { /* (make check-cuda: no GPU needed) */
         printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed ? 1 : 0;

@@ -511,10 +511,11 @@ static void layernorm_backward_gpu(floatX* dinp, float* dweight, float* dbias, f
  * the tensor cores (WMMA, bf16 16x16x16 with fp32 accumulation) one 16x16
  * output block per call (attn_mma16), accumulators in shared memory: the
  * softmax work then reads and writes tiles in shared memory by position (a
- * WMMA fragment's element layout is unspecified). Built with
- * -DATTN_MMA_SCALAR, attn_mma16 computes the same block with ordinary fp32
- * FMAs instead (no tensor cores): for the CPU execution layer while it has no
- * WMMA, and to check the algorithm apart from the tensor-core path.
+ * WMMA fragment's element layout is unspecified; the CPU execution layer
+ * scrambles it on purpose). Built with -DATTN_MMA_SCALAR, attn_mma16 computes
+ * the same block with ordinary fp32 FMAs instead (no tensor cores): the
+ * algorithm checked apart from the tensor cores (make test runs the kernel
+ * lab's attention both ways on the CPU).
  *
  * Shared memory per block (bytes, hsp = 128): forward 112,640, dK/dV 190,464,
  * dQ 147,456; hsp = 64 (GPT-2): 71,680, 124,928 and 98,304. Over the 48 KB
@@ -1744,6 +1745,7 @@ typedef struct {
 /* What the plan says, in bytes, before allocating. */
 typedef struct {
     size_t params, grads, optimizer, activations, scratch, workspace, tokens;
+    size_t attention; /* of the activations: flash attention's log-sum-exp, all it keeps (L, B, NH, T) */
 } MemoryPlan;
 
 static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, size_t workspace) {
@@ -1754,6 +1756,7 @@ static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, size_t work
     p.optimizer = P * 12; /* master, m, v */
     gpu_activation_sizes(n, bytes, c, B, T);
     p.activations = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
+    p.attention = n[6] * bytes[6]; /* lse */
     gpu_scratch_sizes(n, bytes, c, B, T);
     p.scratch = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
     p.workspace = workspace + ((LT_BIAS_COPY_ELEMS(c) * sizeof(floatX) + 255) & ~(size_t)255); /* + the bias copy */
@@ -1768,8 +1771,9 @@ static size_t memory_plan_total(const MemoryPlan* p) {
 static void memory_plan_print(const MemoryPlan* p) {
     double mb = 1.0 / (1024.0 * 1024.0);
     printf("memory plan: parameters bf16 %.0f MB, gradients fp32 %.0f MB, master+AdamW fp32 %.0f MB, "
-           "activations %.0f MB, scratch %.0f MB, cuBLASLt workspace %.0f MB: total %.0f MB\n",
-           p->params * mb, p->grads * mb, p->optimizer * mb, p->activations * mb, p->scratch * mb,
+           "activations %.0f MB (attention keeps %.1f MB of row statistics, nothing T x T), scratch %.0f MB, "
+           "cuBLASLt workspace %.0f MB: total %.0f MB\n",
+           p->params * mb, p->grads * mb, p->optimizer * mb, p->activations * mb, p->attention * mb, p->scratch * mb,
            p->workspace * mb, memory_plan_total(p) * mb);
 }
 
