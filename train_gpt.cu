@@ -509,10 +509,10 @@ static void layernorm_backward_gpu(floatX* dinp, float* dweight, float* dbias, f
  * a tile's hs columns are zero-padded to hsp = hs rounded up to 16 in shared
  * memory, rows past T are zero too and masked out. Tile products go through
  * the tensor cores (WMMA, bf16 16x16x16 with fp32 accumulation) one 16x16
- * output block per call (attn_mma16), accumulators in shared memory: the
+ * output strip per call (attn_mma_strip), accumulators in shared memory: the
  * softmax work then reads and writes tiles in shared memory by position (a
  * WMMA fragment's element layout is unspecified; the CPU execution layer
- * scrambles it on purpose). Built with -DATTN_MMA_SCALAR, attn_mma16 computes
+ * scrambles it on purpose). Built with -DATTN_MMA_SCALAR, attn_mma_strip computes
  * the same block with ordinary fp32 FMAs instead (no tensor cores): the
  * algorithm checked apart from the tensor cores (make test runs the kernel
  * lab's attention both ways on the CPU).
@@ -550,34 +550,11 @@ static size_t attn_smem_forward(int hsp) { return 3 * attn_bytes_h(hsp) + ATTN_B
 static size_t attn_smem_dkv(int hsp) { return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + 2 * ATTN_BYTES_P + 2 * attn_bytes_o(hsp); }
 static size_t attn_smem_dq(int hsp) { return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp); }
 
-/* One warp: the 16x16 fp32 block c (ldc) = [c +] a (16 x K) b (K x 16), K a
- * multiple of 16, bf16 operands in shared memory. A_COL: a is stored
- * column-major (a(m, k) at a[k * lda + m]), else row-major (a[m * lda + k]);
- * B_COL: b(k, n) at b[n * ldb + k], else b[k * ldb + n]. Every lane of the
- * warp calls it; when it returns the warp's stores to c are done. */
+#ifdef ATTN_MMA_SCALAR
+/* attn_mma_strip's one 16 x 16 block without tensor cores */
 template <int A_COL, int B_COL>
-__device__ void attn_mma16(float* c, int ldc, const floatX* a, int lda, const floatX* b, int ldb, int K,
-                           int accumulate) {
-#ifndef ATTN_MMA_SCALAR
-    using namespace nvcuda;
-    typedef typename std::conditional<A_COL != 0, wmma::col_major, wmma::row_major>::type LayoutA;
-    typedef typename std::conditional<B_COL != 0, wmma::col_major, wmma::row_major>::type LayoutB;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
-    if (accumulate) wmma::load_matrix_sync(fc, c, ldc, wmma::mem_row_major);
-    else wmma::fill_fragment(fc, 0.0f);
-    for (int k = 0; k < K; k += 16) {
-        wmma::load_matrix_sync(fa, A_COL ? a + (size_t)k * lda : a + k, lda);
-        wmma::load_matrix_sync(fb, B_COL ? b + k : b + (size_t)k * ldb, ldb);
-        wmma::mma_sync(fc, fa, fb, fc);
-    }
-    wmma::store_matrix_sync(c, fc, ldc, wmma::mem_row_major);
-#else
-    /* lane 2m + h computes row m, columns 8h .. 8h + 7, each sum in k order;
-     * operands read 8 at a time (16 bytes) along their contiguous dimension
-     * (on the CPU execution every access is checked: fewer, wider ones are
-     * what makes this path quick enough for make test) */
+__device__ void attn_mma16_scalar(float* c, int ldc, const floatX* a, int lda, const floatX* b, int ldb, int K,
+                                  int accumulate) {
     int lane = threadIdx.x % 32, m = lane / 2, n0 = (lane % 2) * 8;
     float acc[8];
     for (int j = 0; j < 8; j++) acc[j] = accumulate ? c[m * ldc + n0 + j] : 0.0f;
@@ -603,6 +580,53 @@ __device__ void attn_mma16(float* c, int ldc, const floatX* a, int lda, const fl
     }
     for (int j = 0; j < 8; j++) c[m * ldc + n0 + j] = acc[j];
     __syncwarp();
+}
+#endif
+
+/* One warp: the fp32 strip c (16 x 16 nb, ldc) = [c +] a (16 x K) b (K x 16 nb),
+ * K a multiple of 16, nb <= 8, bf16 operands in shared memory. A_COL: a is
+ * stored column-major (a(m, k) at a[k * lda + m]), else row-major
+ * (a[m * lda + k]); b's 16-column block j starts at b + j * bstep, within it
+ * B_COL: b(k, n) at [n * ldb + k], else [k * ldb + n]. Every lane of the warp
+ * calls it with the same arguments; when it returns the warp's stores to c
+ * are done. Each k step loads a's fragment once for all nb blocks; the
+ * accumulators live in registers for the call, in shared memory between. */
+#define ATTN_MAX_NB 8 /* hsp / 16 for hsp = 128 */
+template <int A_COL, int B_COL>
+__device__ void attn_mma_strip(float* c, int ldc, const floatX* a, int lda, const floatX* b, int ldb, int bstep,
+                               int nb, int K, int accumulate) {
+#ifndef ATTN_MMA_SCALAR
+    using namespace nvcuda;
+    typedef typename std::conditional<A_COL != 0, wmma::col_major, wmma::row_major>::type LayoutA;
+    typedef typename std::conditional<B_COL != 0, wmma::col_major, wmma::row_major>::type LayoutB;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc[ATTN_MAX_NB];
+    for (int j = 0; j < ATTN_MAX_NB; j++) { /* (unrolled by nvcc: the fragments stay in registers) */
+        if (j >= nb) break;
+        if (accumulate) wmma::load_matrix_sync(fc[j], c + j * 16, ldc, wmma::mem_row_major);
+        else wmma::fill_fragment(fc[j], 0.0f);
+    }
+    for (int k = 0; k < K; k += 16) {
+        wmma::load_matrix_sync(fa, A_COL ? a + (size_t)k * lda : a + k, lda);
+        for (int j = 0; j < ATTN_MAX_NB; j++) {
+            if (j >= nb) break;
+            const floatX* bj = b + (size_t)j * bstep;
+            wmma::load_matrix_sync(fb, B_COL ? bj + k : bj + (size_t)k * ldb, ldb);
+            wmma::mma_sync(fc[j], fa, fb, fc[j]);
+        }
+    }
+    for (int j = 0; j < ATTN_MAX_NB; j++) {
+        if (j >= nb) break;
+        wmma::store_matrix_sync(c + j * 16, fc[j], ldc, wmma::mem_row_major);
+    }
+#else
+    /* block by block: lane 2m + h computes row m, columns 8h .. 8h + 7, each
+     * sum in k order; operands read 8 at a time (16 bytes) along their
+     * contiguous dimension (on the CPU execution every access is checked:
+     * fewer, wider ones are what makes this path quick enough for make test) */
+    for (int jb = 0; jb < nb; jb++)
+        attn_mma16_scalar<A_COL, B_COL>(c + jb * 16, ldc, a, lda, b + (size_t)jb * bstep, ldb, K, accumulate);
 #endif
 }
 
@@ -690,9 +714,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_forward_kernel(floatX*
         if (!live) continue;
         int ncol = attn_key_cols(q0, k0, warp, T);
         /* S strip = Q strip K^T: its first ncol columns, 16 at a time */
-        for (int j = 0; j < ncol / 16; j++)
-            attn_mma16<0, 1>(Ss + warp * 16 * ATTN_LD_S + j * 16, ATTN_LD_S, Qs + warp * 16 * ldh, ldh,
-                             Ks + j * 16 * ldh, ldh, hsp, 0);
+        attn_mma_strip<0, 1>(Ss + warp * 16 * ATTN_LD_S, ATTN_LD_S, Qs + warp * 16 * ldh, ldh, Ks, ldh, 16 * ldh,
+                             ncol / 16, hsp, 0);
         __syncwarp(); /* the warp's S strip is stored: its thread pairs read their rows */
         /* online softmax of row r; key j = k0 + c is visible when j <= i and
          * j < T: always j = k0 (k0 <= q0 <= i and k0 < T), so m' is finite */
@@ -715,9 +738,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_forward_kernel(floatX*
         for (int d = half * hsp / 2; d < (half + 1) * hsp / 2; d++) Os[r * ldo + d] *= alpha;
         __syncwarp(); /* P strip written, O strip rescaled */
         /* O strip += P strip V, over the ncol keys */
-        for (int j = 0; j < hsp / 16; j++)
-            attn_mma16<0, 0>(Os + warp * 16 * ldo + j * 16, ldo, Ps + warp * 16 * ATTN_LD_P, ATTN_LD_P, Vs + j * 16,
-                             ldh, ncol, 1);
+        attn_mma_strip<0, 0>(Os + warp * 16 * ldo, ldo, Ps + warp * 16 * ATTN_LD_P, ATTN_LD_P, Vs, ldh, 16, hsp / 16,
+                             ncol, 1);
     }
     __syncwarp(); /* the warp's last O strip is stored */
     /* (rows >= T, which a strip that is not live holds only, are not written) */
@@ -745,12 +767,9 @@ __global__ void attention_backward_d_kernel(float* D, const floatX* dout, const 
 __device__ void attn_s_dp_strips(float* Ss, float* dPs, const floatX* Qs, const floatX* dOs, const floatX* Ks,
                                  const floatX* Vs, int ldh, int hsp, int ncol) {
     int w = threadIdx.x / 32;
-    for (int j = 0; j < ncol / 16; j++) {
-        attn_mma16<0, 1>(Ss + w * 16 * ATTN_LD_S + j * 16, ATTN_LD_S, Qs + w * 16 * ldh, ldh, Ks + j * 16 * ldh, ldh,
-                         hsp, 0);
-        attn_mma16<0, 1>(dPs + w * 16 * ATTN_LD_S + j * 16, ATTN_LD_S, dOs + w * 16 * ldh, ldh, Vs + j * 16 * ldh,
-                         ldh, hsp, 0);
-    }
+    attn_mma_strip<0, 1>(Ss + w * 16 * ATTN_LD_S, ATTN_LD_S, Qs + w * 16 * ldh, ldh, Ks, ldh, 16 * ldh, ncol / 16, hsp, 0);
+    attn_mma_strip<0, 1>(dPs + w * 16 * ATTN_LD_S, ATTN_LD_S, dOs + w * 16 * ldh, ldh, Vs, ldh, 16 * ldh, ncol / 16, hsp,
+                         0);
 }
 
 /* P and dS of the calling thread pair's row r = tid / 2 (query i = q0 + r),
@@ -822,13 +841,12 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_backward_dkv_kernel(fl
          * query rows [qs, qe) that can see these keys: rows of live strips,
          * and on the diagonal none before the strip's first key */
         int qs = qt == kt ? 16 * warp : 0, qe = min(ATTN_TILE, (T - q0 + 15) / 16 * 16);
-        if (keys_live && qe > qs)
-            for (int j = 0; j < hsp / 16; j++) {
-                attn_mma16<1, 0>(dVs + warp * 16 * ldo + j * 16, ldo, Ps + qs * ATTN_LD_P + warp * 16, ATTN_LD_P,
-                                 dOs + qs * ldh + j * 16, ldh, qe - qs, 1);
-                attn_mma16<1, 0>(dKs + warp * 16 * ldo + j * 16, ldo, dSs + qs * ATTN_LD_P + warp * 16, ATTN_LD_P,
-                                 Qs + qs * ldh + j * 16, ldh, qe - qs, 1);
-            }
+        if (keys_live && qe > qs) {
+            attn_mma_strip<1, 0>(dVs + warp * 16 * ldo, ldo, Ps + qs * ATTN_LD_P + warp * 16, ATTN_LD_P,
+                                 dOs + qs * ldh, ldh, 16, hsp / 16, qe - qs, 1);
+            attn_mma_strip<1, 0>(dKs + warp * 16 * ldo, ldo, dSs + qs * ATTN_LD_P + warp * 16, ATTN_LD_P,
+                                 Qs + qs * ldh, ldh, 16, hsp / 16, qe - qs, 1);
+        }
     }
     __syncwarp(); /* the warp's dK and dV strips are final */
     floatX* dq = dqkv + (size_t)b * T * 3 * C + (size_t)h * hs;
@@ -877,9 +895,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_backward_dq_kernel(flo
         attn_p_ds_row(NULL, dSs, Ss, dPs, q0, k0, T, ncol, scale, lse_i, D_i);
         __syncwarp(); /* the warp's dS strip is written: only this warp reads it */
         /* dQ strip += dS strip K, over the ncol keys */
-        for (int j = 0; j < hsp / 16; j++)
-            attn_mma16<0, 0>(dQs + warp * 16 * ldo + j * 16, ldo, dSs + warp * 16 * ATTN_LD_P, ATTN_LD_P, Ks + j * 16,
-                             ldh, ncol, 1);
+        attn_mma_strip<0, 0>(dQs + warp * 16 * ldo, ldo, dSs + warp * 16 * ATTN_LD_P, ATTN_LD_P, Ks, ldh, 16,
+                             hsp / 16, ncol, 1);
     }
     __syncwarp(); /* the warp's dQ strip is final */
     attn_store_rows(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, 3 * C, dQs, q0, T, hs, hsp, 1.0f);
