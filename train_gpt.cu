@@ -508,23 +508,24 @@ static void layernorm_backward_gpu(floatX* dinp, float* dweight, float* dbias, f
  * [16w, 16w + 16) of every 64-row tile it produces. Head sizes up to 128;
  * a tile's hs columns are zero-padded to hsp = hs rounded up to 16 in shared
  * memory, rows past T are zero too and masked out. Tile products go through
- * the tensor cores (WMMA, bf16 16x16x16 with fp32 accumulation) one 16x16
- * output strip per call (attn_mma_strip), accumulators in shared memory: the
- * softmax work then reads and writes tiles in shared memory by position (a
- * WMMA fragment's element layout is unspecified; the CPU execution layer
- * scrambles it on purpose). Built with -DATTN_MMA_SCALAR, attn_mma_strip computes
- * the same block with ordinary fp32 FMAs instead (no tensor cores): the
- * algorithm checked apart from the tensor cores (make test runs the kernel
- * lab's attention both ways on the CPU).
+ * the tensor cores (WMMA, bf16 16x16x16 with fp32 accumulation), a warp's
+ * 16-row output strip per call (attn_mma_strip), accumulators in shared
+ * memory between calls: the softmax work then reads and writes tiles in
+ * shared memory by position (a WMMA fragment's element layout is
+ * unspecified; the CPU execution layer scrambles it on purpose). Built with
+ * -DATTN_MMA_SCALAR, attn_mma_strip computes the same strip with ordinary
+ * fp32 FMAs instead (no tensor cores): the algorithm checked apart from the
+ * tensor cores (make test runs the kernel lab's attention both ways on the
+ * CPU).
  *
  * Shared memory per block (bytes, hsp = 128): forward 112,640, dK/dV 190,464,
  * dQ 147,456; hsp = 64 (GPT-2): 71,680, 124,928 and 98,304. Over the 48 KB
  * default, so each kernel is granted what it needs by cudaFuncSetAttribute
- * (H100/H200 allow 227 KB a block; an A100's 163 KB covers hs <= 64 for
- * every kernel, not the dK/dV kernel at hs > 96). The accumulators in shared
- * memory cost occupancy (1-2 blocks per SM); registers for them (WMMA
- * fragments kept across the loop) are the next step once a GPU has timed
- * this. */
+ * (H100/H200 allow 227 KB a block; an A100's 163 KB covers every kernel up
+ * to hs = 96, not the dK/dV kernel beyond). The accumulators in shared memory
+ * cost occupancy (at hs = 64 on an H200: 3, 1 and 2 blocks per SM); keeping
+ * dK, dV and dQ in WMMA fragments across the loop (they need no rescaling)
+ * is the next step once a GPU has timed this. */
 #define ATTN_TILE 64      /* queries per block, keys per step */
 #define ATTN_THREADS 128  /* 4 warps, one 16-row strip each */
 #define ATTN_MAX_HS 128
