@@ -547,9 +547,15 @@ __host__ __device__ inline size_t attn_bytes_h(int hsp) { return (size_t)ATTN_TI
 #define ATTN_BYTES_P ((size_t)ATTN_TILE * ATTN_LD_P * 2)
 __host__ __device__ inline size_t attn_bytes_o(int hsp) { return (size_t)ATTN_TILE * attn_ld_o(hsp) * 4; }
 /* the three kernels' shared memory, laid out in the order listed */
-static size_t attn_smem_forward(int hsp) { return 3 * attn_bytes_h(hsp) + ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp); }
-static size_t attn_smem_dkv(int hsp) { return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + 2 * ATTN_BYTES_P + 2 * attn_bytes_o(hsp); }
-static size_t attn_smem_dq(int hsp) { return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp); }
+static size_t attn_smem_forward(int hsp) { /* Q, K, V; S; P; O */
+    return 3 * attn_bytes_h(hsp) + ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp);
+}
+static size_t attn_smem_dkv(int hsp) { /* K, V, Q, dO; S, dP; P, dS; dK, dV */
+    return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + 2 * ATTN_BYTES_P + 2 * attn_bytes_o(hsp);
+}
+static size_t attn_smem_dq(int hsp) { /* Q, dO, K, V; S, dP; dS; dQ */
+    return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp);
+}
 
 #ifdef ATTN_MMA_SCALAR
 /* attn_mma_strip's one 16 x 16 block without tensor cores */
@@ -768,9 +774,10 @@ __global__ void attention_backward_d_kernel(float* D, const floatX* dout, const 
 __device__ void attn_s_dp_strips(float* Ss, float* dPs, const floatX* Qs, const floatX* dOs, const floatX* Ks,
                                  const floatX* Vs, int ldh, int hsp, int ncol) {
     int w = threadIdx.x / 32;
-    attn_mma_strip<0, 1>(Ss + w * 16 * ATTN_LD_S, ATTN_LD_S, Qs + w * 16 * ldh, ldh, Ks, ldh, 16 * ldh, ncol / 16, hsp, 0);
-    attn_mma_strip<0, 1>(dPs + w * 16 * ATTN_LD_S, ATTN_LD_S, dOs + w * 16 * ldh, ldh, Vs, ldh, 16 * ldh, ncol / 16, hsp,
-                         0);
+    attn_mma_strip<0, 1>(Ss + w * 16 * ATTN_LD_S, ATTN_LD_S, Qs + w * 16 * ldh, ldh, Ks, ldh, 16 * ldh, ncol / 16,
+                         hsp, 0);
+    attn_mma_strip<0, 1>(dPs + w * 16 * ATTN_LD_S, ATTN_LD_S, dOs + w * 16 * ldh, ldh, Vs, ldh, 16 * ldh, ncol / 16,
+                         hsp, 0);
 }
 
 /* P and dS of the calling thread pair's row r = tid / 2 (query i = q0 + r),
