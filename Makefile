@@ -260,7 +260,7 @@ NVCCFLAGS = -O3 -arch=$(CUDA_ARCH) -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,
 # -lcublasLt          cuBLASLt: every matmul (the CUDA runtime is linked by nvcc)
 # $(NCCL_LDLIBS)      NCCL where it was found (above), with its rpath; nothing without it
 CUDA_LDLIBS = -lcublasLt $(NCCL_LDLIBS)
-CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier
+CUDA_DEV = dev/cuda/layernorm dev/cuda/classifier dev/cuda/attention
 # the kernel lab's further files (issue 13), one a line
 CUDA_DEV += dev/cuda/adamw
 CUDA_DEV += dev/cuda/encoder
@@ -370,9 +370,16 @@ CPU_LAB += $(CPU_BUILD)/dev/cuda/matmul
 # the layer's planted-bug tests share their driver
 $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma: dev/cuda/cpu/test_cases.h
 
+# the lab's attention once more with -DATTN_MMA_SCALAR: flash attention's tile
+# products as plain fp32 FMAs instead of WMMA (train_gpt.cu's attn_mma16), so
+# that path, the algorithm apart from the tensor cores, stays tested
+$(CPU_BUILD)/dev/cuda/attention_scalar: $(CPU_BUILD)/dev/cuda/attention.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
+	$(CXX) $(CPU_APP_FLAGS) -DATTN_MMA_SCALAR -Idev/cuda -c -o $@.o $<
+	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
+
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
-		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/dp_layout \
-		$(CPU_LAB)
+		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
+		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout $(CPU_LAB)
 	scripts/test_cuda_on_cpu.sh
 
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
@@ -445,7 +452,7 @@ check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	for arch in sm_90 sm_80; do \
-	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu $(CHECK_CUDA_LAB); do \
+	  for f in train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu $(CHECK_CUDA_LAB); do \
 	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
 	    echo "$(NVCC) -arch=$$arch $$f"; \
 	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \

@@ -30,6 +30,9 @@
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
  *     and the final weights against PyTorch;
  *   - stochastic rounding is unbiased;
+ *   - flash attention (G2) forward and backward against train_gpt.c's
+ *     attention at T 1, 7, 64, 129 and head sizes 32, 64, 128 (and 9), the
+ *     log-sum-exp against float64 (tolerances TOL_ATTN_*);
  *   - with --binary: training states (save, stop, resume from disk and from
  *     memory: the final weights bit for bit the uninterrupted run's; a
  *     snapshot every step changes nothing; with --cpu-binary the CPU
@@ -48,6 +51,13 @@
 #define TOL_STEP_LOSS 1e-2  /* the 10 AdamW losses */
 #define TOL_STEP_NORM 5e-2  /* their gradient norms */
 #define TOL_FINAL 1e-1      /* ||w - w_ref|| / ||w_ref - w_init|| per tensor */
+/* flash attention against train_gpt.c's attention, on the same bf16-rounded
+ * inputs (relative to the largest |reference|, as above). bf16 keeps 8
+ * significant bits (a rounding error up to 2^-9 = 2.0e-3 relative), and the
+ * kernels round P and dS to bf16 before their products, so: */
+#define TOL_ATTN_OUT 1e-2   /* out (bf16): about 2.5 bf16 steps of the largest value */
+#define TOL_ATTN_LSE 1e-5   /* log-sum-exp (fp32 throughout: 1e-7 on the CPU; room for the tensor cores' fp32) */
+#define TOL_ATTN_GRAD 2e-2  /* dq, dk, dv (bf16, from bf16 P and dS) */
 
 #include "test_common.h" /* check, tensor_close, the PyTorch reference reader */
 
@@ -174,7 +184,147 @@ static void test_memory_check(void) {
           "memory: an allowance for lazily loaded kernels, more with NCCL", d);
 }
 
+/* The memory plan of GPT-2 124M at B = 16, T = 1024: attention keeps the
+ * log-sum-exp, L B NH T fp32 (9 MB), where the materialised variant kept
+ * L B NH T^2 bf16 probabilities (4.5 GB), and the scratch is less than that
+ * variant's fp32 scores alone (B NH T^2, 768 MB). */
+static void test_memory_plan_attention(void) {
+    GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
+    int B = 16, T = 1024;
+    MemoryPlan p = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES);
+    size_t lse = (size_t)12 * B * 12 * T * 4, probs = (size_t)12 * B * 12 * T * T * 2;
+    size_t scores = (size_t)B * 12 * T * T * 4;
+    char d[240];
+    snprintf(d, sizeof(d), "attention %.1f MB, activations %.0f MB (the T x T probabilities were %.0f MB more), "
+             "scratch %.0f MB", p.attention / 1048576.0, p.activations / 1048576.0, (probs - lse) / 1048576.0,
+             p.scratch / 1048576.0);
+    check(p.attention == lse && p.scratch < scores, "memory plan: attention keeps B NH T statistics per layer, "
+          "nothing T x T", d);
+}
+
 /* ---- GPU checks --------------------------------------------------------- */
+
+/* h (n) rounded to bf16 in place; returns the device copy (bf16). */
+static floatX* attn_test_upload(float* h, size_t n) {
+    floatX* tmp = (floatX*)xmalloc(n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) {
+        tmp[i] = __float2bfloat16(h[i]);
+        h[i] = __bfloat162float(tmp[i]);
+    }
+    floatX* d;
+    CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(floatX)));
+    CUDA_CHECK(cudaMemcpy(d, tmp, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    free(tmp);
+    return d;
+}
+
+static float* attn_test_download(const void* d, size_t n, int is_bf16) {
+    float* h = xmalloc_floats(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (is_bf16) {
+        floatX* tmp = (floatX*)xmalloc(n * sizeof(floatX));
+        CUDA_CHECK(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) h[i] = __bfloat162float(tmp[i]);
+        free(tmp);
+    } else {
+        CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return h;
+}
+
+/* Flash attention (G2) forward and backward at one shape against
+ * train_gpt.c's attention_forward/attention_backward, on the same bf16
+ * inputs: q, k in [-2, 2] (scores with a spread of about 1.3, so the softmax
+ * is neither flat nor one-hot), v and dout in [-1, 1]. The log-sum-exp
+ * against float64 sums over the same scores. Returns nothing; checks. */
+static void test_attention_case(int B, int T, int NH, int hs, uint64_t seed) {
+    int C = NH * hs;
+    size_t BT = (size_t)B * T, nqkv = BT * 3 * C, nout = BT * C, nlse = (size_t)B * NH * T;
+    Rng rng;
+    rng_init(&rng, seed);
+    float* qkv = xmalloc_floats(nqkv);
+    float* dout = xmalloc_floats(nout);
+    for (size_t i = 0; i < nqkv; i++) /* q and k (the first 2C of each row) in [-2, 2], v in [-1, 1] */
+        qkv[i] = (i % (3 * C) < (size_t)2 * C ? 4.0f : 2.0f) * (rng_uniform(&rng) - 0.5f);
+    for (size_t i = 0; i < nout; i++) dout[i] = 2.0f * rng_uniform(&rng) - 1.0f;
+    floatX* d_qkv = attn_test_upload(qkv, nqkv);
+    floatX* d_dout = attn_test_upload(dout, nout);
+    floatX *d_out, *d_dqkv;
+    float *d_lse, *d_D;
+    CUDA_CHECK(cudaMalloc((void**)&d_out, nout * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_dqkv, nqkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_lse, nlse * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_D, nlse * sizeof(float)));
+
+    /* CPU: fp32, probabilities materialised */
+    float* out = xmalloc_floats(nout);
+    float* att = xmalloc_floats((size_t)B * NH * T * T);
+    float* datt = xmalloc_floats((size_t)B * NH * T * T);
+    float* dqkv = xmalloc_floats(nqkv);
+    attention_forward(out, att, qkv, B, T, C, NH);
+    attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    float* lse = xmalloc_floats(nlse);
+    double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+                double mx = -INFINITY, sum = 0.0, s[1024];
+                ALWAYS(T <= 1024);
+                for (int u = 0; u <= t; u++) {
+                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + (size_t)h * hs;
+                    double dot = 0.0;
+                    for (int d = 0; d < hs; d++) dot += (double)q[d] * k[d];
+                    s[u] = dot * scale;
+                    mx = fmax(mx, s[u]);
+                }
+                for (int u = 0; u <= t; u++) sum += exp(s[u] - mx);
+                lse[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
+            }
+
+    attention_forward_gpu(d_out, d_lse, d_qkv, B, T, NH, hs, 0);
+    attention_backward_gpu(d_dqkv, d_D, d_dout, d_qkv, d_out, d_lse, B, T, NH, hs, 0);
+    float* g_out = attn_test_download(d_out, nout, 1);
+    float* g_lse = attn_test_download(d_lse, nlse, 0);
+    float* g_dqkv = attn_test_download(d_dqkv, nqkv, 1);
+    char what[160];
+    snprintf(what, sizeof(what), "flash attention B=%d T=%d NH=%d hs=%d: out vs CPU", B, T, NH, hs);
+    check_close(what, g_out, out, nout, TOL_ATTN_OUT);
+    snprintf(what, sizeof(what), "flash attention B=%d T=%d NH=%d hs=%d: log-sum-exp vs float64", B, T, NH, hs);
+    check_close(what, g_lse, lse, nlse, TOL_ATTN_LSE);
+    /* dq, dk, dv separately: the slices of each row of dqkv */
+    const char* part[3] = {"dq", "dk", "dv"};
+    float* g = xmalloc_floats(nout);
+    float* w = xmalloc_floats(nout);
+    for (int p = 0; p < 3; p++) {
+        for (size_t bt = 0; bt < BT; bt++)
+            for (int c = 0; c < C; c++) {
+                g[bt * C + c] = g_dqkv[bt * 3 * C + (size_t)p * C + c];
+                w[bt * C + c] = dqkv[bt * 3 * C + (size_t)p * C + c];
+            }
+        snprintf(what, sizeof(what), "flash attention B=%d T=%d NH=%d hs=%d: %s vs CPU", B, T, NH, hs, part[p]);
+        check_close(what, g, w, nout, TOL_ATTN_GRAD);
+    }
+    free(g); free(w);
+    free(qkv); free(dout); free(out); free(att); free(datt); free(dqkv); free(lse);
+    free(g_out); free(g_lse); free(g_dqkv);
+    CUDA_CHECK(cudaFree(d_qkv)); CUDA_CHECK(cudaFree(d_dout)); CUDA_CHECK(cudaFree(d_out));
+    CUDA_CHECK(cudaFree(d_dqkv)); CUDA_CHECK(cudaFree(d_lse)); CUDA_CHECK(cudaFree(d_D));
+}
+
+/* T in {1, 7, 64, 129} (one key, part of a tile, one whole tile, two tiles
+ * and a row past them) and hs in {32, 64, 128}, plus an odd head size (the
+ * tiny fixture's kind, zero-padded to 16) over two query tiles. B and NH
+ * small, as the CPU execution computes every 64 x 64 tile in full (about
+ * 5 s for all of them): several batch rows and heads at T = 1, 7 and 70,
+ * several heads at 64. */
+static void test_attention(void) {
+    static const int Ts[4] = {1, 7, 64, 129}, Bs[4] = {2, 2, 1, 1}, NHs[4] = {2, 1, 2, 1}, hss[3] = {32, 64, 128};
+    uint64_t seed = 7;
+    for (int ti = 0; ti < 4; ti++)
+        for (int hi = 0; hi < 3; hi++) test_attention_case(Bs[ti], Ts[ti], NHs[ti], hss[hi], seed++);
+    test_attention_case(2, 70, 2, 9, seed++);
+}
 
 /* Copy a device tensor (bf16 or fp32) to a fresh host float array. */
 static float* device_to_host(GpuGPT2* g, const void* dev, size_t n, int is_bf16) {
@@ -192,11 +342,12 @@ static void compare_activations(GpuGPT2* g, const GPT2* cpu, const char* label) 
     size_t n[NUM_GPU_ACTIVATIONS], bytes[NUM_GPU_ACTIVATIONS];
     gpu_activation_sizes(n, bytes, &g->config, g->B, g->T);
     static const char* const names[NUM_GPU_ACTIVATIONS] = {
-        "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "att", "residual2", "ln2", "ln2_mean",
+        "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "lse", "residual2", "ln2", "ln2_mean",
         "ln2_rstd", "fch", "fch_gelu", "residual3", "lnf", "lnf_mean", "lnf_rstd", "logits", "losses"};
     void** gp = (void**)&g->acts;
     float* const* cp = (float* const*)&cpu->acts;
     for (int i = 0; i < NUM_GPU_ACTIVATIONS - 1; i++) { /* losses: only with targets, checked as the loss */
+        if (i == 6) continue; /* lse: the CPU keeps probabilities instead (test_attention checks the lse) */
         float* h = device_to_host(g, gp[i], n[i], bytes[i] == 2);
         char what[160];
         snprintf(what, sizeof(what), "%s: activation %s vs CPU", label, names[i]);
@@ -525,6 +676,7 @@ int main(int argc, char** argv) {
     test_mfu_format();
     test_lt_decisions(model_path);
     test_memory_check();
+    test_memory_plan_attention();
     if (host_only) { /* (make check-cuda: no GPU needed) */
         printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed ? 1 : 0;
@@ -540,6 +692,7 @@ int main(int argc, char** argv) {
     if (binary) test_binary(binary);
     if (binary) test_resume(binary, cpu_binary);
     test_stochastic_rounding();
+    test_attention();
     Reference ref;
     if (reference_read(&ref, ref_path) != 0) {
         check(0, "read the reference", ref_path);

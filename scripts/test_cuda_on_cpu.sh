@@ -44,7 +44,8 @@ run() {
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
-         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/dp_layout \
+         dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention \
+         .cpu/dev/cuda/attention_scalar .cpu/dev/cuda/dp_layout \
          .cpu/dev/cuda/adamw \
          .cpu/dev/cuda/encoder \
          .cpu/dev/cuda/gelu \
@@ -69,6 +70,8 @@ run dev_cuda_layernorm ./.cpu/dev/cuda/layernorm 0 4 9 36          # C % 8 != 0:
 run dev_cuda_layernorm_vec ./.cpu/dev/cuda/layernorm 0 5 29 520  # 16-byte paths, ragged packs, 5 blocks
 run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
 run dev_cuda_classifier_scalar ./.cpu/dev/cuda/classifier 0 5 13 21  # Vp % 8 != 0: the scalar fallback
+run dev_cuda_attention ./.cpu/dev/cuda/attention 0 2 70 2 20
+run dev_cuda_attention_scalar ./.cpu/dev/cuda/attention_scalar 0 2 70 2 20 # tile products without WMMA
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
 # issue 13's files: awkward sizes, then a reduced default size (the full one is too slow here), one a line
 run dev_cuda_adamw ./.cpu/dev/cuda/adamw 0 1001

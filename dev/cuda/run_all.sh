@@ -20,7 +20,7 @@ run() { # name, args...
     if [ $rc -eq 0 ]; then pass=$((pass + 1)); elif [ $rc -eq 77 ]; then skip=$((skip + 1)); else fail=$((fail + 1)); fi
 }
 # built by the Makefile (its flags, and NCCL found where this machine keeps it: the files include train_gpt.cu)
-LAB="layernorm classifier"
+LAB="layernorm classifier attention"
 LAB="$LAB adamw" # the kernel lab's further files (issue 13), one a line
 LAB="$LAB encoder"
 LAB="$LAB gelu"
@@ -37,6 +37,8 @@ run layernorm 0 5 29 520
 run classifier
 run classifier 0 27 131 256
 run classifier 0 5 13 21
+run attention
+run attention 0 2 70 2 20
 # issue 13's files, one block each
 run adamw
 run adamw 0 1001

@@ -89,6 +89,10 @@ mutant off_by_one_float_to_bf16 0 's|^    if (i < n) out\[i\] = __float2bfloat16
     "float_to_bf16_kernel writes one element past the end"
 mutant grid_too_small 0 's|^    encoder_forward_kernel<<<ceil_div(n, 256), 256, 0, s>>>|    encoder_forward_kernel<<<n / 256, 256, 0, s>>>|' \
     "the encoder's grid rounds down: the last positions are never written"
+mutant no_barrier_flash_dkv 0 's|^        __syncthreads(); /\* all of P and dS: the products below read them by columns (keys) \*/|        /* mutant */|' \
+    "flash attention's dK/dV products read other warps' P and dS rows before they are written"
+mutant flash_mask_off_by_one 0 's|^            float p = k0 + c <= i \&\& k0 + c < T ? expf|            float p = k0 + c <= i + 1 \&\& k0 + c < T ? expf|' \
+    "flash attention's forward lets each query see the next key"
 mutant no_wait_grads_ready 2 's|^    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->grads_ready, 0));|    /* mutant */|' \
     "ZeRO-2: the communication stream does not wait for the bucket's gradients"
 mutant no_wait_slot_free 2 's|^    CUDA_CHECK(cudaStreamWaitEvent(s, dp->slot_free\[b == dp->L ? 2 : b % 2\], 0));|    /* mutant */|' \
