@@ -26,9 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int passed = 0, failed = 0;
-#define TCHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "test_check.h" /* defines: check, checkf, tests_passed, tests_failed */
 
 /* ---- fixture file (format: scripts/tokenizer_reference.js) ---- */
 typedef struct {
@@ -159,9 +157,9 @@ static void test_fixture(const Tokenizer* t, const Fixture* f, const char* name)
     }
     printf("%s: %zu cases (%d valid UTF-8, %d invalid UTF-8, %d mixed documents; %zu bytes): %zu match, %zu differ; decode mismatches %zu\n",
            name, f->n, kinds[0], kinds[1], kinds[2], nbytes, ok, bad, dec_bad);
-    TCHECK(bad == 0, "%s: %zu of %zu cases differ from the reference", name, bad, f->n);
-    TCHECK(dec_bad == 0, "%s: decoding the reference ids did not give the text back in %zu cases", name, dec_bad);
-    TCHECK(f->n > 0, "%s: no cases", name);
+    checkf(bad == 0, "encode agrees with the reference", "%s: %zu of %zu cases differ", name, bad, f->n);
+    checkf(dec_bad == 0, "decoding the reference ids gives the text back", "%s: %zu cases differ", name, dec_bad);
+    checkf(f->n > 0, "the fixture has cases", "%s: %zu", name, f->n);
     tokenizer_work_free(&w);
 }
 
@@ -173,12 +171,12 @@ static void test_the_tester(const Tokenizer* t, const Fixture* f) {
         int* got = (int*)malloc(c->len * sizeof(int)); TOK_CHECK_ALLOC(got);
         size_t n = tokenizer_encode(t, NULL, c->bytes, c->len, got, c->len);
         got[n / 2] = (got[n / 2] + 1) % (int)t->vocab_size;
-        TCHECK(!compare_ids(t, c, i, got, n, 0), "planted wrong id was not noticed");
-        TCHECK(!compare_ids(t, c, i, got, n - 1, 0), "planted missing id was not noticed");
+        check(!compare_ids(t, c, i, got, n, 0), "a planted wrong id is noticed", "");
+        check(!compare_ids(t, c, i, got, n - 1, 0), "a planted missing id is noticed", "");
         free(got);
         return;
     }
-    TCHECK(0, "no case with 2+ ids to plant a wrong answer in");
+    check(0, "a case with 2+ ids to plant a wrong answer in", "none");
 }
 
 /* ---- 3: random byte strings ---- */
@@ -238,9 +236,9 @@ static void test_roundtrip_random(const Tokenizer* t, int count) {
     }
     printf("random byte strings: %d, round-trip failures %d, short-buffer failures %d, more ids than bytes %d\n",
            count, bad, bad_cap, bad_bound);
-    TCHECK(bad == 0, "decode(encode(x)) != x for %d random strings", bad);
-    TCHECK(bad_cap == 0, "a short output buffer changed the result %d times", bad_cap);
-    TCHECK(bad_bound == 0, "more ids than bytes %d times", bad_bound);
+    checkf(bad == 0, "decode(encode(x)) == x for random byte strings", "%d of %d differ", bad, count);
+    checkf(bad_cap == 0, "a short output buffer does not change the result", "%d changed", bad_cap);
+    checkf(bad_bound == 0, "never more ids than bytes", "%d times more", bad_bound);
     tokenizer_work_free(&w);
 }
 
@@ -256,7 +254,7 @@ static void test_long_pretokens(const Tokenizer* t) {
         for (size_t i = 0; i < n; i++) s[i] = (unsigned char)fills[f][i % k];
         size_t m = tokenizer_encode(t, NULL, s, n, ids, n);
         int64_t d = tokenizer_decode_many(t, ids, m, back, n);
-        TCHECK(d == (int64_t)n && memcmp(back, s, n) == 0, "1 MB run of \"%s\" did not round-trip", fills[f]);
+        checkf(d == (int64_t)n && memcmp(back, s, n) == 0, "a 1 MB run round-trips", "\"%s\"", fills[f]);
     }
     free(s); free(ids); free(back);
 }
@@ -277,7 +275,7 @@ static void test_encode_many(const Tokenizer* t, const Fixture* f) {
     tokenizer_encode_many(t, n, texts, lens, outs, caps, counts);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) if (!compare_ids(t, &f->cases[i], i, outs[i], counts[i], bad == 0)) bad++;
-    TCHECK(bad == 0, "tokenizer_encode_many differs from the reference in %zu documents", bad);
+    checkf(bad == 0, "tokenizer_encode_many agrees with the reference", "%zu documents differ", bad);
     for (size_t i = 0; i < n; i++) free(outs[i]);
     free(texts); free(lens); free(caps); free(counts); free(outs);
 }
@@ -298,7 +296,7 @@ static void expect_error(const char* what, const char* dec, const char* mer, int
     Tokenizer t;
     fprintf(stderr, "[expected error: %s]\n", what);
     int got = tokenizer_init(&t, dec, mer);
-    TCHECK(got == want, "%s: tokenizer_init returned %d, expected %d", what, got, want);
+    checkf(got == want, what, "tokenizer_init returned %d, expected %d", got, want);
     tokenizer_free(&t);
 }
 
@@ -375,7 +373,7 @@ static void test_bad_files(const char* dec_path, const char* mer_path) {
     {
         Tokenizer t;
         int rc = tokenizer_init(&t, bad, NULL);   /* decode only: loads, cannot know */
-        TCHECK(rc == TOKENIZER_OK, "a decode-only load of a plausible file failed (%d)", rc);
+        checkf(rc == TOKENIZER_OK, "a decode-only load of a plausible file succeeds", "returned %d", rc);
         tokenizer_free(&t);
     }
     remove(bad); remove(badm);
@@ -386,7 +384,7 @@ static void test_bad_files(const char* dec_path, const char* mer_path) {
 static int run(const char* cmd) {
     printf("live: %s\n", cmd); fflush(stdout);
     int rc = system(cmd);
-    TCHECK(rc == 0, "command failed (%d): %s", rc, cmd);
+    checkf(rc == 0, "command runs", "exit status %d: %s", rc, cmd);
     return rc;
 }
 
@@ -399,13 +397,13 @@ static void test_live(const Tokenizer* t, const char* dir) {
     if (run(cmd) == 0) {
         Fixture f;
         if (fixture_read(&f, fresh) == 0) { test_fixture(t, &f, "live fixture"); fixture_free(&f); }
-        else TCHECK(0, "cannot read %s", fresh);
+        else checkf(0, "the live fixture can be read", "%s", fresh);
     }
     /* fresh random byte strings, ids from the reference (with the
      * surrogate-escape extension for invalid UTF-8) */
     enum { COUNT = 3000, MAXLEN = 200 };
     FILE* fp = fopen(in, "wb");
-    TCHECK(fp != NULL, "cannot write %s", in);
+    checkf(fp != NULL, "the random strings can be written", "fopen %s", in);
     if (fp == NULL) return;
     unsigned char hdr[1024] = {0};
     put32(hdr, 20261103); put32(hdr + 4, 1); put32(hdr + 8, COUNT);
@@ -416,12 +414,12 @@ static void test_live(const Tokenizer* t, const char* dir) {
         put32(h, 0); put32(h + 4, 0); put32(h + 8, (uint32_t)len);
         fwrite(h, 1, 12, fp); fwrite(buf, 1, len, fp); fwrite(z, 1, 4, fp);
     }
-    TCHECK(fclose(fp) == 0, "cannot write %s", in);
+    checkf(fclose(fp) == 0, "the random strings can be written", "fclose %s", in);
     snprintf(cmd, sizeof(cmd), "TOKENIZER_DIR='%s' node scripts/tokenizer_reference.js encode %s %s", dir, in, out);
     if (run(cmd) == 0) {
         Fixture f;
         if (fixture_read(&f, out) == 0) { test_fixture(t, &f, "live random byte strings"); fixture_free(&f); }
-        else TCHECK(0, "cannot read %s", out);
+        else checkf(0, "the live random-string ids can be read", "%s", out);
     }
     remove(in); remove(out); remove(fresh);
 }
@@ -448,11 +446,12 @@ int main(int argc, char** argv) {
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    TCHECK(t.vocab_size == 50257 && t.eot_token == 50256 && t.num_merges == 50000, "GPT-2 sizes");
+    checkf(t.vocab_size == 50257 && t.eot_token == 50256 && t.num_merges == 50000, "GPT-2 sizes",
+           "V %u, eot %u, %u merges", t.vocab_size, t.eot_token, t.num_merges);
     size_t len = 0;
     const char* eot = tokenizer_decode(&t, t.eot_token, &len);
-    TCHECK(eot && len == 13 && memcmp(eot, "<|endoftext|>", 13) == 0, "decode of end-of-text");
-    TCHECK(tokenizer_decode(&t, 50257, &len) == NULL && len == 0, "decode of an id out of range");
+    check(eot && len == 13 && memcmp(eot, "<|endoftext|>", 13) == 0, "decode of end-of-text", "");
+    check(tokenizer_decode(&t, 50257, &len) == NULL && len == 0, "decode of an id out of range", "");
 
     Fixture f;
     if (fixture_read(&f, fixture) == 0) {
@@ -461,7 +460,7 @@ int main(int argc, char** argv) {
         test_encode_many(&t, &f);
         fixture_free(&f);
     } else {
-        TCHECK(0, "cannot read the fixture %s", fixture);
+        checkf(0, "the fixture can be read", "%s", fixture);
     }
     test_roundtrip_random(&t, 20000);
     test_long_pretokens(&t);
@@ -470,12 +469,12 @@ int main(int argc, char** argv) {
     {   /* a decode-only tokenizer decodes */
         Tokenizer d;
         int rc = tokenizer_init(&d, dec_path, NULL);
-        TCHECK(rc == TOKENIZER_OK && !d.can_encode && d.vocab_size == 50257, "decode-only load");
+        check(rc == TOKENIZER_OK && !d.can_encode && d.vocab_size == 50257, "decode-only load", "");
         tokenizer_free(&d);
     }
     if (live) test_live(&t, dir);
     rmdir(scratch); /* every file in it was removed by the test that wrote it */
     tokenizer_free(&t);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
 }
