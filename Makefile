@@ -60,7 +60,7 @@ prepare_data: prepare_data.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ prepare_data.c $(LDLIBS)
 
 # tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
-test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H)
+test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H) test_check.h
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/tokenizer/test_tokenizer.c $(LDLIBS)
 
 # The main job, offline: GPT-2's tokenizer and an English corpus (Brown, State
@@ -95,11 +95,11 @@ train-toy: train_gpt
 
 # the tests include train_gpt.c under GPTC_NO_MAIN (its main() is left out, so
 # some helpers only main() uses are unused: -Wno-unused-function)
-test_gpt: test_gpt.c train_gpt.c $(GPTC_H)
+test_gpt: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
 
 # the same with the sanitizers; -O1 -g keeps reports readable
-test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H)
+test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 	$(CC) -O1 -g -fno-omit-frame-pointer -march=native -fno-math-errno -std=c11 -Wall -Wextra -Wno-unused-function -fsanitize=address,undefined \
 		-fno-sanitize-recover=undefined $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
 
@@ -285,7 +285,7 @@ train_gpt_cu_mpi: train_gpt.cu train_gpt.c $(GPTC_H)
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(NVCC) $(NVCCFLAGS) $(MPI_CUFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS)
 
-test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c $(GPTC_H) test_common.h
+test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c $(GPTC_H) test_common.h test_check.h
 	$(NVCC) $(NVCCFLAGS) -o $@ test_gpt.cu $(CUDA_LDLIBS)
 
 dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c $(GPTC_H)
@@ -353,7 +353,7 @@ train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/train_gpt_cu.o $(CPU_BUILD)/train_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/train_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) test_common.h $(CPU_LAYER)
+test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) test_common.h test_check.h $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/test_gpt_cu.o $(CPU_BUILD)/test_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/test_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 

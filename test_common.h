@@ -4,19 +4,12 @@
  * by scripts/gpt2_reference.py (format documented there), and the helpers of
  * the tests that run the trainer binaries (files, shards, commands). Include
  * it after train_gpt.c (it uses read_exact, xmalloc_floats, file_size,
- * FILE_ERROR, SHARD_MAGIC).
+ * FILE_ERROR, SHARD_MAGIC). The check counter itself is test_check.h.
  */
 #ifndef TEST_COMMON_H
 #define TEST_COMMON_H
 #include <sys/wait.h> /* run_capture's exit status */
-
-static int tests_passed = 0, tests_failed = 0;
-
-static void check(int ok, const char* what, const char* detail) {
-    if (ok) tests_passed++;
-    else tests_failed++;
-    printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what, detail[0] ? "  " : "", detail);
-}
+#include "test_check.h" /* defines: check, checkf, tests_passed, tests_failed */
 
 /* Compare a tensor to its reference: the worst element's error relative to
  * the reference tensor's largest magnitude must be <= tol. Fills `detail`

@@ -488,15 +488,20 @@ static size_t parameter_count(const GPT2Config* c) {
     return n;
 }
 
-/* Point the 16 tensor pointers into one flat buffer, in file order. */
-static void parameters_point(ParameterTensors* p, float* mem, const GPT2Config* c) {
+/* Point 16 tensor pointers into one flat buffer, in file order, for
+ * elements of elem_bytes: float here, bf16 for train_gpt.cu's weights
+ * (parameters_point_x), so the two layouts cannot drift apart. */
+static void parameters_point_bytes(void** ptrs, char* mem, size_t elem_bytes, const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, c);
-    float** ptrs = (float**)p;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         ptrs[i] = mem;
-        mem += sizes[i];
+        mem += sizes[i] * elem_bytes;
     }
+}
+
+static void parameters_point(ParameterTensors* p, float* mem, const GPT2Config* c) {
+    parameters_point_bytes((void**)p, (char*)mem, sizeof(float), c);
 }
 
 static int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
@@ -880,6 +885,21 @@ static void gpt2_free(GPT2* model) {
     memset(model, 0, sizeof(*model));
 }
 
+/* Layer l's activations for a batch of (B, T): an ActivationTensors whose
+ * per-layer tensors, ln1 .. residual3 (each (L, ...), so l * size / L
+ * elements in), point at layer l's slice; the rest are unchanged. Forward
+ * and backward both index the layer through it. */
+#define ACTS_LAYER_BEGIN 1 /* ln1 */
+#define ACTS_LAYER_END 14  /* one past residual3 */
+static ActivationTensors layer_acts(const GPT2* model, int l, int B, int T) {
+    ActivationTensors a = model->acts;
+    float** ap = (float**)&a;
+    size_t sizes[NUM_ACTIVATION_TENSORS], L = (size_t)model->config.num_layers;
+    activation_sizes(sizes, &model->config, B, T);
+    for (int k = ACTS_LAYER_BEGIN; k < ACTS_LAYER_END; k++) ap[k] += (size_t)l * (sizes[k] / L);
+    return a;
+}
+
 /* Forward pass over inputs (B, T) with B, T no larger than allocated. With
  * targets, returns the mean loss and leaves probabilities in acts.logits;
  * without (targets == NULL), leaves the raw logits and returns -1. The
@@ -901,31 +921,19 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
     for (int l = 0; l < L; l++) {
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        float* ln1 = a.ln1 + l * BT * C;
-        float* ln1_mean = a.ln1_mean + l * BT;
-        float* ln1_rstd = a.ln1_rstd + l * BT;
-        float* qkv = a.qkv + l * BT * 3 * C;
-        float* atty = a.atty + l * BT * C;
-        float* att = a.att + (size_t)l * B * NH * T * T;
-        float* residual2 = a.residual2 + l * BT * C;
-        float* ln2 = a.ln2 + l * BT * C;
-        float* ln2_mean = a.ln2_mean + l * BT;
-        float* ln2_rstd = a.ln2_rstd + l * BT;
-        float* fch = a.fch + l * BT * 4 * C;
-        float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-        float* residual3 = a.residual3 + l * BT * C;
-        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, BT, C);
-        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
-        attention_forward(atty, att, qkv, B, T, C, NH);
+        ActivationTensors al = layer_acts(model, l, B, T); /* layer l's slices */
+        layernorm_forward(al.ln1, al.ln1_mean, al.ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, BT, C);
+        matmul_forward(al.qkv, al.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
+        attention_forward(al.atty, al.att, al.qkv, B, T, C, NH);
         /* residual2 = residual + atty . attprojw^T + attprojb */
-        matmul_forward(residual2, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, BT, C, C);
-        residual_forward(residual2, residual2, residual, BT * C);
-        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
-        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
-        gelu_forward(fch_gelu, fch, BT * 4 * C);
+        matmul_forward(al.residual2, al.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, BT, C, C);
+        residual_forward(al.residual2, al.residual2, residual, BT * C);
+        layernorm_forward(al.ln2, al.ln2_mean, al.ln2_rstd, al.residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        matmul_forward(al.fch, al.ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
+        gelu_forward(al.fch_gelu, al.fch, BT * 4 * C);
         /* residual3 = residual2 + fch_gelu . fcprojw^T + fcprojb */
-        matmul_forward(residual3, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, BT, 4 * C, C);
-        residual_forward(residual3, residual3, residual2, BT * C);
+        matmul_forward(al.residual3, al.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, BT, 4 * C, C);
+        residual_forward(al.residual3, al.residual3, al.residual2, BT * C);
     }
     const float* last = a.residual3 + (L - 1) * BT * C;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
@@ -989,31 +997,24 @@ static void gpt2_backward(GPT2* model, float loss_scale) {
 
     for (int l = L - 1; l >= 0; l--) {
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        const float* ln1 = a.ln1 + l * BT * C;
-        const float* qkv = a.qkv + l * BT * 3 * C;
-        const float* atty = a.atty + l * BT * C;
-        const float* att = a.att + (size_t)l * B * NH * T * T;
-        const float* residual2 = a.residual2 + l * BT * C;
-        const float* ln2 = a.ln2 + l * BT * C;
-        const float* fch = a.fch + l * BT * 4 * C;
-        const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-        ParameterTensors lg = layer_grads(model, l); /* layer l's slices */
+        ActivationTensors al = layer_acts(model, l, B, T); /* layer l's slices */
+        ParameterTensors lg = layer_grads(model, l);
         /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
         matmul_backward(s.dfch, lg.fcprojw, lg.fcprojb, s.dresidual,
-                        fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, BT, 4 * C, C, 0);
-        gelu_backward(s.dfch, fch, s.dfch, BT * 4 * C);
-        matmul_backward(s.dbt_c, lg.fcw, lg.fcb, s.dfch, ln2,
+                        al.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, BT, 4 * C, C, 0);
+        gelu_backward(s.dfch, al.fch, s.dfch, BT * 4 * C);
+        matmul_backward(s.dbt_c, lg.fcw, lg.fcb, s.dfch, al.ln2,
                         p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C, 0);
-        layernorm_backward(s.dresidual, lg.ln2w, lg.ln2b, s.dbt_c, residual2,
-                           p.ln2w + l * C, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, BT, C);
+        layernorm_backward(s.dresidual, lg.ln2w, lg.ln2b, s.dbt_c, al.residual2,
+                           p.ln2w + l * C, al.ln2_mean, al.ln2_rstd, BT, C);
         /* attention: residual2 = residual + attproj(attn(ln1(residual))) */
-        matmul_backward(s.dbt_c, lg.attprojw, lg.attprojb, s.dresidual, atty,
+        matmul_backward(s.dbt_c, lg.attprojw, lg.attprojb, s.dresidual, al.atty,
                         p.attprojw + (size_t)l * C * C, BT, C, C, 0);
-        attention_backward(s.dqkv, s.datt, s.dbt_c, qkv, att, B, T, C, NH);
-        matmul_backward(s.dbt_c, lg.qkvw, lg.qkvb, s.dqkv, ln1,
+        attention_backward(s.dqkv, s.datt, s.dbt_c, al.qkv, al.att, B, T, C, NH);
+        matmul_backward(s.dbt_c, lg.qkvw, lg.qkvb, s.dqkv, al.ln1,
                         p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C, 0);
         layernorm_backward(s.dresidual, lg.ln1w, lg.ln1b, s.dbt_c, residual,
-                           p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
+                           p.ln1w + l * C, al.ln1_mean, al.ln1_rstd, BT, C);
         if (model->on_layer_grads) model->on_layer_grads(model->on_layer_grads_ctx, l);
     }
     encoder_backward(g.wte, g.wpe, s.dresidual, model->last_inputs, B, T, C);

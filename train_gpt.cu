@@ -2065,13 +2065,7 @@ static_assert(sizeof(ParameterTensorsX) == NUM_PARAMETER_TENSORS * sizeof(floatX
               "ParameterTensorsX must hold the 16 tensors of the table");
 
 static void parameters_point_x(ParameterTensorsX* p, floatX* mem, const GPT2Config* c) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, c);
-    floatX** ptrs = (floatX**)p;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        ptrs[i] = mem;
-        mem += sizes[i];
-    }
+    parameters_point_bytes((void**)p, (char*)mem, sizeof(floatX), c);
 }
 
 /* Activations kept from forward for backward. Same names and layouts as

@@ -15,72 +15,72 @@
 
 #include "util.h"
 
-// ----------------------------------------------------------------------------
-// matmul: one fp32 GEMM engine for every product in the model
-//
-//   C(M,N) = (accumulate ? C : 0) + A(M,K) . B(K,N)
-//
-// Every operand is addressed by a row stride and a column stride, so the
-// transposes of the forward and backward passes are only swapped strides:
-//   A(i,k) = A[i*a_rs + k*a_cs]   B(k,j) = B[k*b_rs + j*b_cs]   C(i,j) = C[i*ldc + j]
-//
-// The layout follows Goto & van de Geijn, "Anatomy of High-Performance Matrix
-// Multiplication" (ACM TOMS 2008), and the BLIS papers (Van Zee & van de Geijn
-// 2015, Low et al. 2016); the code is our own. Five loops around a micro-kernel:
-//   jc over N in NC-column panels
-//    pc over K in KC-deep slices:   pack B(pc:+KC, jc:+NC) -> Bp   (L3)
-//     ic over M in MC-row blocks:   pack A(ic:+MC, pc:+KC) -> Ap   (L2)
-//      ir over MR-row micro-panels of Ap                           (L1)
-//       jr over NR-column micro-panels of Bp                       (streamed)
-//        micro-kernel: an MR x NR tile of C held in registers, KC rank-1 updates
-// Packing copies any strided layout into contiguous, 64-byte aligned panels,
-// zero-padded to whole micro-panels, so the micro-kernel is one code path for
-// every shape and transpose, and reads memory strictly sequentially.
-//
-// Determinism: threads split the *output* (rows or columns of C), never K.
-// Each C(i,j) is the same chain of fmaf()s in the same order whichever thread
-// computes it, so results are bitwise identical for any thread count.
-//
-// Where the time goes: in gemm_kernel's k loop, 16 vfmadd231ps zmm per step
-// (MR=8 broadcasts of A times NR/16=2 vectors of B), 85-95% of the time.
-// Packing is O(MK + KN) against O(MNK) FLOPs: the rest.
-// ----------------------------------------------------------------------------
+/* ----------------------------------------------------------------------------
+ * matmul: one fp32 GEMM engine for every product in the model
+ *
+ *   C(M,N) = (accumulate ? C : 0) + A(M,K) . B(K,N)
+ *
+ * Every operand is addressed by a row stride and a column stride, so the
+ * transposes of the forward and backward passes are only swapped strides:
+ *   A(i,k) = A[i*a_rs + k*a_cs]   B(k,j) = B[k*b_rs + j*b_cs]   C(i,j) = C[i*ldc + j]
+ *
+ * The layout follows Goto & van de Geijn, "Anatomy of High-Performance Matrix
+ * Multiplication" (ACM TOMS 2008), and the BLIS papers (Van Zee & van de Geijn
+ * 2015, Low et al. 2016); the code is our own. Five loops around a micro-kernel:
+ *   jc over N in NC-column panels
+ *    pc over K in KC-deep slices:   pack B(pc:+KC, jc:+NC) -> Bp   (L3)
+ *     ic over M in MC-row blocks:   pack A(ic:+MC, pc:+KC) -> Ap   (L2)
+ *      ir over MR-row micro-panels of Ap                           (L1)
+ *       jr over NR-column micro-panels of Bp                       (streamed)
+ *        micro-kernel: an MR x NR tile of C held in registers, KC rank-1 updates
+ * Packing copies any strided layout into contiguous, 64-byte aligned panels,
+ * zero-padded to whole micro-panels, so the micro-kernel is one code path for
+ * every shape and transpose, and reads memory strictly sequentially.
+ *
+ * Determinism: threads split the *output* (rows or columns of C), never K.
+ * Each C(i,j) is the same chain of fmaf()s in the same order whichever thread
+ * computes it, so results are bitwise identical for any thread count.
+ *
+ * Where the time goes: in gemm_kernel's k loop, 16 vfmadd231ps zmm per step
+ * (MR=8 broadcasts of A times NR/16=2 vectors of B), 85-95% of the time.
+ * Packing is O(MK + KN) against O(MNK) FLOPs: the rest.
+ * ---------------------------------------------------------------------------- */
 
-// Micro-tile: MR rows x NR columns of C, held in MR*NR/16 = 16 zmm registers,
-// plus 2 for the B vectors and 1 for the A broadcast. NR runs along the
-// contiguous dimension of C, so it is a multiple of the 16-float vector.
-// 8 x 32 divides every GPT-2 size (C, 3C, 4C, Vp, T, hs = 64), so no tile is
-// padding. Measured on Zen 4: as fast as 8 x 48 (24 accumulators) on the big
-// products, and 1.35x faster where N = hs = 64 (8 x 48 pads 64 to 96).
+/* Micro-tile: MR rows x NR columns of C, held in MR*NR/16 = 16 zmm registers,
+ * plus 2 for the B vectors and 1 for the A broadcast. NR runs along the
+ * contiguous dimension of C, so it is a multiple of the 16-float vector.
+ * 8 x 32 divides every GPT-2 size (C, 3C, 4C, Vp, T, hs = 64), so no tile is
+ * padding. Measured on Zen 4: as fast as 8 x 48 (24 accumulators) on the big
+ * products, and 1.35x faster where N = hs = 64 (8 x 48 pads 64 to 96). */
 #ifndef GEMM_MR
 #define GEMM_MR 8
 #endif
 #ifndef GEMM_NR
 #define GEMM_NR 32
 #endif
-// Cache blocks (Zen 4: 32 KiB L1 and 1 MiB L2 per core, 32 MiB shared L3):
-// an A micro-panel (KC*MR*4 = 12 KiB) stays in L1 while the kernel streams the
-// B panel (KC*NC*4 = 4.5 MiB) from L3 in address order, which the prefetchers
-// keep up with. A large NC means A is repacked only N/NC times; measured
-// faster than an L2-sized B panel (NC = 480) by 3-10% on the GPT-2 shapes.
+/* Cache blocks (Zen 4: 32 KiB L1 and 1 MiB L2 per core, 32 MiB shared L3):
+ * an A micro-panel (KC*MR*4 = 12 KiB) stays in L1 while the kernel streams the
+ * B panel (KC*NC*4 = 4.5 MiB) from L3 in address order, which the prefetchers
+ * keep up with. A large NC means A is repacked only N/NC times; measured
+ * faster than an L2-sized B panel (NC = 480) by 3-10% on the GPT-2 shapes. */
 #ifndef GEMM_KC
 #define GEMM_KC 384
 #endif
 #ifndef GEMM_MC
-#define GEMM_MC 192                  // multiple of MR
+#define GEMM_MC 192                  /* multiple of MR */
 #endif
 #ifndef GEMM_NC
-#define GEMM_NC 3072                 // multiple of NR
+#define GEMM_NC 3072                 /* multiple of NR */
 #endif
 #if GEMM_NR % 16 || GEMM_MC % GEMM_MR || GEMM_NC % GEMM_NR
 #error "gemm: NR must be a multiple of 16 floats, MC of MR, NC of NR"
 #endif
-// Below this many multiply-adds a thread team costs more than it saves.
+/* Below this many multiply-adds a thread team costs more than it saves. */
 #define GEMM_MIN_PARALLEL_MACS (1L << 18)
 
-// fmaf(a, b, c) = a*b + c with one rounding. gcc vectorizes it to vfmadd231ps
-// where the target has FMA (-march=native); without FMA hardware it would be a
-// libm call per element, so there we fall back to a multiply and an add.
+/* fmaf(a, b, c) = a*b + c with one rounding. gcc vectorizes it to vfmadd231ps
+ * where the target has FMA (-march=native); without FMA hardware it would be a
+ * libm call per element, so there we fall back to a multiply and an add. */
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define GEMM_FMA(a, b, c) fmaf(a, b, c)
 #else
@@ -95,15 +95,15 @@
 
 static int gemm_min(int a, int b) { return a < b ? a : b; }
 
-// Per-thread packing buffers (KC*(MC+NC)*4 = 4.8 MB), allocated on a thread's
-// first call and reused by all its later calls for the life of the process
-// (OpenMP keeps its threads alive). Thread-local, so concurrent calls with
-// threaded=0 never share a buffer.
+/* Per-thread packing buffers (KC*(MC+NC)*4 = 4.8 MB), allocated on a thread's
+ * first call and reused by all its later calls for the life of the process
+ * (OpenMP keeps its threads alive). Thread-local, so concurrent calls with
+ * threaded=0 never share a buffer. */
 static float* gemm_buffers(void) {
     static GEMM_THREAD_LOCAL float* buf = NULL;
     if (buf == NULL) {
         size_t bytes = sizeof(float) * (size_t)GEMM_KC * (GEMM_MC + GEMM_NC);
-        buf = (float*)aligned_alloc(64, bytes);  // bytes is a multiple of 64
+        buf = (float*)aligned_alloc(64, bytes);  /* bytes is a multiple of 64 */
         if (buf == NULL) {
             fprintf(stderr, "gemm: cannot allocate %zu bytes of packing buffer "
                             "(out of memory?)\n", bytes);
@@ -113,26 +113,26 @@ static float* gemm_buffers(void) {
     return buf;
 }
 
-// Packing reads each operand along its contiguous dimension. Where that is
-// across the packed layout (a transpose), it goes in chunks of 16 k: one
-// cache line of each source row, and a few lines of the panel, stay in L1.
-// (Measured: 1.3x faster packing than whole rows; transposes are most of the
-// packing time, and packing is 5-15% of the total on the shapes of GPT-2.)
+/* Packing reads each operand along its contiguous dimension. Where that is
+ * across the packed layout (a transpose), it goes in chunks of 16 k: one
+ * cache line of each source row, and a few lines of the panel, stay in L1.
+ * (Measured: 1.3x faster packing than whole rows; transposes are most of the
+ * packing time, and packing is 5-15% of the total on the shapes of GPT-2.) */
 #define GEMM_KCHUNK 16
 
-// Ap (mc/MR micro-panels, each kc x MR) <- A(0:mc, 0:kc); rows past mc are 0.
-// Inside a micro-panel, Ap[k*MR + r] = A(r, k): the MR values the kernel
-// broadcasts at step k are adjacent.
+/* Ap (mc/MR micro-panels, each kc x MR) <- A(0:mc, 0:kc); rows past mc are 0.
+ * Inside a micro-panel, Ap[k*MR + r] = A(r, k): the MR values the kernel
+ * broadcasts at step k are adjacent. */
 static void gemm_pack_A(int mc, int kc, const float* A, long a_rs, long a_cs, float* Ap) {
     for (int i0 = 0; i0 < mc; i0 += GEMM_MR, Ap += (long)kc * GEMM_MR) {
         int mr = gemm_min(GEMM_MR, mc - i0);
         const float* a = A + i0 * a_rs;
-        if (a_cs == 1) {  // rows of A contiguous (inp, dout): a transpose
+        if (a_cs == 1) {  /* rows of A contiguous (inp, dout): a transpose */
             for (int k0 = 0; k0 < kc; k0 += GEMM_KCHUNK)
                 for (int r = 0; r < mr; r++)
                     for (int k = k0; k < gemm_min(kc, k0 + GEMM_KCHUNK); k++)
                         Ap[k * GEMM_MR + r] = a[r * a_rs + k];
-        } else {          // columns of A contiguous (dout^T): MR-float copies
+        } else {          /* columns of A contiguous (dout^T): MR-float copies */
             for (int k = 0; k < kc; k++)
                 for (int r = 0; r < mr; r++) Ap[k * GEMM_MR + r] = a[r * a_rs + k * a_cs];
         }
@@ -141,16 +141,16 @@ static void gemm_pack_A(int mc, int kc, const float* A, long a_rs, long a_cs, fl
     }
 }
 
-// Bp (nc/NR micro-panels, each kc x NR) <- B(0:kc, 0:nc); columns past nc are 0.
-// Inside a micro-panel, Bp[k*NR + c] = B(k, c): the kernel's vector loads.
+/* Bp (nc/NR micro-panels, each kc x NR) <- B(0:kc, 0:nc); columns past nc are 0.
+ * Inside a micro-panel, Bp[k*NR + c] = B(k, c): the kernel's vector loads. */
 static void gemm_pack_B(int kc, int nc, const float* B, long b_rs, long b_cs, float* Bp) {
     for (int j0 = 0; j0 < nc; j0 += GEMM_NR, Bp += (long)kc * GEMM_NR) {
         int nr = gemm_min(GEMM_NR, nc - j0);
         const float* b = B + j0 * b_cs;
-        if (b_cs == 1) {  // rows of B contiguous (W, inp): NR-float copies
+        if (b_cs == 1) {  /* rows of B contiguous (W, inp): NR-float copies */
             for (int k = 0; k < kc; k++)
                 for (int c = 0; c < nr; c++) Bp[k * GEMM_NR + c] = b[k * b_rs + c];
-        } else {          // columns of B contiguous (W^T in the forward): a transpose
+        } else {          /* columns of B contiguous (W^T in the forward): a transpose */
             for (int k0 = 0; k0 < kc; k0 += GEMM_KCHUNK)
                 for (int c = 0; c < nr; c++)
                     for (int k = k0; k < gemm_min(kc, k0 + GEMM_KCHUNK); k++)
@@ -161,10 +161,10 @@ static void gemm_pack_B(int kc, int nc, const float* B, long b_rs, long b_cs, fl
     }
 }
 
-// C(0:mr, 0:nr) = (add ? C : 0) + Ap . Bp over kc steps, mr <= MR, nr <= NR.
-// acc[][] has fixed size, so gcc keeps it in 16 zmm registers and turns each
-// fmaf() row into vfmadd231ps (fmaf, not a*b+c: in ISO mode, -std=c11, gcc
-// does not contract a*b+c into an FMA; one rounding is also more accurate).
+/* C(0:mr, 0:nr) = (add ? C : 0) + Ap . Bp over kc steps, mr <= MR, nr <= NR.
+ * acc[][] has fixed size, so gcc keeps it in 16 zmm registers and turns each
+ * fmaf() row into vfmadd231ps (fmaf, not a*b+c: in ISO mode, -std=c11, gcc
+ * does not contract a*b+c into an FMA; one rounding is also more accurate). */
 static void gemm_kernel(int kc, const float* Ap, const float* Bp,
                         float* C, long ldc, int mr, int nr, int add) {
     float acc[GEMM_MR][GEMM_NR] = {{0.0f}};
@@ -175,39 +175,39 @@ static void gemm_kernel(int kc, const float* Ap, const float* Bp,
                 acc[r][c] = GEMM_FMA(a, Bp[c], acc[r][c]);
         }
     }
-    if (mr == GEMM_MR && nr == GEMM_NR) {  // full tile: fixed bounds, vector stores
+    if (mr == GEMM_MR && nr == GEMM_NR) {  /* full tile: fixed bounds, vector stores */
         for (int r = 0; r < GEMM_MR; r++)
             for (int c = 0; c < GEMM_NR; c++)
                 C[r * ldc + c] = (add ? C[r * ldc + c] : 0.0f) + acc[r][c];
-    } else {                               // edge tile: same sums, fewer stores
+    } else {                               /* edge tile: same sums, fewer stores */
         for (int r = 0; r < mr; r++)
             for (int c = 0; c < nr; c++)
                 C[r * ldc + c] = (add ? C[r * ldc + c] : 0.0f) + acc[r][c];
     }
 }
 
-// Block size for splitting n into ceil(n/max) nearly equal blocks, rounded up
-// to a multiple of unit (K = 1000 with KC = 384 gives 3 x 334, not 384+384+232).
-// Only the K blocking changes the arithmetic (each K slice is summed, then
-// added onto C), and it depends on K alone, never on how threads split C.
+/* Block size for splitting n into ceil(n/max) nearly equal blocks, rounded up
+ * to a multiple of unit (K = 1000 with KC = 384 gives 3 x 334, not 384+384+232).
+ * Only the K blocking changes the arithmetic (each K slice is summed, then
+ * added onto C), and it depends on K alone, never on how threads split C. */
 static int gemm_block(int n, int max, int unit) {
     int nblocks = (n + max - 1) / max;
     int b = (n + nblocks - 1) / nblocks;
     return (b + unit - 1) / unit * unit;
 }
 
-// The five loops on the calling thread, for the whole of (M, N).
+/* The five loops on the calling thread, for the whole of (M, N). */
 static void gemm_serial(int M, int N, int K, const float* A, long a_rs, long a_cs,
                         const float* B, long b_rs, long b_cs, float* C, long ldc, int accumulate) {
-    float* Ap = gemm_buffers();                  // (MC, KC) in MR micro-panels
-    float* Bp = Ap + (long)GEMM_MC * GEMM_KC;    // (KC, NC) in NR micro-panels
+    float* Ap = gemm_buffers();                  /* (MC, KC) in MR micro-panels */
+    float* Bp = Ap + (long)GEMM_MC * GEMM_KC;    /* (KC, NC) in NR micro-panels */
     int NCb = gemm_block(N, GEMM_NC, GEMM_NR), KCb = gemm_block(K, GEMM_KC, 1);
     int MCb = gemm_block(M, GEMM_MC, GEMM_MR);
     for (int jc = 0; jc < N; jc += NCb) {
         int nc = gemm_min(NCb, N - jc);
         for (int pc = 0; pc < K; pc += KCb) {
             int kc = gemm_min(KCb, K - pc);
-            int add = accumulate || pc > 0;      // later K slices add onto C
+            int add = accumulate || pc > 0;      /* later K slices add onto C */
             gemm_pack_B(kc, nc, B + pc * b_rs + jc * b_cs, b_rs, b_cs, Bp);
             for (int ic = 0; ic < M; ic += MCb) {
                 int mc = gemm_min(MCb, M - ic);
@@ -222,15 +222,15 @@ static void gemm_serial(int M, int N, int K, const float* A, long a_rs, long a_c
     }
 }
 
-// C(M,N) = (accumulate ? C : 0) + A(M,K) . B(K,N), all fp32 (strides above).
-// threaded: 1 = use OpenMP threads inside (call from serial code); 0 = run on
-// the calling thread only (safe inside an omp parallel region, e.g. one call
-// per (batch, head) in attention).
+/* C(M,N) = (accumulate ? C : 0) + A(M,K) . B(K,N), all fp32 (strides above).
+ * threaded: 1 = use OpenMP threads inside (call from serial code); 0 = run on
+ * the calling thread only (safe inside an omp parallel region, e.g. one call
+ * per (batch, head) in attention). */
 static void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs,
                  const float* B, long b_rs, long b_cs, float* C, long ldc,
                  int accumulate, int threaded) {
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) {  // empty sum: C = C or C = 0
+    if (K <= 0) {  /* empty sum: C = C or C = 0 */
         if (!accumulate)
             for (int i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * N);
         return;
@@ -239,10 +239,10 @@ static void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs,
     if (threaded && (long)M * N * K >= GEMM_MIN_PARALLEL_MACS && omp_get_max_threads() > 1) {
         #pragma omp parallel
         {
-            // Split C into a tm x tn grid of nearly equal blocks, one per
-            // thread, in whole micro-tiles. Pick the grid that packs least:
-            // each thread packs its rows of A and its columns of B, so
-            // minimise M/tm + N/tn (small M: split N; small N: split M).
+            /* Split C into a tm x tn grid of nearly equal blocks, one per
+             * thread, in whole micro-tiles. Pick the grid that packs least:
+             * each thread packs its rows of A and its columns of B, so
+             * minimise M/tm + N/tn (small M: split N; small N: split M). */
             int nt = omp_get_num_threads(), t = omp_get_thread_num();
             int tm = 1;
             for (int d = 1; d <= nt; d++)

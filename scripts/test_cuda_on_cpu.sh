@@ -27,12 +27,8 @@ cd "$(dirname "$0")/.."
 LOG=${LOG:-$(mktemp -d /tmp/gptc_cuda_cpu.XXXXXX)}
 mkdir -p "$LOG"
 START=$(date +%s)
-passed=0
-failed=0
-check() { # check ok|FAIL what [detail]
-    if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    echo "$([ "$1" = ok ] && echo "ok  " || echo "FAIL") $2${3:+  ($3)}  [$(( $(date +%s) - START ))s]"
-}
+CHECK_START=$START
+. scripts/check.sh # check ok|FAIL what [detail], and the $passed and $failed counters
 # run NAME COMMAND...: its output in $LOG/NAME.log; ok when it exits 0
 run() {
     local name=$1

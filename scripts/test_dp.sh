@@ -30,11 +30,7 @@ PY=${PYTHON:-/usr/bin/python3}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 dir=$(mktemp -d /tmp/gptc_dp.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
-passed=0
-failed=0
-check() { # check OK|FAIL what [detail]
-    if [ "$1" = ok ]; then passed=$((passed + 1)); echo "ok   $2${3:+  $3}"; else failed=$((failed + 1)); echo "FAIL $2${3:+  $3}"; fi
-}
+. scripts/check.sh # check ok|FAIL what [detail], and the $passed and $failed counters
 $PY scripts/toy_shard.py "$dir/train.bin" 60000 256 0 >/dev/null && $PY scripts/toy_shard.py "$dir/val.bin" 6000 256 1 >/dev/null || exit 1
 COMMON="--model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 256 -i $dir/train.bin -j $dir/val.bin
         -t 16 -x 8 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 4 --val-batches 2 --sample-every 0 --threads 1"

@@ -61,11 +61,7 @@ if [ "${shm_free_mb:-0}" -ge 512 ]; then shm=$(mktemp -d /dev/shm/gptc_failover.
 else shm=$(mktemp -d /tmp/gptc_failover_shm.XXXXXX); echo "note: /dev/shm has ${shm_free_mb:-no} MB free: snapshots go to $shm (a disk folder) instead"; fi
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl_vader_backing_directory $shm --mca mpi_yield_when_idle 1"
 trap 'rm -rf "$shm"; [ -n "${KEEP:-}" ] && echo "kept $dir" || rm -rf "$dir"' EXIT
-passed=0
-failed=0
-check() { # check OK|FAIL what [detail]
-    if [ "$1" = ok ]; then passed=$((passed + 1)); echo "ok   $2${3:+  $3}"; else failed=$((failed + 1)); echo "FAIL $2${3:+  $3}"; fi
-}
+. scripts/check.sh # check ok|FAIL what [detail], and the $passed and $failed counters
 $PY scripts/toy_shard.py "$dir/train.bin" 60000 256 0 >/dev/null && $PY scripts/toy_shard.py "$dir/val.bin" 6000 256 1 >/dev/null || exit 1
 # every run uses the same build, even if the tree's binaries are rebuilt meanwhile
 mkdir "$dir/bin" && cp "$BIN" "$BIN_MPI" "$dir/bin/" || exit 1

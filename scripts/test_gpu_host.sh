@@ -21,29 +21,25 @@
 # The last line is "gpu-host: N passed, N failed"; exit status 1 on a failure.
 set -u
 cd "$(dirname "$0")/.."
-passed=0
-failed=0
-check() { # check 0|1 what [detail]
-    if [ "$1" = 1 ]; then passed=$((passed + 1)); echo "ok   $2"; else failed=$((failed + 1)); echo "FAIL $2${3:+: $3}"; fi
-}
+. scripts/check.sh # check ok|FAIL what [detail], and the $passed and $failed counters
 
 # ---- gpu_check.sh's plan ----------------------------------------------------
 plan1=$(scripts/gpu_check.sh --plan 1 2>&1)
 echo "$plan1"
-check "$(echo "$plan1" | grep -q '^[0-9]*\. data parallel, one GPU: scripts/gpu_check_dp.sh' && echo 1)" \
+check "$(echo "$plan1" | grep -q '^[0-9]*\. data parallel, one GPU: scripts/gpu_check_dp.sh' && echo ok)" \
     "gpu_check.sh with one GPU runs gpu_check_dp.sh (the NCCL/ZeRO code as one rank)"
-check "$(echo "$plan1" | grep -c 'gpu_check_dp.sh' | grep -qx 1 && echo 1)" "... once"
+check "$(echo "$plan1" | grep -c 'gpu_check_dp.sh' | grep -qx 1 && echo ok)" "... once"
 plan2=$(scripts/gpu_check.sh --plan 2 2>&1)
-check "$(echo "$plan2" | grep -q '^[0-9]*\. data parallel, 2+ GPUs: scripts/gpu_check_dp.sh' && echo 1)" \
+check "$(echo "$plan2" | grep -q '^[0-9]*\. data parallel, 2+ GPUs: scripts/gpu_check_dp.sh' && echo ok)" \
     "gpu_check.sh with two GPUs runs gpu_check_dp.sh's multi-GPU checks" "$(echo "$plan2" | tail -n 1)"
 plan1n=$(scripts/gpu_check.sh --plan 1 no-nccl 2>&1)
 check "$(echo "$plan1n" | grep -q 'data parallel: SKIPPED, this build has no NCCL' &&
-    ! echo "$plan1n" | grep -q 'gpu_check_dp.sh' && echo 1)" \
+    ! echo "$plan1n" | grep -q 'gpu_check_dp.sh' && echo ok)" \
     "gpu_check.sh with a build without NCCL skips the data-parallel checks, saying why" "$(echo "$plan1n" | tail -n 1)"
 plan0=$(scripts/gpu_check.sh --plan 0 2>&1)
-check "$(echo "$plan0" | grep -q 'data parallel: SKIPPED, no GPU' && echo 1)" "... and so without a GPU" \
+check "$(echo "$plan0" | grep -q 'data parallel: SKIPPED, no GPU' && echo ok)" "... and so without a GPU" \
     "$(echo "$plan0" | tail -n 1)"
-check "$(echo "$plan1" | grep -c '^[0-9]*\. ' | grep -qx 8 && ! echo "$plan1" | grep -q 'unknown step' && echo 1)" \
+check "$(echo "$plan1" | grep -c '^[0-9]*\. ' | grep -qx 8 && ! echo "$plan1" | grep -q 'unknown step' && echo ok)" \
     "every planned step has a description (8 steps)"
 
 # ---- gpu_check.sh's summary: data as data ------------------------------------
@@ -57,10 +53,10 @@ got=$(
     for l in "${lines[@]}"; do note "$l" > /dev/null; done
     summary_print
 )
-check "$([ "$got" = "$want" ] && echo 1)" "gpu_check.sh's summary prints lines with %, %s, %% and a backslash as they are" \
+check "$([ "$got" = "$want" ] && echo ok)" "gpu_check.sh's summary prints lines with %, %s, %% and a backslash as they are" \
     "$(printf 'got:\n%s\nwant:\n%s' "$got" "$want")"
 formats=$(grep -nE "printf +(\"\\$|'%b'|\\$)" scripts/gpu_check.sh scripts/gpu_check_dp.sh)
-check "$([ -z "$formats" ] && echo 1)" "no variable is printf's format in gpu_check.sh or gpu_check_dp.sh" "$formats"
+check "$([ -z "$formats" ] && echo ok)" "no variable is printf's format in gpu_check.sh or gpu_check_dp.sh" "$formats"
 
 # ---- gpu_train has one way out ------------------------------------------------
 # body LINE: the lines of a top-level function of train_gpt.cu, from its opening line (a regex) to its closing brace
@@ -74,13 +70,13 @@ while IFS= read -r r; do
     n=${r%%:*}
     if [ -z "$first_free" ] || [ "$n" -lt "$first_free" ]; then early="$early train_gpt.cu:$r;"; fi
 done <<< "$returns"
-check "$([ -n "$train" ] && [ -n "$returns" ] && [ -z "$early" ] && echo 1)" \
+check "$([ -n "$train" ] && [ -n "$returns" ] && [ -z "$early" ] && echo ok)" \
     "every return of gpu_train comes after its cleanup (gpu_train_free)" "returns before it:$early"
-check "$(body '^static void gpu_train_free\(' | grep -q 'gpu_snapshots_free(' && echo 1)" \
+check "$(body '^static void gpu_train_free\(' | grep -q 'gpu_snapshots_free(' && echo ok)" \
     "gpu_train_free unpins the host arrays (gpu_snapshots_free)"
 callers=$(grep -n 'gpu_train_steps(' train_gpt.cu | grep -v '^[0-9]*:static int gpu_train_steps(' |
     grep -v '^[0-9]*: *\*\|/\*' | wc -l)
-check "$([ "$callers" -eq 1 ] && echo 1)" "gpu_train_steps is called from gpu_train only" "$callers calls"
+check "$([ "$callers" -eq 1 ] && echo ok)" "gpu_train_steps is called from gpu_train only" "$callers calls"
 
 echo "gpu-host: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -29,11 +29,7 @@ set -u
 cd "$(dirname "$0")/.."
 MAKE=${MAKE:-make}
 PY=${NCCL_TEST_PYTHON:-python3}
-passed=0
-failed=0
-check() { # check 0|1 what [detail]
-    if [ "$1" = 1 ]; then passed=$((passed + 1)); echo "ok   $2"; else failed=$((failed + 1)); echo "FAIL $2${3:+: $3}"; fi
-}
+. scripts/check.sh # check ok|FAIL what [detail], and the $passed and $failed counters
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -81,28 +77,28 @@ ln -s "$real_so2" "$HL/lib/libnccl.so.2"
 out=$(info "$SITE" "" "$E" "$E")
 lib=$(echo "$out" | field NCCL_LIB)
 ldlibs=$(echo "$out" | field NCCL_LDLIBS)
-check "$([ "$lib" = "$PIP/lib/libnccl.so.2" ] && echo 1)" "pip layout found through python's sys.path" "NCCL_LIB=$lib"
-check "$([ "$ldlibs" = "-Xlinker $PIP/lib/libnccl.so.2 -Xlinker -rpath=$PIP/lib" ] && echo 1)" \
+check "$([ "$lib" = "$PIP/lib/libnccl.so.2" ] && echo ok)" "pip layout found through python's sys.path" "NCCL_LIB=$lib"
+check "$([ "$ldlibs" = "-Xlinker $PIP/lib/libnccl.so.2 -Xlinker -rpath=$PIP/lib" ] && echo ok)" \
     "pip layout: libnccl.so.2 by its full path, with an rpath (no -lnccl: there is no libnccl.so)" "NCCL_LDLIBS=$ldlibs"
-check "$([ "$(echo "$out" | field NCCL_CUFLAGS)" = "-I$PIP/include" ] && echo 1)" "pip layout: -I its include/" \
+check "$([ "$(echo "$out" | field NCCL_CUFLAGS)" = "-I$PIP/include" ] && echo ok)" "pip layout: -I its include/" \
     "$(echo "$out" | field NCCL_CUFLAGS)"
 
 # ---- toolkit: -lnccl; the order of the places ------------------------------
 out=$(info "$E" "" "$TK" "$E")
-check "$([ "$(echo "$out" | field NCCL_LDLIBS)" = "-L$TK/lib64 -lnccl -Xlinker -rpath=$TK/lib64" ] && echo 1)" \
+check "$([ "$(echo "$out" | field NCCL_LDLIBS)" = "-L$TK/lib64 -lnccl -Xlinker -rpath=$TK/lib64" ] && echo ok)" \
     "a CUDA_HOME with libnccl.so: -L DIR -lnccl and an rpath" "$(echo "$out" | field NCCL_LDLIBS)"
-check "$([ "$(info "$SITE" "" "$TK" "$E" | field NCCL_PREFIX)" = "$TK" ] && echo 1)" "CUDA_HOME before pip"
-check "$([ "$(info "$SITE" "" "$E" "$TK" | field NCCL_PREFIX)" = "$TK" ] && echo 1)" "system prefixes before pip"
-check "$([ "$(info "$E" "$PIP" "$TK" "$E" | field NCCL_PREFIX)" = "$PIP" ] && echo 1)" "NCCL_HOME before CUDA_HOME"
-check "$([ "$(info "$SITE" "" "$HL" "$E" | field NCCL_PREFIX)" = "$PIP" ] && echo 1)" \
+check "$([ "$(info "$SITE" "" "$TK" "$E" | field NCCL_PREFIX)" = "$TK" ] && echo ok)" "CUDA_HOME before pip"
+check "$([ "$(info "$SITE" "" "$E" "$TK" | field NCCL_PREFIX)" = "$TK" ] && echo ok)" "system prefixes before pip"
+check "$([ "$(info "$E" "$PIP" "$TK" "$E" | field NCCL_PREFIX)" = "$PIP" ] && echo ok)" "NCCL_HOME before CUDA_HOME"
+check "$([ "$(info "$SITE" "" "$HL" "$E" | field NCCL_PREFIX)" = "$PIP" ] && echo ok)" \
     "a prefix with libnccl.so.2 but no nccl.h is passed over"
 
 # ---- nothing: -DGPTC_NO_NCCL, said aloud ------------------------------------
 out=$(info "$E" "" "$E" "$E")
 check "$([ -z "$(echo "$out" | field NCCL_LIB)" ] && [ "$(echo "$out" | field NCCL_CUFLAGS)" = "-DGPTC_NO_NCCL" ] &&
-    [ -z "$(echo "$out" | field NCCL_LDLIBS)" ] && echo 1)" "nothing found: -DGPTC_NO_NCCL, no NCCL library" "$out"
+    [ -z "$(echo "$out" | field NCCL_LDLIBS)" ] && echo ok)" "nothing found: -DGPTC_NO_NCCL, no NCCL library" "$out"
 said=$(info "$E" "" "$E" "$E" -n -B train_gpt_cu 2>&1)
-check "$(echo "$said" | grep -q '^NCCL not found' && echo 1)" "make train_gpt_cu says \"NCCL not found\" aloud" \
+check "$(echo "$said" | grep -q '^NCCL not found' && echo ok)" "make train_gpt_cu says \"NCCL not found\" aloud" \
     "$(echo "$said" | head -n 1)"
 
 # make's own train_gpt_cu recipe for a layout, written to another file:
@@ -116,38 +112,38 @@ build_as() {
     eval "nice $cmd ${*:6}"
 }
 if build_as "$E" "" "$E" "$E" "$tmp/train_gpt_cu_nonccl" -Werror all-warnings > "$tmp/build_nonccl.log" 2>&1; then
-    check 1 "train_gpt.cu builds without NCCL, warning-free (-DGPTC_NO_NCCL, -Werror all-warnings)"
+    check ok "train_gpt.cu builds without NCCL, warning-free (-DGPTC_NO_NCCL, -Werror all-warnings)"
     b=$tmp/train_gpt_cu_nonccl
-    check "$(! ldd "$b" | grep -q nccl && echo 1)" "the no-NCCL binary does not link libnccl"
+    check "$(! ldd "$b" | grep -q nccl && echo ok)" "the no-NCCL binary does not link libnccl"
     for args in "--init tcp:127.0.0.1:29555" "--zero 1"; do
         msg=$(env -u RANK -u WORLD_SIZE "$b" $args 2>&1)
         rc=$?
-        check "$([ $rc -ne 0 ] && echo "$msg" | grep -q 'this build has no NCCL' && echo 1)" \
+        check "$([ $rc -ne 0 ] && echo "$msg" | grep -q 'this build has no NCCL' && echo ok)" \
             "the no-NCCL binary refuses $args, saying why (rc=$rc)" "$msg"
     done
     msg=$(RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "$b" 2>&1)
     rc=$?
-    check "$([ $rc -ne 0 ] && echo "$msg" | grep -q 'several ranks, which need NCCL' && echo 1)" \
+    check "$([ $rc -ne 0 ] && echo "$msg" | grep -q 'several ranks, which need NCCL' && echo ok)" \
         "the no-NCCL binary refuses a launcher's rank 1 of 2 (rc=$rc)" "$msg"
 else
     cat "$tmp/build_nonccl.log"
-    check 0 "train_gpt.cu builds without NCCL, warning-free"
+    check FAIL "train_gpt.cu builds without NCCL, warning-free"
 fi
 
 # ---- pip: a real link and load ----------------------------------------------
 if [ -n "$real_lib" ]; then
     if build_as "$SITE" "" "$E" "$E" "$tmp/train_gpt_cu_pip" > "$tmp/build_pip.log" 2>&1; then
-        check 1 "train_gpt.cu links against the pip layout (make's recipe)"
+        check ok "train_gpt.cu links against the pip layout (make's recipe)"
         loaded=$(env -u LD_LIBRARY_PATH ldd "$tmp/train_gpt_cu_pip" | grep 'libnccl' | awk '{print $3}')
-        check "$([ "$loaded" = "$PIP/lib/libnccl.so.2" ] && echo 1)" \
+        check "$([ "$loaded" = "$PIP/lib/libnccl.so.2" ] && echo ok)" \
             "at run time the loader takes the pip layout's libnccl.so.2 (rpath, no LD_LIBRARY_PATH)" "ldd: $loaded"
         env -u LD_LIBRARY_PATH "$tmp/train_gpt_cu_pip" --help > "$tmp/help.txt" 2>&1
         rc=$?
-        check "$([ $rc -eq 0 ] && grep -q -- '--zero' "$tmp/help.txt" && echo 1)" \
+        check "$([ $rc -eq 0 ] && grep -q -- '--zero' "$tmp/help.txt" && echo ok)" \
             "the pip-linked binary starts (--help, rc=$rc)" "$(tail -n 2 "$tmp/help.txt")"
     else
         cat "$tmp/build_pip.log"
-        check 0 "train_gpt.cu links against the pip layout"
+        check FAIL "train_gpt.cu links against the pip layout"
     fi
 else
     echo "SKIPPED: the link and load against the pip layout (no NCCL on this machine)"

@@ -42,11 +42,7 @@ trap '[ -n "${KEEP:-}" ] && echo "kept $dir" || rm -rf "$dir"' EXIT
 # ranks waiting in a collective yield the core instead of spinning (2 ranks
 # on 2 cores beside other jobs)
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1"
-passed=0
-failed=0
-check() { # check OK|FAIL what [detail]
-    if [ "$1" = ok ]; then passed=$((passed + 1)); echo "ok   $2${3:+  $3}"; else failed=$((failed + 1)); echo "FAIL $2${3:+  $3}"; fi
-}
+. scripts/check.sh # check ok|FAIL what [detail], and the $passed and $failed counters
 # every run uses the same build, even if the tree's binaries are rebuilt meanwhile
 mkdir "$dir/bin" && cp "$BIN" "$BIN_MPI" "$dir/bin/" || exit 1
 BIN="$dir/bin/$(basename "$BIN")"

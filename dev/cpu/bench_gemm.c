@@ -1,19 +1,19 @@
-// bench_gemm.c — validates and times the matmul engine of train_gpt.c
-// (gptc/gemm.h, included from there: the kernel is written once).
-//
-// Build (OpenBLAS is linked here only, as the yardstick; train_gpt.c needs none):
-//   gcc -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/cpu/bench_gemm.c -o /tmp/bench_gemm
-//       /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 -lm
-// (cblas.h from libopenblas-dev; the .so.0 path picks the OpenMP build of OpenBLAS,
-// which has no unversioned libopenblas.so symlink.)
-// Run:
-//   /tmp/bench_gemm test     # correctness: awkward sizes x strides x flags, determinism
-//   /tmp/bench_gemm bench    # GFLOP/s on the GPT-2 124M shapes vs OpenBLAS sgemm
-//   /tmp/bench_gemm          # both
-// Build without OpenBLAS (tests + our timings only): add -DNO_OPENBLAS, drop the .so.
-// Build without OpenMP: drop -fopenmp (serial gemm; the thread checks are skipped).
-//
-// The tests exit non-zero on any failure and end with "N passed, N failed".
+/* bench_gemm.c — validates and times the matmul engine of train_gpt.c
+ * (gptc/gemm.h, included from there: the kernel is written once).
+ *
+ * Build (OpenBLAS is linked here only, as the yardstick; train_gpt.c needs none):
+ *   gcc -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/cpu/bench_gemm.c -o /tmp/bench_gemm
+ *       /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 -lm
+ * (cblas.h from libopenblas-dev; the .so.0 path picks the OpenMP build of OpenBLAS,
+ * which has no unversioned libopenblas.so symlink.)
+ * Run:
+ *   /tmp/bench_gemm test     # correctness: awkward sizes x strides x flags, determinism
+ *   /tmp/bench_gemm bench    # GFLOP/s on the GPT-2 124M shapes vs OpenBLAS sgemm
+ *   /tmp/bench_gemm          # both
+ * Build without OpenBLAS (tests + our timings only): add -DNO_OPENBLAS, drop the .so.
+ * Build without OpenMP: drop -fopenmp (serial gemm; the thread checks are skipped).
+ *
+ * The tests exit non-zero on any failure and end with "N passed, N failed". */
 #include "gptc/gemm.h" /* defines: gemm and its parts; with gptc/util.h: xmalloc_floats, time_ms, num_threads */
 
 #include <stdint.h>
@@ -38,7 +38,7 @@ static double now(void) {
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float randf(void) {  // uniform in [-1, 1), xorshift64*
+static float randf(void) {  /* uniform in [-1, 1), xorshift64* */
     rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
     return (float)((rng_state * 0x2545F4914F6CDD1Dull) >> 40) / (float)(1 << 23) - 1.0f;
 }
@@ -49,18 +49,18 @@ static void set_threads(int n) {
     omp_set_num_threads(n);
 #endif
 #ifndef NO_OPENBLAS
-    openblas_set_num_threads(n);  // OpenBLAS keeps its own count, even its OpenMP build
+    openblas_set_num_threads(n);  /* OpenBLAS keeps its own count, even its OpenMP build */
 #endif
     (void)n;
 }
 
-// ----------------------------------------------------------------------------
-// correctness
+/* ----------------------------------------------------------------------------
+ * correctness */
 
-// Largest error of C against a double-precision triple loop, as a multiple of
-// the tolerance: |C - ref| <= 1e-6 * sqrt(K+1) * (|C0| + sum_k |A(i,k) B(k,j)|).
-// Rounding error of a K-term fp32 sum grows ~ sqrt(K) * eps * sum|terms|
-// (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 3).
+/* Largest error of C against a double-precision triple loop, as a multiple of
+ * the tolerance: |C - ref| <= 1e-6 * sqrt(K+1) * (|C0| + sum_k |A(i,k) B(k,j)|).
+ * Rounding error of a K-term fp32 sum grows ~ sqrt(K) * eps * sum|terms|
+ * (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 3). */
 static double error_vs_reference(int M, int N, int K, const float* A, long a_rs, long a_cs,
                                  const float* B, long b_rs, long b_cs, const float* C0,
                                  const float* C, long ldc, int accumulate) {
@@ -73,13 +73,13 @@ static double error_vs_reference(int M, int N, int K, const float* A, long a_rs,
                 sum += t; mag += fabs(t);
             }
             double e = fabs(C[i * ldc + j] - sum) / (tol * (mag + 1e-30));
-            if (!(e <= worst)) worst = e;  // NaN propagates as a failure
+            if (!(e <= worst)) worst = e;  /* NaN propagates as a failure */
         }
     return worst;
 }
 
-// One case: A row-major or column-major (a_t), B likewise (b_t), C with a padded
-// leading dimension, accumulate 0/1, threaded 0/1. Padding of C must survive.
+/* One case: A row-major or column-major (a_t), B likewise (b_t), C with a padded
+ * leading dimension, accumulate 0/1, threaded 0/1. Padding of C must survive. */
 static int test_case(int M, int N, int K, int a_t, int b_t, int accumulate, int threaded, int plant) {
     long pad = 3;
     long a_rs = a_t ? 1 : K + pad, a_cs = a_t ? M + pad : 1;
@@ -93,7 +93,7 @@ static int test_case(int M, int N, int K, int a_t, int b_t, int accumulate, int 
     fill(A, na); fill(B, nb); fill(C0, nc);
     memcpy(C, C0, 4 * nc);
     gemm(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate, threaded);
-    if (plant) C[(long)(M - 1) * ldc + N - 1] += 1e-3f;  // test the tester
+    if (plant) C[(long)(M - 1) * ldc + N - 1] += 1e-3f;  /* test the tester */
     double err = error_vs_reference(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C0, C, ldc, accumulate);
     int pad_ok = 1;
     for (int i = 0; i < M; i++)
@@ -102,8 +102,8 @@ static int test_case(int M, int N, int K, int a_t, int b_t, int accumulate, int 
     return err <= 1.0 && pad_ok;
 }
 
-// Bitwise: 1 thread vs all threads, threaded=0 vs 1, and threaded=0 calls made
-// concurrently from an omp parallel region (the attention use).
+/* Bitwise: 1 thread vs all threads, threaded=0 vs 1, and threaded=0 calls made
+ * concurrently from an omp parallel region (the attention use). */
 static void test_determinism(int M, int N, int K, int a_t, int b_t) {
     long a_rs = a_t ? 1 : K, a_cs = a_t ? M : 1, b_rs = b_t ? 1 : N, b_cs = b_t ? K : 1;
     float *A = (float*)xmalloc(4L * M * K), *B = (float*)xmalloc(4L * K * N);
@@ -113,7 +113,7 @@ static void test_determinism(int M, int N, int K, int a_t, int b_t) {
     int nt = num_threads();
     set_threads(1); gemm(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C1, N, 1, 1);
     set_threads(nt); gemm(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C2, N, 1, 1);
-    // 4 row bands computed concurrently, each on its own thread
+    /* 4 row bands computed concurrently, each on its own thread */
     int band = (M + 3) / 4;
 #ifdef _OPENMP
     #pragma omp parallel for
@@ -140,7 +140,7 @@ static void run_tests(void) {
             for (int ki = 0; ki < ns; ki++)
                 for (int layout = 0; layout < 4; layout++) {
                     int M = sizes[mi], N = sizes[ni], K = sizes[ki];
-                    // all flag combinations on the small cases, one rotating combination on big ones
+                    /* all flag combinations on the small cases, one rotating combination on big ones */
                     int small = (long)M * N * K <= 65L * 65 * 65;
                     for (int flags = 0; flags < 4; flags++) {
                         if (!small && flags != (mi + ni + ki) % 4) continue;
@@ -150,28 +150,28 @@ static void run_tests(void) {
                         check(test_case(M, N, K, layout & 1, layout >> 1, flags & 1, flags >> 1, 0), what);
                     }
                 }
-    // K = 0: C = 0 or C unchanged; and blocking boundaries (KC, MC, NC +- 1)
+    /* K = 0: C = 0 or C unchanged; and blocking boundaries (KC, MC, NC +- 1) */
     check(test_case(5, 9, 0, 0, 0, 0, 1, 0), "K=0 accumulate=0");
     check(test_case(5, 9, 0, 1, 1, 1, 0, 0), "K=0 accumulate=1");
     check(test_case(GEMM_MC + 1, GEMM_NC + 1, GEMM_KC + 1, 0, 1, 1, 1, 0), "MC+1 x NC+1 x KC+1");
     check(test_case(2 * GEMM_MC - 1, 2 * GEMM_NC - 1, 2 * GEMM_KC - 1, 1, 0, 0, 1, 0), "2MC-1 x 2NC-1 x 2KC-1");
-    // the three transformer products at a small size, and attention (hs = 64)
+    /* the three transformer products at a small size, and attention (hs = 64) */
     check(test_case(96, 2304, 768, 0, 1, 0, 1, 0), "forward inp . W^T");
     check(test_case(96, 768, 2304, 0, 0, 1, 1, 0), "backward dout . W");
     check(test_case(2304, 768, 96, 1, 0, 1, 1, 0), "backward dout^T . inp");
     check(test_case(200, 200, 64, 0, 1, 0, 0, 0), "attention Q K^T");
-    // test the tester: a planted error of 1e-3 must be caught
+    /* test the tester: a planted error of 1e-3 must be caught */
     check(!test_case(17, 65, 63, 0, 1, 1, 1, 1), "planted wrong answer is rejected");
-    test_determinism(257, 1031, 700, 0, 1);   // splits N
-    test_determinism(1031, 129, 517, 1, 0);   // splits M
+    test_determinism(257, 1031, 700, 0, 1);   /* splits N */
+    test_determinism(1031, 129, 517, 1, 0);   /* splits M */
     test_determinism(64, 50304 / 8, 768, 0, 1);
 }
 
-// ----------------------------------------------------------------------------
-// benchmark
+/* ----------------------------------------------------------------------------
+ * benchmark */
 
 static float* flush_buf;
-static void flush_caches(void) {  // evict L1/L2/L3 (32 MiB) between runs
+static void flush_caches(void) {  /* evict L1/L2/L3 (32 MiB) between runs */
     static float sink;
     long n = 64L << 20 >> 2;
     for (long i = 0; i < n; i += 16) flush_buf[i] += 1.0f;
@@ -182,8 +182,8 @@ typedef struct {
     const char* name;
     int M, N, K;
     long a_rs, a_cs, b_rs, b_cs;
-    int b_trans;  // for cblas: B given as (N,K) row-major
-    int a_trans;  // for cblas: A given as (K,M) row-major
+    int b_trans;  /* for cblas: B given as (N,K) row-major */
+    int a_trans;  /* for cblas: A given as (K,M) row-major */
 } Shape;
 
 static void run_gemm(const Shape* s, const float* A, const float* B, float* C, int which) {
@@ -198,16 +198,16 @@ static void run_gemm(const Shape* s, const float* A, const float* B, float* C, i
     }
 }
 
-// GFLOP/s of ours (gf[0]) and OpenBLAS (gf[1]), best of `reps` runs each.
-// Each library runs its reps back to back: alternating single runs slowed
-// OpenBLAS's small products by up to 40% (its threads and ours share libgomp).
+/* GFLOP/s of ours (gf[0]) and OpenBLAS (gf[1]), best of `reps` runs each.
+ * Each library runs its reps back to back: alternating single runs slowed
+ * OpenBLAS's small products by up to 40% (its threads and ours share libgomp). */
 static void time_gemm(const Shape* s, const float* A, const float* B, float* C, int reps, double gf[2]) {
     for (int which = 0; which < 2; which++) {
         double best = 1e30;
 #ifdef NO_OPENBLAS
         if (which == 1) { gf[1] = 0.0; continue; }
 #endif
-        run_gemm(s, A, B, C, which);  // warm-up: thread team, packing buffers
+        run_gemm(s, A, B, C, which);  /* warm-up: thread team, packing buffers */
         for (int r = 0; r < reps; r++) {
             flush_caches();
             double t = now();
@@ -219,7 +219,7 @@ static void time_gemm(const Shape* s, const float* A, const float* B, float* C, 
     }
 }
 
-// spot-check 64 elements of a big product against double dot products
+/* spot-check 64 elements of a big product against double dot products */
 static int spot_check(const Shape* s, const float* A, const float* B, const float* C) {
     double worst = 0.0, tol = 1e-6 * sqrt(s->K + 1.0);
     for (int t = 0; t < 64; t++) {
@@ -235,9 +235,9 @@ static int spot_check(const Shape* s, const float* A, const float* B, const floa
     return worst <= 1.0;
 }
 
-// The roofline: the micro-kernel alone on packed panels that sit in cache
-// (one thread). On Zen 4 this is the FMA peak, 1 zmm FMA per cycle = 32 FLOP
-// per cycle, times the boost clock.
+/* The roofline: the micro-kernel alone on packed panels that sit in cache
+ * (one thread). On Zen 4 this is the FMA peak, 1 zmm FMA per cycle = 32 FLOP
+ * per cycle, times the boost clock. */
 static double kernel_peak(void) {
     int kc = GEMM_KC, mc = GEMM_MC, nc = 8 * GEMM_NR;
     float* Ap = gemm_buffers();
@@ -272,11 +272,11 @@ static void run_bench(void) {
     for (int b = 0; b < 2; b++)
         for (int o = 0; o < 4; o++) {
             int BT = bts[b], OC = ocs[o];
-            // forward    out(BT,OC)   = inp(BT,C) . W(OC,C)^T
+            /* forward    out(BT,OC)   = inp(BT,C) . W(OC,C)^T */
             shapes[n++] = (Shape){"fwd  inp.W^T ", BT, OC, C_, C_, 1, 1, C_, 1, 0};
-            // backward   dinp(BT,C)  += dout(BT,OC) . W(OC,C)
+            /* backward   dinp(BT,C)  += dout(BT,OC) . W(OC,C) */
             shapes[n++] = (Shape){"bwd  dout.W  ", BT, C_, OC, OC, 1, C_, 1, 0, 0};
-            // backward   dW(OC,C)    += dout(BT,OC)^T . inp(BT,C)
+            /* backward   dW(OC,C)    += dout(BT,OC)^T . inp(BT,C) */
             shapes[n++] = (Shape){"bwd  dout^T.x", OC, C_, BT, 1, OC, C_, 1, 0, 1};
         }
     printf("\n%-14s %5s %5s %5s | %9s %9s | %9s %9s | %6s\n", "shape", "M", "N", "K",
@@ -288,7 +288,7 @@ static void run_bench(void) {
         long na = (long)s->M * s->K, nb = (long)s->K * s->N, nc = (long)s->M * s->N;
         float *A = (float*)xmalloc(4 * na), *B = (float*)xmalloc(4 * nb), *C = (float*)xmalloc(4 * nc);
         fill(A, na); fill(B, nb); memset(C, 0, 4 * nc);
-        // more runs of the small shapes: the best of many filters out preemption
+        /* more runs of the small shapes: the best of many filters out preemption */
         int reps = gemm_min(25, gemm_max(3, (int)(2e10 / (2.0 * nc * s->K))));
         double g1[2], gn[2];
         set_threads(1);

@@ -21,11 +21,11 @@ enum { W_QKV, W_ATTPROJ, W_FC, W_FCPROJ, W_LM_HEAD, NUM_WEIGHTS };
 static const char* weight_names[NUM_WEIGHTS] = {"qkvw", "attprojw", "fcw", "fcprojw", "wte"};
 
 typedef struct {
-    int weight;        // W_QKV .. W_LM_HEAD (the LM head's weight is wte)
-    int backward;      // 0: matmul_forward (1 GEMM), 1: matmul_backward (2 GEMMs: dinp and dW)
-    int OC, IC;        // the weight is (OC, IC)
-    int calls;         // L per step, 1 for the LM head
-    double ms, gflops; // all calls of one step, best of 3
+    int weight;        /* W_QKV .. W_LM_HEAD (the LM head's weight is wte) */
+    int backward;      /* 0: matmul_forward (1 GEMM), 1: matmul_backward (2 GEMMs: dinp and dW) */
+    int OC, IC;        /* the weight is (OC, IC) */
+    int calls;         /* L per step, 1 for the LM head */
+    double ms, gflops; /* all calls of one step, best of 3 */
 } MatmulTiming;
 
 /* The call gpt2_forward (backward = 0) or gpt2_backward (1) makes for weight w of layer l. */

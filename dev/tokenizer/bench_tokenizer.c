@@ -1,15 +1,15 @@
-// bench_tokenizer.c — encode speed of train_gpt.c's tokenizer (gptc/tokenizer.h) in MB/s on the
-// ~1 MB of mixed documents in dev/fixtures/tokenizer/expected.bin.
-// Run through dev/tokenizer/bench_tokenizer.sh, which also times the
-// reference JS tokenizer on the same documents and prints the ratio.
-//   gcc -std=c11 -O3 -march=native -fopenmp dev/tokenizer/bench_tokenizer.c -o bench_tokenizer
-//   ./bench_tokenizer [--dir data/tokenizer] [--fixture dev/fixtures/tokenizer/expected.bin]
-// Variants timed (best of 5 after nothing warmed):
-//   cold   one thread, a fresh TokenizerWork (empty pre-token cache) per pass
-//   warm   one thread, the cache kept from the previous pass
-//   many   tokenizer_encode_many, OpenMP over documents, 1 and 2 threads
-//          (each thread starts with an empty cache every pass)
-// Last line: "c_mbps_1thread=X c_mbps_2threads=Y" for the script.
+/* bench_tokenizer.c — encode speed of train_gpt.c's tokenizer (gptc/tokenizer.h) in MB/s on the
+ * ~1 MB of mixed documents in dev/fixtures/tokenizer/expected.bin.
+ * Run through dev/tokenizer/bench_tokenizer.sh, which also times the
+ * reference JS tokenizer on the same documents and prints the ratio.
+ *   gcc -std=c11 -O3 -march=native -fopenmp dev/tokenizer/bench_tokenizer.c -o bench_tokenizer
+ *   ./bench_tokenizer [--dir data/tokenizer] [--fixture dev/fixtures/tokenizer/expected.bin]
+ * Variants timed (best of 5 after nothing warmed):
+ *   cold   one thread, a fresh TokenizerWork (empty pre-token cache) per pass
+ *   warm   one thread, the cache kept from the previous pass
+ *   many   tokenizer_encode_many, OpenMP over documents, 1 and 2 threads
+ *          (each thread starts with an empty cache every pass)
+ * Last line: "c_mbps_1thread=X c_mbps_2threads=Y" for the script. */
 #include "gptc/tokenizer.h" /* first: its gptc/util.h sets _GNU_SOURCE */
 #include <stdint.h>
 #include <stdio.h>
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     Tokenizer t;
     if (tokenizer_init(&t, dp, mp) != TOKENIZER_OK) return 1;
 
-    // the mixed documents (kind 2) of the fixture, rebuilt from their parts
+    /* the mixed documents (kind 2) of the fixture, rebuilt from their parts */
     size_t size;
     unsigned char* b = tok_read_file(fixture, &size);
     if (b == NULL || size < 1024 || tok_read_u32le(b) != 20261103) { fprintf(stderr, "bad fixture %s\n", fixture); return 1; }
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     int* kind = (int*)calloc(n, sizeof(int));
     TOK_CHECK_ALLOC(text); TOK_CHECK_ALLOC(len); TOK_CHECK_ALLOC(kind);
     size_t off = 1024, ndocs = 0, total = 0;
-    for (uint32_t i = 0; i < n; i++) {   // the fixture was checked by test_tokenizer; trust its sizes
+    for (uint32_t i = 0; i < n; i++) {   /* the fixture was checked by test_tokenizer; trust its sizes */
         kind[i] = (int)tok_read_u32le(b + off);
         uint32_t n2 = tok_read_u32le(b + off + 8);
         off += 12;

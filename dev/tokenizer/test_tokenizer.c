@@ -1,38 +1,36 @@
-// test_tokenizer.c — checks the tokenizer of train_gpt.c (gptc/tokenizer.h) against the reference
-// GPT-2 tokenizer (npm gpt-3-encoder, run by scripts/tokenizer_reference.js).
-//
-// Build and run (from the repo root, after scripts/fetch_tokenizer.sh and
-// node scripts/tokenizer_files.js):
-//   gcc -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/tokenizer/test_tokenizer.c -o test_tokenizer && ./test_tokenizer
-//   sanitizers: add -fsanitize=address,undefined -g
-//   live mode (CI): ./test_tokenizer --live   (also re-runs the reference
-//   under node on cases.txt and on fresh random byte strings, and compares)
-// Options: --dir DIR (default data/tokenizer), --fixture FILE
-//   (default dev/fixtures/tokenizer/expected.bin), --live.
-//
-// Checks, in order:
-//   1. every fixture case (hand-written + ~1 MB mixed) encodes to the
-//      reference's ids (first mismatch printed with context) and decodes back;
-//   2. a planted wrong answer is rejected (tests the comparison itself);
-//   3. decode(encode(x)) == x for random byte strings, valid and invalid UTF-8;
-//      ids <= bytes; a too-small output buffer gives the same count and prefix;
-//   4. tokenizer_encode_many (OpenMP) equals one-by-one encoding;
-//   5. bad files each give their error code, not a crash;
-//   6. (--live) the reference regenerated now agrees too.
-// Exits non-zero on any failure; prints "N passed, N failed" last.
+/* test_tokenizer.c — checks the tokenizer of train_gpt.c (gptc/tokenizer.h) against the reference
+ * GPT-2 tokenizer (npm gpt-3-encoder, run by scripts/tokenizer_reference.js).
+ *
+ * Build and run (from the repo root, after scripts/fetch_tokenizer.sh and
+ * node scripts/tokenizer_files.js):
+ *   gcc -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-function -I. dev/tokenizer/test_tokenizer.c -o test_tokenizer && ./test_tokenizer
+ *   sanitizers: add -fsanitize=address,undefined -g
+ *   live mode (CI): ./test_tokenizer --live   (also re-runs the reference
+ *   under node on cases.txt and on fresh random byte strings, and compares)
+ * Options: --dir DIR (default data/tokenizer), --fixture FILE
+ *   (default dev/fixtures/tokenizer/expected.bin), --live.
+ *
+ * Checks, in order:
+ *   1. every fixture case (hand-written + ~1 MB mixed) encodes to the
+ *      reference's ids (first mismatch printed with context) and decodes back;
+ *   2. a planted wrong answer is rejected (tests the comparison itself);
+ *   3. decode(encode(x)) == x for random byte strings, valid and invalid UTF-8;
+ *      ids <= bytes; a too-small output buffer gives the same count and prefix;
+ *   4. tokenizer_encode_many (OpenMP) equals one-by-one encoding;
+ *   5. bad files each give their error code, not a crash;
+ *   6. (--live) the reference regenerated now agrees too.
+ * Exits non-zero on any failure; prints "N passed, N failed" last. */
 #include "gptc/tokenizer.h" /* first: its gptc/util.h sets _GNU_SOURCE */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int passed = 0, failed = 0;
-#define TCHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "test_check.h" /* defines: check, checkf, tests_passed, tests_failed */
 
-// ---- fixture file (format: scripts/tokenizer_reference.js) ----
+/* ---- fixture file (format: scripts/tokenizer_reference.js) ---- */
 typedef struct {
-    int kind, line;                // kind 0 valid UTF-8, 1 invalid UTF-8, 2 mixed document
+    int kind, line;                /* kind 0 valid UTF-8, 1 invalid UTF-8, 2 mixed document */
     unsigned char* bytes; size_t len;
     int* ids; size_t nids;
 } Case;
@@ -46,7 +44,7 @@ static void fixture_free(Fixture* f) {
     memset(f, 0, sizeof(*f));
 }
 
-// Returns 0 or -1 (after a message).
+/* Returns 0 or -1 (after a message). */
 static int fixture_read(Fixture* f, const char* path) {
     memset(f, 0, sizeof(*f));
     size_t size = 0;
@@ -66,7 +64,7 @@ static int fixture_read(Fixture* f, const char* path) {
         size_t n2 = rd32(b + off + 8);
         off += 12;
         f->n = i + 1;
-        if (c->kind == 2) {                       // document: concatenation of earlier cases
+        if (c->kind == 2) {                       /* document: concatenation of earlier cases */
             NEED(2 * n2);
             size_t len = 0;
             for (size_t k = 0; k < n2; k++) {
@@ -100,7 +98,7 @@ static int fixture_read(Fixture* f, const char* path) {
     return 0;
 }
 
-// ---- printing ----
+/* ---- printing ---- */
 static void print_bytes(FILE* o, const unsigned char* s, size_t n) {
     fputc('"', o);
     for (size_t i = 0; i < n; i++) {
@@ -108,7 +106,7 @@ static void print_bytes(FILE* o, const unsigned char* s, size_t n) {
         if (c == '\n') fputs("\\n", o); else if (c == '\t') fputs("\\t", o); else if (c == '\r') fputs("\\r", o);
         else if (c == '"' || c == '\\') fprintf(o, "\\%c", c);
         else if (c < 0x20 || c == 0x7f) fprintf(o, "\\x%02x", c);
-        else fputc(c, o);             // UTF-8 passes through (invalid bytes too)
+        else fputc(c, o);             /* UTF-8 passes through (invalid bytes too) */
     }
     fputc('"', o);
 }
@@ -122,8 +120,8 @@ static void print_ids(FILE* o, const Tokenizer* t, const int* ids, size_t n, siz
     fputc('\n', o);
 }
 
-// Compares got with want; on a mismatch prints the case and the first
-// differing id with a few ids of context. Returns 1 if equal.
+/* Compares got with want; on a mismatch prints the case and the first
+ * differing id with a few ids of context. Returns 1 if equal. */
 static int compare_ids(const Tokenizer* t, const Case* c, size_t index, const int* got, size_t ngot, int verbose) {
     size_t i = 0;
     while (i < ngot && i < c->nids && got[i] == c->ids[i]) i++;
@@ -138,7 +136,7 @@ static int compare_ids(const Tokenizer* t, const Case* c, size_t index, const in
     return 0;
 }
 
-// ---- 1 + 2: the fixture ----
+/* ---- 1 + 2: the fixture ---- */
 static void test_fixture(const Tokenizer* t, const Fixture* f, const char* name) {
     TokenizerWork w;
     tokenizer_work_init(&w);
@@ -149,7 +147,7 @@ static void test_fixture(const Tokenizer* t, const Fixture* f, const char* name)
         int* got = (int*)malloc((c->len + 1) * sizeof(int)); TOK_CHECK_ALLOC(got);
         size_t n = tokenizer_encode(t, &w, c->bytes, c->len, got, c->len);
         if (compare_ids(t, c, i, got, n, bad < 3)) ok++; else bad++;
-        // decode of the reference ids gives the text back
+        /* decode of the reference ids gives the text back */
         unsigned char* back = (unsigned char*)malloc(c->len + 1); TOK_CHECK_ALLOC(back);
         int64_t m = tokenizer_decode_many(t, c->ids, c->nids, back, c->len);
         if (m != (int64_t)c->len || memcmp(back, c->bytes, c->len) != 0) dec_bad++;
@@ -159,13 +157,13 @@ static void test_fixture(const Tokenizer* t, const Fixture* f, const char* name)
     }
     printf("%s: %zu cases (%d valid UTF-8, %d invalid UTF-8, %d mixed documents; %zu bytes): %zu match, %zu differ; decode mismatches %zu\n",
            name, f->n, kinds[0], kinds[1], kinds[2], nbytes, ok, bad, dec_bad);
-    TCHECK(bad == 0, "%s: %zu of %zu cases differ from the reference", name, bad, f->n);
-    TCHECK(dec_bad == 0, "%s: decoding the reference ids did not give the text back in %zu cases", name, dec_bad);
-    TCHECK(f->n > 0, "%s: no cases", name);
+    checkf(bad == 0, "encode agrees with the reference", "%s: %zu of %zu cases differ", name, bad, f->n);
+    checkf(dec_bad == 0, "decoding the reference ids gives the text back", "%s: %zu cases differ", name, dec_bad);
+    checkf(f->n > 0, "the fixture has cases", "%s: %zu", name, f->n);
     tokenizer_work_free(&w);
 }
 
-// The checker must reject a planted wrong answer.
+/* The checker must reject a planted wrong answer. */
 static void test_the_tester(const Tokenizer* t, const Fixture* f) {
     for (size_t i = 0; i < f->n; i++) {
         const Case* c = &f->cases[i];
@@ -173,28 +171,28 @@ static void test_the_tester(const Tokenizer* t, const Fixture* f) {
         int* got = (int*)malloc(c->len * sizeof(int)); TOK_CHECK_ALLOC(got);
         size_t n = tokenizer_encode(t, NULL, c->bytes, c->len, got, c->len);
         got[n / 2] = (got[n / 2] + 1) % (int)t->vocab_size;
-        TCHECK(!compare_ids(t, c, i, got, n, 0), "planted wrong id was not noticed");
-        TCHECK(!compare_ids(t, c, i, got, n - 1, 0), "planted missing id was not noticed");
+        check(!compare_ids(t, c, i, got, n, 0), "a planted wrong id is noticed", "");
+        check(!compare_ids(t, c, i, got, n - 1, 0), "a planted missing id is noticed", "");
         free(got);
         return;
     }
-    TCHECK(0, "no case with 2+ ids to plant a wrong answer in");
+    check(0, "a case with 2+ ids to plant a wrong answer in", "none");
 }
 
-// ---- 3: random byte strings ----
+/* ---- 3: random byte strings ---- */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rng(void) {                     // xorshift64*
+static uint32_t rng(void) {                     /* xorshift64* */
     rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
     return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
-// pieces that stress the pre-tokeniser: every class, contractions, invalid bytes
+/* pieces that stress the pre-tokeniser: every class, contractions, invalid bytes */
 static const char* const pieces[] = {
     "a", "Z", "e\xcc\x81", "\xc3\xa9", "\xce\xb1", "\xd0\xb6", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xf0\x9f\x87\xba",
     "\xe2\x80\x8d", "1", "9", "\xd9\xa3", "\xe2\x85\xab", " ", " ", "  ", "\t", "\n", "\r\n", "\xc2\xa0", "\xe3\x80\x80",
     "\xef\xbb\xbf", "\xe2\x80\x83", "\x0b", "'", "'s", "'S", "'re", "'ll", "'d", "!", ".", ",", "\"", "\xe2\x80\x99",
     "\x00", "the", " the", "ing",
-    // invalid UTF-8 last: mode 3 below leaves these out
+    /* invalid UTF-8 last: mode 3 below leaves these out */
     "\x80", "\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc0\xaf",
 };
 enum { NUM_PIECES = sizeof(pieces) / sizeof(pieces[0]), NUM_VALID_PIECES = NUM_PIECES - 7 };
@@ -203,9 +201,9 @@ static size_t random_text(unsigned char* buf, size_t cap) {
     size_t len = rng() % cap, n = 0;
     int mode = rng() % 4;
     while (n < len) {
-        if (mode == 0) buf[n++] = (unsigned char)rng();                         // any bytes
-        else if (mode == 1) buf[n++] = (unsigned char)(" a'\n\xc3\xa9\x80\xff"[rng() % 9]);  // few bytes
-        else {                                                                  // pieces (mode 3: valid UTF-8 only)
+        if (mode == 0) buf[n++] = (unsigned char)rng();                         /* any bytes */
+        else if (mode == 1) buf[n++] = (unsigned char)(" a'\n\xc3\xa9\x80\xff"[rng() % 9]);  /* few bytes */
+        else {                                                                  /* pieces (mode 3: valid UTF-8 only) */
             const char* p = pieces[rng() % (mode == 2 ? NUM_PIECES : NUM_VALID_PIECES)];
             size_t k = strlen(p);
             if (p[0] == '\0') k = 1;
@@ -231,20 +229,20 @@ static void test_roundtrip_random(const Tokenizer* t, int count) {
         if (m != (int64_t)len || memcmp(back, buf, len) != 0) {
             if (bad++ < 3) { fprintf(stderr, "round trip failed for "); print_bytes(stderr, buf, len); fputc('\n', stderr); }
         }
-        // a short output buffer: same count, same prefix
+        /* a short output buffer: same count, same prefix */
         size_t cap = n ? rng() % n : 0;
         size_t n2 = tokenizer_encode(t, &w, buf, len, ids2, cap);
         if (n2 != n || memcmp(ids, ids2, cap * sizeof(int)) != 0) bad_cap++;
     }
     printf("random byte strings: %d, round-trip failures %d, short-buffer failures %d, more ids than bytes %d\n",
            count, bad, bad_cap, bad_bound);
-    TCHECK(bad == 0, "decode(encode(x)) != x for %d random strings", bad);
-    TCHECK(bad_cap == 0, "a short output buffer changed the result %d times", bad_cap);
-    TCHECK(bad_bound == 0, "more ids than bytes %d times", bad_bound);
+    checkf(bad == 0, "decode(encode(x)) == x for random byte strings", "%d of %d differ", bad, count);
+    checkf(bad_cap == 0, "a short output buffer does not change the result", "%d changed", bad_cap);
+    checkf(bad_bound == 0, "never more ids than bytes", "%d times more", bad_bound);
     tokenizer_work_free(&w);
 }
 
-// A long pre-token must not be quadratic, and must round-trip.
+/* A long pre-token must not be quadratic, and must round-trip. */
 static void test_long_pretokens(const Tokenizer* t) {
     size_t n = 1 << 20;
     unsigned char* s = (unsigned char*)malloc(n); TOK_CHECK_ALLOC(s);
@@ -256,12 +254,12 @@ static void test_long_pretokens(const Tokenizer* t) {
         for (size_t i = 0; i < n; i++) s[i] = (unsigned char)fills[f][i % k];
         size_t m = tokenizer_encode(t, NULL, s, n, ids, n);
         int64_t d = tokenizer_decode_many(t, ids, m, back, n);
-        TCHECK(d == (int64_t)n && memcmp(back, s, n) == 0, "1 MB run of \"%s\" did not round-trip", fills[f]);
+        checkf(d == (int64_t)n && memcmp(back, s, n) == 0, "a 1 MB run round-trips", "\"%s\"", fills[f]);
     }
     free(s); free(ids); free(back);
 }
 
-// ---- 4: parallel encode ----
+/* ---- 4: parallel encode ---- */
 static void test_encode_many(const Tokenizer* t, const Fixture* f) {
     size_t n = f->n;
     const unsigned char** texts = (const unsigned char**)malloc(n * sizeof(*texts));
@@ -277,12 +275,12 @@ static void test_encode_many(const Tokenizer* t, const Fixture* f) {
     tokenizer_encode_many(t, n, texts, lens, outs, caps, counts);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) if (!compare_ids(t, &f->cases[i], i, outs[i], counts[i], bad == 0)) bad++;
-    TCHECK(bad == 0, "tokenizer_encode_many differs from the reference in %zu documents", bad);
+    checkf(bad == 0, "tokenizer_encode_many agrees with the reference", "%zu documents differ", bad);
     for (size_t i = 0; i < n; i++) free(outs[i]);
     free(texts); free(lens); free(caps); free(counts); free(outs);
 }
 
-// ---- 5: bad files ----
+/* ---- 5: bad files ---- */
 static unsigned char* slurp(const char* path, size_t* n) {
     unsigned char* b = tok_read_file(path, n);
     if (b == NULL) { fprintf(stderr, "cannot read %s\n", path); exit(EXIT_FAILURE); }
@@ -298,7 +296,7 @@ static void expect_error(const char* what, const char* dec, const char* mer, int
     Tokenizer t;
     fprintf(stderr, "[expected error: %s]\n", what);
     int got = tokenizer_init(&t, dec, mer);
-    TCHECK(got == want, "%s: tokenizer_init returned %d, expected %d", what, got, want);
+    checkf(got == want, what, "tokenizer_init returned %d, expected %d", got, want);
     tokenizer_free(&t);
 }
 
@@ -368,25 +366,25 @@ static void test_bad_files(const char* dec_path, const char* mer_path) {
     memcpy(tmp, mer, nm); memcpy(tmp + 1024 + 12 * 7, tmp + 1024 + 12 * 3, 12);
     spit(bad, tmp, nm);
     expect_error("a merge repeated", dec_path, bad, TOKENIZER_ERR_MISMATCH);
-    // a decode file whose tokens were shuffled: same sizes, wrong bytes
+    /* a decode file whose tokens were shuffled: same sizes, wrong bytes */
     memcpy(tmp, dec, nd);
     { size_t o = 1024 + 2 * 300; unsigned char c = tmp[o + 1]; tmp[o + 1] = tmp[o + 2]; tmp[o + 2] = c; }
     spit(bad, tmp, nd);
     {
         Tokenizer t;
-        int rc = tokenizer_init(&t, bad, NULL);   // decode only: loads, cannot know
-        TCHECK(rc == TOKENIZER_OK, "a decode-only load of a plausible file failed (%d)", rc);
+        int rc = tokenizer_init(&t, bad, NULL);   /* decode only: loads, cannot know */
+        checkf(rc == TOKENIZER_OK, "a decode-only load of a plausible file succeeds", "returned %d", rc);
         tokenizer_free(&t);
     }
     remove(bad); remove(badm);
     free(tmp); free(dec); free(mer);
 }
 
-// ---- 6: live mode ----
+/* ---- 6: live mode ---- */
 static int run(const char* cmd) {
     printf("live: %s\n", cmd); fflush(stdout);
     int rc = system(cmd);
-    TCHECK(rc == 0, "command failed (%d): %s", rc, cmd);
+    checkf(rc == 0, "command runs", "exit status %d: %s", rc, cmd);
     return rc;
 }
 
@@ -399,13 +397,13 @@ static void test_live(const Tokenizer* t, const char* dir) {
     if (run(cmd) == 0) {
         Fixture f;
         if (fixture_read(&f, fresh) == 0) { test_fixture(t, &f, "live fixture"); fixture_free(&f); }
-        else TCHECK(0, "cannot read %s", fresh);
+        else checkf(0, "the live fixture can be read", "%s", fresh);
     }
-    // fresh random byte strings, ids from the reference (with the
-    // surrogate-escape extension for invalid UTF-8)
+    /* fresh random byte strings, ids from the reference (with the
+     * surrogate-escape extension for invalid UTF-8) */
     enum { COUNT = 3000, MAXLEN = 200 };
     FILE* fp = fopen(in, "wb");
-    TCHECK(fp != NULL, "cannot write %s", in);
+    checkf(fp != NULL, "the random strings can be written", "fopen %s", in);
     if (fp == NULL) return;
     unsigned char hdr[1024] = {0};
     put32(hdr, 20261103); put32(hdr + 4, 1); put32(hdr + 8, COUNT);
@@ -416,12 +414,12 @@ static void test_live(const Tokenizer* t, const char* dir) {
         put32(h, 0); put32(h + 4, 0); put32(h + 8, (uint32_t)len);
         fwrite(h, 1, 12, fp); fwrite(buf, 1, len, fp); fwrite(z, 1, 4, fp);
     }
-    TCHECK(fclose(fp) == 0, "cannot write %s", in);
+    checkf(fclose(fp) == 0, "the random strings can be written", "fclose %s", in);
     snprintf(cmd, sizeof(cmd), "TOKENIZER_DIR='%s' node scripts/tokenizer_reference.js encode %s %s", dir, in, out);
     if (run(cmd) == 0) {
         Fixture f;
         if (fixture_read(&f, out) == 0) { test_fixture(t, &f, "live random byte strings"); fixture_free(&f); }
-        else TCHECK(0, "cannot read %s", out);
+        else checkf(0, "the live random-string ids can be read", "%s", out);
     }
     remove(in); remove(out); remove(fresh);
 }
@@ -448,11 +446,12 @@ int main(int argc, char** argv) {
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    TCHECK(t.vocab_size == 50257 && t.eot_token == 50256 && t.num_merges == 50000, "GPT-2 sizes");
+    checkf(t.vocab_size == 50257 && t.eot_token == 50256 && t.num_merges == 50000, "GPT-2 sizes",
+           "V %u, eot %u, %u merges", t.vocab_size, t.eot_token, t.num_merges);
     size_t len = 0;
     const char* eot = tokenizer_decode(&t, t.eot_token, &len);
-    TCHECK(eot && len == 13 && memcmp(eot, "<|endoftext|>", 13) == 0, "decode of end-of-text");
-    TCHECK(tokenizer_decode(&t, 50257, &len) == NULL && len == 0, "decode of an id out of range");
+    check(eot && len == 13 && memcmp(eot, "<|endoftext|>", 13) == 0, "decode of end-of-text", "");
+    check(tokenizer_decode(&t, 50257, &len) == NULL && len == 0, "decode of an id out of range", "");
 
     Fixture f;
     if (fixture_read(&f, fixture) == 0) {
@@ -461,21 +460,21 @@ int main(int argc, char** argv) {
         test_encode_many(&t, &f);
         fixture_free(&f);
     } else {
-        TCHECK(0, "cannot read the fixture %s", fixture);
+        checkf(0, "the fixture can be read", "%s", fixture);
     }
     test_roundtrip_random(&t, 20000);
     test_long_pretokens(&t);
     if (mkdtemp(scratch) == NULL) { fprintf(stderr, "cannot make %s: %s\n", scratch, strerror(errno)); return 1; }
     test_bad_files(dec_path, mer_path);
-    {   // a decode-only tokenizer decodes
+    {   /* a decode-only tokenizer decodes */
         Tokenizer d;
         int rc = tokenizer_init(&d, dec_path, NULL);
-        TCHECK(rc == TOKENIZER_OK && !d.can_encode && d.vocab_size == 50257, "decode-only load");
+        check(rc == TOKENIZER_OK && !d.can_encode && d.vocab_size == 50257, "decode-only load", "");
         tokenizer_free(&d);
     }
     if (live) test_live(&t, dir);
     rmdir(scratch); /* every file in it was removed by the test that wrote it */
     tokenizer_free(&t);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
 }

@@ -1,0 +1,16 @@
+# check.sh — the one check of the shell tests, sourced by scripts/test_*.sh
+# (after they cd to the repository root). It prints the lines test_common.h's
+# check() prints in the C tests:
+#   check ok|FAIL WHAT [DETAIL]   counts one check in $passed or $failed and
+#                                 prints "ok   WHAT  DETAIL" or "FAIL WHAT  DETAIL"
+# Anything but "ok" counts as a failure, so check "$(test ... && echo ok)" WHAT
+# fails when the test does. With CHECK_START set (a `date +%s`), each line ends
+# with the seconds since then. Each script prints its own last line,
+# "N passed, N failed", and exits non-zero on a failure.
+passed=0
+failed=0
+check() {
+    local mark="FAIL"
+    if [ "$1" = ok ]; then passed=$((passed + 1)); mark="ok  "; else failed=$((failed + 1)); fi
+    echo "$mark $2${3:+  $3}${CHECK_START:+  [$(( $(date +%s) - CHECK_START ))s]}"
+}
