@@ -32,6 +32,21 @@ static floatX* to_device_bf16(float* host, size_t n) {
     return d;
 }
 
+/* 1 when a and b hold the same bits (n floats), else 0; says which and
+ * where on one line, against the production kernel (variant 2). */
+static int same_bits(const char* what, const float* a, const float* b, size_t n) {
+    size_t diff = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) != 0) {
+            if (!diff) first = i;
+            diff++;
+        }
+    if (diff) printf("  %-28s FAIL  %zu of %zu differ from variant 2, first [%zu]: %.9g vs %.9g\n", what, diff, n, first,
+                     a[first], b[first]);
+    else printf("  %-28s ok    bit for bit variant 2's\n", what);
+    return diff == 0;
+}
+
 static float* to_device_f32(const float* host, size_t n) {
     float* d;
     CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(float)));

@@ -122,19 +122,6 @@ static void run_backward(void* p) {
     }
 }
 
-static int same_bits(const char* what, const float* a, const float* b, size_t n) {
-    size_t diff = 0, first = 0;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], 4) != 0) {
-            if (!diff) first = i;
-            diff++;
-        }
-    if (diff) printf("  %-28s FAIL  %zu of %zu differ from variant 2, first [%zu]: %.9g vs %.9g\n", what, diff, n, first,
-                     a[first], b[first]);
-    else printf("  %-28s ok    bit for bit variant 2's\n", what);
-    return diff == 0;
-}
-
 int main(int argc, char** argv) {
     require_device("gelu");
     int only = argc > 1 ? atoi(argv[1]) : 0;
