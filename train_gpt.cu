@@ -2324,7 +2324,7 @@ static void memory_plan_print(const MemoryPlan* p) {
     recompute_names(kept, sizeof(kept), p->recompute, 1);
     recompute_names(redone, sizeof(redone), p->recompute, 0);
     printf("recompute %d: activations at levels 0/1/2/3: %.0f / %.0f / %.0f / %.0f MB; level %d keeps per layer %s; "
-           "recomputes in backward %s, into one layer's working set of %.0f MB (in the scratch): saves %.0f MB "
+           "recomputes in backward %s (into one layer's working set of %.0f MB, in the scratch): saves %.0f MB "
            "against level 0 (not yet run on a GPU)\n", p->recompute, p->activations_at[0] * mb,
            p->activations_at[1] * mb, p->activations_at[2] * mb, p->activations_at[3] * mb, p->recompute, kept,
            redone, p->work * mb, ((double)p->activations_at[0] - (double)p->activations - (double)p->work) * mb);
