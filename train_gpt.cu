@@ -2070,7 +2070,10 @@ static void parameters_point_x(ParameterTensorsX* p, floatX* mem, const GPT2Conf
 
 /* Activations kept from forward for backward. Same names and layouts as
  * train_gpt.c's ActivationTensors; `pre`-GELU is fch. The size table gives
- * elements and element bytes; one cudaMalloc, carved in order. */
+ * elements and element bytes; one cudaMalloc, carved in order. The shapes
+ * are those of --recompute 0; a higher level keeps fewer per-layer tensors
+ * (NULL here) and recomputes them into one layer's working set
+ * (gpu_activation_sizes, gpu_layer_acts). */
 #define NUM_GPU_ACTIVATIONS 19
 typedef struct {
     floatX* encoded;   /* (B, T, C) */
