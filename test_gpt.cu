@@ -191,7 +191,7 @@ static void test_memory_check(void) {
 static void test_memory_plan_attention(void) {
     GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
     int B = 16, T = 1024;
-    MemoryPlan p = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES);
+    MemoryPlan p = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES, 0);
     size_t lse = (size_t)12 * B * 12 * T * 4, probs = (size_t)12 * B * 12 * T * T * 2;
     size_t scores = (size_t)B * 12 * T * T * 4;
     char d[240];
@@ -200,6 +200,38 @@ static void test_memory_plan_attention(void) {
              p.scratch / 1048576.0);
     check(p.attention == lse && p.scratch < scores, "memory plan: attention keeps B NH T statistics per layer, "
           "nothing T x T", d);
+}
+
+/* The memory plan of each --recompute level for GPT-2 124M at B = 16,
+ * T = 1024: the activations kept strictly decrease from level 0 to 3, and
+ * what a level saves is more than the one layer's working set it adds to
+ * the scratch. Level 3 keeps about one residual stream (B T C bf16) per
+ * layer, plus the non-layer tensors (encoded, lnf, the logits). */
+static void test_memory_plan_recompute(void) {
+    GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
+    int B = 16, T = 1024;
+    MemoryPlan p[RECOMPUTE_LEVELS];
+    char d[400];
+    int at = 0;
+    for (int r = 0; r < RECOMPUTE_LEVELS; r++) {
+        p[r] = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES, r);
+        at += snprintf(d + at, sizeof(d) - (size_t)at, "%slevel %d: activations %.0f MB + working set %.0f MB",
+                       r ? "; " : "", r, p[r].activations / 1048576.0, p[r].work / 1048576.0);
+    }
+    int falls = 1, pays = 1, same = 1;
+    for (int r = 1; r < RECOMPUTE_LEVELS; r++) {
+        falls &= p[r].activations < p[r - 1].activations;
+        pays &= p[r].activations + p[r].scratch < p[0].activations + p[0].scratch;
+    }
+    for (int r = 0; r < RECOMPUTE_LEVELS; r++) same &= p[0].activations_at[r] == p[r].activations;
+    check(falls && same, "memory plan: activations strictly decrease from --recompute 0 to 3 (GPT-2 124M, B=16 T=1024)",
+          d);
+    check(pays, "memory plan: each level's activations + scratch below level 0's", "");
+    size_t stream = (size_t)12 * B * T * 768 * 2, rest = p[3].activations - stream;
+    snprintf(d, sizeof(d), "level 3: residual stream %.0f MB + encoded, lnf, logits, losses %.0f MB",
+             stream / 1048576.0, rest / 1048576.0);
+    check(p[3].activations >= stream && rest < (size_t)B * T * (2 * 768 * 2 + 50304 * 2 + 4 * 4) + 8 * 256,
+          "memory plan: level 3 keeps one residual stream per layer", d);
 }
 
 /* ---- GPU checks --------------------------------------------------------- */
@@ -340,10 +372,8 @@ static float* device_to_host(GpuGPT2* g, const void* dev, size_t n, int is_bf16)
 /* Every activation of the GPU forward against the CPU's, tensor by tensor. */
 static void compare_activations(GpuGPT2* g, const GPT2* cpu, const char* label) {
     size_t n[NUM_GPU_ACTIVATIONS], bytes[NUM_GPU_ACTIVATIONS];
-    gpu_activation_sizes(n, bytes, &g->config, g->B, g->T);
-    static const char* const names[NUM_GPU_ACTIVATIONS] = {
-        "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "lse", "residual2", "ln2", "ln2_mean",
-        "ln2_rstd", "fch", "fch_gelu", "residual3", "lnf", "lnf_mean", "lnf_rstd", "logits", "losses"};
+    gpu_activation_sizes(n, bytes, &g->config, g->B, g->T, g->recompute);
+    const char* const* names = GPU_ACTIVATION_NAMES;
     void** gp = (void**)&g->acts;
     float* const* cp = (float* const*)&cpu->acts;
     for (int i = 0; i < NUM_GPU_ACTIVATIONS - 1; i++) { /* losses: only with targets, checked as the loss */
@@ -467,6 +497,102 @@ static void test_forward_backward_wide(void) {
     free(grads2);
     gpu_model_free(&g);
     gpt2_free(&cpu);
+}
+
+/* Loss and gradients of one forward + backward at --recompute `level`, as
+ * host arrays (the caller frees). `x`, `y`: (B, T). */
+static float* recompute_grads(const GPT2* cpu, const int* x, const int* y, int B, int T, int gelu_fusion, int level,
+                              double* loss) {
+    GpuGPT2 g;
+    gpu_model_init_level(&g, cpu, B, T, gelu_fusion, level);
+    gpu_zero_grad(&g);
+    gpu_forward(&g, x, y, B, T, 1.0f / (B * T), 0);
+    gpu_backward(&g);
+    *loss = gpu_losses_fetch(&g, 1);
+    float* grads = device_to_host(&g, g.grads_memory, g.num_parameters, 0);
+    gpu_model_free(&g);
+    return grads;
+}
+
+/* --recompute 1..3 against 0: the loss and every gradient bitwise the
+ * same, under --gelu-fusion 0 at every level and under 1 at level 3 (see
+ * above gpu_activation_sizes: levels 1 and 2 run GELU with our kernel). */
+static void test_recompute_case(const char* label, const GPT2* cpu, const int* x, const int* y, int B, int T) {
+    for (int fusion = 0; fusion <= 1; fusion++) {
+        double loss0;
+        float* g0 = recompute_grads(cpu, x, y, B, T, fusion, 0, &loss0);
+        for (int level = fusion ? 3 : 1; level < RECOMPUTE_LEVELS; level++) {
+            double loss;
+            float* gl = recompute_grads(cpu, x, y, B, T, fusion, level, &loss);
+            char what[200], detail[120];
+            snprintf(what, sizeof(what), "%s, gelu-fusion %d: --recompute %d loss and gradients bitwise those of 0",
+                     label, fusion, level);
+            snprintf(detail, sizeof(detail), "loss %.9g vs %.9g", loss, loss0);
+            check(loss == loss0 && !memcmp(gl, g0, cpu->num_parameters * sizeof(float)), what, detail);
+            free(gl);
+        }
+        free(g0);
+    }
+}
+
+/* A few AdamW steps at each level: the losses and the final master weights
+ * bitwise those of level 0 (--gelu-fusion 0). */
+static void test_recompute_steps(const char* model_path, const Reference* ref) {
+    GPT2 cpu;
+    if (gpt2_load(&cpu, model_path) != 0) { check(0, "load model", model_path); return; }
+    int B = ref->B, T = ref->T, steps = 3;
+    size_t P = cpu.num_parameters;
+    AdamWConfig opt;
+    opt.beta1 = ref->beta1; opt.beta2 = ref->beta2; opt.eps = ref->eps;
+    opt.weight_decay = ref->weight_decay; opt.decay_all = 0;
+    float* w[RECOMPUTE_LEVELS];
+    double losses[RECOMPUTE_LEVELS][3];
+    for (int level = 0; level < RECOMPUTE_LEVELS; level++) {
+        GpuGPT2 g;
+        gpu_model_init_level(&g, &cpu, B, T, 0, level);
+        for (int s = 0; s < steps; s++) {
+            gpu_zero_grad(&g);
+            gpu_forward(&g, ref->x, ref->y, B, T, 1.0f / (B * T), 0);
+            gpu_backward(&g);
+            gpu_grad_norm(&g);
+            losses[level][s] = gpu_losses_fetch(&g, 1);
+            gpu_adamw_update(&g, &opt, (float)ref->lr, s + 1, ref->grad_clip, 99u + (uint32_t)s);
+        }
+        w[level] = device_to_host(&g, g.master_memory, P, 0);
+        gpu_model_free(&g);
+    }
+    for (int level = 1; level < RECOMPUTE_LEVELS; level++) {
+        char what[160], detail[120];
+        snprintf(what, sizeof(what), "%d AdamW steps at --recompute %d: losses and master weights bitwise those of 0",
+                 steps, level);
+        snprintf(detail, sizeof(detail), "last loss %.9g vs %.9g", losses[level][steps - 1], losses[0][steps - 1]);
+        check(!memcmp(losses[level], losses[0], sizeof(losses[0])) && !memcmp(w[level], w[0], P * sizeof(float)),
+              what, detail);
+    }
+    for (int level = 0; level < RECOMPUTE_LEVELS; level++) free(w[level]);
+    gpt2_free(&cpu);
+}
+
+/* The recompute levels on the tiny fixture (C = 36) and on a C = 320 model
+ * (the 16-byte paths, GELU fusion possible). */
+static void test_recompute(const char* model_path, const Reference* ref) {
+    GPT2 cpu;
+    if (gpt2_load(&cpu, model_path) != 0) { check(0, "load model", model_path); return; }
+    test_recompute_case("tiny fixture", &cpu, ref->x, ref->y, ref->B, ref->T);
+    gpt2_free(&cpu);
+    GPT2Config config = {48, 100, 128, 2, 5, 320}; /* maxT V Vp L NH C */
+    const int B = 4, T = 40;
+    gpt2_init_random(&cpu, &config, 21);
+    Rng rng;
+    rng_init(&rng, 22);
+    int x[B * T], y[B * T];
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int)(rng_u32(&rng) % (uint32_t)config.vocab_size);
+        y[i] = (int)(rng_u32(&rng) % (uint32_t)config.vocab_size);
+    }
+    test_recompute_case("C=320", &cpu, x, y, B, T);
+    gpt2_free(&cpu);
+    test_recompute_steps(model_path, ref);
 }
 
 /* 10 AdamW steps on the reference batch, as test_gpt.c runs them on the CPU. */
@@ -677,6 +803,7 @@ int main(int argc, char** argv) {
     test_lt_decisions(model_path);
     test_memory_check();
     test_memory_plan_attention();
+    test_memory_plan_recompute();
     if (host_only) { /* (make check-cuda: no GPU needed) */
         printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed ? 1 : 0;
@@ -701,6 +828,7 @@ int main(int argc, char** argv) {
         test_forward_backward(model_path, &ref, 0, 0);
         test_forward_backward(model_path, &ref, 1, 1); /* the fallback when cuBLASLt has no algorithm (G3) */
         test_adamw_steps(model_path, &ref);
+        test_recompute(model_path, &ref);
         reference_free(&ref);
     }
     test_forward_backward_wide();

@@ -37,7 +37,7 @@
  *   ./train_gpt_cu --model d12 --train-data "data/fineweb_train_*.bin" --batch-size 16 --seq-len 1024
  *   mpirun -np 8 ./train_gpt_cu_mpi --init mpi --zero 1 ...     (make train_gpt_cu_mpi)
  * Same flags as train_gpt (./train_gpt_cu --help), plus the GPU-only ones
- * (--gelu-fusion, --init, --init-timeout, --comm-timeout), all in the one
+ * (--gelu-fusion, --recompute, --init, --init-timeout, --comm-timeout), all in the one
  * flag table of gptc/cli.h.
  *
  * Attention is flash-style (G2): tiles of Q against K and V in shared
@@ -2070,7 +2070,10 @@ static void parameters_point_x(ParameterTensorsX* p, floatX* mem, const GPT2Conf
 
 /* Activations kept from forward for backward. Same names and layouts as
  * train_gpt.c's ActivationTensors; `pre`-GELU is fch. The size table gives
- * elements and element bytes; one cudaMalloc, carved in order. */
+ * elements and element bytes; one cudaMalloc, carved in order. The shapes
+ * are those of --recompute 0; a higher level keeps fewer per-layer tensors
+ * (NULL here) and recomputes them into one layer's working set
+ * (gpu_activation_sizes, gpu_layer_acts). */
 #define NUM_GPU_ACTIVATIONS 19
 typedef struct {
     floatX* encoded;   /* (B, T, C) */
@@ -2096,7 +2099,7 @@ typedef struct {
 static_assert(sizeof(GpuActivations) == NUM_GPU_ACTIVATIONS * sizeof(void*), "GpuActivations must match its table");
 
 /* Scratch, one layer at a time (forward and backward). */
-#define NUM_GPU_SCRATCH 8
+#define NUM_GPU_SCRATCH 9
 typedef struct {
     floatX* dresidual; /* (B, T, C) */
     floatX* dbt_c;     /* (B, T, C) */
@@ -2106,37 +2109,100 @@ typedef struct {
     float* part;       /* column-sum partials: bias (splits, 4C), LayerNorm (2, blocks, C) */
     float* loss_mean;  /* (max micro-batches) mean loss of each micro-batch */
     float* norm;       /* NORM_BLOCKS + 1: partials, then the norm */
+    void* work;        /* one layer's working set of the recomputed activations (gpu_layer_work_sizes), carved
+                          as GpuGPT2's `work`; empty at --recompute 0 */
 } GpuScratch;
 static_assert(sizeof(GpuScratch) == NUM_GPU_SCRATCH * sizeof(void*), "GpuScratch must match its table");
 
 #define MAX_MICRO_STEPS 4096 /* loss_mean slots; grad_accum is checked against it */
 
+/* Recomputation (--recompute N; not yet run on a GPU). Backward reads each
+ * layer's activations; a level keeps fewer of them from the forward and
+ * recomputes the rest, layer by layer in backward, into one layer's working
+ * set (the scratch's `work`, carved as GpuGPT2's `work`):
+ *   level  keeps per layer                       recomputes in backward
+ *   0      all 13 per-layer tensors              nothing
+ *   1      all but fch_gelu                      fch_gelu = GELU(fch)
+ *   2      all but fch_gelu, ln1, ln2            + ln1, ln2 (LayerNorm again)
+ *   3      residual3 only (the next layer's      the layer's forward but its last
+ *          input, so each layer's input)         GEMM (fcproj, whose output is kept)
+ * Level 1 keeps fch (GELU's input) and drops fch_gelu: backward needs both
+ * (fch for GELU's derivative, fch_gelu for fcprojw's gradient), and
+ * fch_gelu = GELU(fch) is one elementwise pass, while fch from fch_gelu is
+ * not to be had (GELU is not one-to-one below its minimum) but by the fc
+ * GEMM again (8 B T C^2 flops). Level 2 drops the LayerNorm outputs, whose
+ * inputs (the layer's input, residual2) are kept; level 3 everything but the
+ * residual stream, as the issue's goal: about B T C bf16 per layer.
+ * Bitwise the same at every level: a recompute runs the kernel the forward
+ * ran on the same inputs (gpu_layer_forward is both), LayerNorm included:
+ * it runs layernorm_forward_gpu again, writing the kept mean and rstd with
+ * the same bits, rather than a second kernel that would apply them. The
+ * exception would be the GELU of the cuBLASLt epilogue (--gelu-fusion 1),
+ * which is cuBLASLt's arithmetic and not our elementwise kernel's: so at
+ * levels 1 and 2 the forward's GELU is our kernel, whatever --gelu-fusion
+ * says (gpu_gelu_in_epilogue; the backward's DGELU epilogue stays, its
+ * input fch is kept), and level 3 reruns the fc GEMM, epilogue and all.
+ * Levels 0 and 3 are therefore bitwise the same under either --gelu-fusion;
+ * 1 and 2 equal them with --gelu-fusion 0, and each other always. (On a
+ * GPU that also takes cuBLASLt choosing the same algorithm for a GEMM on
+ * the working set as on a layer's slice: lt_matmul's key has the pointers'
+ * alignment, 256 for the working set and for every slice when B T C is a
+ * multiple of 128, as for GPT-2 at any B and T = 1024.) */
+#define RECOMPUTE_LEVELS 4
+#define GPU_ACTS_LAYER_BEGIN 1 /* ln1 */
+#define GPU_ACTS_LAYER_END 14  /* one past residual3 */
+static const char* const GPU_ACTIVATION_NAMES[NUM_GPU_ACTIVATIONS] = {
+    "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "lse", "residual2", "ln2", "ln2_mean",
+    "ln2_rstd", "fch", "fch_gelu", "residual3", "lnf", "lnf_mean", "lnf_rstd", "logits", "losses"};
+/* The level from which activation i is recomputed instead of kept (4: kept at every level). */
+static const int GPU_ACT_RECOMPUTED_FROM[NUM_GPU_ACTIVATIONS] = {
+    4, 2, 3, 3, 3, 3, 3, 3, 2, 3, 3, 3, 1, 4, 4, 4, 4, 4, 4};
+
+static int gpu_act_kept(int i, int recompute) { return recompute < GPU_ACT_RECOMPUTED_FROM[i]; }
+
+/* The activations kept at level `recompute` (elements, element bytes): a
+ * per-layer tensor recomputed at that level has 0 elements here and one
+ * layer's in gpu_layer_work_sizes. */
 static void gpu_activation_sizes(size_t n[NUM_GPU_ACTIVATIONS], size_t bytes[NUM_GPU_ACTIVATIONS],
-                                 const GPT2Config* c, int B, int T) {
+                                 const GPT2Config* c, int B, int T, int recompute) {
     size_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size, BT = (size_t)B * T;
     size_t e[NUM_GPU_ACTIVATIONS] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C,
                                      L * B * NH * T, L * BT * C, L * BT * C, L * BT, L * BT,
                                      L * BT * 4 * C, L * BT * 4 * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
     int is_float[NUM_GPU_ACTIVATIONS] = {0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1};
     for (int i = 0; i < NUM_GPU_ACTIVATIONS; i++) {
-        n[i] = e[i];
+        n[i] = gpu_act_kept(i, recompute) ? e[i] : 0;
         bytes[i] = is_float[i] ? 4 : 2;
     }
 }
 
+/* One layer's working set of what level `recompute` does not keep: the
+ * per-layer tensors gpu_activation_sizes leaves out, one layer of each. */
+static void gpu_layer_work_sizes(size_t n[NUM_GPU_ACTIVATIONS], size_t bytes[NUM_GPU_ACTIVATIONS],
+                                 const GPT2Config* c, int B, int T, int recompute) {
+    gpu_activation_sizes(n, bytes, c, B, T, 0);
+    for (int i = 0; i < NUM_GPU_ACTIVATIONS; i++)
+        n[i] = gpu_act_kept(i, recompute) ? 0 : n[i] / (size_t)c->num_layers;
+}
+
+static size_t carve_bytes(const size_t* n, const size_t* bytes, int count);
+
 static void gpu_scratch_sizes(size_t n[NUM_GPU_SCRATCH], size_t bytes[NUM_GPU_SCRATCH], const GPT2Config* c,
-                              int B, int T) {
+                              int B, int T, int recompute) {
     size_t C = c->channels, NH = c->num_heads, BT = (size_t)B * T;
     /* column-sum partials: bias gradients (OC up to 4C) and LayerNorm's */
     size_t colsum_part = (size_t)column_sums_splits((int)BT) * 4 * C;
     if (layernorm_backward_scratch_floats((int)BT, (int)C) > colsum_part)
         colsum_part = layernorm_backward_scratch_floats((int)BT, (int)C);
+    size_t wn[NUM_GPU_ACTIVATIONS], wb[NUM_GPU_ACTIVATIONS];
+    gpu_layer_work_sizes(wn, wb, c, B, T, recompute);
     size_t e[NUM_GPU_SCRATCH] = {BT * C, BT * C, BT * 3 * C, BT * 4 * C, (size_t)B * NH * T,
-                                 colsum_part, MAX_MICRO_STEPS, NORM_BLOCKS + 1};
-    int is_float[NUM_GPU_SCRATCH] = {0, 0, 0, 0, 1, 1, 1, 1};
+                                 colsum_part, MAX_MICRO_STEPS, NORM_BLOCKS + 1,
+                                 carve_bytes(wn, wb, NUM_GPU_ACTIVATIONS)};
+    int elem_bytes[NUM_GPU_SCRATCH] = {2, 2, 2, 2, 4, 4, 4, 4, 1};
     for (int i = 0; i < NUM_GPU_SCRATCH; i++) {
         n[i] = e[i];
-        bytes[i] = is_float[i] ? 4 : 2;
+        bytes[i] = elem_bytes[i];
     }
 }
 
@@ -2148,7 +2214,7 @@ static size_t carve_bytes(const size_t* n, const size_t* bytes, int count) {
 }
 static void carve(void** ptrs, char* mem, const size_t* n, const size_t* bytes, int count) {
     for (int i = 0; i < count; i++) {
-        ptrs[i] = mem;
+        ptrs[i] = n[i] ? mem : NULL; /* (an empty tensor: NULL, never an alias of the next) */
         mem += (n[i] * bytes[i] + 255) & ~(size_t)255;
     }
 }
@@ -2171,6 +2237,7 @@ typedef struct {
     size_t num_parameters;
     int B, T;
     int gelu_fusion;         /* 1: GELU in the cuBLASLt epilogues; 0: own kernels */
+    int recompute;           /* --recompute: 0..3, what backward recomputes (above gpu_activation_sizes) */
     cudaStream_t stream;
     LtContext lt;
     /* model state: 18 bytes per parameter (under ZeRO only the bf16 weights
@@ -2189,6 +2256,7 @@ typedef struct {
     /* activations and scratch */
     GpuActivations acts; void* acts_memory; size_t acts_bytes;
     GpuScratch scratch; void* scratch_memory; size_t scratch_bytes;
+    GpuActivations work;   /* one layer of what `recompute` does not keep, carved from scratch.work; the rest NULL */
     /* tokens: pinned host copies and device copies */
     TokenBuffers host, dev;
     int* bucket_count;     /* (V) host scratch for the counting sort */
@@ -2206,19 +2274,28 @@ typedef struct {
 typedef struct {
     size_t params, grads, optimizer, activations, scratch, workspace, tokens;
     size_t attention; /* of the activations: flash attention's log-sum-exp, all it keeps (L, B, NH, T) */
+    int recompute;    /* the level planned (--recompute) */
+    size_t work;      /* of the scratch: one layer's working set of what that level recomputes */
+    size_t activations_at[RECOMPUTE_LEVELS]; /* the activations each level would keep, to compare */
 } MemoryPlan;
 
-static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, size_t workspace) {
+static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, size_t workspace, int recompute) {
     MemoryPlan p;
     size_t P = parameter_count(c), n[32], bytes[32];
     p.params = P * 2;
     p.grads = P * 4;
     p.optimizer = P * 12; /* master, m, v */
-    gpu_activation_sizes(n, bytes, c, B, T);
+    p.recompute = recompute;
+    for (int r = 0; r < RECOMPUTE_LEVELS; r++) {
+        gpu_activation_sizes(n, bytes, c, B, T, r);
+        p.activations_at[r] = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
+    }
+    gpu_activation_sizes(n, bytes, c, B, T, recompute);
     p.activations = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
-    p.attention = n[6] * bytes[6]; /* lse */
-    gpu_scratch_sizes(n, bytes, c, B, T);
+    p.attention = n[6] * bytes[6]; /* lse (0 at level 3: recomputed with the layer) */
+    gpu_scratch_sizes(n, bytes, c, B, T, recompute);
     p.scratch = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
+    p.work = n[NUM_GPU_SCRATCH - 1];
     p.workspace = workspace + ((LT_BIAS_COPY_ELEMS(c) * sizeof(floatX) + 255) & ~(size_t)255); /* + the bias copy */
     p.tokens = (size_t)B * T * 4 * 5 + 4 * 256;
     return p;
@@ -2228,6 +2305,17 @@ static size_t memory_plan_total(const MemoryPlan* p) {
     return p->params + p->grads + p->optimizer + p->activations + p->scratch + p->workspace + p->tokens;
 }
 
+/* The names of the per-layer activations level r keeps (kept 1) or
+ * recomputes (kept 0), comma separated into out. */
+static void recompute_names(char* out, size_t cap, int r, int kept) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = GPU_ACTS_LAYER_BEGIN; i < GPU_ACTS_LAYER_END && at < cap; i++)
+        if (gpu_act_kept(i, r) == kept)
+            at += (size_t)snprintf(out + at, cap - at, "%s%s", at ? ", " : "", GPU_ACTIVATION_NAMES[i]);
+    if (!out[0]) snprintf(out, cap, "nothing");
+}
+
 static void memory_plan_print(const MemoryPlan* p) {
     double mb = 1.0 / (1024.0 * 1024.0);
     printf("memory plan: parameters bf16 %.0f MB, gradients fp32 %.0f MB, master+AdamW fp32 %.0f MB, "
@@ -2235,6 +2323,14 @@ static void memory_plan_print(const MemoryPlan* p) {
            "cuBLASLt workspace %.0f MB: total %.0f MB\n",
            p->params * mb, p->grads * mb, p->optimizer * mb, p->activations * mb, p->attention * mb, p->scratch * mb,
            p->workspace * mb, memory_plan_total(p) * mb);
+    char kept[256], redone[256];
+    recompute_names(kept, sizeof(kept), p->recompute, 1);
+    recompute_names(redone, sizeof(redone), p->recompute, 0);
+    printf("recompute %d: activations at levels 0/1/2/3: %.0f / %.0f / %.0f / %.0f MB; level %d keeps per layer %s; "
+           "recomputes in backward %s (into one layer's working set of %.0f MB, in the scratch): saves %.0f MB "
+           "against level 0 (not yet run on a GPU)\n", p->recompute, p->activations_at[0] * mb,
+           p->activations_at[1] * mb, p->activations_at[2] * mb, p->activations_at[3] * mb, p->recompute, kept,
+           redone, p->work * mb, ((double)p->activations_at[0] - (double)p->activations - (double)p->work) * mb);
 }
 
 /* The start-up memory check. cudaMemGetInfo's free bytes are not all the
@@ -2337,7 +2433,8 @@ static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, 
  * full_state 0 (ZeRO, G6) the bf16 weights are allocated but not filled, and
  * the rest is left to the data-parallel setup (dp_init): the gradients, and
  * this rank's shard of the master weights and moments. */
-static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion, int full_state) {
+static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion, int recompute,
+                                int full_state) {
     memset(g, 0, sizeof(*g));
     g->config = host->config;
     memcpy(g->param_sizes, host->param_sizes, sizeof(g->param_sizes));
@@ -2351,6 +2448,8 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
           c->channels / c->num_heads, c->channels, c->num_heads, ATTN_MAX_HS);
     /* the GELU epilogue needs its aux buffer's ld (4C) divisible by 8 */
     g->gelu_fusion = gelu_fusion && (4 * c->channels) % 8 == 0;
+    ALWAYS(recompute >= 0 && recompute < RECOMPUTE_LEVELS);
+    g->recompute = recompute;
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     lt_init(&g->lt, LT_WORKSPACE_BYTES, LT_BIAS_COPY_ELEMS(c));
     size_t P = g->num_parameters;
@@ -2369,14 +2468,17 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     }
 
     size_t n[32], bytes[32];
-    gpu_activation_sizes(n, bytes, c, B, T);
+    /* the plan's tables (gpu_memory_plan), allocated as they say */
+    gpu_activation_sizes(n, bytes, c, B, T, recompute);
     g->acts_bytes = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
     CUDA_CHECK(cudaMalloc(&g->acts_memory, g->acts_bytes));
     carve((void**)&g->acts, (char*)g->acts_memory, n, bytes, NUM_GPU_ACTIVATIONS);
-    gpu_scratch_sizes(n, bytes, c, B, T);
+    gpu_scratch_sizes(n, bytes, c, B, T, recompute);
     g->scratch_bytes = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
     CUDA_CHECK(cudaMalloc(&g->scratch_memory, g->scratch_bytes));
     carve((void**)&g->scratch, (char*)g->scratch_memory, n, bytes, NUM_GPU_SCRATCH);
+    gpu_layer_work_sizes(n, bytes, c, B, T, recompute);
+    carve((void**)&g->work, (char*)g->scratch.work, n, bytes, NUM_GPU_ACTIVATIONS);
 
     size_t BT = (size_t)B * T;
     size_t tn[NUM_TOKEN_BUFFERS] = {BT, BT, BT, BT + 1, BT}, tb[NUM_TOKEN_BUFFERS] = {4, 4, 4, 4, 4};
@@ -2394,9 +2496,13 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
 
-/* (test_gpt.cu's entry: one GPU, the whole state) */
+/* (test_gpt.cu's entries: one GPU, the whole state; --recompute 0, or a level) */
+[[maybe_unused]] static void gpu_model_init_level(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion,
+                                                  int recompute) {
+    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1);
+}
 [[maybe_unused]] static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
-    gpu_model_init_with(g, host, B, T, gelu_fusion, 1);
+    gpu_model_init_level(g, host, B, T, gelu_fusion, 0);
 }
 
 static void gpu_model_free(GpuGPT2* g) {
@@ -2444,6 +2550,71 @@ static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets,
     CUDA_CHECK(cudaEventRecord(g->copied, s));
 }
 
+/* Layer l's activations for a batch of (B, T) (train_gpt.c's layer_acts):
+ * a GpuActivations whose per-layer tensors, ln1 .. residual3, point at
+ * layer l's slice of those kept ((L, ...): l * n / L elements in, with the
+ * sizes of this B, T) or at the one-layer working set for those --recompute
+ * does not keep; the rest are unchanged. Forward and backward both index
+ * the layer through it. */
+static GpuActivations gpu_layer_acts(const GpuGPT2* g, int l, int B, int T) {
+    GpuActivations a = g->acts;
+    char** ap = (char**)&a;
+    char* const* wp = (char* const*)&g->work;
+    size_t n[NUM_GPU_ACTIVATIONS], bytes[NUM_GPU_ACTIVATIONS], L = (size_t)g->config.num_layers;
+    gpu_activation_sizes(n, bytes, &g->config, B, T, g->recompute);
+    for (int k = GPU_ACTS_LAYER_BEGIN; k < GPU_ACTS_LAYER_END; k++)
+        ap[k] = n[k] ? ap[k] + (size_t)l * (n[k] / L) * bytes[k] : wp[k];
+    return a;
+}
+
+/* Layer l's input: the encoder's output, or layer l-1's residual3 (kept at every level). */
+static const floatX* gpu_layer_input(const GpuGPT2* g, int l, int B, int T) {
+    return l == 0 ? g->acts.encoded : gpu_layer_acts(g, l - 1, B, T).residual3;
+}
+
+/* GELU in the fc GEMM's epilogue? Not at levels 1 and 2, whose backward
+ * recomputes fch_gelu from the kept fch with our kernel (see above
+ * gpu_activation_sizes: the forward must have run that same kernel). */
+static int gpu_gelu_in_epilogue(const GpuGPT2* g) {
+    return g->gelu_fusion && (g->recompute == 0 || g->recompute == 3);
+}
+
+/* Layer l's forward from its input `residual` into `a` (gpu_layer_acts).
+ * `redo` 0: the forward, every step. `redo` = the --recompute level (1..3),
+ * in backward: only the steps whose outputs that level did not keep, each
+ * the very kernel, on the very inputs, the forward ran (level 2 writes the
+ * kept mean and rstd again, with the same bits); never the last GEMM, whose
+ * residual3 is kept. Not yet run on a GPU (levels 1..3). */
+static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const floatX* residual, int l, int B, int T,
+                              int redo) {
+    const GPT2Config* cfg = &g->config;
+    int C = cfg->channels, NH = cfg->num_heads, N = B * T;
+    cudaStream_t s = g->stream;
+    ParameterTensorsX p = g->params;
+    int all = redo == 0 || redo == 3; /* the GEMMs and attention */
+    if (redo != 1)
+        layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C, s);
+    if (all) {
+        matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, NULL, NULL,
+                           N, C, 3 * C);
+        attention_forward_gpu(a->atty, a->lse, a->qkv, B, T, NH, C / NH, s);
+        /* residual2 = residual + atty . attprojw^T + attprojb: one GEMM with beta = 1 */
+        matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C,
+                           residual, NULL, N, C, C);
+    }
+    if (redo != 1)
+        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w + l * C, p.ln2b + l * C, N, C,
+                              s);
+    int epilogue = gpu_gelu_in_epilogue(g);
+    if (all)
+        matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw + (size_t)l * 4 * C * C,
+                           p.fcb + l * 4 * C, NULL, epilogue ? a->fch : NULL, N, C, 4 * C);
+    if (!epilogue) gelu_forward_gpu(a->fch_gelu, a->fch, (long long)N * 4 * C, s);
+    if (redo == 0)
+        matmul_forward_gpu(&g->lt, s, a->residual3, a->fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C,
+                           a->residual2, NULL, N, 4 * C, C);
+}
+
 /* Forward over (B, T) tokens (host arrays). Without targets the raw logits
  * stay in acts.logits. With targets the loss of each position goes to
  * acts.losses and the micro-batch's mean to the slot `micro`; with
@@ -2452,49 +2623,18 @@ static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets,
 static void gpu_forward(GpuGPT2* g, const int* inputs, const int* targets, int B, int T, float dloss, int micro) {
     const GPT2Config* cfg = &g->config;
     ALWAYS(B <= g->B && T <= g->T && micro >= 0 && micro < MAX_MICRO_STEPS);
-    int C = cfg->channels, L = cfg->num_layers, NH = cfg->num_heads, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    int C = cfg->channels, L = cfg->num_layers, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     size_t BT = (size_t)B * T;
     gpu_tokens_upload(g, inputs, targets, (int)BT);
     cudaStream_t s = g->stream;
     ParameterTensorsX p = g->params;
     GpuActivations a = g->acts;
     encoder_forward_gpu(a.encoded, g->dev.inputs, p.wte, p.wpe, B, T, C, s);
-    layernorm_forward_gpu(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, (int)BT, C, s);
     for (int l = 0; l < L; l++) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        floatX* ln1 = a.ln1 + l * BT * C;
-        floatX* qkv = a.qkv + l * BT * 3 * C;
-        floatX* atty = a.atty + l * BT * C;
-        float* lse = a.lse + (size_t)l * B * NH * T;
-        floatX* residual2 = a.residual2 + l * BT * C;
-        floatX* ln2 = a.ln2 + l * BT * C;
-        floatX* fch = a.fch + l * BT * 4 * C;
-        floatX* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-        floatX* residual3 = a.residual3 + l * BT * C;
-        /* ln1 of this layer was written by the previous step (layer 0: above) */
-        matmul_forward_gpu(&g->lt, s, qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, NULL, NULL,
-                           (int)BT, C, 3 * C);
-        attention_forward_gpu(atty, lse, qkv, B, T, NH, C / NH, s);
-        /* residual2 = residual + atty . attprojw^T + attprojb: one GEMM with beta = 1 */
-        matmul_forward_gpu(&g->lt, s, residual2, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C,
-                           residual, NULL, (int)BT, C, C);
-        layernorm_forward_gpu(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + l * C,
-                              p.ln2b + l * C, (int)BT, C, s);
-        if (g->gelu_fusion) {
-            matmul_forward_gpu(&g->lt, s, fch_gelu, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, NULL,
-                               fch, (int)BT, C, 4 * C);
-        } else {
-            matmul_forward_gpu(&g->lt, s, fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, NULL, NULL,
-                               (int)BT, C, 4 * C);
-            gelu_forward_gpu(fch_gelu, fch, (long long)BT * 4 * C, s);
-        }
-        matmul_forward_gpu(&g->lt, s, residual3, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C,
-                           residual2, NULL, (int)BT, 4 * C, C);
-        if (l + 1 < L)
-            layernorm_forward_gpu(a.ln1 + (l + 1) * BT * C, a.ln1_mean + (l + 1) * BT, a.ln1_rstd + (l + 1) * BT,
-                                  residual3, p.ln1w + (l + 1) * C, p.ln1b + (l + 1) * C, (int)BT, C, s);
+        GpuActivations al = gpu_layer_acts(g, l, B, T); /* layer l's slices, or the working set */
+        gpu_layer_forward(g, &al, gpu_layer_input(g, l, B, T), l, B, T, 0);
     }
-    const floatX* last = a.residual3 + (L - 1) * BT * C;
+    const floatX* last = gpu_layer_input(g, L, B, T);
     layernorm_forward_gpu(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, (int)BT, C, s);
     matmul_forward_gpu(&g->lt, s, a.logits, a.lnf, p.wte, NULL, NULL, NULL, (int)BT, C, Vp);
     g->last_B = B;
@@ -2557,37 +2697,32 @@ static void gpu_backward(GpuGPT2* g) {
     /* dlnf = dlogits . wte; dwte += dlogits^T . lnf */
     matmul_backward_gpu(lt, s, sc.dbt_c, gr.wte, NULL, sc.part, a.logits, a.lnf, p.wte, NULL, N, C, Vp);
     CUDA_CHECK(cudaMemsetAsync(sc.dresidual, 0, BT * C * sizeof(floatX), s));
-    const floatX* last = a.residual3 + (L - 1) * BT * C;
+    const floatX* last = gpu_layer_input(g, L, B, T);
     layernorm_backward_gpu(sc.dresidual, gr.lnfw, gr.lnfb, sc.part, sc.dbt_c, last, p.lnfw, a.lnf_mean, a.lnf_rstd,
                            N, C, s);
     for (int l = L - 1; l >= 0; l--) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        const floatX* ln1 = a.ln1 + l * BT * C;
-        const floatX* qkv = a.qkv + l * BT * 3 * C;
-        const floatX* atty = a.atty + l * BT * C;
-        const float* lse = a.lse + (size_t)l * B * NH * T;
-        const floatX* residual2 = a.residual2 + l * BT * C;
-        const floatX* ln2 = a.ln2 + l * BT * C;
-        floatX* fch = a.fch + l * BT * 4 * C;
-        const floatX* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+        const floatX* residual = gpu_layer_input(g, l, B, T);
+        GpuActivations al = gpu_layer_acts(g, l, B, T); /* layer l's slices, or the working set */
+        /* what --recompute did not keep, again (not yet run on a GPU) */
+        if (g->recompute) gpu_layer_forward(g, &al, residual, l, B, T, g->recompute);
         if (g->grads_begin) g->grads_begin(g->grads_ctx, l);
         ParameterTensors lg = gpu_layer_grads(g, l); /* layer l's slices */
         /* MLP */
-        matmul_backward_gpu(lt, s, sc.dfch, lg.fcprojw, lg.fcprojb, sc.part, sc.dresidual, fch_gelu,
-                            p.fcprojw + (size_t)l * C * 4 * C, g->gelu_fusion ? fch : NULL, N, 4 * C, C);
-        if (!g->gelu_fusion) gelu_backward_gpu(sc.dfch, fch, sc.dfch, (long long)BT * 4 * C, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, ln2, p.fcw + (size_t)l * 4 * C * C,
+        matmul_backward_gpu(lt, s, sc.dfch, lg.fcprojw, lg.fcprojb, sc.part, sc.dresidual, al.fch_gelu,
+                            p.fcprojw + (size_t)l * C * 4 * C, g->gelu_fusion ? al.fch : NULL, N, 4 * C, C);
+        if (!g->gelu_fusion) gelu_backward_gpu(sc.dfch, al.fch, sc.dfch, (long long)BT * 4 * C, s);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, al.ln2, p.fcw + (size_t)l * 4 * C * C,
                             NULL, N, C, 4 * C);
-        layernorm_backward_gpu(sc.dresidual, lg.ln2w, lg.ln2b, sc.part, sc.dbt_c, residual2, p.ln2w + l * C,
-                               a.ln2_mean + l * BT, a.ln2_rstd + l * BT, N, C, s);
+        layernorm_backward_gpu(sc.dresidual, lg.ln2w, lg.ln2b, sc.part, sc.dbt_c, al.residual2, p.ln2w + l * C,
+                               al.ln2_mean, al.ln2_rstd, N, C, s);
         /* attention */
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.attprojw, lg.attprojb, sc.part, sc.dresidual, atty,
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.attprojw, lg.attprojb, sc.part, sc.dresidual, al.atty,
                             p.attprojw + (size_t)l * C * C, NULL, N, C, C);
-        attention_backward_gpu(sc.dqkv, sc.attn_d, sc.dbt_c, qkv, atty, lse, B, T, NH, C / NH, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, ln1, p.qkvw + (size_t)l * 3 * C * C,
-                            NULL, N, C, 3 * C);
+        attention_backward_gpu(sc.dqkv, sc.attn_d, sc.dbt_c, al.qkv, al.atty, al.lse, B, T, NH, C / NH, s);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, al.ln1,
+                            p.qkvw + (size_t)l * 3 * C * C, NULL, N, C, 3 * C);
         layernorm_backward_gpu(sc.dresidual, lg.ln1w, lg.ln1b, sc.part, sc.dbt_c, residual, p.ln1w + l * C,
-                               a.ln1_mean + l * BT, a.ln1_rstd + l * BT, N, C, s);
+                               al.ln1_mean, al.ln1_rstd, N, C, s);
         if (g->grads_end) g->grads_end(g->grads_ctx, l);
     }
     encoder_backward_wte_kernel<<<g->num_buckets, 256, 0, s>>>(gr.wte, sc.dresidual, g->dev.bucket_token,
@@ -3606,7 +3741,7 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     const GPT2Config* c = &host->config;
     int B = st->r.B, T = st->r.T;
     dp_layout(&st->dp, comm, c, o->zero, o->overlap);
-    st->plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES);
+    st->plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES, o->recompute);
     dp_memory_plan(&st->dp, &st->plan, host->num_parameters);
     memory_plan_print(&st->plan);
     st->free0 = gpu_memory_headroom(comm, &st->room);
@@ -3619,7 +3754,7 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         return -1;
     }
     printf("%s\n", verdict);
-    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->zero == 0 || !st->dp.active);
+    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active);
     st->have_model = 1;
     dp_init(&st->dp, &st->g, host);
     st->have_dp = 1;

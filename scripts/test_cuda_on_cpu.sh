@@ -17,7 +17,8 @@
 #   3. every dev/cuda kernel's validation, at awkward sizes;
 #   4. a short training run whose loss falls, and the same run under another
 #      seed of the layer's scheduler (threads, blocks, streams in another
-#      order): its model file must be the same bytes;
+#      order): its model file must be the same bytes, and so must the
+#      same run at --recompute 3 (the whole block recomputed in backward);
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
 #   6. a rank killed mid-run ends the others with an error, not a hang.
@@ -99,6 +100,13 @@ m1=$LOG/train_seed1/model_00000012.bin m7=$LOG/train_seed7/model_00000012.bin
 ok=$([ -s "$m1" ] && cmp -s "$m1" "$m7" && echo ok || echo FAIL)
 check $ok "the same run with CUDA_CPU_SEED=7 (threads, blocks and streams in other orders): the same model bytes"
 [ $ok = ok ] || tail -n 20 "$LOG/train_seed7.log"
+./train_gpt_cu_cpu $TRAIN --recompute 3 --output-dir "$LOG/train_recompute3" > "$LOG/train_recompute3.log" 2>&1
+echo "rc=$?" >> "$LOG/train_recompute3.log"
+m3=$LOG/train_recompute3/model_00000012.bin
+ok=$([ -s "$m3" ] && cmp -s "$m1" "$m3" && echo ok || echo FAIL)
+check $ok "the same run at --recompute 3 (each layer's forward again in backward): the same model bytes" \
+    "$(grep -o 'recompute 3: activations at levels [^;]*' "$LOG/train_recompute3.log")"
+[ $ok = ok ] || tail -n 20 "$LOG/train_recompute3.log"
 
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
 GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh
