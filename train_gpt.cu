@@ -47,14 +47,18 @@
  * variant 1.
  *
  * Left out for now (honest list): activation recomputation; CUDA graphs; a bf16
- * gradient-accumulation option; training states (--resume, --stop-at,
- * --snapshot-every) under --zero 1|2 (G7: one GPU and --zero 0 have them);
- * overlapping the ZeRO weight all-gather with the next forward.
+ * gradient-accumulation option; overlapping the ZeRO weight all-gather with
+ * the next forward; overlapping a ZeRO snapshot's gather with the next step.
  *
  * Training states (G7): train_gpt.c's format and Saver, unchanged, so a state
  * written here resumes in train_gpt and the other way round: the fp32 master
  * weights and moments are copied to pinned host arrays on a side stream while
- * the next step computes, then handed to the Saver.
+ * the next step computes, then handed to the Saver. Under --zero 1|2 (any
+ * rank count) the shards are first all-gathered, bucket by bucket, into those
+ * flat arrays (dp_state_to_host; synchronous), and a resume packs each rank's
+ * shards out of the flat state (dp_state_upload), so a state moves between
+ * rank counts, --zero modes and the CPU trainer. STATUS: run on 1-3 emulated
+ * GPUs (scripts/test_zero_states.sh, test_gpt.cu), not yet on a GPU.
  *
  * Banners:
  *   G1. Checked calls, host waits, device helpers
@@ -1738,7 +1742,8 @@ __global__ void shard_round_kernel(floatX* param, const float* master, size_t n,
     int k;
     size_t i;
     if (shard_locate(map, j, &k, &i) < 0) param[j] = __float2bfloat16_rn(0.0f);
-    else if (stochastic) param[j] = bf16_round_stochastic(master[j], hash_u32((uint32_t)i ^ hash_u32(seed * 16u + (uint32_t)k)));
+    else if (stochastic)
+        param[j] = bf16_round_stochastic(master[j], hash_u32((uint32_t)i ^ hash_u32(seed * 16u + (uint32_t)k)));
     else param[j] = __float2bfloat16_rn(master[j]);
 }
 
@@ -3365,7 +3370,9 @@ static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
     else dp_shards_to_host(dp, dp->master, host->params_memory);
 }
 
-/* Training states under ZeRO (G7): the whole state into the host's flat
+/* STATUS: dp_state_to_host, dp_state_upload and shard_round_kernel have run
+ * on 1-3 emulated GPUs (scripts/test_zero_states.sh), not yet on a GPU.
+ * Training states under ZeRO (G7): the whole state into the host's flat
  * arrays (P floats each), the layout train_gpt.c's Saver writes from: the
  * master, m and v gathered on every rank (dp_shards_to_host three times). A
  * collective. Cost per snapshot and rank: NCCL receives (W-1)/W x 12 P'
@@ -3400,7 +3407,8 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
     float* to[3] = {dp->master, dp->m, dp->v};
     for (int a = 0; a < 3; a++) {
         if (!from[a]) continue; /* (no moments: they stay as they are, zeros at the start) */
-        for (int b = 0; b <= dp->L; b++) shard_pack_host(h + shard_map_offset(&dp->map, b), from[a], &dp->map, b, dp->rank);
+        for (int b = 0; b <= dp->L; b++)
+            shard_pack_host(h + shard_map_offset(&dp->map, b), from[a], &dp->map, b, dp->rank);
         CUDA_CHECK(cudaMemcpy(to[a], h, S * sizeof(float), cudaMemcpyHostToDevice));
     }
     free(h);
@@ -3455,9 +3463,14 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
 }
 
 /* ---- training states ------------------------------------------------------ */
-/* train_gpt.c's Saver, fed from the GPU (one GPU, or several under --zero 0,
- * where every rank holds the whole state). Its arrays are the host model's
- * params_memory, m_memory and v_memory, pinned. At the boundary after a
+/* train_gpt.c's Saver, fed from the GPU (one GPU or several, any --zero:
+ * every rank's host arrays hold the whole flat state, each rank saves its
+ * slice of it; the Dist given to the Saver says --zero 0, the flat layout,
+ * whatever --zero the GPUs run, so the header's zero field is 0). Under
+ * --zero 1|2 a snapshot gathers the shards into the host arrays at once
+ * (dp_state_to_host) instead of the side-stream copies below, and a resume
+ * or a rollback packs them out again (dp_state_upload). Its arrays are the
+ * host model's params_memory, m_memory and v_memory, pinned. At the boundary after a
  * snapshot step the update is done on the compute stream; an event there
  * starts three device-to-host copies (master, m, v) on a stream of their
  * own, which overlap the next step's forward and backward: those read only
@@ -3517,7 +3530,8 @@ static void gpu_snapshots_free(GpuSnapshots* gs) {
  * are gathered into the flat arrays here and now (dp_state_to_host: a
  * collective, every rank at the same boundary), and the "copies" are done
  * when this returns. */
-static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, GpuDataParallel* dp, const TrainRun* r, int step, int save) {
+static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, GpuDataParallel* dp, const TrainRun* r, int step,
+                               int save) {
     const GpuGPT2* g = dp->g;
     ALWAYS(!gs->pending);
     saver_before_update(sv); /* the Saver's thread has copied the last snapshot out of the host arrays */
