@@ -3376,10 +3376,12 @@ static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
  * arrays (P floats each), the layout train_gpt.c's Saver writes from: the
  * master, m and v gathered on every rank (dp_shards_to_host three times). A
  * collective. Cost per snapshot and rank: NCCL receives (W-1)/W x 12 P'
- * bytes, the host copies 12 P bytes out of the staging; no device memory
- * beyond the gradient buckets (staging) and P'-sized pageable buffer per
- * bucket on the host. Synchronous: unlike --zero 0's copies on a side
- * stream, these do not overlap the next step. */
+ * bytes (P' = P padded), the host copies 12 P bytes out of the staging and
+ * unpacks them, though the rank saves only its 12 P / W; memory: the
+ * gradient buckets as device staging (free between steps: nothing more on the
+ * device), one pageable host buffer of the largest bucket, and the host's
+ * flat arrays (12 P, pinned, as --zero 0 has them). Synchronous: unlike
+ * --zero 0's copies on a side stream, these do not overlap the next step. */
 static void dp_state_to_host(GpuDataParallel* dp, float* params, float* m, float* v) {
     dp_shards_to_host(dp, dp->master, params);
     dp_shards_to_host(dp, dp->m, m);
@@ -3430,6 +3432,7 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
+    (void)o; /* (a build with NCCL and MPI asks nothing of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
     int env_rank = 0, env_world = 1, env_local = 0;
