@@ -349,8 +349,9 @@ $(CPU_BUILD)/dev/cuda/common.h: dev/cuda/common.h dev/cuda/cpu/translate.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
 
+# (with -DUSE_MPI, as train_gpt_cu_mpi: --init mpi, so that emulated GPUs keep training states together)
 train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
-	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/train_gpt_cu.o $(CPU_BUILD)/train_gpt.cu
+	$(CXX) $(CPU_APP_FLAGS) -DUSE_MPI -c -o $(CPU_BUILD)/train_gpt_cu.o $(CPU_BUILD)/train_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/train_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
 test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) test_common.h test_check.h $(CPU_LAYER)

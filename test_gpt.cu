@@ -36,7 +36,8 @@
  *   - with --binary: training states (save, stop, resume from disk and from
  *     memory: the final weights bit for bit the uninterrupted run's; a
  *     snapshot every step changes nothing; with --cpu-binary the CPU
- *     trainer continues a GPU state; --zero 1 refuses them).
+ *     trainer continues a GPU state; a --zero 1 state resumes bit for bit
+ *     under --zero 1 and continues under --zero 0).
  * Exit status non-zero on any failure; the last line is "N passed, N failed".
  * Without a GPU the GPU checks are skipped, said so, and the exit status is 77.
  */
@@ -722,7 +723,9 @@ static void test_binary(const char* binary) {
 /* Save, stop, resume, continue: the final weights bit for bit the
  * uninterrupted run's (from disk, and from the snapshot in memory); taking a
  * snapshot every step changes nothing; the CPU trainer (cpu_binary, when
- * given) continues a state the GPU wrote; --zero 1 refuses --resume. */
+ * given) continues a state the GPU wrote; a --zero 1 state (one rank's
+ * shards gathered into the flat format) resumes bit for bit under --zero 1
+ * and continues under --zero 0. */
 static void test_resume(const char* binary, const char* cpu_binary) {
     char dir[] = "/tmp/gptc_cu_resume_XXXXXX";
     if (!mkdtemp(dir)) { check(0, "make a temporary folder", strerror(errno)); return; }
@@ -772,10 +775,26 @@ static void test_resume(const char* binary, const char* cpu_binary) {
         check(rc == 0 && strstr(out, "continuing after step 8") && access(b, F_OK) == 0,
               "GPU -> CPU: train_gpt continues a training state written by train_gpt_cu (the same format)", rc ? out : "");
     }
-    /* E: states need the flat layout */
-    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsE --zero 1 --stop-at 6", binary, common, dir);
+    /* E: ZeRO (one GPU: a one-rank communicator, the sharded code): the shards gathered into the flat state
+     * and packed out of it again; resumed from step 8 under --zero 1, bit for bit; under --zero 0, it continues */
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsE --zero 1", binary, common, dir);
     rc = run_capture(cmd, out, sizeof(out));
-    check(rc != 0 && strstr(out, "need --zero 0 on GPUs"), "GPU states: --zero 1 with --stop-at is refused, saying why", out);
+    snprintf(a, sizeof(a), "%s/rsE/model_00000012.bin", dir);
+    snprintf(cmd, sizeof(cmd), "cp -r %s/rsE %s/rsF && cp -r %s/rsE %s/rsG && rm %s/rsF/state_00000012.complete "
+             "%s/rsF/model_00000012.bin %s/rsG/state_00000012.complete %s/rsG/model_00000012.bin", dir, dir, dir, dir,
+             dir, dir, dir, dir);
+    rc |= system(cmd);
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsF --zero 1 --resume 1", binary, common, dir);
+    rc |= run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsF/model_00000012.bin", dir);
+    check(rc == 0 && strstr(out, "continuing after step 8") && files_equal(a, b),
+          "GPU --zero 1 states: saved at step 8 and resumed, the final weights bit for bit the uninterrupted run's",
+          rc ? out : "");
+    snprintf(cmd, sizeof(cmd), "%s %s -o %s/rsG --zero 0 --resume 1", binary, common, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    snprintf(b, sizeof(b), "%s/rsG/model_00000012.bin", dir);
+    check(rc == 0 && strstr(out, "continuing after step 8") && access(b, F_OK) == 0,
+          "GPU --zero 1 state resumed under --zero 0 (the flat path) continues to the end", rc ? out : "");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }

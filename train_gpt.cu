@@ -47,14 +47,18 @@
  * variant 1.
  *
  * Left out for now (honest list): activation recomputation; CUDA graphs; a bf16
- * gradient-accumulation option; training states (--resume, --stop-at,
- * --snapshot-every) under --zero 1|2 (G7: one GPU and --zero 0 have them);
- * overlapping the ZeRO weight all-gather with the next forward.
+ * gradient-accumulation option; overlapping the ZeRO weight all-gather with
+ * the next forward; overlapping a ZeRO snapshot's gather with the next step.
  *
  * Training states (G7): train_gpt.c's format and Saver, unchanged, so a state
  * written here resumes in train_gpt and the other way round: the fp32 master
  * weights and moments are copied to pinned host arrays on a side stream while
- * the next step computes, then handed to the Saver.
+ * the next step computes, then handed to the Saver. Under --zero 1|2 (any
+ * rank count) the shards are first all-gathered, bucket by bucket, into those
+ * flat arrays (dp_state_to_host; synchronous), and a resume packs each rank's
+ * shards out of the flat state (dp_state_upload), so a state moves between
+ * rank counts, --zero modes and the CPU trainer. STATUS: run on 1-3 emulated
+ * GPUs (scripts/test_zero_states.sh, test_gpt.cu), not yet on a GPU.
  *
  * Banners:
  *   G1. Checked calls, host waits, device helpers
@@ -1725,6 +1729,22 @@ __global__ void adamw_shard_kernel(floatX* param, float* master, const float* gr
     float p = adamw_element(master[j], g, &m[j], &v[j], lr, b1, b2, bc1, bc2, eps, wd);
     master[j] = p;
     param[j] = bf16_round_stochastic(p, hash_u32((uint32_t)i ^ hash_u32(seed * 16u + (uint32_t)k)));
+}
+
+/* The shard's bf16 weights from its master, rounded as adamw_shard_kernel
+ * rounds them under `seed` (stochastic 1: a resumed or rolled-back run gets
+ * the very bf16 weights that update wrote), or to nearest (stochastic 0:
+ * fresh weights, as gpu_model_init); the pad 0. The all-gather spreads them. */
+__global__ void shard_round_kernel(floatX* param, const float* master, size_t n, const ShardMap* map, int stochastic,
+                                   uint32_t seed) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    int k;
+    size_t i;
+    if (shard_locate(map, j, &k, &i) < 0) param[j] = __float2bfloat16_rn(0.0f);
+    else if (stochastic)
+        param[j] = bf16_round_stochastic(master[j], hash_u32((uint32_t)i ^ hash_u32(seed * 16u + (uint32_t)k)));
+    else param[j] = __float2bfloat16_rn(master[j]);
 }
 
 /* dst(n) += src(n): ZeRO-2 adds each micro-batch's reduced piece into the shard. */
@@ -3455,32 +3475,89 @@ static void dp_step_wait(GpuDataParallel* dp) {
     dp->steps_timed++;
 }
 
-/* The fp32 master weights into the host model (samples, checkpoints). Under
- * ZeRO a collective: every rank must call it. Each bucket's master pieces
- * are all-gathered into its gradient memory (free between steps), copied
- * out and unpacked. */
-static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
-    GpuGPT2* g = dp->g;
-    if (dp->zero == 0) {
-        gpu_params_to_host(g, host);
-        return;
-    }
+/* A sharded fp32 array (master, m or v: S floats, bucket-interleaved) into
+ * its flat file-order twin on the host (P floats), on every rank: each
+ * bucket's pieces are all-gathered into its gradient memory (free between
+ * steps), copied out and unpacked. A collective: every rank calls it. */
+static void dp_shards_to_host(GpuDataParallel* dp, const float* shard, float* flat) {
     cudaStream_t cs = dp->comm->stream;
-    gpu_wait(g->stream, NULL);
+    gpu_wait(dp->g->stream, NULL);
     gpu_wait(cs, NULL);
     size_t most = dp_bucket_floats(dp, dp->L) > dp_bucket_floats(dp, 0) ? dp_bucket_floats(dp, dp->L)
                                                                           : dp_bucket_floats(dp, 0);
     float* packed = xmalloc_floats(most);
     for (int b = 0; b <= dp->L; b++) {
         const BucketShape* s = shard_map_bucket(&dp->map, b);
-        NCCL_CHECK(ncclAllGather(dp->master + shard_map_offset(&dp->map, b), dp->bucket[b], s->piece, ncclFloat,
+        NCCL_CHECK(ncclAllGather(shard + shard_map_offset(&dp->map, b), dp->bucket[b], s->piece, ncclFloat,
                                  dp->comm->nccl, cs));
         gpu_wait(cs, NULL);
         CUDA_CHECK(cudaMemcpy(packed, dp->bucket[b], s->pre[s->nseg] * sizeof(float), cudaMemcpyDeviceToHost));
-        bucket_unpack_host(host->params_memory, packed, &dp->map, b);
+        bucket_unpack_host(flat, packed, &dp->map, b);
     }
     free(packed);
     CUDA_CHECK(cudaEventRecord(dp->comm_idle, cs)); /* (the buckets are zeroed again before backward writes them) */
+}
+
+/* The fp32 master weights into the host model (samples, checkpoints). Under
+ * ZeRO a collective: every rank must call it. */
+static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
+    if (dp->zero == 0) gpu_params_to_host(dp->g, host);
+    else dp_shards_to_host(dp, dp->master, host->params_memory);
+}
+
+/* STATUS: dp_state_to_host, dp_state_upload and shard_round_kernel have run
+ * on 1-3 emulated GPUs (scripts/test_zero_states.sh), not yet on a GPU.
+ * Training states under ZeRO (G7): the whole state into the host's flat
+ * arrays (P floats each), the layout train_gpt.c's Saver writes from: the
+ * master, m and v gathered on every rank (dp_shards_to_host three times). A
+ * collective. Cost per snapshot and rank: NCCL receives (W-1)/W x 12 P'
+ * bytes (P' = P padded), the host copies 12 P bytes out of the staging and
+ * unpacks them, though the rank saves only its 12 P / W; memory: the
+ * gradient buckets as device staging (free between steps: nothing more on the
+ * device), one pageable host buffer of the largest bucket, and the host's
+ * flat arrays (12 P, pinned, as --zero 0 has them). Synchronous: unlike
+ * --zero 0's copies on a side stream, these do not overlap the next step. */
+static void dp_state_to_host(GpuDataParallel* dp, float* params, float* m, float* v) {
+    dp_shards_to_host(dp, dp->master, params);
+    dp_shards_to_host(dp, dp->m, m);
+    dp_shards_to_host(dp, dp->v, v);
+}
+
+/* The other way: a flat state on the host (params, and m, v when given)
+ * onto the device, as gpu_weights_upload does for --zero 0 (which this calls
+ * then). Under ZeRO each rank packs its shard of each array, bucket by
+ * bucket (shard_pack_host: the pad 0), uploads it, rounds the shard's bf16
+ * weights as update `update` rounded them (or to nearest when < 0;
+ * shard_round_kernel) and all-gathers them as a step does
+ * (dp_gather_weights). The state may come from any number of ranks and any
+ * --zero, GPU or CPU: it is flat. Waits until done. A collective. */
+static void dp_state_upload(GpuDataParallel* dp, const float* params, const float* m, const float* v, int run_seed,
+                            int update) {
+    GpuGPT2* g = dp->g;
+    if (dp->zero == 0) {
+        gpu_weights_upload(g, params, m, v, run_seed, update);
+        return;
+    }
+    size_t S = dp->shard;
+    float* h = xmalloc_floats(S);
+    const float* from[3] = {params, m, v};
+    float* to[3] = {dp->master, dp->m, dp->v};
+    for (int a = 0; a < 3; a++) {
+        if (!from[a]) continue; /* (no moments: they stay as they are, zeros at the start) */
+        for (int b = 0; b <= dp->L; b++)
+            shard_pack_host(h + shard_map_offset(&dp->map, b), from[a], &dp->map, b, dp->rank);
+        CUDA_CHECK(cudaMemcpy(to[a], h, S * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    free(h);
+    uint32_t seed = update < 0 ? 0u : gpu_update_seed(run_seed, update);
+    gpu_wait(dp->comm->stream, NULL); /* nothing in flight reads the staging or the shard */
+    shard_round_kernel<<<ceil_div((long long)S, 256), 256, 0, g->stream>>>(dp->param_shard, dp->master, S, dp->map_dev,
+                                                                           update >= 0, seed);
+    KERNEL_CHECK();
+    dp_gather_weights(dp);
+    CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
+    gpu_wait(dp->comm->stream, NULL);
+    gpu_wait(g->stream, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -3490,6 +3567,7 @@ static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
+    (void)o; /* (a build with NCCL and MPI asks nothing of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
     int env_rank = 0, env_world = 1, env_local = 0;
@@ -3506,11 +3584,6 @@ static const char* gpu_options_problem(const Options* o) {
         return "--init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this build meets through "
                "--init file:PATH or --init tcp:HOST:PORT";
 #endif
-    if (o->zero > 0 && (o->resume || o->stop_at || o->snapshot_every))
-        return "--resume, --stop-at and --snapshot-every need --zero 0 on GPUs: under ZeRO-1/2 each GPU holds its shard "
-               "of the master weights and moments interleaved bucket by bucket (G6), not the flat slice of a training "
-               "state (gptc/state.h), so no state is written to continue from; train with --zero 0 (or on "
-               "the CPU, train_gpt, with any --zero)";
     return NULL;
 }
 
@@ -3528,9 +3601,14 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
 }
 
 /* ---- training states ------------------------------------------------------ */
-/* train_gpt.c's Saver, fed from the GPU (one GPU, or several under --zero 0,
- * where every rank holds the whole state). Its arrays are the host model's
- * params_memory, m_memory and v_memory, pinned. At the boundary after a
+/* train_gpt.c's Saver, fed from the GPU (one GPU or several, any --zero:
+ * every rank's host arrays hold the whole flat state, each rank saves its
+ * slice of it; the Dist given to the Saver says --zero 0, the flat layout,
+ * whatever --zero the GPUs run, so the header's zero field is 0). Under
+ * --zero 1|2 a snapshot gathers the shards into the host arrays at once
+ * (dp_state_to_host) instead of the side-stream copies below, and a resume
+ * or a rollback packs them out again (dp_state_upload). Its arrays are the
+ * host model's params_memory, m_memory and v_memory, pinned. At the boundary after a
  * snapshot step the update is done on the compute stream; an event there
  * starts three device-to-host copies (master, m, v) on a stream of their
  * own, which overlap the next step's forward and backward: those read only
@@ -3586,16 +3664,25 @@ static void gpu_snapshots_free(GpuSnapshots* gs) {
 }
 
 /* At the boundary after step `step` (its update queued on the compute
- * stream): start copying master, m and v to the host. */
-static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, const GpuGPT2* g, const TrainRun* r, int step, int save) {
+ * stream): start copying master, m and v to the host. Under ZeRO the shards
+ * are gathered into the flat arrays here and now (dp_state_to_host: a
+ * collective, every rank at the same boundary), and the "copies" are done
+ * when this returns. */
+static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, GpuDataParallel* dp, const TrainRun* r, int step,
+                               int save) {
+    const GpuGPT2* g = dp->g;
     ALWAYS(!gs->pending);
     saver_before_update(sv); /* the Saver's thread has copied the last snapshot out of the host arrays */
-    CUDA_CHECK(cudaEventRecord(gs->updated, g->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(gs->stream, gs->updated, 0));
-    size_t bytes = gs->P * sizeof(float);
-    CUDA_CHECK(cudaMemcpyAsync(gs->params, g->master_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
-    CUDA_CHECK(cudaMemcpyAsync(gs->m, g->m_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
-    CUDA_CHECK(cudaMemcpyAsync(gs->v, g->v_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+    if (dp->zero > 0) {
+        dp_state_to_host(dp, gs->params, gs->m, gs->v);
+    } else {
+        CUDA_CHECK(cudaEventRecord(gs->updated, g->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(gs->stream, gs->updated, 0));
+        size_t bytes = gs->P * sizeof(float);
+        CUDA_CHECK(cudaMemcpyAsync(gs->params, g->master_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+        CUDA_CHECK(cudaMemcpyAsync(gs->m, g->m_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+        CUDA_CHECK(cudaMemcpyAsync(gs->v, g->v_memory, bytes, cudaMemcpyDeviceToHost, gs->stream));
+    }
     CUDA_CHECK(cudaEventRecord(gs->copied, gs->stream));
     gs->at = *r; /* a shallow copy: state_info_of reads its numbers, nothing reads through its pointers */
     gs->step = step;
@@ -3617,9 +3704,7 @@ static void gpu_snapshot_hand_over(GpuSnapshots* gs, Saver* sv, const Dist* d, c
 
 /* Why this run cannot keep training states (NULL: it can). */
 static const char* gpu_states_problem(const GpuComm* comm, const Options* o) {
-    if (o->zero > 0)
-        return "under --zero 1|2 each GPU holds its shard of the master weights and moments interleaved bucket by "
-               "bucket (G6), not the flat slice of a training state";
+    (void)o; /* (any --zero: under ZeRO the shards are gathered into the flat state, dp_state_to_host) */
 #ifdef USE_MPI
     if (comm->world > 1 && !comm->mpi)
         return "several ranks keep their states together through MPI (train_gpt.c's Saver): launch with --init mpi";
@@ -3638,7 +3723,15 @@ static const char* gpu_states_problem(const GpuComm* comm, const Options* o) {
 static void gpu_comm_mpi_alone(GpuComm* cm) {
     if (cm->mpi) return;
     double t_start = cm->dist.t_start, t_comm = cm->dist.t_comm;
-    dist_init(&cm->dist, NULL, NULL);
+    int up = 0;
+    MPI_CHECK(MPI_Initialized(&up));
+    if (up) { /* started already by another part of the process (the CPU execution's NCCL over MPI, --zero 1|2) */
+        memset(&cm->dist, 0, sizeof(cm->dist));
+        MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &cm->dist.rank));
+        MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &cm->dist.world));
+    } else {
+        dist_init(&cm->dist, NULL, NULL);
+    }
     cm->dist.t_start = t_start; /* the process's start and its communicator's, as gpu_comm_init measured them */
     cm->dist.t_comm = t_comm;
     cm->mpi = gpu_mpi_live = 1;
@@ -3802,9 +3895,9 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
     if (start == 0 && deferred) gpt2_fill_random(host, host->init_seed); /* no state: the init after all */
     host->init_deferred = 0;
     if (start > 0) /* the state's weights and moments; bf16 as the update of step start - 1 rounded them */
-        gpu_weights_upload(&st->g, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
+        dp_state_upload(&st->dp, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
     else if (deferred)
-        gpu_weights_upload(&st->g, host->params_memory, NULL, NULL, o->seed, -1);
+        dp_state_upload(&st->dp, host->params_memory, NULL, NULL, o->seed, -1);
     timing_print(dist, "state loaded", unix_ms());
     heartbeat_write(o, comm->rank, start);
     return start;
@@ -3872,7 +3965,7 @@ static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, Gpu
     }
     gpu_snapshot_hand_over(&st->gs, &st->saver, dist, host, o); /* (none is pending here: each is handed over by the next update) */
     train_run_report(&st->r, &st->saver);
-    gpu_snapshot_start(&st->gs, &st->saver, &st->g, &st->r, st->r.steps, 1); /* the final state and model */
+    gpu_snapshot_start(&st->gs, &st->saver, &st->dp, &st->r, st->r.steps, 1); /* the final state and model */
     gpu_snapshot_hand_over(&st->gs, &st->saver, dist, host, o);
     int rc = train_run_final_save(&st->saver, dist, o);
     st->drop_memory = rc == 0; /* the run is over: its memory snapshots go (kept if the last write failed) */
@@ -3940,7 +4033,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         int back = train_run_after_step(&r, &saver, dist, host, o, step, start, &s, st->states);
         if (step == start) gpu_memory_after_first_step(st);
         if (back >= 0) { /* the host arrays hold the snapshot: to the GPU (a snapshot's last update was applied) */
-            gpu_weights_upload(&g, host->params_memory, host->m_memory, host->v_memory, o->seed, back - 1);
+            dp_state_upload(&dp, host->params_memory, host->m_memory, host->v_memory, o->seed, back - 1);
             step = back - 1; /* the loop's step++ continues after the snapshot's step */
             continue;
         }
@@ -3949,7 +4042,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
             if (b.save) gpu_checkpoint_save(st, host, o, rank, b.done);
             continue;
         }
-        if (b.snapshot) gpu_snapshot_start(&gs, &saver, &g, &r, b.done, b.save);
+        if (b.snapshot) gpu_snapshot_start(&gs, &saver, &dp, &r, b.done, b.save);
         saver_poll(&saver, dist, o, 0);
         if (b.stop) {
             gpu_snapshot_hand_over(&gs, &saver, dist, host, o);

@@ -1,7 +1,9 @@
 #!/bin/bash
 # scripts/gpu_check_dp.sh — the data-parallel (NCCL) path of train_gpt_cu on
 # a machine with GPUs. STATUS: its one-GPU mode ran on an H200 on 2026-11-30,
-# 6 of 6 passing (dev/cuda/RESULTS.md); the 2+ GPU checks and the scaling
+# 6 of 6 passing (dev/cuda/RESULTS.md), before the 2 training-state checks
+# were added (not yet run on a GPU; they passed with ./train_gpt_cu_cpu as
+# the one "GPU", 8 of 8); the 2+ GPU checks and the scaling
 # have not run on GPUs yet (only on 2 and 3 emulated ones, in make test).
 #
 #   scripts/gpu_check_dp.sh             # ./train_gpt_cu must exist (gpu_check.sh builds it)
@@ -28,6 +30,8 @@
 #   - scaling: GPT-2 124M at T=1024, B=16 per GPU, on 1 GPU and on 2 (the
 #     global batch doubles: weak scaling), each --zero: median tokens/s, the
 #     2-GPU speed-up, and where the communication time went.
+# Also on one GPU: training states under --zero 1|2 (saved, resumed under
+# --zero 1 bit for bit, and under --zero 0; not yet run on a GPU).
 # Logs go to $GPU_CHECK_DP_LOG (gpu_check.sh sets it), else ./gpu_check_logs/dp/.
 # The last line is "dp: N passed, N failed"; exit status non-zero on failure.
 set -u
@@ -140,6 +144,33 @@ for a in 1 2; do
     done
 done
 grep -h -E '^(data parallel|buckets|per-rank state|sent per rank|communication)' "$LOG/one_acc2_zero2.log"
+
+# training states under ZeRO on one GPU (NOT YET RUN ON A GPU; emulated GPUs run scripts/test_zero_states.sh
+# instead): a state saved at step 4 (--save-every 4) by --zero 1 resumed under --zero 1 gives the
+# uninterrupted run's final model bit for bit (cmp); one saved by --zero 2 resumed under --zero 0 (the flat
+# path) continues within 1e-3 of the last 4 steps' change (scripts/compare_models.py; only the clipping
+# norm's order of sums differs)
+if [ "$EMULATED" -eq 0 ]; then
+    final=$(printf model_%08d.bin "$DP_STEPS") last=$(printf state_%08d.complete "$DP_STEPS")
+    for z in 1 2; do
+        rm -rf "$LOG/st_zero$z" "$LOG/st_zero${z}_r"
+        run1 st_zero$z $SMALL --batch-size 8 --total-batch-size 512 --zero $z --save-every 4 -o "$LOG/st_zero$z"
+        cp -r "$LOG/st_zero$z" "$LOG/st_zero${z}_r"
+        rm -f "$LOG/st_zero${z}_r/$last" "$LOG/st_zero${z}_r/$final" # (resumed from step 4's state)
+    done
+    run1 st_zero1_r $SMALL --batch-size 8 --total-batch-size 512 --zero 1 --resume 1 -o "$LOG/st_zero1_r"
+    ok=$(grep -q 'continuing after step 4' "$LOG/st_zero1_r.log" && cmp -s "$LOG/st_zero1/$final" "$LOG/st_zero1_r/$final" &&
+         echo ok || echo FAIL)
+    check $ok "one GPU, training states: --zero 1 saved at step 4, resumed under --zero 1: final model bit for bit" \
+        "$(grep -m 1 '^resume: ' "$LOG/st_zero1_r.log")"
+    run1 st_zero2_r $SMALL --batch-size 8 --total-batch-size 512 --zero 0 --resume 1 -o "$LOG/st_zero2_r"
+    d=$($PY scripts/compare_models.py "$LOG/st_zero2_r/$final" "$LOG/st_zero2/$final" "$LOG/st_zero2/model_00000004.bin" \
+        1e-3 2>&1)
+    rc=$?
+    ok=$([ $rc -eq 0 ] && grep -q 'continuing after step 4' "$LOG/st_zero2_r.log" && echo ok || echo FAIL)
+    check $ok "one GPU, training states: --zero 2 saved at step 4, resumed under --zero 0: within 1e-3" \
+        "$(echo "$d" | tail -n 1 | cut -c1-80)"
+fi
 echo "== one GPU done ($(elapsed))"
 
 if [ "$NGPU" -ge 2 ]; then

@@ -4,7 +4,7 @@
 # sources by g++ against the CPU execution layer (dev/cuda/cpu/README.md).
 # make test-cuda-on-cpu builds everything and runs this; make test runs that.
 #
-#   scripts/test_cuda_on_cpu.sh          # about 3.5 minutes on 2 cores (195 s measured)
+#   scripts/test_cuda_on_cpu.sh          # about 5 minutes on 2 cores (195 s measured before 5b's ~90 s)
 #
 # What runs, each a check line (details in $LOG/*.log):
 #   1. the layer's own tests: planted bugs it must catch (test_layer), tensor
@@ -21,6 +21,9 @@
 #      same run at --recompute 3 (the whole block recomputed in backward);
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
+#   5b. training states under --zero 1|2 (scripts/test_zero_states.sh, ~90 s):
+#      saved on 2 emulated GPUs, resumed on 2 (bit for bit), 3, 1 and by
+#      the CPU trainer, and a CPU trainer's state resumed on 2 --zero 2;
 #   6. a rank killed mid-run ends the others with an error, not a hang.
 # The last line is "cuda on cpu: N passed, N failed"; exit status non-zero on failure.
 set -u
@@ -110,6 +113,9 @@ check $ok "the same run at --recompute 3 (each layer's forward again in backward
 
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
 GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh
+
+# ---- 5b. training states under --zero 1|2: 2 emulated GPUs, resumed on 2, 3, 1 and the CPU trainer ----
+run zero_states scripts/test_zero_states.sh "$LOG/zero_states"
 
 # ---- 6. a rank killed mid-run ---------------------------------------------------------
 # rank 1 is killed (SIGKILL) once rank 0 has printed its third step: the job must end, not hang
