@@ -13,7 +13,8 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
-#include "dev/cuda/cpu/test_cases.h"  // Case, cases_main: each case in a child process
+#define CK_EXIT 1  // CK's exit status when a CUDA call fails
+#include "dev/cuda/cpu/test_cases.h"  // Case, cases_main, CK: each case in a child process
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,15 +22,6 @@
 #include <string>
 #include <vector>
 
-#define CK(call)                                                                                        \
-    do {                                                                                                \
-        cudaError_t e_ = (call);                                                                        \
-        if (e_ != cudaSuccess) {                                                                        \
-            fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e_, cudaGetErrorString(e_), __FILE__, \
-                    __LINE__, #call);                                                                   \
-            exit(1);                                                                                    \
-        }                                                                                               \
-    } while (0)
 
 // ---- kernels -----------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
-#include "dev/cuda/cpu/test_cases.h"  // Case, cases_main: each case in a child process
+#define CK_EXIT 2  // CK's exit status when a CUDA call fails
+#include "dev/cuda/cpu/test_cases.h"  // Case, cases_main, CK: each case in a child process
 
 #include <cmath>
 #include <cstdio>
@@ -30,15 +31,6 @@
 
 using namespace nvcuda;
 
-#define CK(call)                                                                                        \
-    do {                                                                                                \
-        cudaError_t e_ = (call);                                                                        \
-        if (e_ != cudaSuccess) {                                                                        \
-            fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e_, cudaGetErrorString(e_), __FILE__, \
-                    __LINE__, #call);                                                                   \
-            exit(2);                                                                                    \
-        }                                                                                               \
-    } while (0)
 
 // ---- kernels --------------------------------------------------------------------------------
 
