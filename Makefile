@@ -14,7 +14,7 @@
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
 #   make bench-failover  snapshot stall per step, recovery time from memory vs disk (GPT-2 124M)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
-#   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~3-4 min)
+#   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -188,7 +188,7 @@ bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
 #   make nccl-info         where NCCL was found (or not), and the flags that come of it
 #   make check-cuda        compile every .cu file and run the host-only tests, for CI (no GPU needed)
 #   make test-cuda-cpu     the CPU execution core for CUDA kernels (dev/cuda/cpu/, g++ only)
-#   make test-cuda-on-cpu  the CUDA twin executed on the CPU: train_gpt_cu_cpu, test_gpt_cu_cpu, dev/cuda, 3 emulated GPUs (~3-4 min)
+#   make test-cuda-on-cpu  the CUDA twin executed on the CPU: train_gpt_cu_cpu, test_gpt_cu_cpu, dev/cuda, 3 emulated GPUs (~6-7 min)
 #   make test-nccl-cpu     NCCL over MPI for the CPU layer: 1, 2 and 3 emulated GPUs, planted mismatch and killed rank
 #   make test-cublaslt-cpu the CPU layer's cuBLASLt stand-in against a float64 reference (g++ only)
 
