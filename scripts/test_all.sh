@@ -19,10 +19,12 @@ MAKE_Q="make --no-print-directory"
 
 # stage NAME COMMAND...: run it into $LOGS/NAME.log; on failure print the log and stop
 stage() {
-    local name=$1
+    local name=$1 t0=$SECONDS
     shift
     "$@" > "$LOGS/$name.log" 2>&1 || { cat "$LOGS/$name.log"; echo "make test: stage '$name' failed (log: $LOGS/$name.log)"; exit 1; }
+    echo "$name: $((SECONDS - t0)) s" >> "$LOGS/times.txt"
 }
+rm -f "$LOGS/times.txt"
 
 echo "== the CUDA twin compiles (no GPU needed)"
 if command -v "$NVCC" > /dev/null 2>&1; then
