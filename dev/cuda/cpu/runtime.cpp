@@ -108,6 +108,9 @@ struct Stream {
     uint64_t done_seq = 0;   // every operation up to here has run
     std::deque<std::unique_ptr<Op>> pending;
     std::vector<uint64_t> tail_vc;  // the vector clock after its last enqueued operation
+    int capture = 0;                // the stream capture it takes part in (captures[]), 0 none
+    std::vector<int> frontier;      // while capturing: the graph nodes its next operation depends on
+    int exec = 0;                   // a graph's own stream (replays one branch of execs[exec]), 0 for the program's
 };
 static std::deque<Stream> streams;  // (a deque: never relocated) index 0: the legacy default stream
 // cudaStream_t values are indices in disguise, offset past CUDA's special
@@ -123,8 +126,44 @@ struct Event {
     uint64_t seq = 0;
     std::vector<uint64_t> vc;
     std::shared_ptr<double> ms;  // host time when its marker ran
+    int capture = 0;             // last recorded in this stream capture (captures[], even once ended), 0 not
+    std::vector<int> nodes;      // then: the graph nodes it stands for
 };
 static std::vector<Event> events(1);  // 0 unused: a null event is an error
+
+// CUDA graphs, made by stream capture (section 6, "graphs"). While a stream
+// captures, an operation on it becomes a node of the capture's graph instead
+// of being enqueued; an event recorded there stands for the stream's
+// frontier, and a stream that waits for such an event joins the capture (a
+// fork). cudaGraphLaunch enqueues the nodes again, each time, with the
+// dependencies they were captured with.
+struct GraphNode {
+    const char* name;
+    std::vector<Range> ranges;
+    std::function<void()> body;  // as enqueue() got it: a kernel's arguments, copied at capture
+    bool run_now;                // enqueue()'s run_now (NCCL): kept for each replay
+    int lane;                    // the stream it was captured on: one graph stream per such stream at replay
+    std::vector<int> deps;       // nodes before it (indices: nodes are in capture order, a topological one)
+};
+struct Capture {
+    bool active = true;
+    bool invalidated = false;    // a prohibited call: cudaStreamEndCapture fails and returns no graph
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    int origin = 0;              // the stream that began it (and must end it)
+    std::vector<int> members;    // every stream in it, origin first
+    std::vector<GraphNode> nodes;
+};
+static std::vector<Capture> captures(1);  // 0 unused: "not capturing"
+struct Graph { bool live = true; std::vector<GraphNode> nodes; };
+struct GraphExec {
+    bool live = true;
+    std::vector<GraphNode> nodes;
+    std::vector<int> lane_streams;  // lane -> the stream its nodes replay on (made at instantiation)
+    int launches = 0;
+};
+static std::vector<Graph> graphs(1);    // cudaGraph_t = the index (0: null)
+static std::vector<GraphExec> execs(1); // cudaGraphExec_t = the index
+static cudaStreamCaptureMode thread_capture_mode = cudaStreamCaptureModeGlobal;  // cudaThreadExchangeStreamCaptureMode
 
 static std::vector<uint64_t> host_vc;  // what the host has waited for
 static const Op* current = nullptr;    // the operation running now
@@ -170,6 +209,9 @@ __attribute__((format(printf, 1, 2))) static std::string str(const char* fmt, ..
 
 static std::string op_label(uint32_t id) {
     const OpRecord& r = op_records[id];
+    if (r.stream >= 0 && streams[r.stream].exec)
+        return str("'%s' (a node of cudaGraphExec #%d, replayed on its stream %d, operation #%u)", r.name,
+                   streams[r.stream].exec, r.stream, id);
     return str("'%s' (stream %d, operation #%u)", r.name, r.stream, id);
 }
 
@@ -668,14 +710,120 @@ static Dep push_op(int s, const char* name, std::vector<Range> ranges, std::func
     return at;
 }
 
+// ---- stream capture: the rules, and where an operation goes ----
+//
+// CUDA Programming Guide, "Stream Capture" and its "Prohibited and Unhandled
+// Operations": a capturing stream, or an event recorded in a capture, may not
+// be synchronised or queried, nor the device; while a blocking stream
+// captures, the legacy default stream (which synchronises with it) may not be
+// used at all, so neither may the synchronous copies and sets; calls the
+// runtime calls "potentially unsafe" (cudaMalloc's kind) are refused unless
+// the capture or the thread is in relaxed mode. A refused call returns its
+// error and invalidates the capture: cudaStreamEndCapture then fails.
+
+static Capture* capture_of(int s) { return streams[s].capture ? &captures[streams[s].capture] : nullptr; }
+
+static void capture_invalidate(int c, const std::string& why) {
+    if (!captures[c].active || captures[c].invalidated) return;
+    captures[c].invalidated = true;
+    fprintf(stderr, "cuda_cpu: %s: the stream capture begun on stream %d is invalidated (cudaStreamEndCapture will "
+            "return cudaErrorStreamCaptureInvalidated and no graph)\n", why.c_str(), captures[c].origin);
+}
+
+// A use of the legacy default stream (s == 0): refused while any capture
+// holds a blocking stream, whose work the legacy stream would join.
+static cudaError_t legacy_check(int s, const char* call) {
+    if (s != 0) return cudaSuccess;
+    bool hit = false;
+    for (size_t c = 1; c < captures.size(); c++) {
+        if (!captures[c].active) continue;
+        for (int m : captures[c].members)
+            if (streams[m].blocking) {
+                capture_invalidate((int)c, str("%s uses the legacy default stream while blocking stream %d captures "
+                                               "(use a stream made with cudaStreamNonBlocking, or move the call out "
+                                               "of the capture)", call, m));
+                hit = true;
+                break;
+            }
+    }
+    return hit ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+
+// A "potentially unsafe" call (cudaMalloc, cudaFree, cudaMallocHost,
+// cudaFreeHost, synchronous copies and sets): refused while a capture not
+// begun in relaxed mode is active, unless this thread's mode is relaxed. One
+// host thread here, so the global and thread-local modes agree.
+static cudaError_t unsafe_check(const char* call) {
+    if (thread_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+    bool hit = false;
+    for (size_t c = 1; c < captures.size(); c++)
+        if (captures[c].active && captures[c].mode != cudaStreamCaptureModeRelaxed) {
+            capture_invalidate((int)c, str("%s during stream capture (not allowed unless the capture is begun with "
+                                           "cudaStreamCaptureModeRelaxed)", call));
+            hit = true;
+        }
+    return hit ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+// Stream s about to be synchronised or queried.
+static cudaError_t sync_check(int s, const char* call) {
+    cudaError_t e = legacy_check(s, call);
+    if (e != cudaSuccess) return e;
+    if (streams[s].capture) {
+        capture_invalidate(streams[s].capture, str("%s on stream %d, which is capturing (its work is a graph's, not "
+                                                   "queued: nothing to wait for)", call, s));
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    return cudaSuccess;
+}
+
+// The whole device about to be synchronised: every active capture is in it.
+static cudaError_t device_sync_check(const char* call) {
+    bool hit = false;
+    for (size_t c = 1; c < captures.size(); c++)
+        if (captures[c].active) {
+            capture_invalidate((int)c, str("%s during stream capture", call));
+            hit = true;
+        }
+    return hit ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+// An event about to be synchronised or queried: one last recorded in a capture stands for graph nodes, not work.
+static cudaError_t event_check(const Event& ev, const char* call) {
+    if (!ev.capture) return cudaSuccess;
+    capture_invalidate(ev.capture, str("%s on an event last recorded in a stream capture", call));
+    fprintf(stderr, "cuda_cpu: %s: the event was last recorded in the capture begun on stream %d: record it again "
+            "outside the capture to wait for it\n", call, captures[ev.capture].origin);
+    return cudaErrorCapturedEvent;
+}
+
+// Every device operation on stream s comes here: recorded into the graph
+// when s is capturing (it does not run, and NCCL's run_now is kept for the
+// replays), else enqueued (and run at once when run_now). *at: where it was
+// enqueued ({s, 0} when captured).
+static cudaError_t submit(int s, const char* name, std::vector<Range> ranges, std::function<void()> body,
+                          bool run_now, Dep* at = nullptr) {
+    cudaError_t e = legacy_check(s, name);
+    if (e != cudaSuccess) return e;
+    if (at) *at = Dep{s, 0};
+    if (Capture* c = capture_of(s)) {
+        if (c->invalidated) return cudaErrorStreamCaptureInvalidated;
+        c->nodes.push_back(GraphNode{name, std::move(ranges), std::move(body), run_now, s, streams[s].frontier});
+        streams[s].frontier = {(int)c->nodes.size() - 1};
+        return cudaSuccess;
+    }
+    Dep d = push_op(s, name, std::move(ranges), std::move(body));
+    if (run_now) run_until({d});
+    if (at) *at = d;
+    return cudaSuccess;
+}
+
 cudaError_t enqueue(cudaStream_t stream, const char* name, std::vector<Range> ranges, std::function<void()> body,
                     bool run_now) {
     arena_init();
     int s = stream_index(stream);
     if (s < 0) return cudaErrorInvalidResourceHandle;
-    Dep at = push_op(s, name, std::move(ranges), std::move(body));
-    if (run_now) run_until({at});
-    return cudaSuccess;
+    return submit(s, name, std::move(ranges), std::move(body), run_now);
 }
 
 // ---- kernels -------------------------------------------------------------------------------------
@@ -699,16 +847,19 @@ void launch_enqueue(const char* name, const void* key, dim3 grid, dim3 block, si
     if (e != CPU_SUCCESS) {
         cpu_get_last_error();  // taken over by the runtime's own last error
         set_error((cudaError_t)e);
+        // In a capture, the failed launch also invalidates it (the stricter
+        // reading: CUDA's guide says an invalid operation invalidates a capture).
+        if (streams[s].capture) capture_invalidate(streams[s].capture, str("kernel '%s': a failed launch", name));
         return;
     }
-    push_op(s, name, {}, [name, grid, block, shared_bytes, body] {
+    set_error(submit(s, name, {}, [name, grid, block, shared_bytes, body] {
         cpu_error r = launch_run(name, grid, block, shared_bytes, body);
         if (r != CPU_SUCCESS) {
             cpu_get_last_error();
             sticky_error = (cudaError_t)r;
             last_error = (cudaError_t)r;
         }
-    });
+    }, false));
 }
 
 }  // namespace cuda_cpu
@@ -727,6 +878,7 @@ using namespace cuda_cpu;
 cudaError_t cudaMalloc(void** p, size_t bytes) {
     API("cudaMalloc");
     if (!p) return set_error(cudaErrorInvalidValue);
+    if (cudaError_t e = unsafe_check("cudaMalloc")) return set_error(e);
     if (bytes == 0) { *p = nullptr; return cudaSuccess; }
     return set_error(arena_alloc(p, bytes));
 }
@@ -734,6 +886,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
     API("cudaFree");
     if (!p) return cudaSuccess;  // also how programs create the context
+    if (cudaError_t e = unsafe_check("cudaFree")) return set_error(e);
     sync_device();               // cudaFree waits for the device, as CUDA's does
     auto it = allocations.find((uintptr_t)p);
     if (it == allocations.end() || !it->second.live) {
@@ -756,6 +909,7 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
     API("cudaMallocHost");
     if (!p) return set_error(cudaErrorInvalidValue);
+    if (cudaError_t e = unsafe_check("cudaMallocHost")) return set_error(e);
     void* q = nullptr;
     if (posix_memalign(&q, 4096, bytes ? bytes : 1) != 0) return set_error(cudaErrorMemoryAllocation);
     memset(q, 0xFF, bytes);
@@ -767,6 +921,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 cudaError_t cudaFreeHost(void* p) {
     API("cudaFreeHost");
     if (!p) return cudaSuccess;
+    if (cudaError_t e = unsafe_check("cudaFreeHost")) return set_error(e);
     sync_device();
     auto it = pinned.find((uintptr_t)p);
     if (it == pinned.end() || !it->second.ours) return set_error(cudaErrorInvalidValue);
@@ -827,12 +982,25 @@ static cudaError_t copy_check(void* dst, const void* src, size_t n, cudaMemcpyKi
 
 // Enqueues a copy on stream s and says whether the host must wait for it
 // (CUDA's rules: a copy to pageable host memory returns when done; from
-// pageable host memory, the source is staged at the call).
+// pageable host memory, the source is staged at the call). Captured: only
+// device and pinned memory, which each replay reads or writes then (so a
+// program may change a pinned input between launches).
 static cudaError_t copy_enqueue(void* dst, const void* src, size_t n, cudaMemcpyKind kind, int s, bool async,
                                 const char* call) {
     cudaError_t e = copy_check(dst, src, n, kind, call);
     if (e != cudaSuccess || n == 0) return set_error(e);
     const bool dd = is_device_pointer(dst), sd = is_device_pointer(src);
+    if (!async && (e = legacy_check(0, call)) == cudaSuccess) e = unsafe_check(call);
+    if (e != cudaSuccess) return set_error(e);
+    if (streams[s].capture && !captures[streams[s].capture].invalidated &&
+        ((!sd && !pinned_host(src, n)) || (!dd && !pinned_host(dst, n)))) {
+        // Stricter than the guide, which is silent: a graph node cannot stage
+        // pageable memory at each replay, nor make the host wait for it.
+        capture_invalidate(streams[s].capture, str("%s of %zu bytes %s pageable host memory %p during stream capture "
+                                                   "(use cudaMallocHost or cudaHostRegister memory)", call, n,
+                                                   sd ? "to" : "from", sd ? dst : src));
+        return set_error(cudaErrorStreamCaptureUnsupported);
+    }
     std::vector<Range> ranges;
     if (sd) ranges.push_back(Range{src, n, false});
     if (dd) ranges.push_back(Range{dst, n, true});
@@ -848,9 +1016,10 @@ static cudaError_t copy_enqueue(void* dst, const void* src, size_t n, cudaMemcpy
     } else {
         body = [dst, src, n] { memcpy(dst, src, n); };
     }
-    Dep at = push_op(s, call, std::move(ranges), std::move(body));
+    Dep at;
+    if ((e = submit(s, call, std::move(ranges), std::move(body), false, &at)) != cudaSuccess) return set_error(e);
     const bool wait = !async ? !(sd && dd) : (!dd && !pinned_host(dst, n));
-    if (wait) {
+    if (wait && at.seq) {
         run_until({at});
         vc_join(host_vc, streams[s].tail_vc);
         return sticky_error;  // a kernel before it failed: the copy reports it, as CUDA's does
@@ -870,27 +1039,29 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     return copy_enqueue(dst, src, n, kind, s, true, "cudaMemcpyAsync");
 }
 
-static cudaError_t memset_enqueue(void* p, int value, size_t n, int s, const char* call) {
+static cudaError_t memset_enqueue(void* p, int value, size_t n, int s, bool async, const char* call) {
     if (n == 0) return cudaSuccess;
     std::string problem = device_range_problem(p, n);
     if (!problem.empty()) {
         fprintf(stderr, "cuda_cpu: %s(%p, %d, %zu): %s\n", call, p, value, n, problem.c_str());
         return set_error(cudaErrorInvalidValue);
     }
-    push_op(s, call, {Range{p, n, true}}, [p, value, n] { memset(p, value, n); });
-    return cudaSuccess;
+    cudaError_t e = async ? cudaSuccess : legacy_check(0, call);
+    if (e == cudaSuccess && !async) e = unsafe_check(call);
+    if (e == cudaSuccess) e = submit(s, call, {Range{p, n, true}}, [p, value, n] { memset(p, value, n); }, false);
+    return set_error(e);
 }
 
 cudaError_t cudaMemset(void* p, int value, size_t n) {
     API("cudaMemset");
-    return memset_enqueue(p, value, n, 0, "cudaMemset");
+    return memset_enqueue(p, value, n, 0, false, "cudaMemset");
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
     API("cudaMemsetAsync");
     int s = stream_index(stream);
     if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
-    return memset_enqueue(p, value, n, s, "cudaMemsetAsync");
+    return memset_enqueue(p, value, n, s, true, "cudaMemsetAsync");
 }
 
 // ---- streams ----
@@ -929,6 +1100,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     API("cudaStreamDestroy");
     int s = stream_index(stream);
     if (s <= 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = sync_check(s, "cudaStreamDestroy")) return set_error(e);
     sync_stream(s);  // its work still completes, as CUDA's does
     streams[s].live = false;
     return cudaSuccess;
@@ -938,6 +1110,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     API("cudaStreamSynchronize");
     int s = stream_index(stream);
     if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = sync_check(s, "cudaStreamSynchronize")) return set_error(e);
     sync_stream(s);
     return sticky_error;
 }
@@ -948,6 +1121,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     API("cudaStreamQuery");
     int s = stream_index(stream);
     if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = sync_check(s, "cudaStreamQuery")) return set_error(e);
     if (streams[s].done_seq == streams[s].last_seq) {
         vc_join(host_vc, streams[s].tail_vc);
         return cudaSuccess;
@@ -958,6 +1132,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     API("cudaDeviceSynchronize");
+    if (cudaError_t e = device_sync_check("cudaDeviceSynchronize")) return set_error(e);
     sync_device();
     return sticky_error;
 }
@@ -1001,6 +1176,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     Event* ev = event_of(e);
     int s = stream_index(stream);
     if (!ev || s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t e = legacy_check(s, "cudaEventRecord")) return set_error(e);
+    if (Capture* c = capture_of(s)) {  // captured: the event stands for the stream's frontier in the graph
+        if (c->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
+        ev->recorded = true;
+        ev->capture = streams[s].capture;
+        ev->nodes = streams[s].frontier;
+        ev->ms = nullptr;
+        return cudaSuccess;
+    }
     auto ms = std::make_shared<double>(-1.0);
     Dep at = push_op(s, "cudaEventRecord", {}, [ms] { *ms = host_ms(); });
     ev->recorded = true;
@@ -1008,14 +1192,63 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     ev->seq = at.seq;
     ev->vc = streams[s].tail_vc;
     ev->ms = ms;
+    ev->capture = 0;
+    ev->nodes.clear();
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int) {
+// In a capture (CUDA Programming Guide, "Cross-stream Dependencies and
+// Events"): waiting for an event recorded in the capture adds its nodes to
+// the stream's frontier, and a stream not capturing joins the capture (a
+// fork). A capturing stream may not wait for an event from outside its
+// capture (cudaErrorStreamCaptureIsolation; from another capture, ...Merge).
+static cudaError_t capture_wait(int s, const Event& ev, unsigned flags) {
+    Capture* mine = capture_of(s);
+    if (mine && mine->invalidated) return cudaErrorStreamCaptureInvalidated;
+    if (flags & cudaEventWaitExternal)
+        fatal("cudaStreamWaitEvent with cudaEventWaitExternal during stream capture (an external event node) is not "
+              "modelled by the CPU layer");
+    if (!ev.capture || !captures[ev.capture].active) {
+        if (ev.capture) {  // recorded in a capture that has ended: it stands for nodes of a graph, not work
+            fprintf(stderr, "cuda_cpu: cudaStreamWaitEvent on stream %d: the event was last recorded in a stream "
+                    "capture that has ended: record it again outside the capture\n", s);
+            if (mine) capture_invalidate(streams[s].capture, "cudaStreamWaitEvent on a captured event of an ended capture");
+            return cudaErrorCapturedEvent;
+        }
+        // Stricter than CUDA for a never-recorded event (which waits for nothing): refused here too.
+        capture_invalidate(streams[s].capture, str("cudaStreamWaitEvent on capturing stream %d for an event %s outside "
+                                                   "the capture (record it inside the capture)", s,
+                                                   ev.recorded ? "recorded" : "never recorded, or recorded"));
+        return cudaErrorStreamCaptureIsolation;
+    }
+    Capture& theirs = captures[ev.capture];
+    if (mine && mine != &theirs) {
+        capture_invalidate(streams[s].capture, "cudaStreamWaitEvent would merge two stream captures");
+        capture_invalidate(ev.capture, "cudaStreamWaitEvent would merge two stream captures");
+        return cudaErrorStreamCaptureMerge;
+    }
+    if (theirs.invalidated) return cudaErrorStreamCaptureInvalidated;
+    if (!mine && s == 0) return cudaErrorStreamCaptureImplicit;  // the legacy stream cannot capture
+    if (!mine) {  // the fork: s joins the capture, and depends on the event's nodes only
+        streams[s].capture = ev.capture;
+        streams[s].frontier.clear();
+        theirs.members.push_back(s);
+    }
+    for (int n : ev.nodes) {
+        bool have = false;
+        for (int f : streams[s].frontier) have = have || f == n;
+        if (!have) streams[s].frontier.push_back(n);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int flags) {
     API("cudaStreamWaitEvent");
     Event* ev = event_of(e);
     int s = stream_index(stream);
     if (!ev || s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t r = legacy_check(s, "cudaStreamWaitEvent")) return set_error(r);
+    if (streams[s].capture || ev->capture) return set_error(capture_wait(s, *ev, flags));
     if (!ev->recorded) return cudaSuccess;  // waiting for a never-recorded event waits for nothing
     std::vector<uint64_t> vc = ev->vc;
     push_op(s, "cudaStreamWaitEvent", {}, nullptr, {Dep{ev->stream, ev->seq}}, &vc);
@@ -1026,6 +1259,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     API("cudaEventSynchronize");
     Event* ev = event_of(e);
     if (!ev) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t r = event_check(*ev, "cudaEventSynchronize")) return set_error(r);
     if (!ev->recorded) return cudaSuccess;
     run_until({Dep{ev->stream, ev->seq}});
     vc_join(host_vc, ev->vc);
@@ -1036,6 +1270,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     API("cudaEventQuery");
     Event* ev = event_of(e);
     if (!ev) return set_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t r = event_check(*ev, "cudaEventQuery")) return set_error(r);
     if (!ev->recorded || dep_done(Dep{ev->stream, ev->seq})) {
         if (ev->recorded) vc_join(host_vc, ev->vc);
         return cudaSuccess;
@@ -1051,8 +1286,226 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     if (!ms || !a || !b) return set_error(cudaErrorInvalidResourceHandle);
     if (!a->timing || !b->timing) return set_error(cudaErrorInvalidResourceHandle);
     if (!a->recorded || !b->recorded) return set_error(cudaErrorInvalidResourceHandle);
+    if (a->capture || b->capture) return set_error(cudaErrorCapturedEvent);
     if (!dep_done(Dep{a->stream, a->seq}) || !dep_done(Dep{b->stream, b->seq})) return cudaErrorNotReady;
     *ms = (float)(*b->ms - *a->ms);
+    return cudaSuccess;
+}
+
+// ---- graphs: stream capture, instantiation, launch ----
+//
+// STATUS: written against CUDA 13's cuda_runtime_api.h and the Programming
+// Guide; not yet run on a GPU (what a GPU adds: README, "Graphs").
+
+static cudaGraph_t graph_handle(int i) { return reinterpret_cast<cudaGraph_t>((uintptr_t)i); }
+static Graph* graph_of(cudaGraph_t g) {
+    uintptr_t v = (uintptr_t)g;
+    return v && v < graphs.size() && graphs[v].live ? &graphs[v] : nullptr;
+}
+static GraphExec* exec_of(cudaGraphExec_t x) {
+    uintptr_t v = (uintptr_t)x;
+    return v && v < execs.size() && execs[v].live ? &execs[v] : nullptr;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    API("cudaStreamBeginCapture");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return set_error(cudaErrorInvalidValue);
+    if (s == 0) {  // also cudaStreamPerThread, which this layer maps to the legacy stream
+        fprintf(stderr, "cuda_cpu: cudaStreamBeginCapture on the legacy default stream: capture needs a stream of "
+                "its own (cudaStreamCreateWithFlags)\n");
+        return set_error(cudaErrorStreamCaptureUnsupported);
+    }
+    if (streams[s].capture) return set_error(cudaErrorIllegalState);
+    Capture c;
+    c.mode = mode;
+    c.origin = s;
+    c.members = {s};
+    captures.push_back(std::move(c));
+    streams[s].capture = (int)captures.size() - 1;
+    streams[s].frontier.clear();
+    return cudaSuccess;
+}
+
+// Ends the capture begun on `stream`; every stream that joined it leaves it.
+// Each must have been joined back into the origin: the nodes its frontier
+// holds must be ancestors of (or in) the origin's frontier.
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+    API("cudaStreamEndCapture");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (!graph) return set_error(cudaErrorInvalidValue);
+    if (!streams[s].capture) return set_error(cudaErrorIllegalState);
+    const int ci = streams[s].capture;
+    Capture& c = captures[ci];
+    if (c.origin != s) {
+        capture_invalidate(ci, str("cudaStreamEndCapture on stream %d, which joined the capture but did not begin it", s));
+        return set_error(cudaErrorStreamCaptureUnmatched);
+    }
+    *graph = nullptr;
+    std::vector<char> joined(c.nodes.size(), 0);  // ancestors of the origin's frontier, and it
+    std::vector<int> work = streams[s].frontier;
+    while (!work.empty()) {
+        int n = work.back();
+        work.pop_back();
+        if (joined[n]) continue;
+        joined[n] = 1;
+        for (int d : c.nodes[n].deps) work.push_back(d);
+    }
+    int unjoined = -1;
+    for (int m : c.members) {
+        for (int n : streams[m].frontier)
+            if (!joined[n] && unjoined < 0) unjoined = m;
+        streams[m].capture = 0;
+        streams[m].frontier.clear();
+    }
+    c.active = false;
+    if (c.invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
+    if (unjoined >= 0) {
+        fprintf(stderr, "cuda_cpu: cudaStreamEndCapture on stream %d: stream %d joined the capture and its last work "
+                "was not joined back (record an event on it after its last work, and make stream %d wait for it)\n",
+                s, unjoined, s);
+        return set_error(cudaErrorStreamCaptureUnjoined);
+    }
+    graphs.push_back(Graph());
+    graphs.back().nodes = std::move(c.nodes);
+    *graph = graph_handle((int)graphs.size() - 1);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+    API("cudaStreamIsCapturing");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (!status) return set_error(cudaErrorInvalidValue);
+    if (cudaError_t e = legacy_check(s, "cudaStreamIsCapturing")) return set_error(e);
+    const Capture* c = capture_of(s);
+    *status = !c ? cudaStreamCaptureStatusNone
+                 : c->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+// The status and the capture's id; the graph and dependencies it can also return are not modelled.
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status, unsigned long long* id,
+                                     cudaGraph_t* graph, const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                                     size_t* ndeps) {
+    if (graph || deps || edges || ndeps)
+        fatal("cudaStreamGetCaptureInfo: only the status and the id are modelled by the CPU layer (the graph being "
+              "captured and its dependencies are not)");
+    cudaError_t e = cudaStreamIsCapturing(stream, status);
+    last_api = "cudaStreamGetCaptureInfo";
+    if (e == cudaSuccess && id) *id = (unsigned long long)streams[stream_index(stream)].capture;
+    return e;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+    API("cudaThreadExchangeStreamCaptureMode");
+    if (!mode || (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+                  *mode != cudaStreamCaptureModeRelaxed))
+        return set_error(cudaErrorInvalidValue);
+    std::swap(*mode, thread_capture_mode);
+    return cudaSuccess;
+}
+
+// The executable graph: the nodes, copied (the graph may be destroyed), and
+// one stream of its own per stream the capture used, so that its branches
+// are as unordered as they were captured and the race checks see them.
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* out, cudaGraph_t graph, unsigned long long flags) {
+    API("cudaGraphInstantiate");
+    Graph* g = graph_of(graph);
+    if (!out || !g) return set_error(cudaErrorInvalidValue);
+    if (flags != 0) {
+        fprintf(stderr, "cuda_cpu: cudaGraphInstantiate flags %llu: only 0 is modelled\n", flags);
+        return set_error(cudaErrorInvalidValue);
+    }
+    GraphExec x;
+    x.nodes = g->nodes;
+    std::vector<int> lane_of_stream;  // captured stream -> lane
+    for (GraphNode& n : x.nodes) {
+        int lane = -1;
+        for (size_t l = 0; l < lane_of_stream.size(); l++)
+            if (lane_of_stream[l] == n.lane) lane = (int)l;
+        if (lane < 0) {
+            lane = (int)lane_of_stream.size();
+            lane_of_stream.push_back(n.lane);
+        }
+        n.lane = lane;
+    }
+    execs.push_back(std::move(x));
+    const int xi = (int)execs.size() - 1;
+    for (size_t l = 0; l < lane_of_stream.size(); l++) {
+        cudaStream_t st;
+        RT_ALWAYS(stream_create(&st, cudaStreamNonBlocking, 0) == cudaSuccess);
+        streams.back().exec = xi;
+        execs[xi].lane_streams.push_back((int)streams.size() - 1);
+    }
+    *out = reinterpret_cast<cudaGraphExec_t>((uintptr_t)xi);
+    return cudaSuccess;
+}
+
+// The graph runs after the work before it on `stream` and before the work
+// after it: a start marker on the stream, the nodes on the graph's own
+// streams (each after the nodes it was captured after, the roots after the
+// marker), and an end marker on the stream after every node. Every node goes
+// through the layer's checks as any operation does; an NCCL node runs before
+// this returns, as the uncaptured call does, so ranks meet in program order.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    API("cudaGraphLaunch");
+    GraphExec* x = exec_of(exec);
+    int s = stream_index(stream);
+    if (!x) return set_error(cudaErrorInvalidValue);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (streams[s].capture)
+        fatal("cudaGraphLaunch into a capturing stream (a child graph node) is not modelled by the CPU layer");
+    if (cudaError_t e = legacy_check(s, "cudaGraphLaunch")) return set_error(e);
+    x->launches++;
+    const Dep start = push_op(s, "cudaGraphLaunch", {}, nullptr);
+    const std::vector<uint64_t> start_vc = streams[s].tail_vc;
+    std::vector<Dep> at(x->nodes.size());
+    std::vector<std::vector<uint64_t>> vc_after(x->nodes.size());
+    std::vector<uint64_t> end_vc = start_vc;
+    std::vector<Dep> end_deps;
+    for (size_t i = 0; i < x->nodes.size(); i++) {
+        const GraphNode& n = x->nodes[i];
+        std::vector<Dep> deps;
+        std::vector<uint64_t> vc;
+        if (n.deps.empty()) {
+            deps.push_back(start);
+            vc = start_vc;
+        }
+        for (int d : n.deps) {
+            deps.push_back(at[d]);
+            vc_join(vc, vc_after[d]);
+        }
+        const int lane = x->lane_streams[n.lane];
+        at[i] = push_op(lane, n.name, n.ranges, n.body, std::move(deps), &vc);
+        vc_after[i] = streams[lane].tail_vc;
+        vc_join(end_vc, vc_after[i]);
+        end_deps.push_back(at[i]);
+        if (n.run_now) run_until({at[i]});
+    }
+    push_op(s, "cudaGraphLaunch (end)", {}, nullptr, std::move(end_deps), &end_vc);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    API("cudaGraphExecDestroy");
+    GraphExec* x = exec_of(exec);
+    if (!x) return set_error(cudaErrorInvalidValue);
+    x->live = false;  // its launches still complete: their operations are queued on its streams
+    x->nodes.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    API("cudaGraphDestroy");
+    Graph* g = graph_of(graph);
+    if (!g) return set_error(cudaErrorInvalidValue);
+    g->live = false;
+    g->nodes.clear();
     return cudaSuccess;
 }
 
@@ -1146,6 +1599,15 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorLaunchFailure: return "unspecified launch failure";
         case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
         case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
+        case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+        case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+        case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+        case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+        case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+        case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+        case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
         default: return "unknown error (the CPU execution layer has no text for it)";
     }
 }
@@ -1156,6 +1618,15 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
         case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
         case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+        case cudaErrorIllegalState: return "cudaErrorIllegalState";
+        case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+        case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+        case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+        case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+        case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+        case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+        case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+        case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
         default: return "cudaError";
     }
 }

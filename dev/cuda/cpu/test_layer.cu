@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <nccl.h>  // ncclAllReduce in a graph (nccl_mpi.cpp, one rank)
 
 #define CK_EXIT 1  // CK's exit status when a CUDA call fails
 #include "dev/cuda/cpu/test_cases.h"  // Case, cases_main, CK: each case in a child process
@@ -327,6 +328,288 @@ static int case_cublaslt_bad_types() {
     return lt_case(CUBLASLT_EPILOGUE_DEFAULT, 0, CUDA_R_16F) != CUBLAS_STATUS_SUCCESS ? 3 : 0;
 }
 
+// ---- CUDA graphs: stream capture and replay ------------------------------------------------
+
+__global__ void axpy_kernel(float* y, const float* x, float a, int n) {  // y += a x
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+
+// The call's error must be `want`; otherwise say what it was (exit 2 from the case).
+static bool is_error(cudaError_t got, cudaError_t want, const char* what) {
+    if (got == want) return true;
+    fprintf(stderr, "%s: got %s (%d), want %s (%d)\n", what, cudaGetErrorName(got), (int)got, cudaGetErrorName(want),
+            (int)want);
+    return false;
+}
+
+// The work a graph captures, on one stream: a pinned input copied in, a
+// memset, a kernel, a device-to-device copy, a second kernel, the result
+// copied out to pinned memory. out = 3 in + 2 in = 5 in.
+struct GraphBufs { float *h_in, *h_out, *d_in, *d_a, *d_b; int n; };
+static GraphBufs graph_bufs(int n) {
+    GraphBufs g;
+    g.n = n;
+    CK(cudaMallocHost(&g.h_in, n * sizeof(float)));
+    CK(cudaMallocHost(&g.h_out, n * sizeof(float)));
+    g.d_in = dev_floats(n);
+    g.d_a = dev_floats(n);
+    g.d_b = dev_floats(n);
+    return g;
+}
+static void graph_work(const GraphBufs& g, cudaStream_t s) {
+    const size_t bytes = g.n * sizeof(float);
+    CK(cudaMemcpyAsync(g.d_in, g.h_in, bytes, cudaMemcpyHostToDevice, s));
+    CK(cudaMemsetAsync(g.d_a, 0, bytes, s));
+    axpy_kernel<<<(g.n + 63) / 64, 64, 0, s>>>(g.d_a, g.d_in, 3.0f, g.n);
+    CK(cudaMemcpyAsync(g.d_b, g.d_a, bytes, cudaMemcpyDeviceToDevice, s));
+    axpy_kernel<<<(g.n + 63) / 64, 64, 0, s>>>(g.d_b, g.d_in, 2.0f, g.n);
+    CK(cudaMemcpyAsync(g.h_out, g.d_b, bytes, cudaMemcpyDeviceToHost, s));
+}
+static void graph_inputs(const GraphBufs& g, int launch) {
+    for (int i = 0; i < g.n; i++) g.h_in[i] = 0.25f * i - 7.0f * launch + 1.0f / (launch + 2);
+}
+
+// Captured once, launched 3 times with new pinned inputs: the same bits as
+// the work run uncaptured; nothing runs at capture (outputs untouched).
+static int case_graph_replay_ok() {
+    const int n = 300;
+    GraphBufs g = graph_bufs(n);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::vector<std::vector<float>> want(3, std::vector<float>(n));
+    for (int launch = 0; launch < 3; launch++) {  // the reference: uncaptured
+        graph_inputs(g, launch);
+        graph_work(g, s);
+        CK(cudaStreamSynchronize(s));
+        memcpy(want[launch].data(), g.h_out, n * sizeof(float));
+    }
+    CK(cudaMemset(g.d_b, 0, n * sizeof(float)));
+    for (int i = 0; i < n; i++) g.h_out[i] = -1.0f;
+    graph_inputs(g, 0);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    cudaStreamCaptureStatus st;
+    CK(cudaStreamIsCapturing(s, &st));
+    if (st != cudaStreamCaptureStatusActive) { fprintf(stderr, "not capturing\n"); return 1; }
+    graph_work(g, s);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<float> b(n);
+    CK(cudaMemcpy(b.data(), g.d_b, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        if (g.h_out[i] != -1.0f || b[i] != 0.0f) {
+            fprintf(stderr, "element %d changed at capture: h_out %g, d_b %g\n", i, g.h_out[i], b[i]);
+            return 1;
+        }
+    for (int launch = 0; launch < 3; launch++) {
+        graph_inputs(g, launch);  // a pinned input, read by each replay
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        if (memcmp(g.h_out, want[launch].data(), n * sizeof(float)) != 0) {
+            fprintf(stderr, "launch %d: h_out[1] = %g, uncaptured %g\n", launch, g.h_out[1], want[launch][1]);
+            return 1;
+        }
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    return 0;
+}
+
+// Two streams, forked and joined by events inside the capture: x in; y = 2x
+// on the forked stream; z = x on the origin; w = y + z = 3x. `plant` 1 leaves
+// out the join (cudaErrorStreamCaptureUnjoined), 2 makes the fork write z,
+// which the origin also writes, unordered (a race between the graph's two
+// branches, reported at replay).
+static int graph_fork_case(int plant) {
+    const int n = 128;
+    const size_t bytes = n * sizeof(float);
+    float *h_in, *h_out;
+    CK(cudaMallocHost(&h_in, bytes));
+    CK(cudaMallocHost(&h_out, bytes));
+    float *x = dev_floats(n), *y = dev_floats(n), *z = dev_floats(n), *w = dev_floats(n);
+    cudaStream_t s1, s2;
+    cudaEvent_t forked, done;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    CK(cudaMemcpyAsync(x, h_in, bytes, cudaMemcpyHostToDevice, s1));
+    CK(cudaEventRecord(forked, s1));
+    CK(cudaStreamWaitEvent(s2, forked, 0));  // s2 joins the capture
+    float* fork_out = plant == 2 ? z : y;
+    CK(cudaMemsetAsync(fork_out, 0, bytes, s2));
+    axpy_kernel<<<2, 64, 0, s2>>>(fork_out, x, 2.0f, n);
+    CK(cudaEventRecord(done, s2));
+    CK(cudaMemsetAsync(z, 0, bytes, s1));
+    axpy_kernel<<<2, 64, 0, s1>>>(z, x, 1.0f, n);
+    if (plant != 1) CK(cudaStreamWaitEvent(s1, done, 0));  // the join
+    CK(cudaMemsetAsync(w, 0, bytes, s1));
+    axpy_kernel<<<2, 64, 0, s1>>>(w, z, 1.0f, n);
+    if (plant != 1) axpy_kernel<<<2, 64, 0, s1>>>(w, y, 1.0f, n);
+    CK(cudaMemcpyAsync(h_out, w, bytes, cudaMemcpyDeviceToHost, s1));
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(s1, &graph);
+    if (plant == 1) {
+        if (!is_error(e, cudaErrorStreamCaptureUnjoined, "cudaStreamEndCapture without the join")) return 2;
+        cudaStreamCaptureStatus st;
+        CK(cudaStreamIsCapturing(s2, &st));  // the forked stream has left the capture too
+        return graph == nullptr && st == cudaStreamCaptureStatusNone ? 3 : 2;
+    }
+    CK(e);
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int launch = 0; launch < 3; launch++) {
+        for (int i = 0; i < n; i++) h_in[i] = (float)(i - 5 * launch);
+        CK(cudaGraphLaunch(exec, s1));
+        CK(cudaStreamSynchronize(s1));
+        for (int i = 0; i < n; i++)
+            if (h_out[i] != 3.0f * h_in[i]) {
+                fprintf(stderr, "launch %d: w[%d] = %g, want %g\n", launch, i, h_out[i], 3.0f * h_in[i]);
+                return 1;
+            }
+    }
+    return 0;
+}
+static int case_graph_fork_join_ok() { return graph_fork_case(0); }
+static int case_graph_unjoined() { return graph_fork_case(1); }
+static int case_graph_branch_race() { return graph_fork_case(2); }
+
+// A prohibited call during capture returns its error and invalidates the
+// capture: cudaStreamEndCapture then fails with no graph. `which`: 0
+// cudaStreamSynchronize of the capturing stream, 1 cudaMalloc (global mode),
+// 2 cudaMemcpy (the legacy stream, while a blocking stream captures), 3
+// cudaMemcpyAsync from pageable memory, 4 cudaEventQuery of a captured
+// event, 5 a launch over the limits, 6 cudaDeviceSynchronize.
+static int graph_prohibited_case(int which) {
+    const int n = 64;
+    float* d = dev_floats(n);
+    float* pinned;
+    CK(cudaMallocHost(&pinned, n * sizeof(float)));
+    std::vector<float> pageable(n, 1.0f);
+    cudaStream_t s;
+    CK(which == 2 ? cudaStreamCreate(&s) : cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t ev;
+    CK(cudaEventCreate(&ev));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    fill_kernel<<<1, n, 0, s>>>(d, 1.0f, n);
+    cudaError_t got = cudaSuccess, want = cudaSuccess;
+    float* more = nullptr;
+    switch (which) {
+        case 0: got = cudaStreamSynchronize(s); want = cudaErrorStreamCaptureUnsupported; break;
+        case 1: got = cudaMalloc(&more, 64); want = cudaErrorStreamCaptureUnsupported; break;
+        case 2: got = cudaMemcpy(pinned, d, n * sizeof(float), cudaMemcpyDeviceToHost); want = cudaErrorStreamCaptureImplicit; break;
+        case 3: got = cudaMemcpyAsync(d, pageable.data(), n * sizeof(float), cudaMemcpyHostToDevice, s); want = cudaErrorStreamCaptureUnsupported; break;
+        case 4:
+            CK(cudaEventRecord(ev, s));
+            got = cudaEventQuery(ev);
+            want = cudaErrorCapturedEvent;
+            break;
+        case 5:
+            fill_kernel<<<1, 2048, 0, s>>>(d, 1.0f, n);
+            got = cudaGetLastError();
+            want = cudaErrorInvalidConfiguration;
+            break;
+        case 6: got = cudaDeviceSynchronize(); want = cudaErrorStreamCaptureUnsupported; break;
+    }
+    if (!is_error(got, want, "the prohibited call")) return 2;
+    fill_kernel<<<1, n, 0, s>>>(d, 2.0f, n);  // later work on an invalidated capture is refused too
+    if (!is_error(cudaGetLastError(), cudaErrorStreamCaptureInvalidated, "a launch after it")) return 2;
+    cudaGraph_t graph = reinterpret_cast<cudaGraph_t>(&graph);
+    if (!is_error(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture")) return 2;
+    if (graph != nullptr) { fprintf(stderr, "an invalidated capture returned a graph\n"); return 2; }
+    CK(cudaStreamSynchronize(s));  // out of capture: an ordinary stream again, nothing queued
+    return 3;
+}
+static int case_graph_sync_in_capture() { return graph_prohibited_case(0); }
+static int case_graph_malloc_in_capture() { return graph_prohibited_case(1); }
+static int case_graph_legacy_memcpy_in_capture() { return graph_prohibited_case(2); }
+static int case_graph_pageable_copy_in_capture() { return graph_prohibited_case(3); }
+static int case_graph_captured_event_query() { return graph_prohibited_case(4); }
+static int case_graph_bad_launch_in_capture() { return graph_prohibited_case(5); }
+static int case_graph_device_sync_in_capture() { return graph_prohibited_case(6); }
+
+// In relaxed mode cudaMalloc is allowed during capture (and is not captured).
+static int case_graph_malloc_relaxed_ok() {
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float* d = dev_floats(64);
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    float* more;
+    CK(cudaMalloc(&more, 64 * sizeof(float)));
+    fill_kernel<<<1, 64, 0, s>>>(more, 1.0f, 64);
+    CK(cudaMemcpyAsync(d, more, 64 * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));  // (cudaMemcpy's legacy stream does not wait for a non-blocking stream)
+    std::vector<float> h(64);
+    CK(cudaMemcpy(h.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost));
+    return h[63] == 64.0f ? 0 : 1;
+}
+
+// A replayed graph is checked as ordinary launches are: `plant` 0 a kernel
+// writing one past the end, 1 a kernel reading memory nothing has written.
+static int graph_replay_bug_case(int plant) {
+    const int n = 1000;
+    float *a = dev_floats(n), *b = dev_floats(n);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    if (plant == 0) off_by_one_kernel<<<(n + 255) / 256, 256, 0, s>>>(a, n);
+    else copy_kernel<<<(n + 255) / 256, 256, 0, s>>>(b, a, n);
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(s, &graph));  // nothing ran: no report yet
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    fprintf(stderr, "captured and instantiated without a report\n");
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+    return 0;
+}
+static int case_graph_replay_oob() { return graph_replay_bug_case(0); }
+static int case_graph_replay_uninitialised() { return graph_replay_bug_case(1); }
+
+// NCCL in a graph (one rank; two ranks: test_graph_nccl): the all-reduce does
+// not run at capture, and runs at each replay.
+static int case_graph_nccl_ok() {
+    const int n = 64;
+    const size_t bytes = n * sizeof(float);
+    ncclUniqueId id;
+    ncclComm_t comm;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess) return 2;
+    float *h_in, *h_out;
+    CK(cudaMallocHost(&h_in, bytes));
+    CK(cudaMallocHost(&h_out, bytes));
+    float *x = dev_floats(n), *y = dev_floats(n);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int i = 0; i < n; i++) h_out[i] = -1.0f;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaMemcpyAsync(x, h_in, bytes, cudaMemcpyHostToDevice, s));
+    if (ncclAllReduce(x, y, n, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    CK(cudaMemcpyAsync(h_out, y, bytes, cudaMemcpyDeviceToHost, s));
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(s, &graph));
+    if (h_out[0] != -1.0f) { fprintf(stderr, "the graph ran at capture\n"); return 1; }
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int launch = 0; launch < 2; launch++) {
+        for (int i = 0; i < n; i++) h_in[i] = (float)(i * (launch + 1));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        for (int i = 0; i < n; i++)
+            if (h_out[i] != h_in[i]) { fprintf(stderr, "launch %d: y[%d] = %g\n", launch, i, h_out[i]); return 1; }
+    }
+    ncclCommDestroy(comm);
+    return 0;
+}
+
 // ---- the cases (the driver: test_cases.h) ---------------------------------------------------
 
 static const Case cases[] = {
@@ -355,6 +638,21 @@ static const Case cases[] = {
     {"cublaslt_ok", case_cublaslt_ok, 0, "", "cuBLASLt bf16 GEMM with the GELU_AUX epilogue"},
     {"cublaslt_bad_aux_ld", case_cublaslt_bad_aux_ld, 3, "", "cuBLASLt refuses GELU_AUX with an aux ld not a multiple of 8"},
     {"cublaslt_bad_types", case_cublaslt_bad_types, 3, "", "cuBLASLt refuses fp16 A with bf16 B and D"},
+    {"graph_replay_ok", case_graph_replay_ok, 0, "", "a captured graph (pinned H2D, memset, 2 kernels, D2D, D2H) runs nothing at capture; 3 launches with new pinned inputs give the uncaptured bits"},
+    {"graph_fork_join_ok", case_graph_fork_join_ok, 0, "", "a capture forked to a second stream and joined by events, replayed 3 times: right results"},
+    {"graph_unjoined", case_graph_unjoined, 3, "was not joined back", "a fork never joined: cudaStreamEndCapture returns cudaErrorStreamCaptureUnjoined"},
+    {"graph_branch_race", case_graph_branch_race, 86, "race between streams", "two branches of a graph writing the same bytes, unordered: reported at replay"},
+    {"graph_sync_in_capture", case_graph_sync_in_capture, 3, "is invalidated", "cudaStreamSynchronize of a capturing stream: cudaErrorStreamCaptureUnsupported, then Invalidated"},
+    {"graph_device_sync_in_capture", case_graph_device_sync_in_capture, 3, "is invalidated", "cudaDeviceSynchronize during capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
+    {"graph_malloc_in_capture", case_graph_malloc_in_capture, 3, "is invalidated", "cudaMalloc during a global-mode capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
+    {"graph_malloc_relaxed_ok", case_graph_malloc_relaxed_ok, 0, "", "cudaMalloc during a relaxed-mode capture is allowed"},
+    {"graph_legacy_memcpy_in_capture", case_graph_legacy_memcpy_in_capture, 3, "legacy default stream", "cudaMemcpy while a blocking stream captures: cudaErrorStreamCaptureImplicit, then Invalidated"},
+    {"graph_pageable_copy_in_capture", case_graph_pageable_copy_in_capture, 3, "pageable host memory", "cudaMemcpyAsync from pageable memory during capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
+    {"graph_captured_event_query", case_graph_captured_event_query, 3, "last recorded in a stream capture", "cudaEventQuery of an event recorded in a capture: cudaErrorCapturedEvent, then Invalidated"},
+    {"graph_bad_launch_in_capture", case_graph_bad_launch_in_capture, 3, "a failed launch", "a launch over the limits in a capture: its own error, then Invalidated"},
+    {"graph_replay_oob", case_graph_replay_oob, 86, "past the end of cudaMalloc #1", "a replayed graph's out-of-bounds write is reported as an ordinary launch's"},
+    {"graph_replay_uninitialised", case_graph_replay_uninitialised, 86, "nothing has written since cudaMalloc", "a replayed graph's read of never-written memory is reported"},
+    {"graph_nccl_ok", case_graph_nccl_ok, 0, "", "ncclAllReduce captured (1 rank): not run at capture, run at each of 2 replays"},
 };
 
 int main(int argc, char** argv) { return cases_main(argc, argv, cases, sizeof cases / sizeof cases[0], false); }

@@ -77,6 +77,15 @@ template <typename T> inline cudaError_t cudaMallocHost(T** p, size_t bytes) {
     return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
 }
 
+// CUDA's cuda_runtime.h keeps the old 5-argument cudaGraphInstantiate (error
+// node, log buffer) for C++, forwarding to the 3-argument C form; so do we.
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, cudaGraphNode_t* error_node,
+                                        char* log, size_t log_bytes) {
+    (void)error_node;
+    if (log && log_bytes) log[0] = 0;
+    return cudaGraphInstantiate(exec, graph, 0ull);
+}
+
 // ---- stores of bf16 results, made visible -----------------------------------------
 // GCC's -fsanitize=thread does not instrument a store that is a call's own
 // result (`out[i] = __float2bfloat16(x)`, the function returning the struct
