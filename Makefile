@@ -379,6 +379,7 @@ $(CPU_BUILD)/dev/cuda/attention_scalar: $(CPU_BUILD)/dev/cuda/attention.cu $(CPU
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
 test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+		$(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
 		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout $(CPU_LAB)
 	scripts/test_cuda_on_cpu.sh

@@ -10,7 +10,8 @@
 #   1. the layer's own tests: planted bugs it must catch (test_layer), tensor
 #      cores (test_wmma: products against float64, WMMA misuse caught; again
 #      under another seed, which scrambles fragments another way), its
-#      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks;
+#      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks,
+#      and an all-reduce captured in a CUDA graph, replayed on 2 ranks;
 #   2. test_gpt_cu_cpu: forward/backward/AdamW against the CPU trainer and
 #      PyTorch, training states (save, resume bit for bit, a GPU state
 #      continued by the CPU trainer);
@@ -44,6 +45,7 @@ run() {
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+         .cpu/dev/cuda/cpu/test_graph_nccl \
          dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention \
          .cpu/dev/cuda/attention_scalar .cpu/dev/cuda/dp_layout \
          .cpu/dev/cuda/adamw \
@@ -60,6 +62,7 @@ run layer_wmma ./.cpu/dev/cuda/cpu/test_wmma
 run layer_wmma_seed7 env CUDA_CPU_SEED=7 ./.cpu/dev/cuda/cpu/test_wmma
 run layer_cublaslt ./dev/cuda/cpu/test_cublaslt
 run layer_nccl_over_mpi dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
+run layer_graph_nccl timeout 60 $MPIRUN -np 2 ./.cpu/dev/cuda/cpu/test_graph_nccl  # a captured all-reduce replayed on 2 ranks
 
 # ---- 2. test_gpt.cu ------------------------------------------------------------
 run test_gpt_cu ./test_gpt_cu_cpu --binary ./train_gpt_cu_cpu --cpu-binary ./train_gpt

@@ -596,6 +596,7 @@ static int case_graph_nccl_ok() {
     CK(cudaMemcpyAsync(h_out, y, bytes, cudaMemcpyDeviceToHost, s));
     cudaGraph_t graph;
     CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaStreamSynchronize(s));  // out of capture: would run anything the capture had queued
     if (h_out[0] != -1.0f) { fprintf(stderr, "the graph ran at capture\n"); return 1; }
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiate(&exec, graph, 0));
