@@ -9,8 +9,9 @@
 //   2. reports: naming an address, fatal
 //   3. the arena: reserve, allocate, the shadow bytes, host/device mode
 //   4. checks on every access: bounds, never-written reads, races between streams
-//   5. the scheduler: enqueue, dependencies, running what a wait needs
-//   6. the API: memory, copies, streams, events, device, errors, launches
+//   5. the scheduler: enqueue, dependencies, running what a wait needs; stream
+//      capture's rules and where an operation goes (queued, or into a graph)
+//   6. the API: memory, copies, streams, events, graphs, device, errors, launches
 //
 // How device memory is checked. The application's code is compiled with
 // GCC's -fsanitize=thread, so every load and store it makes calls
@@ -160,6 +161,8 @@ struct GraphExec {
     std::vector<GraphNode> nodes;
     std::vector<int> lane_streams;  // lane -> the stream its nodes replay on (made at instantiation)
     int launches = 0;
+    std::vector<Dep> last_end;      // the end marker of its last launch: the next launch comes after it
+    std::vector<uint64_t> last_end_vc;
 };
 static std::vector<Graph> graphs(1);    // cudaGraph_t = the index (0: null)
 static std::vector<GraphExec> execs(1); // cudaGraphExec_t = the index
@@ -1462,7 +1465,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
         fatal("cudaGraphLaunch into a capturing stream (a child graph node) is not modelled by the CPU layer");
     if (cudaError_t e = legacy_check(s, "cudaGraphLaunch")) return set_error(e);
     x->launches++;
-    const Dep start = push_op(s, "cudaGraphLaunch", {}, nullptr);
+    // "Each launch is ordered behind both any previous work in stream and any
+    // previous launches of graphExec" (cudaGraphLaunch's documentation).
+    const Dep start = push_op(s, "cudaGraphLaunch", {}, nullptr, x->last_end, &x->last_end_vc);
     const std::vector<uint64_t> start_vc = streams[s].tail_vc;
     std::vector<Dep> at(x->nodes.size());
     std::vector<std::vector<uint64_t>> vc_after(x->nodes.size());
@@ -1487,7 +1492,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
         end_deps.push_back(at[i]);
         if (n.run_now) run_until({at[i]});
     }
-    push_op(s, "cudaGraphLaunch (end)", {}, nullptr, std::move(end_deps), &end_vc);
+    x->last_end = {push_op(s, "cudaGraphLaunch (end)", {}, nullptr, std::move(end_deps), &end_vc)};
+    x->last_end_vc = streams[s].tail_vc;
     return cudaSuccess;
 }
 

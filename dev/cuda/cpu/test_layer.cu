@@ -478,6 +478,30 @@ static int case_graph_fork_join_ok() { return graph_fork_case(0); }
 static int case_graph_unjoined() { return graph_fork_case(1); }
 static int case_graph_branch_race() { return graph_fork_case(2); }
 
+// Launches of one executable graph are ordered even on two streams (CUDA:
+// "each launch is ordered behind ... any previous launches of graphExec");
+// `plant` 1 instantiates it twice, and two executables on two streams are not.
+static int graph_two_streams_case(int plant) {
+    const int n = 256;
+    float* d = dev_floats(n);
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    fill_kernel<<<1, n, 0, s1>>>(d, 1.0f, n);
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(s1, &graph));
+    cudaGraphExec_t a, b;
+    CK(cudaGraphInstantiate(&a, graph, 0));
+    if (plant) CK(cudaGraphInstantiate(&b, graph, 0));
+    CK(cudaGraphLaunch(a, s1));
+    CK(cudaGraphLaunch(plant ? b : a, s2));
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
+static int case_graph_launches_ordered() { return graph_two_streams_case(0); }
+static int case_graph_two_execs_race() { return graph_two_streams_case(1); }
+
 // A prohibited call during capture returns its error and invalidates the
 // capture: cudaStreamEndCapture then fails with no graph. `which`: 0
 // cudaStreamSynchronize of the capturing stream, 1 cudaMalloc (global mode),
@@ -643,6 +667,8 @@ static const Case cases[] = {
     {"graph_fork_join_ok", case_graph_fork_join_ok, 0, "", "a capture forked to a second stream and joined by events, replayed 3 times: right results"},
     {"graph_unjoined", case_graph_unjoined, 3, "was not joined back", "a fork never joined: cudaStreamEndCapture returns cudaErrorStreamCaptureUnjoined"},
     {"graph_branch_race", case_graph_branch_race, 86, "race between streams", "two branches of a graph writing the same bytes, unordered: reported at replay"},
+    {"graph_launches_ordered", case_graph_launches_ordered, 0, "", "two launches of one executable graph on two streams are ordered: no report"},
+    {"graph_two_execs_race", case_graph_two_execs_race, 86, "race between streams", "two executables of one graph on two streams, unordered, writing the same bytes: reported"},
     {"graph_sync_in_capture", case_graph_sync_in_capture, 3, "is invalidated", "cudaStreamSynchronize of a capturing stream: cudaErrorStreamCaptureUnsupported, then Invalidated"},
     {"graph_device_sync_in_capture", case_graph_device_sync_in_capture, 3, "is invalidated", "cudaDeviceSynchronize during capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
     {"graph_malloc_in_capture", case_graph_malloc_in_capture, 3, "is invalidated", "cudaMalloc during a global-mode capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
