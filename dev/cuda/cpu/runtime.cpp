@@ -768,7 +768,10 @@ static cudaError_t unsafe_check(const char* call) {
     return hit ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
 }
 
-// Stream s about to be synchronised or queried.
+// Stream s about to be synchronised or queried. A stream outside the capture
+// counts as a "potentially unsafe" call: the documentation names cudaMalloc
+// only; PyTorch meets cudaEventQuery of an ordinary event refused in global
+// mode (pytorch/pytorch#146924), so the layer refuses every synchronous query.
 static cudaError_t sync_check(int s, const char* call) {
     cudaError_t e = legacy_check(s, call);
     if (e != cudaSuccess) return e;
@@ -777,7 +780,7 @@ static cudaError_t sync_check(int s, const char* call) {
                                                    "queued: nothing to wait for)", call, s));
         return cudaErrorStreamCaptureUnsupported;
     }
-    return cudaSuccess;
+    return unsafe_check(call);  // another stream: a synchronous call, "potentially unsafe" (the stricter reading)
 }
 
 // The whole device about to be synchronised: every active capture is in it.
@@ -793,7 +796,7 @@ static cudaError_t device_sync_check(const char* call) {
 
 // An event about to be synchronised or queried: one last recorded in a capture stands for graph nodes, not work.
 static cudaError_t event_check(const Event& ev, const char* call) {
-    if (!ev.capture) return cudaSuccess;
+    if (!ev.capture) return unsafe_check(call);  // an ordinary event: still a synchronous call (the stricter reading)
     capture_invalidate(ev.capture, str("%s on an event last recorded in a stream capture", call));
     fprintf(stderr, "cuda_cpu: %s: the event was last recorded in the capture begun on stream %d: record it again "
             "outside the capture to wait for it\n", call, captures[ev.capture].origin);

@@ -507,7 +507,8 @@ static int case_graph_two_execs_race() { return graph_two_streams_case(1); }
 // cudaStreamSynchronize of the capturing stream, 1 cudaMalloc (global mode),
 // 2 cudaMemcpy (the legacy stream, while a blocking stream captures), 3
 // cudaMemcpyAsync from pageable memory, 4 cudaEventQuery of a captured
-// event, 5 a launch over the limits, 6 cudaDeviceSynchronize.
+// event, 5 a launch over the limits, 6 cudaDeviceSynchronize, 7
+// cudaStreamSynchronize of another stream (global mode).
 static int graph_prohibited_case(int which) {
     const int n = 64;
     float* d = dev_floats(n);
@@ -538,6 +539,13 @@ static int graph_prohibited_case(int which) {
             want = cudaErrorInvalidConfiguration;
             break;
         case 6: got = cudaDeviceSynchronize(); want = cudaErrorStreamCaptureUnsupported; break;
+        case 7: {
+            cudaStream_t other;
+            CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+            got = cudaStreamSynchronize(other);
+            want = cudaErrorStreamCaptureUnsupported;
+            break;
+        }
     }
     if (!is_error(got, want, "the prohibited call")) return 2;
     fill_kernel<<<1, n, 0, s>>>(d, 2.0f, n);  // later work on an invalidated capture is refused too
@@ -555,6 +563,7 @@ static int case_graph_pageable_copy_in_capture() { return graph_prohibited_case(
 static int case_graph_captured_event_query() { return graph_prohibited_case(4); }
 static int case_graph_bad_launch_in_capture() { return graph_prohibited_case(5); }
 static int case_graph_device_sync_in_capture() { return graph_prohibited_case(6); }
+static int case_graph_other_sync_in_capture() { return graph_prohibited_case(7); }
 
 // In relaxed mode cudaMalloc is allowed during capture (and is not captured).
 static int case_graph_malloc_relaxed_ok() {
@@ -671,6 +680,7 @@ static const Case cases[] = {
     {"graph_two_execs_race", case_graph_two_execs_race, 86, "race between streams", "two executables of one graph on two streams, unordered, writing the same bytes: reported"},
     {"graph_sync_in_capture", case_graph_sync_in_capture, 3, "is invalidated", "cudaStreamSynchronize of a capturing stream: cudaErrorStreamCaptureUnsupported, then Invalidated"},
     {"graph_device_sync_in_capture", case_graph_device_sync_in_capture, 3, "is invalidated", "cudaDeviceSynchronize during capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
+    {"graph_other_sync_in_capture", case_graph_other_sync_in_capture, 3, "is invalidated", "cudaStreamSynchronize of another stream during a global-mode capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
     {"graph_malloc_in_capture", case_graph_malloc_in_capture, 3, "is invalidated", "cudaMalloc during a global-mode capture: cudaErrorStreamCaptureUnsupported, then Invalidated"},
     {"graph_malloc_relaxed_ok", case_graph_malloc_relaxed_ok, 0, "", "cudaMalloc during a relaxed-mode capture is allowed"},
     {"graph_legacy_memcpy_in_capture", case_graph_legacy_memcpy_in_capture, 3, "legacy default stream", "cudaMemcpy while a blocking stream captures: cudaErrorStreamCaptureImplicit, then Invalidated"},
