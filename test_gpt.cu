@@ -26,7 +26,8 @@
  *     PyTorch, with the GELU in the cuBLASLt epilogue and in our kernels,
  *     and with every epilogue unfused (a plain GEMM, our bias and GELU);
  *   - every parameter gradient against the CPU and PyTorch; gradients bitwise
- *     identical on a second run (no order-dependent atomics);
+ *     identical on a second run (no order-dependent atomics), which creates
+ *     no cuBLASLt descriptors (G3 caches them with the algorithm);
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
  *     and the final weights against PyTorch;
  *   - stochastic rounding is unbiased;
@@ -430,13 +431,19 @@ static void test_forward_backward(const char* model_path, const Reference* ref, 
         check_close(what, grads + off, cpu.grads_memory + off, g.param_sizes[i], TOL_GRAD);
         off += g.param_sizes[i];
     }
-    /* again: bitwise the same */
+    /* again: bitwise the same, and every GEMM's cuBLASLt descriptor and layouts from G3's cache */
+    long long calls0 = g.lt.calls, created0 = g.lt.created;
     gpu_zero_grad(&g);
     gpu_forward(&g, ref->x, ref->y, B, T, 1.0f / BT, 0);
     gpu_backward(&g);
     float* grads2 = device_to_host(&g, g.grads_memory, P, 0);
     snprintf(what, sizeof(what), "%s: gradients bitwise identical on a second run", label);
     check(!memcmp(grads, grads2, P * sizeof(float)), what, "");
+    char detail[160];
+    snprintf(detail, sizeof(detail), "%lld GEMMs, %lld descriptors created (warm-up: %lld for %lld GEMMs)",
+             g.lt.calls - calls0, g.lt.created - created0, created0, calls0);
+    snprintf(what, sizeof(what), "%s: a repeated forward+backward creates no cuBLASLt descriptors", label);
+    check(g.lt.created == created0 && g.lt.calls > calls0, what, detail);
     free(grads);
     free(grads2);
     gpu_model_free(&g);
