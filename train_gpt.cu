@@ -1859,7 +1859,8 @@ typedef enum {
  * this file did the same until the cache; the CPU layer's cublaslt.cpp
  * copies them at the call, and test_cublaslt checks it). For the same
  * reason an evicted slot's objects may be destroyed while its GEMMs are
- * still queued. */
+ * still queued. STATUS: the cache has run on the CPU execution layer only
+ * (test_gpt_cu_cpu, dev/cuda/cpu), not yet on a GPU. */
 #define LT_CACHE_SIZE 128
 typedef struct {
     LtKey key;
