@@ -26,10 +26,12 @@
  *     PyTorch, with the GELU in the cuBLASLt epilogue and in our kernels,
  *     and with every epilogue unfused (a plain GEMM, our bias and GELU);
  *   - every parameter gradient against the CPU and PyTorch; gradients bitwise
- *     identical on a second run (no order-dependent atomics);
+ *     identical on a second run (no order-dependent atomics), which creates
+ *     no cuBLASLt descriptors (G3 caches them with the algorithm);
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
  *     and the final weights against PyTorch;
  *   - stochastic rounding is unbiased;
+ *   - cuBLASLt's cache when full (the last slot's descriptors remade);
  *   - flash attention (G2) forward and backward against train_gpt.c's
  *     attention at T 1, 7, 64, 129 and head sizes 32, 64, 128 (and 9), the
  *     log-sum-exp against float64 (tolerances TOL_ATTN_*);
@@ -265,6 +267,43 @@ static float* attn_test_download(const void* d, size_t n, int is_bf16) {
     return h;
 }
 
+/* G3's cache when full: LT_CACHE_SIZE + 2 distinct problems (D(8, n) =
+ * A(8, 8) B(8, n) for n = 1 .. LT_CACHE_SIZE + 2, all ones: D = 8), then the
+ * one evicted from the last slot again. The last slot is reused: its
+ * descriptor and layouts destroyed and made anew (the CPU layer refuses a
+ * destroyed descriptor, so a stale one stops the run through CUBLAS_CHECK). */
+static void test_lt_cache_full(void) {
+    const int m = 8, k = 8, nmax = LT_CACHE_SIZE + 2;
+    LtContext lt;
+    lt_init(&lt, (size_t)1 << 20, 1);
+    float* ones = xmalloc_floats((size_t)k * nmax);
+    for (int i = 0; i < k * nmax; i++) ones[i] = 1.0f;
+    floatX* A = attn_test_upload(ones, (size_t)m * k);
+    floatX* B = attn_test_upload(ones, (size_t)k * nmax);
+    float* D;
+    CUDA_CHECK(cudaMalloc((void**)&D, (size_t)m * nmax * sizeof(float)));
+    for (int n = 1; n <= nmax; n++)
+        lt_matmul(&lt, 0, D, CUDA_R_32F, NULL, A, 0, B, 0, m, n, k, m, k, m, 1.0f, 0.0f, NULL,
+                  CUBLASLT_EPILOGUE_DEFAULT, NULL, 1, 0, 0, 0);
+    CUDA_CHECK(cudaMemset(D, 0, (size_t)m * nmax * sizeof(float)));
+    lt_matmul(&lt, 0, D, CUDA_R_32F, NULL, A, 0, B, 0, m, nmax - 1, k, m, k, m, 1.0f, 0.0f, NULL,
+              CUBLASLT_EPILOGUE_DEFAULT, NULL, 1, 0, 0, 0); /* evicted by n = nmax: made again */
+    float* h = attn_test_download(D, (size_t)m * nmax, 0);
+    int right = 1;
+    for (int i = 0; i < m * nmax; i++) right &= h[i] == (i < m * (nmax - 1) ? (float)k : 0.0f);
+    char detail[160];
+    snprintf(detail, sizeof(detail), "%d slots, %lld calls, %lld descriptors created, result %s", lt.cached, lt.calls,
+             lt.created, right ? "right" : "wrong");
+    check(lt.cached == LT_CACHE_SIZE && lt.calls == nmax + 1 && lt.created == nmax + 1 && right,
+          "lt: a full cache reuses its last slot (descriptors remade), and computes right", detail);
+    free(h);
+    free(ones);
+    CUDA_CHECK(cudaFree(A));
+    CUDA_CHECK(cudaFree(B));
+    CUDA_CHECK(cudaFree(D));
+    lt_free(&lt);
+}
+
 /* Flash attention (G2) forward and backward at one shape against
  * train_gpt.c's attention_forward/attention_backward, on the same bf16
  * inputs: q, k in [-2, 2] (scores with a spread of about 1.3, so the softmax
@@ -430,13 +469,19 @@ static void test_forward_backward(const char* model_path, const Reference* ref, 
         check_close(what, grads + off, cpu.grads_memory + off, g.param_sizes[i], TOL_GRAD);
         off += g.param_sizes[i];
     }
-    /* again: bitwise the same */
+    /* again: bitwise the same, and every GEMM's cuBLASLt descriptor and layouts from G3's cache */
+    long long calls0 = g.lt.calls, created0 = g.lt.created;
     gpu_zero_grad(&g);
     gpu_forward(&g, ref->x, ref->y, B, T, 1.0f / BT, 0);
     gpu_backward(&g);
     float* grads2 = device_to_host(&g, g.grads_memory, P, 0);
     snprintf(what, sizeof(what), "%s: gradients bitwise identical on a second run", label);
     check(!memcmp(grads, grads2, P * sizeof(float)), what, "");
+    char detail[160];
+    snprintf(detail, sizeof(detail), "%lld GEMMs, %lld descriptors created (warm-up: %lld for %lld GEMMs)",
+             g.lt.calls - calls0, g.lt.created - created0, created0, calls0);
+    snprintf(what, sizeof(what), "%s: a repeated forward+backward creates no cuBLASLt descriptors", label);
+    check(g.lt.created == created0 && g.lt.calls > calls0, what, detail);
     free(grads);
     free(grads2);
     gpu_model_free(&g);
@@ -838,6 +883,7 @@ int main(int argc, char** argv) {
     if (binary) test_binary(binary);
     if (binary) test_resume(binary, cpu_binary);
     test_stochastic_rounding();
+    test_lt_cache_full();
     test_attention();
     Reference ref;
     if (reference_read(&ref, ref_path) != 0) {

@@ -1802,7 +1802,8 @@ static void segments_copy_gpu(floatX* dst, const floatX* src, const SegmentCopy*
 /* All tensors are row-major; cuBLASLt is column-major, so a row-major (R, K)
  * matrix is read as a column-major (K, R) one with ld = K. bf16 inputs, fp32
  * accumulation (CUBLAS_COMPUTE_32F), output bf16 or fp32. The algorithm for
- * each distinct problem is asked of the heuristic once and cached. */
+ * each distinct problem is asked of the heuristic once and cached, with the
+ * descriptors that describe the problem (the cache, below LtRoute). */
 
 /* Every cuBLASLt problem is described by a key: the shapes, and how aligned
  * each pointer is (the heuristic is told A's, B's, C's and D's, and an
@@ -1840,17 +1841,46 @@ typedef enum {
     LT_NONE     /* no algorithm even without an epilogue: stop, naming the shape */
 } LtRoute;
 
+/* The cache. Each distinct problem (key) is set up once: the heuristic's
+ * algorithm and route, and the cuBLASLt objects that describe it: the
+ * operation descriptor (compute and scale types, transposes, epilogue, aux
+ * ld) and the four matrix layouts (type, rows, columns, ld, batch count and
+ * stride of A, B, C, D). All of these follow from the key alone (lt_slot_make
+ * reads nothing else), so a call whose key is cached only sets what varies
+ * between calls with one key: the bias and the GELU aux pointers. Why: a
+ * step of GPT-2 124M makes ~300 GEMMs; creating a descriptor and four
+ * layouts per GEMM, setting their attributes and destroying them again was
+ * ~1,500 host API calls a step, and CUDA graphs will soon capture the step,
+ * where the host work per call is what is left. Changing the bias pointer of
+ * a descriptor whose previous GEMM has not run yet is safe: cublasLtMatmul
+ * takes what it needs from the descriptors when it is called, on the host
+ * (NVIDIA's CUDALibrarySamples cuBLASLt/LtSgemm destroys its descriptors
+ * right after the asynchronous call, "all GPU work was already enqueued";
+ * this file did the same until the cache; the CPU layer's cublaslt.cpp
+ * copies them at the call, and test_cublaslt checks it). For the same
+ * reason an evicted slot's objects may be destroyed while its GEMMs are
+ * still queued. STATUS: the cache has run on the CPU execution layer only
+ * (test_gpt_cu_cpu, dev/cuda/cpu), not yet on a GPU. */
 #define LT_CACHE_SIZE 128
+typedef struct {
+    LtKey key;
+    cublasLtMatmulAlgo_t algo;
+    LtRoute route;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layouts[4]; /* A, B, C, D */
+} LtSlot;
+
 typedef struct {
     cublasLtHandle_t handle;
     void* workspace;
     size_t workspace_bytes;
     floatX* bias_copy;     /* (bias_copy_elems) 256-byte aligned: under-aligned biases are copied here */
     size_t bias_copy_elems;
-    int cached;
-    LtKey keys[LT_CACHE_SIZE];
-    cublasLtMatmulAlgo_t algos[LT_CACHE_SIZE];
-    LtRoute routes[LT_CACHE_SIZE];
+    int cached;            /* slots in use; full: the last one is reused */
+    LtSlot slots[LT_CACHE_SIZE];
+    long long calls;       /* lt_matmul calls */
+    long long created;     /* descriptors (each with its 4 layouts) created: one per new key; test_gpt.cu checks
+                              that a repeated step creates none */
     int no_epilogues;      /* tests: run every epilogue unfused (test_gpt.cu checks that path against the CPU) */
 } LtContext;
 
@@ -1864,7 +1894,14 @@ static void lt_init(LtContext* lt, size_t workspace_bytes, size_t bias_elems) {
     CUDA_CHECK(cudaMalloc((void**)&lt->bias_copy, bias_elems * sizeof(floatX))); /* cudaMalloc: 256-byte aligned */
 }
 
+static void lt_slot_free(LtSlot* s) {
+    for (int i = 0; i < 4; i++) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(s->layouts[i]));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(s->desc));
+    memset(s, 0, sizeof(*s));
+}
+
 static void lt_free(LtContext* lt) {
+    for (int i = 0; i < lt->cached; i++) lt_slot_free(&lt->slots[i]);
     CUBLAS_CHECK(cublasLtDestroy(lt->handle));
     CUDA_CHECK(cudaFree(lt->workspace));
     CUDA_CHECK(cudaFree(lt->bias_copy));
@@ -1935,11 +1972,40 @@ static void lt_key_describe(const LtKey* key, char* out, size_t cap) {
              key->batch, key->align_a, key->align_b, key->align_c, key->align_d, key->align_bias, key->align_aux);
 }
 
-static void lt_set_layout_batch(cublasLtMatrixLayout_t l, int batch, long long stride) {
+static void lt_layout_batch(cublasLtMatrixLayout_t l, int batch, long long stride) {
     if (batch <= 1) return;
     CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
     CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                   sizeof(stride)));
+}
+
+/* A new slot's descriptor and layouts, from the key alone (what lt_matmul
+ * sets per call, the bias and aux pointers, is not in them yet). A and B are
+ * bf16; C has D's type and layout; the aux matrix has ld m. */
+static void lt_slot_make(LtContext* lt, LtSlot* s, const LtKey* key) {
+    s->key = *key;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&s->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtEpilogue_t epilogue = (cublasLtEpilogue_t)key->epilogue;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (key->align_aux) {
+        int64_t ldaux = key->ldaux;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux,
+                                                    sizeof(ldaux)));
+    }
+    cudaDataType_t dtype = (cudaDataType_t)key->dtype;
+    int m = key->m, n = key->n, k = key->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&s->layouts[0], CUDA_R_16BF, key->transa ? k : m, key->transa ? m : k,
+                                            key->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&s->layouts[1], CUDA_R_16BF, key->transb ? n : k, key->transb ? k : n,
+                                            key->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&s->layouts[2], dtype, m, n, key->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&s->layouts[3], dtype, m, n, key->ldd));
+    long long strides[4] = {key->stride_a, key->stride_b, key->stride_d, key->stride_d};
+    for (int i = 0; i < 4; i++) lt_layout_batch(s->layouts[i], key->batch, strides[i]);
+    lt->created++;
 }
 
 /* D(m, n) = alpha op(A) op(B) + beta C (+ bias(m)) [then the epilogue],
@@ -1960,33 +2026,27 @@ static int lt_matmul(LtContext* lt, cudaStream_t stream, void* D, cudaDataType_t
     const floatX* placed = lt_bias_placed(bias, lt->bias_copy);
     LtKey key = lt_key_make(D, dtype, Cm, A, transa, Bm, transb, m, n, k, lda, ldb, ldd, beta, placed, epilogue, aux,
                             batch, stride_a, stride_b, stride_d);
-
-    cublasLtMatmulDesc_t desc;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (placed) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placed, sizeof(placed)));
-    if (aux) {
-        int64_t ld = m;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
-    }
-    cublasLtMatrixLayout_t la, lb, lc, ld;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, transa ? k : m, transa ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, transb ? n : k, transb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, dtype, m, n, ldd));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dtype, m, n, ldd));
-    lt_set_layout_batch(la, batch, stride_a);
-    lt_set_layout_batch(lb, batch, stride_b);
-    lt_set_layout_batch(lc, batch, stride_d);
-    lt_set_layout_batch(ld, batch, stride_d);
+    lt->calls++;
 
     int slot = -1;
     for (int i = 0; i < lt->cached; i++)
-        if (!memcmp(&lt->keys[i], &key, sizeof(key))) { slot = i; break; }
-    if (slot < 0) {
+        if (!memcmp(&lt->slots[i].key, &key, sizeof(key))) { slot = i; break; }
+    int is_new = slot < 0;
+    if (is_new) {
+        if (lt->cached < LT_CACHE_SIZE) slot = lt->cached++;
+        else { slot = LT_CACHE_SIZE - 1; lt_slot_free(&lt->slots[slot]); } /* full: the last slot is reused */
+        lt_slot_make(lt, &lt->slots[slot], &key);
+    }
+    LtSlot* s = &lt->slots[slot];
+    cublasLtMatrixLayout_t* l = s->layouts;
+    /* what varies between calls with one key (the key holds whether each is there, and its alignment) */
+    if (placed)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placed,
+                                                    sizeof(placed)));
+    if (aux)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(s->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                    sizeof(aux)));
+    if (is_new) {
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         uint64_t ws = lt->workspace_bytes;
@@ -2000,7 +2060,8 @@ static int lt_matmul(LtContext* lt, cudaStream_t stream, void* D, cudaDataType_t
         memset(&result, 0, sizeof(result));
         int found = 0;
         /* not through CUBLAS_CHECK: CUBLAS_STATUS_NOT_SUPPORTED means "no algorithm", which lt_route handles */
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->handle, desc, la, lb, lc, ld, pref, 1, &result, &found);
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->handle, s->desc, l[0], l[1], l[2], l[3], pref, 1,
+                                                           &result, &found);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         LtRoute route = lt_route(&key, st, found);
         char shape[256];
@@ -2011,24 +2072,17 @@ static int lt_matmul(LtContext* lt, cudaStream_t stream, void* D, cudaDataType_t
         else if (route == LT_UNFUSED)
             printf("cuBLASLt: no algorithm for %s (heuristic: %s, %d found): a plain GEMM and our own bias/GELU "
                    "kernels instead\n", shape, cublasLtGetStatusString(st), found);
-        slot = lt->cached < LT_CACHE_SIZE ? lt->cached++ : LT_CACHE_SIZE - 1; /* full: reuse the last slot */
-        lt->keys[slot] = key;
-        lt->algos[slot] = result.algo;
-        lt->routes[slot] = route;
+        s->algo = result.algo;
+        s->route = route;
     }
-    int run = lt->routes[slot] == LT_FUSED;
+    int run = s->route == LT_FUSED;
     if (run && placed != bias) { /* the under-aligned bias (m values) into the aligned buffer, just before its GEMM */
         ALWAYS((size_t)m <= lt->bias_copy_elems);
         CUDA_CHECK(cudaMemcpyAsync(lt->bias_copy, bias, (size_t)m * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
     }
     if (run)
-        CUBLAS_CHECK(cublasLtMatmul(lt->handle, desc, &alpha, A, la, Bm, lb, &beta, Cm, lc, D, ld, &lt->algos[slot],
+        CUBLAS_CHECK(cublasLtMatmul(lt->handle, s->desc, &alpha, A, l[0], Bm, l[1], &beta, Cm, l[2], D, l[3], &s->algo,
                                     lt->workspace, lt->workspace_bytes, stream));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
     return run;
 }
 

@@ -11,6 +11,9 @@
 // none (test_nccl_mpi) has every non-null pointer count. enqueue() runs the
 // body at once (one stream: every operation ordered after the previous one)
 // and keeps the name and ranges of the last operation for the test to check.
+// With stub_defer set it holds the bodies instead, until stub_run_deferred():
+// a stream the device has not reached yet (test_cublaslt checks that what a
+// call was given is what its body uses, whatever the host does meanwhile).
 #include "device.h"  // defines: Range, device_range_problem, is_device_pointer, enqueue, fatal
 
 #include <cstdarg>
@@ -25,6 +28,8 @@ namespace cuda_cpu {
 static std::map<uintptr_t, size_t> stub_allocations;  // start -> bytes
 std::vector<Range> stub_last_ranges;                  // the ranges of the last enqueue (tests read them)
 std::string stub_last_name;
+bool stub_defer = false;                              // hold enqueued bodies until stub_run_deferred()
+static std::vector<std::function<void()>> stub_deferred;
 
 // Memory the stub counts as device memory: 256-byte aligned like cudaMalloc,
 // filled with 0xFF bytes (NaN for float and bf16) like the runtime's poison.
@@ -72,8 +77,17 @@ bool is_device_pointer(const void* p) { return p && device_range_problem(p, 1).e
 cudaError_t enqueue(cudaStream_t, const char* name, std::vector<Range> ranges, std::function<void()> body, bool) {
     stub_last_name = name;
     stub_last_ranges = std::move(ranges);
-    body();
+    if (stub_defer) stub_deferred.push_back(std::move(body));
+    else body();
     return cudaSuccess;
+}
+
+// Runs the held bodies in order; how many there were.
+int stub_run_deferred() {
+    std::vector<std::function<void()>> bodies;
+    bodies.swap(stub_deferred);
+    for (auto& b : bodies) b();
+    return (int)bodies.size();
 }
 
 void fatal(const char* fmt, ...) {

@@ -12,7 +12,9 @@
 //   2. the shapes train_gpt.cu's lt_matmul uses (forward, backward, attention)
 //   3. refusals as the real library refuses (each with the doc's reason)
 //   4. invalid arguments: CUBLAS_STATUS_INVALID_VALUE (or NOT_INITIALIZED)
-//   5. the checker itself: planted wrong references must be rejected
+//   5. descriptors are read when cublasLtMatmul is called: a queued matmul
+//      whose descriptor is then changed or destroyed computes what it was given
+//   6. the checker itself: planted wrong references must be rejected
 // Tolerance (every output): |got - ref| <= E + 1 ulp of the output type at |ref| + E,
 // E = the fp32 error bound (k + 4) 2^-24 (|alpha| sum|a b| + |beta c| + |bias|),
 // carried through GELU (|gelu'| <= 1.13) and dGELU (times |gelu'(aux)|), plus
@@ -39,6 +41,8 @@ namespace cuda_cpu {  // device_stub.cpp
 void* stub_device_alloc(size_t bytes);
 void stub_device_free(void* p);
 extern std::vector<Range> stub_last_ranges;
+extern bool stub_defer;
+int stub_run_deferred();
 }  // namespace cuda_cpu
 using cuda_cpu::stub_device_alloc;
 using cuda_cpu::stub_device_free;
@@ -833,7 +837,80 @@ static void test_invalid_arguments() {
 }
 
 /* ------------------------------------------------------------------------ */
-/* 5. The checker rejects planted wrong references                          */
+/* 5. Descriptors are read at the call                                      */
+/* ------------------------------------------------------------------------ */
+// On a GPU cublasLtMatmul takes what it needs from the descriptors when it is
+// called, on the host: NVIDIA's samples (CUDALibrarySamples cuBLASLt/LtSgemm)
+// destroy them right after the asynchronous call, and train_gpt.cu's cache
+// (G3) sets the next GEMM's bias and aux pointers on a descriptor whose
+// previous GEMM may not have run yet. Here the stub holds the body (a stream
+// not yet reached) while the host changes the descriptor (`after` 0: the bias
+// and aux pointers to other buffers and the epilogue to DEFAULT) or destroys
+// the descriptor and layouts and makes others with other values, likely in
+// the same memory (`after` 1); then the body runs and must compute the
+// original problem, into the original aux.
+static void call_time_check(int after) {
+    Run r{};
+    r.c = case_plain(CUBLASLT_EPILOGUE_GELU_AUX_BIAS);  // m = 40: bias 40 values, aux ld 40
+    run_alloc(&r);
+    run_describe(&r);
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof(res));
+    int found = 0;
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(r.handle, r.desc, r.la, r.lb, r.lc, r.ld, r.pref, 1, &res, &found);
+    cuda_cpu::stub_defer = true;
+    cublasStatus_t ms = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (hs == CUBLAS_STATUS_SUCCESS && found == 1)
+        ms = cublasLtMatmul(r.handle, r.desc, &r.c.alpha, r.A, r.la, r.B, r.lb, &r.c.beta, r.C, r.lc, r.D, r.ld,
+                            &res.algo, r.ws, r.ws_bytes, nullptr);
+    bool held = std::isnan(get(r.D, r.c.dt, 0));  // (the test of the test: nothing has run yet)
+    size_t es = es_of(r.c.dt), naux = r.aux_copy.size() / es;
+    void* bias2 = stub_device_alloc(r.c.m * es);
+    void* aux2 = stub_device_alloc(naux * es);  // NaN poison: must stay so
+    for (int i = 0; i < r.c.m; i++) put(bias2, r.c.dt, i, 100.0f);
+    const char* what;
+    if (after == 0) {
+        what = "its bias and aux pointers and epilogue changed";
+        cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias2, sizeof(void*));
+        cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux2, sizeof(void*));
+        set_i32(r.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
+    } else {
+        what = "its descriptor and layouts destroyed, others made";
+        cublasLtMatmulDescDestroy(r.desc);
+        cublasLtMatrixLayout_t* ls[] = {&r.la, &r.lb, &r.lc, &r.ld};
+        for (cublasLtMatrixLayout_t* l : ls) cublasLtMatrixLayoutDestroy(*l);
+        cublasLtMatmulDescCreate(&r.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);  // epilogue DEFAULT, no pointers
+        cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias2, sizeof(void*));
+        for (cublasLtMatrixLayout_t* l : ls) cublasLtMatrixLayoutCreate(l, CUDA_R_32F, 8, 8, 8);
+    }
+    int ran = cuda_cpu::stub_run_deferred();
+    cuda_cpu::stub_defer = false;
+    std::string why;
+    bool ok = held && ran == 1 && ms == CUBLAS_STATUS_SUCCESS;
+    if (!ok) why = std::string("held ") + (held ? "yes" : "no") + ", bodies run " + std::to_string(ran) +
+                   ", matmul " + cublasLtGetStatusName(ms);
+    if (ok) {
+        Expect x;
+        reference(r, &x);  // with the bias and aux the call was given
+        ok = compare(r, x, &why);
+    }
+    for (size_t i = 0; ok && i < naux; i++)
+        if (!std::isnan(get(aux2, r.c.dt, (int64_t)i))) ok = false, why = "the later aux pointer was written";
+    check(ok, "a queued GELU_AUX_BIAS matmul, then %s before the stream runs: the values at the call are used%s%s",
+          what, ok ? "" : ": ", why.c_str());
+    stub_device_free(bias2);
+    stub_device_free(aux2);
+    run_undescribe(&r);
+    run_free(&r);
+}
+
+static void test_call_time() {
+    call_time_check(0);
+    call_time_check(1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 6. The checker rejects planted wrong references                          */
 /* ------------------------------------------------------------------------ */
 static void test_the_tester() {
     // A correct run, then references with a planted error: each must be rejected.
@@ -876,6 +953,7 @@ int main() {
     test_project_shapes();
     test_refusals();
     test_invalid_arguments();
+    test_call_time();
     test_the_tester();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
