@@ -441,8 +441,8 @@ nccl-info:
 # (The lab files include train_gpt.cu: compiling each for Ampere as well
 # would repeat the trainer's Ampere build nine times, 2-3 minutes of CI.)
 # -Werror all-warnings: nvcc's own diagnostics become errors too.
-# Then what runs without a GPU: test_gpt.cu's host-only tests (the Hopper
-# build, into a temporary folder), the bucket/shard layout (dp-layout), the
+# Then what runs without a GPU: test_gpt.cu's host-only tests (its Hopper
+# build, kept in $(TEST_DIR)/check_cuda), the bucket/shard layout (dp-layout), the
 # NCCL search and the no-NCCL build (scripts/test_nccl_find.sh), and the GPU
 # scripts' plans and gpu_train's exits (scripts/test_gpu_host.sh).
 CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. $(NCCL_CUFLAGS)
@@ -453,26 +453,36 @@ CHECK_CUDA_LAB = dev/cuda/adamw.cu
 CHECK_CUDA_LAB += dev/cuda/encoder.cu
 CHECK_CUDA_LAB += dev/cuda/gelu.cu
 CHECK_CUDA_LAB += dev/cuda/matmul.cu
+# Each compile is a target of its own, so that make runs them side by side
+# (CHECK_JOBS at once: the cores); only test_gpt's Hopper build is kept (in
+# $(TEST_DIR)/check_cuda), the others go to /dev/null.
+CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CHECK_CUDA_OUT = $(TEST_DIR)/check_cuda
+CHECK_CUDA_SM90 = train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu \
+	dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu $(CHECK_CUDA_LAB)
+CHECK_CUDA_SM80 = train_gpt.cu test_gpt.cu
+CHECK_CUDA_BUILDS = $(CHECK_CUDA_SM90:%.cu=$(CHECK_CUDA_OUT)/sm_90/%) $(CHECK_CUDA_SM80:%.cu=$(CHECK_CUDA_OUT)/sm_80/%)
+ifneq ($(HAVE_MPICC),)
+CHECK_CUDA_BUILDS += $(CHECK_CUDA_OUT)/sm_90/train_gpt_cu_mpi $(CHECK_CUDA_OUT)/sm_80/train_gpt_cu_mpi
+endif
+$(CHECK_CUDA_OUT)/sm_90/%: %.cu FORCE
+	@mkdir -p $(@D) && echo "$(NVCC) -arch=sm_90 $<"
+	@$(NVCC) -arch=sm_90 $(CHECK_CUDA_FLAGS) -o $(if $(filter test_gpt,$*),$@,/dev/null) $< $(CUDA_LDLIBS)
+$(CHECK_CUDA_OUT)/sm_80/%: %.cu FORCE
+	@mkdir -p $(@D) && echo "$(NVCC) -arch=sm_80 $<"
+	@$(NVCC) -arch=sm_80 $(CHECK_CUDA_FLAGS) -o /dev/null $< $(CUDA_LDLIBS)
+$(CHECK_CUDA_OUT)/%/train_gpt_cu_mpi: train_gpt.cu FORCE
+	@echo "$(NVCC) -arch=$* -DUSE_MPI train_gpt.cu (train_gpt_cu_mpi)"
+	@$(NVCC) -arch=$* $(CHECK_CUDA_FLAGS) $(MPI_CUFLAGS) -o /dev/null train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS)
+check-cuda-builds: $(CHECK_CUDA_BUILDS)
+FORCE:
+
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
-	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	for arch in sm_90 sm_80; do \
-	  files="train_gpt.cu test_gpt.cu"; \
-	  [ $$arch = sm_90 ] && files="$$files dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu $(CHECK_CUDA_LAB)"; \
-	  for f in $$files; do \
-	    out=/dev/null; [ $$arch = sm_90 ] && [ $$f = test_gpt.cu ] && out=$$tmp/test_gpt_cu; \
-	    echo "$(NVCC) -arch=$$arch $$f"; \
-	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) -o $$out $$f $(CUDA_LDLIBS) || exit 1; \
-	  done; \
-	  if [ -n "$(HAVE_MPICC)" ]; then \
-	    echo "$(NVCC) -arch=$$arch -DUSE_MPI train_gpt.cu (train_gpt_cu_mpi)"; \
-	    $(NVCC) -arch=$$arch $(CHECK_CUDA_FLAGS) $(MPI_CUFLAGS) -o /dev/null train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS) || exit 1; \
-	  else \
-	    echo "check-cuda: train_gpt_cu_mpi SKIPPED: $(MPICC) not found (apt-get install libopenmpi-dev openmpi-bin)"; \
-	  fi; \
-	done && \
-	echo "test_gpt_cu --host-only (the sm_90 build above)" && \
-	$(call quietly,$$tmp/test_gpt_cu --host-only)
+	@[ -n "$(HAVE_MPICC)" ] || echo "check-cuda: train_gpt_cu_mpi SKIPPED: $(MPICC) not found (apt-get install libopenmpi-dev openmpi-bin)"
+	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) check-cuda-builds
+	@echo "test_gpt_cu --host-only (the sm_90 build above)" && \
+	$(call quietly,$(CHECK_CUDA_OUT)/sm_90/test_gpt --host-only)
 	$(MAKE) --no-print-directory dp-layout CUDA_ARCH=sm_90
 	@echo "scripts/test_nccl_find.sh"; $(call quietly,scripts/test_nccl_find.sh)
 	@echo "scripts/test_gpu_host.sh"; $(call quietly,scripts/test_gpu_host.sh)
@@ -480,7 +490,7 @@ check-cuda:
 gpu-check:
 	scripts/gpu_check.sh
 
-.PHONY: dev-cuda dp-layout nccl-info check-cuda gpu-check test-cuda-cpu test-nccl-cpu test-cublaslt-cpu
+.PHONY: dev-cuda dp-layout nccl-info check-cuda check-cuda-builds FORCE gpu-check test-cuda-cpu test-nccl-cpu test-cublaslt-cpu
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu

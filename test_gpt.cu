@@ -30,6 +30,9 @@
  *     no cuBLASLt descriptors (G3 caches them with the algorithm);
  *   - 10 AdamW steps (clipping, weight decay, warmup + cosine): losses, norms
  *     and the final weights against PyTorch;
+ *   - steps of 2 micro-batches launched as gpu_train launches them, the
+ *     update gated on the device, and captured in CUDA graphs and replayed:
+ *     the same bits as host-decided launches; a replayed NaN step skipped;
  *   - stochastic rounding is unbiased;
  *   - cuBLASLt's cache when full (the last slot's descriptors remade);
  *   - flash attention (G2) forward and backward against train_gpt.c's
@@ -713,6 +716,86 @@ static void test_adamw_steps(const char* model_path, const Reference* ref) {
     gpt2_free(&cpu);
 }
 
+/* CUDA graphs: `steps` steps of 2 micro-batches (the reference batch twice),
+ * three ways from the same weights: (0) launched and decided by the host as
+ * test_adamw_steps does, (1) as gpu_train runs them without graphs (tokens
+ * uploaded, gpu_micro_batch, the update gated on the device), (2) the same
+ * with graphs from the second step (captured once, then replayed). The
+ * losses, norms and master weights must be the same bits. Then a step whose
+ * loss is NaN (a bf16 weight set to NaN), replayed from the graph: the
+ * device's gate must skip the update (master unchanged). */
+static void test_graph_steps(const char* model_path, const Reference* ref) {
+    GPT2 cpu;
+    if (gpt2_load(&cpu, model_path) != 0) { check(0, "load model", model_path); return; }
+    int B = ref->B, T = ref->T, BT = B * T;
+    enum { STEPS = 4, MICRO = 2 };
+    size_t P = cpu.num_parameters;
+    AdamWConfig opt;
+    opt.beta1 = ref->beta1; opt.beta2 = ref->beta2; opt.eps = ref->eps;
+    opt.weight_decay = ref->weight_decay; opt.decay_all = 0;
+    float max_norm = (float)ref->grad_clip, dloss = 1.0f / (float)(MICRO * BT);
+    double losses[3][STEPS], norms[3][STEPS];
+    float* w[3];
+    for (int way = 0; way < 3; way++) {
+        GpuGPT2 g;
+        gpu_model_init(&g, &cpu, B, T, 1);
+        for (int s = 0; s < STEPS; s++) {
+            float lr = (float)ref->lr * (s + 1) / STEPS;
+            uint32_t seed = 77u + (uint32_t)s;
+            gpu_zero_grad(&g);
+            g.graphs = way == 2 && s > 0;
+            for (int micro = 0; micro < MICRO; micro++) {
+                if (way == 0) {
+                    gpu_forward(&g, ref->x, ref->y, B, T, dloss, micro);
+                    gpu_backward(&g);
+                } else {
+                    gpu_tokens_upload(&g, ref->x, ref->y, BT, micro);
+                    gpu_micro_batch(&g, B, T, dloss);
+                }
+            }
+            if (way == 0) {
+                norms[way][s] = gpu_grad_norm(&g);
+                losses[way][s] = gpu_losses_fetch(&g, MICRO);
+                gpu_adamw_update(&g, &opt, lr, s + 1, max_norm, seed);
+            } else {
+                norms[way][s] = gpu_update_gated(&g, &opt, lr, s + 1, max_norm, seed, MICRO, &losses[way][s]);
+            }
+        }
+        w[way] = device_to_host(&g, g.master_memory, P, 0);
+        if (way == 2) { /* a NaN loss: a bf16 weight of the final LayerNorm set to NaN, the step replayed */
+            uint16_t nan_bf16 = 0x7FC0;
+            CUDA_CHECK(cudaMemcpy(g.params.lnfw, &nan_bf16, sizeof(nan_bf16), cudaMemcpyHostToDevice));
+            gpu_zero_grad(&g);
+            for (int micro = 0; micro < MICRO; micro++) {
+                gpu_tokens_upload(&g, ref->x, ref->y, BT, micro);
+                gpu_micro_batch(&g, B, T, dloss);
+            }
+            double loss;
+            double norm = gpu_update_gated(&g, &opt, (float)ref->lr, STEPS + 1, max_norm, 99u, MICRO, &loss);
+            float* after = device_to_host(&g, g.master_memory, P, 0);
+            char detail[120];
+            snprintf(detail, sizeof(detail), "loss %g, norm %g", loss, norm);
+            check(!isfinite(loss) && !memcmp(after, w[way], P * sizeof(float)),
+                  "graphs: a step with a NaN loss replayed, the device's gate skips the update (master unchanged)",
+                  detail);
+            free(after);
+        }
+        gpu_model_free(&g);
+    }
+    for (int way = 1; way < 3; way++) {
+        char what[200], detail[120];
+        snprintf(what, sizeof(what), "%d steps of %d micro-batches %s: losses, norms, master weights bitwise the "
+                 "host-decided launches'", STEPS, MICRO, way == 1 ? "gated on the device" : "from CUDA graphs (replayed)");
+        snprintf(detail, sizeof(detail), "last loss %.9g vs %.9g, norm %.9g vs %.9g", losses[way][STEPS - 1],
+                 losses[0][STEPS - 1], norms[way][STEPS - 1], norms[0][STEPS - 1]);
+        check(!memcmp(losses[way], losses[0], sizeof(losses[0])) && !memcmp(norms[way], norms[0], sizeof(norms[0])) &&
+                  !memcmp(w[way], w[0], P * sizeof(float)),
+              what, detail);
+    }
+    for (int way = 0; way < 3; way++) free(w[way]);
+    gpt2_free(&cpu);
+}
+
 /* Stochastic rounding: the mean of many roundings of x is x. */
 __global__ void stochastic_rounding_test_kernel(float* out, float x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -893,6 +976,7 @@ int main(int argc, char** argv) {
         test_forward_backward(model_path, &ref, 0, 0);
         test_forward_backward(model_path, &ref, 1, 1); /* the fallback when cuBLASLt has no algorithm (G3) */
         test_adamw_steps(model_path, &ref);
+        test_graph_steps(model_path, &ref);
         test_recompute(model_path, &ref);
         reference_free(&ref);
     }

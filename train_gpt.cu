@@ -279,11 +279,16 @@ static void encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, 
  * positions by token (a counting sort, ascending positions within a token:
  * see encoder_buckets_build), and one block per distinct token sums its
  * positions' gradients in that fixed order. No atomics, so the result is the
- * same on every run.
+ * same on every run. The grid is fixed (min(B*T, V) blocks, as many as there
+ * can be distinct tokens) and the blocks past `*num_buckets` return, so the
+ * launch is the same for every batch and a captured step (CUDA graphs)
+ * replays it.
  *   dwte[tok] += sum over positions p with inp[p] == tok of dout[p] */
-__global__ void encoder_backward_wte_kernel(float* dwte, const floatX* dout, const int* bucket_token,
-                                            const int* bucket_start, const int* bucket_pos, int C) {
+__global__ void encoder_backward_wte_kernel(float* dwte, const floatX* dout, const int* num_buckets,
+                                            const int* bucket_token, const int* bucket_start, const int* bucket_pos,
+                                            int C) {
     int b = blockIdx.x;
+    if (b >= num_buckets[0]) return;
     int tok = bucket_token[b], p0 = bucket_start[b], p1 = bucket_start[b + 1];
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0.0f;
@@ -1304,32 +1309,75 @@ static void attention_backward_gpu(floatX* dqkv, float* D, const floatX* dout, c
 }
 
 /* ---- GELU (tanh form, as train_gpt.c's gelu_forward) -------------------- */
-
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long long N) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    float x = __bfloat162float(inp[i]);
+/* train_gpt.c's sigmoid form: 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)),
+ * u = sqrt(2/pi) (x + 0.044715 x^3). */
+__device__ __forceinline__ float gelu_of(float x) {
     float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-    out[i] = __float2bfloat16(x / (1.0f + expf(-2.0f * u)));
+    return x / (1.0f + expf(-2.0f * u));
 }
-
-/* dinp = dout * gelu'(inp); may be in place (dinp == dout). */
-__global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, long long N) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    float x = __bfloat162float(inp[i]);
+/* d * gelu'(x) */
+__device__ __forceinline__ float gelu_grad_of(float x, float d) {
     float u = GELU_SCALE * (x + 0.044715f * x * x * x);
     float s = 1.0f / (1.0f + expf(-2.0f * u));
     float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = __float2bfloat16(__bfloat162float(dout[i]) * (s + x * s * (1.0f - s) * 2.0f * du));
+    return d * (s + x * s * (1.0f - s) * 2.0f * du);
+}
+
+/* The production kernels: 8 bf16 per thread, one 16-byte load per input
+ * and one 16-byte store (the pointers 16-byte aligned: gelu_forward_gpu
+ * checks), the last N % 8 one at a time. Memory-bound: forward moves 4N
+ * bytes, backward 6N. (dev/cuda/gelu.cu times them against the one-element
+ * kernels below, which are the fallback for unaligned pointers; the same
+ * bits.) STATUS: validated on the CPU execution layer; not yet run on a GPU. */
+__global__ void gelu_forward_vec8_kernel(floatX* out, const floatX* inp, long long N) {
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i0 >= N) return;
+    if (i0 + 8 <= N) {
+        Pack8 x = *(const Pack8*)(inp + i0), y;
+        for (int k = 0; k < 8; k++) y.v[k] = __float2bfloat16(gelu_of(__bfloat162float(x.v[k])));
+        *(Pack8*)(out + i0) = y;
+    } else {
+        for (long long i = i0; i < N; i++) out[i] = __float2bfloat16(gelu_of(__bfloat162float(inp[i])));
+    }
+}
+
+/* dinp = dout * gelu'(inp); may be in place (dinp == dout: each thread
+ * reads its 8 elements before it writes them). */
+__global__ void gelu_backward_vec8_kernel(floatX* dinp, const floatX* inp, const floatX* dout, long long N) {
+    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i0 >= N) return;
+    if (i0 + 8 <= N) {
+        Pack8 x = *(const Pack8*)(inp + i0), d = *(const Pack8*)(dout + i0), r;
+        for (int k = 0; k < 8; k++) r.v[k] = __float2bfloat16(gelu_grad_of(__bfloat162float(x.v[k]), __bfloat162float(d.v[k])));
+        *(Pack8*)(dinp + i0) = r;
+    } else {
+        for (long long i = i0; i < N; i++)
+            dinp[i] = __float2bfloat16(gelu_grad_of(__bfloat162float(inp[i]), __bfloat162float(dout[i])));
+    }
+}
+
+/* One element per thread: for pointers not 16-byte aligned. */
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long long N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) out[i] = __float2bfloat16(gelu_of(__bfloat162float(inp[i])));
+}
+__global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, long long N) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) dinp[i] = __float2bfloat16(gelu_grad_of(__bfloat162float(inp[i]), __bfloat162float(dout[i])));
 }
 
 static void gelu_forward_gpu(floatX* out, const floatX* inp, long long N, cudaStream_t s) {
-    gelu_forward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(out, inp, N);
+    if (is_aligned16(out) && is_aligned16(inp))
+        gelu_forward_vec8_kernel<<<ceil_div(ceil_div(N, 8), 256), 256, 0, s>>>(out, inp, N);
+    else
+        gelu_forward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(out, inp, N);
     KERNEL_CHECK();
 }
 static void gelu_backward_gpu(floatX* dinp, const floatX* inp, const floatX* dout, long long N, cudaStream_t s) {
-    gelu_backward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(dinp, inp, dout, N);
+    if (is_aligned16(dinp) && is_aligned16(inp) && is_aligned16(dout))
+        gelu_backward_vec8_kernel<<<ceil_div(ceil_div(N, 8), 256), 256, 0, s>>>(dinp, inp, dout, N);
+    else
+        gelu_backward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(dinp, inp, dout, N);
     KERNEL_CHECK();
 }
 
@@ -1497,13 +1545,14 @@ static void classifier_gpu(floatX* logits, float* losses, const int* targets, in
     KERNEL_CHECK();
 }
 
-/* out[0] = mean of losses(N), in a fixed order (one block). */
-__global__ void mean_kernel(float* out, const float* x, int N) {
+/* out[slot[0]] = mean of losses(N), in a fixed order (one block). The slot
+ * (the micro-batch) is read from device memory, uploaded with the tokens. */
+__global__ void mean_kernel(float* out, const int* slot, const float* x, int N) {
     __shared__ float shared[32];
     float acc = 0.0f;
     for (int i = threadIdx.x; i < N; i += blockDim.x) acc += x[i];
     acc = block_sum(acc, shared);
-    if (threadIdx.x == 0) out[0] = acc / N;
+    if (threadIdx.x == 0) out[slot[0]] = acc / N;
 }
 
 /* ---- global gradient norm: fixed two-pass reduction --------------------- */
@@ -1574,19 +1623,42 @@ __device__ __forceinline__ float adamw_element(float p, float g, float* m, float
     return p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
 }
 
-/* train_gpt.c's adamw_update for one tensor, on the fp32 master, with the
- * clip coefficient taken from the device-side norm, then the bf16 copy
- * written with stochastic rounding (element i of the tensor, `seed` for this
- * step and tensor). */
+/* What changes from one update to the next, read by the kernels from device
+ * memory (not passed as arguments), so that one captured update (CUDA
+ * graphs) serves every step: the host writes it before each update. */
+typedef struct {
+    float lr;      /* the schedule's learning rate at this step */
+    float bc1;     /* 1 - beta1^t, 1 - beta2^t: Adam's bias corrections at update t (1-based) */
+    float bc2;
+    uint32_t seed; /* the step's stochastic-rounding seed (tensor k uses seed * 16 + k) */
+    int go;        /* 0: skip the update (a non-finite loss or norm: update_gate_kernel) */
+} AdamWStep;
+
+/* train_gpt.c's adamw_update for one tensor (number `tensor`), on the fp32
+ * master, with the clip coefficient taken from the device-side norm, then
+ * the bf16 copy written with stochastic rounding (element i of the tensor,
+ * the seed step->seed * 16 + tensor). Nothing when !step->go. */
 __global__ void adamw_kernel(floatX* param, float* master, const float* grad, float* m, float* v, size_t n,
-                             float lr, float b1, float b2, float bc1, float bc2, float eps, float wd,
-                             const float* norm, float max_norm, uint32_t seed) {
+                             const AdamWStep* step, float b1, float b2, float eps, float wd, const float* norm,
+                             float max_norm, uint32_t tensor) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n || !step->go) return;
     float g = grad[i] * clip_coef(norm[0], max_norm);
-    float p = adamw_element(master[i], g, &m[i], &v[i], lr, b1, b2, bc1, bc2, eps, wd);
+    float p = adamw_element(master[i], g, &m[i], &v[i], step->lr, b1, b2, step->bc1, step->bc2, eps, wd);
     master[i] = p;
-    param[i] = bf16_round_stochastic(p, hash_u32((uint32_t)i ^ hash_u32(seed)));
+    param[i] = bf16_round_stochastic(p, hash_u32((uint32_t)i ^ hash_u32(step->seed * 16u + tensor)));
+}
+
+/* One GPU: the update goes ahead only if every micro-batch's mean loss and
+ * the gradient norm are finite (train_gpt.c's rule), decided here on the
+ * device so that the host need not wait for the loss before launching the
+ * update. (With the loss summed over ranks, or a spike rule, the host
+ * decides: dp_step.) */
+__global__ void update_gate_kernel(AdamWStep* step, const float* loss_mean, int micro_batches, const float* norm) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int go = isfinite(norm[0]);
+    for (int i = 0; i < micro_batches; i++) go = go && isfinite(loss_mean[i]);
+    step->go = go;
 }
 
 /* fp32 -> bf16, round to nearest (the first copy of the master weights). */
@@ -2294,16 +2366,34 @@ static void carve(void** ptrs, char* mem, const size_t* n, const size_t* bytes, 
 }
 
 /* Host memory the device reads each micro-batch (pinned, so the copies are
- * asynchronous): tokens and the encoder's buckets. `copied` is recorded
- * after the copies; the host waits on it before refilling. */
+ * asynchronous): tokens and the encoder's buckets; and each step, the
+ * update's values. `copied` is recorded after the token copies; the host
+ * waits on it before refilling. */
 typedef struct {
     int* inputs;       /* (B*T) */
     int* targets;      /* (B*T) */
     int* bucket_token; /* (B*T) */
     int* bucket_start; /* (B*T + 1) */
     int* bucket_pos;   /* (B*T) */
-} TokenBuffers;
-#define NUM_TOKEN_BUFFERS 5
+    int* num_buckets;  /* (1) distinct tokens: encoder_backward_wte_kernel's blocks with work */
+    int* micro;        /* (1) the micro-batch: the slot of scratch.loss_mean its mean loss goes to */
+    AdamWStep* update; /* (1) this step's learning rate, bias corrections, seed, and go-ahead */
+} StepInputs;
+#define NUM_STEP_INPUTS 8
+
+/* What a captured micro-batch (forward + backward) was captured with: a
+ * replay does exactly the same. */
+typedef struct {
+    int B, T;
+    float dloss;
+} MicroBatchShape;
+
+/* ... and a captured update (the values that change per step are on the device: AdamWStep). */
+typedef struct {
+    const AdamWConfig* opt;
+    float max_norm;
+    int micro_batches;
+} UpdateShape;
 
 typedef struct {
     GPT2Config config;
@@ -2332,10 +2422,19 @@ typedef struct {
     GpuScratch scratch; void* scratch_memory; size_t scratch_bytes;
     GpuActivations work;   /* one layer of what `recompute` does not keep, carved from scratch.work; the rest NULL */
     /* tokens: pinned host copies and device copies */
-    TokenBuffers host, dev;
+    StepInputs host, dev;
     int* bucket_count;     /* (V) host scratch for the counting sort */
     int num_buckets;
     cudaEvent_t copied;
+    cudaEvent_t update_sent; /* recorded after each update: its values (host.update) have been copied */
+    /* CUDA graphs (--cuda-graphs 1; one GPU, no spike rule): a training
+     * micro-batch's forward + backward, and the update, each captured the
+     * first time it runs with `graphs` set (gpu_train sets it after the
+     * first step), replayed after; the shapes they were captured with */
+    int graphs;
+    cudaGraphExec_t graph_micro, graph_update;
+    MicroBatchShape graph_micro_shape;
+    UpdateShape graph_update_shape;
     /* the last forward */
     int last_B, last_T, has_targets, micro;
     float* h_loss_mean;    /* pinned (MAX_MICRO_STEPS + 1): the micro-batches' losses, then the norm */
@@ -2555,18 +2654,21 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     carve((void**)&g->work, (char*)g->scratch.work, n, bytes, NUM_GPU_ACTIVATIONS);
 
     size_t BT = (size_t)B * T;
-    size_t tn[NUM_TOKEN_BUFFERS] = {BT, BT, BT, BT + 1, BT}, tb[NUM_TOKEN_BUFFERS] = {4, 4, 4, 4, 4};
-    size_t tbytes = carve_bytes(tn, tb, NUM_TOKEN_BUFFERS);
+    size_t tn[NUM_STEP_INPUTS] = {BT, BT, BT, BT + 1, BT, 1, 1, 1};
+    size_t tb[NUM_STEP_INPUTS] = {4, 4, 4, 4, 4, 4, 4, sizeof(AdamWStep)};
+    size_t tbytes = carve_bytes(tn, tb, NUM_STEP_INPUTS);
     void* hmem;
     void* dmem;
     CUDA_CHECK(cudaMallocHost(&hmem, tbytes));
     CUDA_CHECK(cudaMalloc(&dmem, tbytes));
-    carve((void**)&g->host, (char*)hmem, tn, tb, NUM_TOKEN_BUFFERS);
-    carve((void**)&g->dev, (char*)dmem, tn, tb, NUM_TOKEN_BUFFERS);
+    carve((void**)&g->host, (char*)hmem, tn, tb, NUM_STEP_INPUTS);
+    carve((void**)&g->dev, (char*)dmem, tn, tb, NUM_STEP_INPUTS);
     CUDA_CHECK(cudaMallocHost((void**)&g->h_loss_mean, (MAX_MICRO_STEPS + 1) * sizeof(float)));
     g->bucket_count = (int*)xmalloc(sizeof(int) * (size_t)c->vocab_size);
     CUDA_CHECK(cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(g->copied, g->stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g->update_sent, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
 
@@ -2592,15 +2694,18 @@ static void gpu_model_free(GpuGPT2* g) {
     CUDA_CHECK(cudaFree(g->dev.inputs));
     CUDA_CHECK(cudaFreeHost(g->h_loss_mean));
     CUDA_CHECK(cudaEventDestroy(g->copied));
+    CUDA_CHECK(cudaEventDestroy(g->update_sent));
+    if (g->graph_micro) CUDA_CHECK(cudaGraphExecDestroy(g->graph_micro));
+    if (g->graph_update) CUDA_CHECK(cudaGraphExecDestroy(g->graph_update));
     free(g->bucket_count);
     lt_free(&g->lt);
     CUDA_CHECK(cudaStreamDestroy(g->stream));
     memset(g, 0, sizeof(*g));
 }
 
-/* Stage a micro-batch's tokens (and the encoder buckets) and copy them to
- * the device, asynchronously. */
-static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets, int BT) {
+/* Stage micro-batch `micro`'s tokens (and the encoder buckets) and copy
+ * them to the device, asynchronously. */
+static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets, int BT, int micro) {
     int V = g->config.vocab_size;
     for (int i = 0; i < BT; i++) {
         CHECK(inputs[i] >= 0 && inputs[i] < V, "input token %d at %d out of range [0, %d)", inputs[i], i, V);
@@ -2612,6 +2717,8 @@ static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets,
     if (targets) memcpy(g->host.targets, targets, sizeof(int) * (size_t)BT);
     g->num_buckets = encoder_buckets_build(inputs, BT, V, g->bucket_count, g->host.bucket_token,
                                            g->host.bucket_start, g->host.bucket_pos);
+    g->host.num_buckets[0] = g->num_buckets;
+    g->host.micro[0] = micro;
     cudaStream_t s = g->stream;
     CUDA_CHECK(cudaMemcpyAsync(g->dev.inputs, g->host.inputs, sizeof(int) * (size_t)BT, cudaMemcpyHostToDevice, s));
     if (targets)
@@ -2621,6 +2728,8 @@ static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets,
     CUDA_CHECK(cudaMemcpyAsync(g->dev.bucket_start, g->host.bucket_start, sizeof(int) * (size_t)(g->num_buckets + 1),
                                cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(g->dev.bucket_pos, g->host.bucket_pos, sizeof(int) * (size_t)BT, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(g->dev.num_buckets, g->host.num_buckets, sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(g->dev.micro, g->host.micro, sizeof(int), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(g->copied, s));
 }
 
@@ -2689,17 +2798,12 @@ static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const floatX*
                            a->residual2, NULL, N, 4 * C, C);
 }
 
-/* Forward over (B, T) tokens (host arrays). Without targets the raw logits
- * stay in acts.logits. With targets the loss of each position goes to
- * acts.losses and the micro-batch's mean to the slot `micro`; with
- * dloss != 0 the logits are replaced by dlogits (the classifier is fused),
- * ready for gpu_backward. Nothing waits for the GPU. */
-static void gpu_forward(GpuGPT2* g, const int* inputs, const int* targets, int B, int T, float dloss, int micro) {
+/* The forward of the (B, T) tokens gpu_tokens_upload put on the device
+ * (gpu_forward below): device work only, so a step can be captured. */
+static void gpu_forward_run(GpuGPT2* g, int B, int T, int targets, float dloss) {
     const GPT2Config* cfg = &g->config;
-    ALWAYS(B <= g->B && T <= g->T && micro >= 0 && micro < MAX_MICRO_STEPS);
     int C = cfg->channels, L = cfg->num_layers, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     size_t BT = (size_t)B * T;
-    gpu_tokens_upload(g, inputs, targets, (int)BT);
     cudaStream_t s = g->stream;
     ParameterTensorsX p = g->params;
     GpuActivations a = g->acts;
@@ -2713,11 +2817,22 @@ static void gpu_forward(GpuGPT2* g, const int* inputs, const int* targets, int B
     matmul_forward_gpu(&g->lt, s, a.logits, a.lnf, p.wte, NULL, NULL, NULL, (int)BT, C, Vp);
     g->last_B = B;
     g->last_T = T;
-    g->has_targets = targets != NULL && dloss != 0.0f;
+    g->has_targets = targets && dloss != 0.0f;
     if (!targets) return;
     classifier_gpu(a.logits, a.losses, g->dev.targets, (int)BT, V, Vp, dloss, s);
-    mean_kernel<<<1, 1024, 0, s>>>(g->scratch.loss_mean + micro, a.losses, (int)BT);
+    mean_kernel<<<1, 1024, 0, s>>>(g->scratch.loss_mean, g->dev.micro, a.losses, (int)BT);
     KERNEL_CHECK();
+}
+
+/* Forward over (B, T) tokens (host arrays). Without targets the raw logits
+ * stay in acts.logits. With targets the loss of each position goes to
+ * acts.losses and the micro-batch's mean to the slot `micro`; with
+ * dloss != 0 the logits are replaced by dlogits (the classifier is fused),
+ * ready for gpu_backward. Nothing waits for the GPU. */
+static void gpu_forward(GpuGPT2* g, const int* inputs, const int* targets, int B, int T, float dloss, int micro) {
+    ALWAYS(B <= g->B && T <= g->T && micro >= 0 && micro < MAX_MICRO_STEPS);
+    gpu_tokens_upload(g, inputs, targets, B * T, micro);
+    gpu_forward_run(g, B, T, targets != NULL, dloss);
 }
 
 /* Mean losses of micro-batches 0..n-1, waiting for the GPU. */
@@ -2799,44 +2914,166 @@ static void gpu_backward(GpuGPT2* g) {
                                al.ln1_mean, al.ln1_rstd, N, C, s);
         if (g->grads_end) g->grads_end(g->grads_ctx, l);
     }
-    encoder_backward_wte_kernel<<<g->num_buckets, 256, 0, s>>>(gr.wte, sc.dresidual, g->dev.bucket_token,
-                                                               g->dev.bucket_start, g->dev.bucket_pos, C);
+    int max_buckets = (int)(BT < (size_t)cfg->vocab_size ? BT : (size_t)cfg->vocab_size);
+    encoder_backward_wte_kernel<<<max_buckets, 256, 0, s>>>(gr.wte, sc.dresidual, g->dev.num_buckets,
+                                                            g->dev.bucket_token, g->dev.bucket_start,
+                                                            g->dev.bucket_pos, C);
     KERNEL_CHECK();
     encoder_backward_wpe_kernel<<<ceil_div((long long)T * C, 256), 256, 0, s>>>(gr.wpe, sc.dresidual, B, T, C);
     KERNEL_CHECK();
     if (g->grads_end) g->grads_end(g->grads_ctx, L);
 }
 
-/* Global gradient norm (fp32, deterministic), left on the device in
- * scratch.norm[NORM_BLOCKS]; returned after waiting for the GPU. */
-static double gpu_grad_norm(GpuGPT2* g) {
+/* The global gradient norm (fp32, deterministic) into
+ * scratch.norm[NORM_BLOCKS], on the stream; nothing waits. */
+static void gpu_grad_norm_run(GpuGPT2* g) {
     float* partial = g->scratch.norm;
     norm_squares_partial_kernel<<<NORM_BLOCKS, 256, 0, g->stream>>>(partial, g->grads_memory, g->num_parameters);
     KERNEL_CHECK();
     norm_finish_kernel<<<1, 1024, 0, g->stream>>>(partial + NORM_BLOCKS, partial, NORM_BLOCKS, 1);
     KERNEL_CHECK();
+}
+
+/* The norm gpu_grad_norm_run left on the device, waiting for the GPU. */
+static double gpu_grad_norm_fetch(GpuGPT2* g) {
     float* h_norm = g->h_loss_mean + MAX_MICRO_STEPS;
-    CUDA_CHECK(cudaMemcpyAsync(h_norm, partial + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaMemcpyAsync(h_norm, g->scratch.norm + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost,
+                               g->stream));
     gpu_wait(g->stream, NULL);
     return *h_norm;
 }
 
-/* AdamW over every tensor (train_gpt.c's adamw_update), clipping with the
- * norm gpu_grad_norm left on the device. `seed` varies per step. */
-static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed) {
-    float bc1 = 1.0f - (float)pow(opt->beta1, t);
-    float bc2 = 1.0f - (float)pow(opt->beta2, t);
+/* Global gradient norm, left on the device and returned (waits). */
+static double gpu_grad_norm(GpuGPT2* g) {
+    gpu_grad_norm_run(g);
+    return gpu_grad_norm_fetch(g);
+}
+
+/* Update t's values (AdamWStep) into the pinned host copy, for the next
+ * gpu_update_run to send. Waits until the last update's copy has read it. */
+static void gpu_update_values_set(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, uint32_t seed) {
+    gpu_wait(NULL, g->update_sent);
+    AdamWStep* h = g->host.update;
+    h->lr = lr;
+    h->bc1 = 1.0f - (float)pow(opt->beta1, t);
+    h->bc2 = 1.0f - (float)pow(opt->beta2, t);
+    h->seed = seed;
+    h->go = 1;
+}
+
+/* The update as device work on the stream (capturable): its values to the
+ * device, with `gate_micro_batches` > 0 the device's own go-ahead
+ * (update_gate_kernel over that many micro-batches' losses), then AdamW over
+ * every tensor (train_gpt.c's adamw_update), clipping with the norm
+ * gpu_grad_norm_run left on the device. */
+static void gpu_update_run(GpuGPT2* g, const AdamWConfig* opt, float max_norm, int gate_micro_batches) {
+    CUDA_CHECK(cudaMemcpyAsync(g->dev.update, g->host.update, sizeof(AdamWStep), cudaMemcpyHostToDevice, g->stream));
+    if (gate_micro_batches > 0) {
+        update_gate_kernel<<<1, 32, 0, g->stream>>>(g->dev.update, g->scratch.loss_mean, gate_micro_batches,
+                                                    g->scratch.norm + NORM_BLOCKS);
+        KERNEL_CHECK();
+    }
     size_t offset = 0;
     for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
         size_t n = g->param_sizes[k];
         float wd = (opt->decay_all || PARAMETER_IS_MATRIX[k]) ? opt->weight_decay : 0.0f;
         adamw_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(
             g->params_memory + offset, g->master_memory + offset, g->grads_memory + offset, g->m_memory + offset,
-            g->v_memory + offset, n, lr, opt->beta1, opt->beta2, bc1, bc2, opt->eps, wd,
-            g->scratch.norm + NORM_BLOCKS, max_norm, seed * 16u + (uint32_t)k);
+            g->v_memory + offset, n, g->dev.update, opt->beta1, opt->beta2, opt->eps, wd,
+            g->scratch.norm + NORM_BLOCKS, max_norm, (uint32_t)k);
         KERNEL_CHECK();
         offset += n;
     }
+}
+
+/* AdamW over every tensor, clipping with the norm gpu_grad_norm left on the
+ * device (the host has decided the update goes ahead). `seed` varies per step. */
+static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed) {
+    gpu_update_values_set(g, opt, lr, t, seed);
+    gpu_update_run(g, opt, max_norm, 0);
+    CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
+}
+
+/* ---- CUDA graphs ----------------------------------------------------------
+ * A step of GPT-2 124M launches about 400 kernels and GEMMs; launched one
+ * by one, each costs the host a few microseconds and the GPU a gap. A CUDA
+ * graph records the launches once (stream capture) and replays them as one.
+ * What a replay cannot change are the launches' arguments: so everything
+ * that varies from step to step is read by the kernels from device memory
+ * that the host fills before each launch (StepInputs: the tokens, the
+ * encoder's buckets and their count, the micro-batch's loss slot, the
+ * update's AdamWStep), and the encoder's grid is fixed. Nothing in a
+ * captured piece may wait for the GPU (CUDA refuses it during capture).
+ * STATUS: run through the CPU execution layer, which models capture and
+ * replay (dev/cuda/cpu/README.md); not yet run on a GPU. */
+
+/* Runs `work(g, arg)` on the stream: with g->graphs set, captured into
+ * *exec the first time and replayed after (the caller makes sure `arg` is
+ * the same each time); else as ordinary launches. */
+static void gpu_graph_run(GpuGPT2* g, cudaGraphExec_t* exec, void (*work)(GpuGPT2*, const void*), const void* arg) {
+    if (!g->graphs) {
+        work(g, arg);
+        return;
+    }
+    if (!*exec) {
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+        work(g, arg);
+        CUDA_CHECK(cudaStreamEndCapture(g->stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    CUDA_CHECK(cudaGraphLaunch(*exec, g->stream));
+}
+
+static void gpu_micro_batch_work(GpuGPT2* g, const void* arg) {
+    const MicroBatchShape* mb = (const MicroBatchShape*)arg;
+    gpu_forward_run(g, mb->B, mb->T, 1, mb->dloss);
+    gpu_backward(g);
+}
+
+/* A training micro-batch whose tokens gpu_tokens_upload has sent: forward
+ * with the loss scale dloss, then backward (captured and replayed under
+ * graphs). */
+static void gpu_micro_batch(GpuGPT2* g, int B, int T, float dloss) {
+    MicroBatchShape mb;
+    memset(&mb, 0, sizeof(mb)); /* (memcmp'd) */
+    mb.B = B;
+    mb.T = T;
+    mb.dloss = dloss;
+    if (g->graph_micro) ALWAYS(!memcmp(&mb, &g->graph_micro_shape, sizeof(mb)));
+    g->graph_micro_shape = mb;
+    gpu_graph_run(g, &g->graph_micro, gpu_micro_batch_work, &mb);
+    g->last_B = B; /* (what the forward's host code sets; a replay runs no host code) */
+    g->last_T = T;
+    g->has_targets = 1;
+}
+
+static void gpu_update_work(GpuGPT2* g, const void* arg) {
+    const UpdateShape* u = (const UpdateShape*)arg;
+    gpu_grad_norm_run(g);
+    gpu_update_run(g, u->opt, u->max_norm, u->micro_batches);
+}
+
+/* One GPU: the norm and the update, gated on the device (update_gate_kernel),
+ * so the host launches it right after the backward without waiting; then
+ * waits for the step and returns the norm before clipping, with the mean
+ * loss in *loss. */
+static double gpu_update_gated(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed,
+                               int micro_batches, double* loss) {
+    UpdateShape u;
+    memset(&u, 0, sizeof(u));
+    u.opt = opt;
+    u.max_norm = max_norm;
+    u.micro_batches = micro_batches;
+    if (g->graph_update) ALWAYS(!memcmp(&u, &g->graph_update_shape, sizeof(u)));
+    g->graph_update_shape = u;
+    gpu_update_values_set(g, opt, lr, t, seed);
+    gpu_graph_run(g, &g->graph_update, gpu_update_work, &u);
+    CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
+    double norm = gpu_grad_norm_fetch(g);
+    *loss = gpu_losses_fetch(g, micro_batches);
+    return norm;
 }
 
 /* The fp32 master weights into the host model (for samples and checkpoints). */
@@ -3472,6 +3709,13 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
     GpuGPT2* g = dp->g;
     double W = dp->world, norm;
     if (dp->active) CUDA_CHECK(cudaStreamWaitEvent(g->stream, dp->reduced, 0));
+    if (!dp->active && dp->zero == 0 && !(gate && gate->z_max > 0.0)) {
+        /* one GPU and no spike rule: the device decides, the host waits once, at the end */
+        norm = gpu_update_gated(g, opt, lr, t, max_norm, seed, micro_batches, loss);
+        *finite = isfinite(*loss) && isfinite(norm); /* = what update_gate_kernel decided */
+        spike_gate_test(gate, *loss);                  /* (never a spike: sets its outputs) */
+        return norm;
+    }
     if (dp->zero == 0) {
         norm = gpu_grad_norm(g); /* the summed gradient: the same on every rank */
         *loss = gpu_losses_fetch(g, micro_batches);
@@ -3831,6 +4075,7 @@ typedef struct {
     MemoryPlan plan;   /* the memory the plan expects, */
     MemoryHeadroom room; /* the headroom kept beside it, */
     size_t free0;      /* and the free bytes they were checked against */
+    int graphs;        /* CUDA graphs from the second step on (--cuda-graphs 1 where they apply) */
 } GpuTrainState;
 
 /* Release what `st` holds. The pinned host arrays are unpinned on every
@@ -3911,6 +4156,16 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
            "NCCL, cuBLASLt and allocator rounding), %.0f MB free\n",
            ((double)st->free0 - (double)free1) / 1048576.0, memory_plan_total(&st->plan) / 1048576.0, free1 / 1048576.0);
     printf("GELU: %s\n", st->g.gelu_fusion ? "cuBLASLt epilogues" : "own kernels");
+    /* graphs capture one GPU's step; with several ranks the step meets the others' (NCCL in the hooks, the
+     * loss summed on the host) and a spike rule needs the loss on the host before the update */
+    const char* no_graphs = !o->cuda_graphs ? "--cuda-graphs 0"
+                            : st->dp.active ? "several GPUs (not yet captured)"
+                            : o->zero != 0  ? "--zero 1/2 (not yet captured)"
+                            : o->spike_z > 0.0f ? "--spike-z (the host decides each update)" : NULL;
+    st->graphs = no_graphs == NULL;
+    if (no_graphs) printf("CUDA graphs: off (%s)\n", no_graphs);
+    else printf("CUDA graphs: the step captured after the first and replayed (not yet run on a GPU; --cuda-graphs 0 "
+                "turns them off)\n");
     dp_print(&st->dp, host->num_parameters, st->r.grad_accum);
     return 0;
 }
@@ -4037,7 +4292,10 @@ static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, Gpu
  * gpu_train_finish, with the tail shared with train(), after the H200 run;
  * run since through the CPU execution layer (make test-cuda-on-cpu: 11 of
  * 11, an 8-step run with snapshots and saves gives the same lines and model
- * bytes), not yet on a GPU. */
+ * bytes), not yet on a GPU; since, each micro-batch uploads its tokens and
+ * then runs as one piece (gpu_micro_batch) and one GPU's update is gated on
+ * the device, both replayed from CUDA graphs after the first step: the
+ * same model bytes as before on the CPU execution, not yet on a GPU. */
 static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
                            const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
     int start = gpu_train_setup(st, host, o, comm, train_pattern, val_pattern);
@@ -4059,13 +4317,13 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         if (step == r.steps) break;
         /* the step: gradients of grad_accum micro-batches, reduced over the ranks as backward goes; then AdamW */
         double t0 = time_ms();
+        g.graphs = st->graphs && step > start; /* the first step warms up: cuBLASLt's heuristics, kernels loaded */
         dp_zero_grad(&dp);
         for (int micro = 0; micro < r.grad_accum; micro++) {
             if (dataloader_next(&r.train) != 0) return -1;
-            gpu_forward(&g, r.train.inputs, r.train.targets, r.B, r.T,
-                        1.0f / ((float)r.grad_accum * r.B * r.T * world), micro);
+            gpu_tokens_upload(&g, r.train.inputs, r.train.targets, r.B * r.T, micro);
             dp_arm(&dp, micro == r.grad_accum - 1);
-            gpu_backward(&g);
+            gpu_micro_batch(&g, r.B, r.T, 1.0f / ((float)r.grad_accum * r.B * r.T * world));
         }
         dp_backward_done(&dp);
         float lr = (float)lr_at(&r.sched, step);

@@ -64,7 +64,7 @@ typedef struct {
     float spike_z;
     int verbose;
     /* GPU only (train_gpt_cu: train_gpt refuses them, options_cpu_problem) */
-    int gelu_fusion, recompute;
+    int gelu_fusion, recompute, cuda_graphs;
     const char* init;
     double init_timeout, comm_timeout;
     const char* gpu_flag; /* the first GPU-only flag given, or NULL */
@@ -142,6 +142,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
     GPU_OPT("--gelu-fusion", OPT_INT, gelu_fusion, "1", "1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels"),
     GPU_OPT("--recompute", OPT_INT, recompute, "0", "activations backward recomputes instead of keeping them from the forward: 0 = none, 1 = GELU's output, 2 = GELU's and the LayerNorms' outputs, 3 = the whole block (keeps each layer's input only); the loss and weights are bitwise the same at every level (the memory plan printed at start says what each keeps)"),
+    GPU_OPT("--cuda-graphs", OPT_INT, cuda_graphs, "1", "1 = capture the training step (forward, backward, update) in CUDA graphs after the first step and replay them (one GPU, no --spike-z); 0 = launch every kernel each step"),
     GPU_OPT("--init", OPT_STRING, init, "auto", "one process per GPU: how the ranks meet: mpi (a build with MPI, make train_gpt_cu_mpi; under mpirun or srun --mpi=pmix), file:PATH (a path every rank sees) or tcp:HOST:PORT (rank 0's host and a free port), with rank and size from the launcher (Slurm, Open MPI, PMI, or RANK/WORLD_SIZE/LOCAL_RANK) and a run id (GPTC_RUN_ID, or Slurm's job and step); auto = mpi in an MPI build started as several ranks, else one GPU"),
     GPU_OPT("--init-timeout", OPT_DOUBLE, init_timeout, "300", "seconds to wait for every rank at a file: or tcp: rendezvous"),
     GPU_OPT("--comm-timeout", OPT_DOUBLE, comm_timeout, "1800", "several ranks: stop when a wait on a collective lasts this many seconds (a rank hung or died)"),
@@ -315,6 +316,7 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(schedule_parse(o->lr_schedule, &kind) != 0, "--lr-schedule must be cosine, linear, constant or wsd");
     OPTIONS_PROBLEM(o->gelu_fusion != 0 && o->gelu_fusion != 1, "--gelu-fusion must be 0 or 1");
     OPTIONS_PROBLEM(o->recompute < 0 || o->recompute > 3, "--recompute must be 0, 1, 2 or 3");
+    OPTIONS_PROBLEM(o->cuda_graphs != 0 && o->cuda_graphs != 1, "--cuda-graphs must be 0 or 1");
     OPTIONS_PROBLEM(strcmp(o->init, "auto") && strcmp(o->init, "mpi") && strncmp(o->init, "file:", 5) &&
                     strncmp(o->init, "tcp:", 4), "--init must be auto, mpi, file:PATH or tcp:HOST:PORT");
     OPTIONS_PROBLEM(!(o->init_timeout > 0.0), "--init-timeout must be a number of seconds > 0");

@@ -13,13 +13,16 @@
 #      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks,
 #      and an all-reduce captured in a CUDA graph, replayed on 2 ranks;
 #   2. test_gpt_cu_cpu: forward/backward/AdamW against the CPU trainer and
-#      PyTorch, training states (save, resume bit for bit, a GPU state
-#      continued by the CPU trainer);
+#      PyTorch, steps from CUDA graphs, training states (save, resume bit
+#      for bit, a GPU state continued by the CPU trainer); in the background,
+#      beside 3-6 (its check line comes last);
 #   3. every dev/cuda kernel's validation, at awkward sizes;
-#   4. a short training run whose loss falls, and the same run under another
-#      seed of the layer's scheduler (threads, blocks, streams in another
-#      order): its model file must be the same bytes, and so must the
-#      same run at --recompute 3 (the whole block recomputed in backward);
+#   4. a short training run whose loss falls (its steps after the first
+#      replayed from CUDA graphs), and the same run under another seed of
+#      the layer's scheduler (threads, blocks, streams in another order):
+#      its model file must be the same bytes, and so must the same run at
+#      --recompute 3 (the whole block recomputed in backward) and with
+#      --cuda-graphs 0;
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
 #   5b. training states under --zero 1|2 (scripts/test_zero_states.sh, ~90 s):
@@ -64,8 +67,10 @@ run layer_cublaslt ./dev/cuda/cpu/test_cublaslt
 run layer_nccl_over_mpi dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 run layer_graph_nccl timeout 60 $MPIRUN -np 2 ./.cpu/dev/cuda/cpu/test_graph_nccl  # a captured all-reduce replayed on 2 ranks
 
-# ---- 2. test_gpt.cu ------------------------------------------------------------
-run test_gpt_cu ./test_gpt_cu_cpu --binary ./train_gpt_cu_cpu --cpu-binary ./train_gpt
+# ---- 2. test_gpt.cu, in the background: the longest check (a third of the
+# time) runs on one core while the rest runs on the other; its line comes last
+./test_gpt_cu_cpu --binary ./train_gpt_cu_cpu --cpu-binary ./train_gpt > "$LOG/test_gpt_cu.log" 2>&1 &
+TEST_GPT_CU=$!
 
 # ---- 3. the kernel lab -----------------------------------------------------------
 export DEV_CUDA_REPS=2 # timings mean nothing here; the validation is what counts
@@ -114,6 +119,13 @@ check $ok "the same run at --recompute 3 (each layer's forward again in backward
     "$(grep -o 'recompute 3: activations at levels [^;]*' "$LOG/train_recompute3.log")"
 [ $ok = ok ] || tail -n 20 "$LOG/train_recompute3.log"
 
+./train_gpt_cu_cpu $TRAIN --cuda-graphs 0 --output-dir "$LOG/train_nographs" > "$LOG/train_nographs.log" 2>&1
+echo "rc=$?" >> "$LOG/train_nographs.log"
+m0=$LOG/train_nographs/model_00000012.bin
+ok=$([ -s "$m0" ] && cmp -s "$m1" "$m0" && grep -q "CUDA graphs: the step captured" "$LOG/train_seed1.log" && echo ok || echo FAIL)
+check $ok "the same run with --cuda-graphs 0 (every kernel launched each step, not replayed from graphs): the same model bytes"
+[ $ok = ok ] || tail -n 20 "$LOG/train_nographs.log"
+
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
 GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh
 
@@ -144,6 +156,11 @@ else
     check $ok "a rank killed mid-run (SIGKILL at step 3 of 40): the job ends with an error, not a hang" \
         "rc=$rc after $(( $(date +%s) - t0 ))s; $(grep -i -m 1 'signal 9\|killed' "$LOG/killed.log" | cut -c1-90)"
 fi
+
+wait $TEST_GPT_CU
+rc=$?
+check "$([ $rc -eq 0 ] && echo ok || echo FAIL)" test_gpt_cu "$(tail -n 1 "$LOG/test_gpt_cu.log" | cut -c1-100); rc=$rc"
+[ $rc -eq 0 ] || grep '^FAIL' "$LOG/test_gpt_cu.log" | head -n 30
 
 echo "cuda on cpu: $passed passed, $failed failed ($(( $(date +%s) - START ))s)"
 [ $failed -eq 0 ]

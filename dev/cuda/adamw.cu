@@ -45,7 +45,9 @@
 #define ADAMW_EPS 1e-8f
 #define ADAMW_WD 0.1f
 #define ADAMW_STEP 10
-#define ADAMW_SEED 12345u /* the per-step, per-tensor seed adamw_kernel takes */
+#define ADAMW_STEP_SEED 771u /* the step's seed (AdamWStep.seed) */
+#define ADAMW_TENSOR 9u      /* the tensor's number: adamw_kernel rounds with ADAMW_STEP_SEED * 16 + ADAMW_TENSOR, */
+#define ADAMW_SEED (ADAMW_STEP_SEED * 16u + ADAMW_TENSOR) /* = 12345, the seed variants 1 and 3 take */
 
 /* variant 1, first kernel: p, m, v updated in fp32, one thread per element */
 __global__ void adamw_naive_kernel(float* master, const float* grad, float* m, float* v, size_t n, float lr,
@@ -110,6 +112,7 @@ typedef struct {
     floatX* param;                  /* (n) bf16 copy */
     float *master, *grad, *m, *v;   /* (n) fp32 */
     float* norm;                    /* (1) the global gradient norm, on the device */
+    AdamWStep* step;                /* (1) the production kernel's per-step values, on the device */
     float max_norm, bc1, bc2;
 } AdamCtx;
 
@@ -130,9 +133,9 @@ static void run_variant(void* p) {
             ADAMW_WD, c->norm, c->max_norm, ADAMW_SEED);
         KERNEL_CHECK();
     } else { /* 2, and 3 on unaligned pointers */
-        adamw_kernel<<<ceil_div((long long)n, 256), 256>>>(c->param, c->master, c->grad, c->m, c->v, n, ADAMW_LR,
-                                                           ADAMW_B1, ADAMW_B2, c->bc1, c->bc2, ADAMW_EPS, ADAMW_WD,
-                                                           c->norm, c->max_norm, ADAMW_SEED);
+        adamw_kernel<<<ceil_div((long long)n, 256), 256>>>(c->param, c->master, c->grad, c->m, c->v, n, c->step,
+                                                           ADAMW_B1, ADAMW_B2, ADAMW_EPS, ADAMW_WD, c->norm,
+                                                           c->max_norm, ADAMW_TENSOR);
         KERNEL_CHECK();
     }
 }
@@ -211,6 +214,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc((void**)&ctx.v, n * sizeof(float)));
     float norm_f = (float)norm;
     ctx.norm = to_device_f32(&norm_f, 1);
+    AdamWStep step = {ADAMW_LR, ctx.bc1, ctx.bc2, ADAMW_STEP_SEED, 1};
+    CUDA_CHECK(cudaMalloc((void**)&ctx.step, sizeof(AdamWStep)));
+    CUDA_CHECK(cudaMemcpy(ctx.step, &step, sizeof(AdamWStep), cudaMemcpyHostToDevice));
 
     /* CPU reference: one tensor as a model whose first tensor is all of it */
     float* p = xmalloc_floats(n);
@@ -311,7 +317,7 @@ int main(int argc, char** argv) {
     free(ref_param); free(ref_master); free(ref_m); free(ref_v);
     free(p0); free(g0); free(m0); free(v0); free(p); free(g); free(m); free(v);
     CUDA_CHECK(cudaFree(ctx.param)); CUDA_CHECK(cudaFree(ctx.master)); CUDA_CHECK(cudaFree(ctx.grad));
-    CUDA_CHECK(cudaFree(ctx.m)); CUDA_CHECK(cudaFree(ctx.v)); CUDA_CHECK(cudaFree(ctx.norm));
+    CUDA_CHECK(cudaFree(ctx.m)); CUDA_CHECK(cudaFree(ctx.v)); CUDA_CHECK(cudaFree(ctx.norm)); CUDA_CHECK(cudaFree(ctx.step));
     printf("%s\n", ok ? "adamw: all variants valid" : "adamw: FAILED");
     return ok ? 0 : 1;
 }

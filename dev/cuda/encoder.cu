@@ -127,6 +127,7 @@ static int encoder_chunks_build(const int* bucket_start, int nb, int* chunk_buck
 
 typedef struct {
     int variant, B, T, C, V, num_buckets;
+    int* num_buckets_dev;                                     /* (1) the same, where the production kernel reads it */
     int num_chunks, num_long;
     int *chunk_bucket, *chunk_start;                          /* (B*T) at most: variant 3's chunks */
     int *long_bucket, *long_first_chunk, *long_num_chunks;    /* (B*T) at most: its buckets of several chunks */
@@ -170,8 +171,9 @@ static void run_backward(void* p) {
         encoder_backward_wpe_kernel<<<ceil_div((long long)c->T * c->C, 256), 256>>>(c->dwpe, c->dout, c->B, c->T, c->C);
         KERNEL_CHECK();
     } else { /* as gpu_backward launches them */
-        encoder_backward_wte_kernel<<<c->num_buckets, 256>>>(c->dwte, c->dout, c->bucket_token, c->bucket_start,
-                                                             c->bucket_pos, c->C);
+        int BT = c->B * c->T, max_buckets = BT < c->V ? BT : c->V; /* the fixed grid; blocks past the count return */
+        encoder_backward_wte_kernel<<<max_buckets, 256>>>(c->dwte, c->dout, c->num_buckets_dev, c->bucket_token,
+                                                          c->bucket_start, c->bucket_pos, c->C);
         KERNEL_CHECK();
         encoder_backward_wpe_kernel<<<ceil_div((long long)c->T * c->C, 256), 256>>>(c->dwpe, c->dout, c->B, c->T, c->C);
         KERNEL_CHECK();
@@ -203,6 +205,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc((void**)&ctx.dwpe, (size_t)T * C * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.inp, (size_t)BT * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.bucket_token, (size_t)BT * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&ctx.num_buckets_dev, sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.bucket_start, (size_t)(BT + 1) * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.bucket_pos, (size_t)BT * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.chunk_bucket, (size_t)BT * sizeof(int)));
@@ -244,6 +247,7 @@ int main(int argc, char** argv) {
         for (int b = 0; b < nb; b++)
             if (bucket_start[b + 1] - bucket_start[b] > longest) longest = bucket_start[b + 1] - bucket_start[b];
         ctx.num_buckets = nb;
+        CUDA_CHECK(cudaMemcpy(ctx.num_buckets_dev, &nb, sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(ctx.bucket_token, bucket_token, (size_t)nb * sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(ctx.bucket_start, bucket_start, (size_t)(nb + 1) * sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(ctx.bucket_pos, bucket_pos, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice));
@@ -327,7 +331,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaFree(ctx.long_first_chunk)); CUDA_CHECK(cudaFree(ctx.long_num_chunks)); CUDA_CHECK(cudaFree(ctx.partial));
     CUDA_CHECK(cudaFree(ctx.wte)); CUDA_CHECK(cudaFree(ctx.wpe)); CUDA_CHECK(cudaFree(ctx.dout));
     CUDA_CHECK(cudaFree(ctx.out)); CUDA_CHECK(cudaFree(ctx.dwte)); CUDA_CHECK(cudaFree(ctx.dwpe));
-    CUDA_CHECK(cudaFree(ctx.inp)); CUDA_CHECK(cudaFree(ctx.bucket_token)); CUDA_CHECK(cudaFree(ctx.bucket_start));
+    CUDA_CHECK(cudaFree(ctx.inp)); CUDA_CHECK(cudaFree(ctx.num_buckets_dev)); CUDA_CHECK(cudaFree(ctx.bucket_token)); CUDA_CHECK(cudaFree(ctx.bucket_start));
     CUDA_CHECK(cudaFree(ctx.bucket_pos));
     return ok ? 0 : 1;
 }

@@ -11,11 +11,13 @@
  * Variants (forward and backward alike):
  *   1  naive: the textbook form 0.5 x (1 + tanh u) with tanhf (Hendrycks &
  *      Gimpel 2016, eq. for the tanh approximation), one thread per element
- *   2  production: gelu_forward_gpu / gelu_backward_gpu from train_gpt.cu
- *      (one thread per element, the sigmoid form x / (1 + exp(-2u)))
- *   3  vectorised: 8 bf16 per thread, one 16-byte load per input and one
- *      16-byte store (Pack8 from train_gpt.cu), the last N % 8 one at a time;
- *      the production formula, so bit for bit variant 2 (checked)
+ *   2  one element per thread: train_gpt.cu's gelu_forward_kernel /
+ *      gelu_backward_kernel (the sigmoid form x / (1 + exp(-2u))), the
+ *      production fallback for unaligned pointers
+ *   3  production: gelu_forward_gpu / gelu_backward_gpu from train_gpt.cu,
+ *      8 bf16 per thread, one 16-byte load per input and one 16-byte store
+ *      (Pack8), the last N % 8 one at a time; the same formula, so bit for
+ *      bit variant 2 (checked)
  * The backward runs in place (dinp == dout), as train_gpt.cu calls it.
  * Bytes moved: forward 2 x N x 2, backward 3 x N x 2.
  *
@@ -48,48 +50,6 @@ __global__ void gelu_backward_naive_kernel(floatX* dinp, const floatX* inp, cons
     dinp[i] = __float2bfloat16(__bfloat162float(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du));
 }
 
-/* variant 3: the production formula (train_gpt.c's sigmoid form: 0.5 (1 +
- * tanh u) = 1 / (1 + exp(-2u))) on 8 elements per thread */
-__device__ __forceinline__ float gelu_sigmoid_form(float x) {
-    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-    return x / (1.0f + expf(-2.0f * u));
-}
-__device__ __forceinline__ float gelu_grad_sigmoid_form(float x, float d) {
-    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-    float s = 1.0f / (1.0f + expf(-2.0f * u));
-    float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-    return d * (s + x * s * (1.0f - s) * 2.0f * du);
-}
-
-__global__ void gelu_forward_vec8_kernel(floatX* out, const floatX* inp, long long N) {
-    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i0 >= N) return;
-    if (i0 + 8 <= N) {
-        Pack8 x = *(const Pack8*)(inp + i0), y; /* 16-byte aligned: the launcher checked */
-        for (int k = 0; k < 8; k++) y.v[k] = __float2bfloat16(gelu_sigmoid_form(__bfloat162float(x.v[k])));
-        *(Pack8*)(out + i0) = y;
-    } else {
-        for (long long i = i0; i < N; i++) out[i] = __float2bfloat16(gelu_sigmoid_form(__bfloat162float(inp[i])));
-    }
-}
-
-/* may be in place (dinp == dout): each thread reads its 8 elements before it writes them */
-__global__ void gelu_backward_vec8_kernel(floatX* dinp, const floatX* inp, const floatX* dout, long long N) {
-    long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i0 >= N) return;
-    if (i0 + 8 <= N) {
-        Pack8 x = *(const Pack8*)(inp + i0), d = *(const Pack8*)(dout + i0), r;
-        for (int k = 0; k < 8; k++)
-            r.v[k] = __float2bfloat16(gelu_grad_sigmoid_form(__bfloat162float(x.v[k]), __bfloat162float(d.v[k])));
-        *(Pack8*)(dinp + i0) = r;
-    } else {
-        for (long long i = i0; i < N; i++)
-            dinp[i] = __float2bfloat16(gelu_grad_sigmoid_form(__bfloat162float(inp[i]), __bfloat162float(dout[i])));
-    }
-}
-
-static int aligned16(const void* p) { return (uintptr_t)p % 16 == 0; }
-
 typedef struct {
     int variant;
     long long N;
@@ -101,10 +61,10 @@ static void run_forward(void* p) {
     if (c->variant == 1) {
         gelu_forward_naive_kernel<<<ceil_div(c->N, 256), 256>>>(c->out, c->inp, c->N);
         KERNEL_CHECK();
-    } else if (c->variant == 3 && aligned16(c->out) && aligned16(c->inp)) {
-        gelu_forward_vec8_kernel<<<ceil_div(ceil_div(c->N, 8), 256), 256>>>(c->out, c->inp, c->N);
+    } else if (c->variant == 2) {
+        gelu_forward_kernel<<<ceil_div(c->N, 256), 256>>>(c->out, c->inp, c->N);
         KERNEL_CHECK();
-    } else { /* 2, and 3 on unaligned pointers */
+    } else { /* 3: production (8 per thread when aligned) */
         gelu_forward_gpu(c->out, c->inp, c->N, 0);
     }
 }
@@ -114,10 +74,10 @@ static void run_backward(void* p) {
     if (c->variant == 1) {
         gelu_backward_naive_kernel<<<ceil_div(c->N, 256), 256>>>(c->grad, c->inp, c->grad, c->N);
         KERNEL_CHECK();
-    } else if (c->variant == 3 && aligned16(c->grad) && aligned16(c->inp)) {
-        gelu_backward_vec8_kernel<<<ceil_div(ceil_div(c->N, 8), 256), 256>>>(c->grad, c->inp, c->grad, c->N);
+    } else if (c->variant == 2) {
+        gelu_backward_kernel<<<ceil_div(c->N, 256), 256>>>(c->grad, c->inp, c->grad, c->N);
         KERNEL_CHECK();
-    } else {
+    } else { /* 3: production */
         gelu_backward_gpu(c->grad, c->inp, c->grad, c->N, 0);
     }
 }
@@ -163,7 +123,9 @@ int main(int argc, char** argv) {
         float* gdx = from_device_bf16(ctx.grad, (size_t)N);
         if (show) {
             printf("variant %d (%s)\n", var,
-                   var == 1 ? "naive, tanhf" : var == 2 ? "production, thread per element" : "vectorised, 8 per thread");
+                   var == 1   ? "naive, tanhf"
+                   : var == 2 ? "thread per element (the unaligned fallback)"
+                              : "production, 8 per thread (16-byte)");
             /* one bf16 rounding (2^-8 relative at most) of an fp32 value whose
              * own error (expf or tanhf against train_gpt.c's exp_fast) is far
              * smaller; atol for the cancellation near gelu'(x) = 0 */
