@@ -37,6 +37,7 @@
  *   gptc/gemm.h       the packed, register-blocked GEMM every matmul runs on
  *   gptc/tokenizer.h  GPT-2's byte-level BPE (with the generated gptc/unicode_tables.h)
  *   gptc/text_data.h  text, folders of .txt and JSONL into token shards
+ *   gptc/safetensors.h  Hugging Face GPT-2 checkpoints in and out (section 2)
  *   gptc/cli.h        the flag table, parsing, usage, checks; what the flags build (section 8)
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
@@ -667,6 +668,10 @@ static int model_file_write(const char* path, const GPT2Config* c, const float* 
     return write_file_atomic(path, chunks, 2);
 }
 
+/* Hugging Face's GPT-2 checkpoints (config.json + model.safetensors), read
+ * into and written from the 16 tensors above: the plumbing is in the header. */
+#include "gptc/safetensors.h" /* defines: hf_is_checkpoint, hf_checkpoint_read, hf_checkpoint_write, model_convert */
+
 /* ------------------------------------------------------------------------ */
 /* 3. Model                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -840,10 +845,14 @@ static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t see
     gpt2_fill_random(model, seed);
 }
 
+/* Load an llm.c model file, or a Hugging Face GPT-2 checkpoint (a folder, or
+ * its model.safetensors): both give the same fp32 parameters. */
 static int gpt2_load(GPT2* model, const char* path) {
     GPT2Config config;
     float* params;
-    if (model_file_read(path, &config, &params) != 0) return -1;
+    int rc = hf_is_checkpoint(path) ? hf_checkpoint_read(path, &config, &params)
+                                    : model_file_read(path, &config, &params);
+    if (rc != 0) return -1;
     gpt2_init_with(model, &config, params);
     return 0;
 }
@@ -2420,6 +2429,11 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* d
            c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters,
            depth_from_name(o->model) ? "random init" : o->model);
     int rc = 0;
+    if (o->convert[0]) { /* --convert: the model in another format, and stop */
+        if (!dist || dist->rank == 0) rc = model_convert(o->convert, c, model.params_memory);
+        gpt2_free(&model);
+        return rc;
+    }
     if (o->steps == 0 && !o->prompt[0]) { /* the untrained model, to compare inits or hand to llm.c/PyTorch */
         if (!dist || dist->rank == 0) {
             char path[4400];

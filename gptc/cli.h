@@ -34,6 +34,7 @@ typedef struct {
     const char* merges;
     const char* data;
     const char* prompt;
+    const char* convert;
     const char* log_file;
     const char* heartbeat;
     /* model shape overrides for a random init from a depth */
@@ -89,9 +90,10 @@ typedef struct {
 static const OptSpec OPTION_SPECS[] = {
     OPT("--train-data", "-i", OPT_STRING, train_data, "data/*_train_*.bin", "training token shards (a file or a quoted glob)"),
     OPT("--val-data", "-j", OPT_STRING, val_data, "", "validation token shards; empty = no validation"),
-    OPT("--model", "-e", OPT_STRING, model, "d12", "llm.c checkpoint to load, or dN for a random GPT-2 of depth N (d12 = 124M, d24, d36, d48)"),
+    OPT("--model", "-e", OPT_STRING, model, "d12", "llm.c checkpoint to load; a Hugging Face GPT-2 folder (config.json + model.safetensors) or its .safetensors file; or dN for a random GPT-2 of depth N (d12 = 124M, d24, d36, d48)"),
     OPT("--output-dir", "-o", OPT_STRING, output_dir, "", "where checkpoints go (created if missing); empty = save nothing"),
     OPT("--data", NULL, OPT_STRING, data, "", "train on a text file, a folder of .txt files or a .jsonl file: tokenized once into <data>.gptc/ beside it; replaces --train-data/--val-data"),
+    OPT("--convert", NULL, OPT_STRING, convert, "", "write --model to this path and exit: NAME.bin = llm.c fp32 model file, else a folder for Hugging Face's config.json + model.safetensors"),
     OPT("--prompt", NULL, OPT_STRING, prompt, "", "generate a continuation of this text with --model and exit (no training)"),
     OPT("--tokenizer", NULL, OPT_STRING, tokenizer, "data/tokenizer/gpt2_tokenizer.bin", "llm.c tokenizer file (decode), for samples"),
     OPT("--merges", NULL, OPT_STRING, merges, "data/tokenizer/gpt2_merges.bin", "BPE merges file (encode), for --data and --prompt"),
