@@ -4,6 +4,7 @@
  *   make test                 # builds and runs this against the committed tiny fixture
  *   ./test_gpt --ref MODEL REF  # also check a reference written by scripts/gpt2_reference.py
  *   ./test_gpt --default-run DIR  # also check what `make train` left in DIR
+ *   ./test_gpt --hf DIR           # only the Hugging Face checks, against scripts/hf_reference.py's DIR
  *
  * What is checked, and against what:
  *   - logits, loss, every parameter gradient and 10 AdamW steps against a
@@ -855,6 +856,341 @@ static void test_cli(void) {
 /* ---------------------------------------------------------------------- */
 /* The cached one-position-at-a-time forward gives the logits of the full
  * forward pass at every position. */
+/* ---------------------------------------------------------------------- */
+/* Hugging Face checkpoints (gptc/safetensors.h)                          */
+/* ---------------------------------------------------------------------- */
+
+/* gpt2_load(path) with stderr caught in a file: its return code, and what
+ * it said in msg (the tests check the words). */
+static int hf_load_said(const char* path, char* msg, size_t cap) {
+    const char* log = tmp_path("hf_stderr.txt");
+    fflush(stderr);
+    int saved = dup(2);
+    FILE* f = fopen(log, "w");
+    CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
+    GPT2 m;
+    int rc = gpt2_load(&m, path);
+    if (rc == 0) gpt2_free(&m);
+    fflush(stderr);
+    CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
+    size_t n = 0;
+    unsigned char* text = read_all(log, &n);
+    n = text && n < cap ? n : (text ? cap - 1 : 0);
+    if (text) memcpy(msg, text, n);
+    while (n > 0 && msg[n - 1] == '\n') n--;
+    msg[n] = '\0';
+    for (size_t i = 0; i < n; i++) if (msg[i] == '\n') msg[i] = '|'; /* one line per check */
+    free(text);
+    return rc;
+}
+
+/* A folder holding config.json (`config`, or a valid one for L=2 C=64 NH=4
+ * maxT=32 V=100 if NULL) and model.safetensors: the 8-byte length of
+ * `header`, the header, then `data_bytes` bytes of `data` (zeros if NULL). */
+static const char* HF_TEST_CONFIG = "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, "
+                                    "\"n_positions\": 32, \"vocab_size\": 100, \"activation_function\": \"gelu_new\"}";
+static const char* hf_bad_folder(const char* config, const char* header, size_t header_len,
+                                 const void* data, size_t data_bytes) {
+    static char dir[600];
+    snprintf(dir, sizeof(dir), "%s/hf_bad", tmpdir);
+    CHECK(mkdir_p(dir) == 0, "cannot make %s", dir);
+    char p[700];
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    if (!config) config = HF_TEST_CONFIG;
+    CHECK(write_bytes(p, config, strlen(config)) == 0, "write %s", p);
+    unsigned char* file = (unsigned char*)xmalloc(8 + header_len + data_bytes);
+    for (int k = 0; k < 8; k++) file[k] = (unsigned char)((unsigned long long)header_len >> (8 * k));
+    memcpy(file + 8, header, header_len);
+    if (data) memcpy(file + 8 + header_len, data, data_bytes);
+    else memset(file + 8 + header_len, 0, data_bytes);
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    CHECK(write_bytes(p, file, 8 + header_len + data_bytes) == 0, "write %s", p);
+    free(file);
+    return dir;
+}
+
+/* ours -> HF -> ours byte for byte, both paths of --model, and every kind of
+ * bad checkpoint refused with its message (no PyTorch needed; make
+ * test-asan runs it under the sanitizers). */
+static void test_hf_files(void) {
+    GPT2Config c;
+    c.num_layers = 2; c.channels = 64; c.num_heads = 4; c.max_seq_len = 32;
+    c.vocab_size = 100; c.padded_vocab_size = 128;
+    GPT2 a, b;
+    gpt2_init_random(&a, &c, 7);
+    const char* ours = tmp_path("hf_ours.bin");
+    const char* again = tmp_path("hf_again.bin");
+    const char* dir = tmp_path("hf_export");
+    CHECK(gpt2_save(&a, ours) == 0, "write %s", ours);
+    check(hf_checkpoint_write(dir, &c, a.params_memory) == 0, "Hugging Face export: config.json + model.safetensors", dir);
+    int loaded = gpt2_load(&b, dir) == 0;
+    check(loaded && memcmp(&b.config, &c, sizeof(c)) == 0, "Hugging Face import: the folder, config V=100 -> Vp=128", "");
+    if (loaded) {
+        check(gpt2_save(&b, again) == 0 && files_equal(ours, again), "ours -> Hugging Face -> ours: the same bytes", again);
+        gpt2_free(&b);
+    }
+    char st[700], msg[4096];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    loaded = gpt2_load(&b, st) == 0;
+    check(loaded && memcmp(b.params_memory, a.params_memory, a.num_parameters * 4) == 0,
+          "Hugging Face import: the .safetensors file, config.json beside it", "");
+    if (loaded) gpt2_free(&b);
+
+    /* the trainer: --convert both ways, through the command line */
+    char cmd[2400], out[8192];
+    snprintf(cmd, sizeof(cmd), "./train_gpt --model %s --convert %s/hf_cli && ./train_gpt --model %s/hf_cli --convert %s/hf_cli.bin",
+             ours, tmpdir, tmpdir, tmpdir);
+    int rc = run_capture(cmd, out, sizeof(out));
+    snprintf(cmd, sizeof(cmd), "%s/hf_cli.bin", tmpdir);
+    check(rc == 0 && files_equal(ours, cmd), "train_gpt --convert DIR, then --model DIR --convert X.bin: the same bytes", rc ? out : "");
+
+    /* bad checkpoints, made from the good one: each refused with its words */
+    size_t n = 0;
+    unsigned char* good = read_all(st, &n);
+    uint64_t hlen = 0;
+    for (int k = 7; k >= 0; k--) hlen = hlen << 8 | good[k];
+    char* header = (char*)xmalloc(hlen + 1);
+    memcpy(header, good + 8, hlen);
+    header[hlen] = '\0';
+    const unsigned char* data = good + 8 + hlen;
+    size_t data_bytes = n - 8 - hlen;
+    struct { const char* what; const char* from; const char* to; const char* config; const char* said[2]; } edits[] = {
+        {"a GPT-2 tensor missing (renamed)", "h.1.mlp.c_fc.weight", "h.1.mlp.c_fx.weight", NULL,
+         {"no tensor transformer.h.1.mlp.c_fc.weight", "the file has 28 tensors"}},
+        {"an unsupported dtype", "\"F32\",\"shape\":[64]", "\"I32\",\"shape\":[64]", NULL,
+         {"has dtype I32", "reads F32, F16, BF16 and F64"}},
+        {"shapes not those of config.json", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}",
+         {"transformer.wte.weight has shape [100, 64], config.json (n_embd=32", "implies [100, 32]"}},
+        {"more layers in config.json than in the file", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 3, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}",
+         {"no tensor transformer.h.2.ln_1.weight", "n_layer=3"}},
+        {"config.json of another model", NULL, NULL, "{\"model_type\": \"llama\", \"hidden_size\": 64}",
+         {"model_type is \"llama\", not \"gpt2\"", "GPT-2 checkpoints only"}},
+        {"config.json without n_embd", NULL, NULL,
+         "{\"n_layer\": 2, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}", {"no \"n_embd\"", "GPT2Config"}},
+        {"config.json that is not JSON", NULL, NULL, "{\"n_layer\": 2,, }", {"config.json: not valid JSON at byte", ""}},
+        {"config.json truncated", NULL, NULL, "{\"n_layer\": 2, \"n_embd\": 64", {"not valid JSON", "truncated"}},
+        {"config.json with another GELU", NULL, NULL,
+         "{\"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"activation_function\": \"relu\"}",
+         {"activation_function is \"relu\"", "gelu_new"}},
+        {"config.json with an impossible shape", NULL, NULL,
+         "{\"n_layer\": 2, \"n_embd\": 64, \"n_head\": 5, \"n_positions\": 32, \"vocab_size\": 100}",
+         {"impossible model", "multiple of num_heads"}},
+    };
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        char* h = (char*)xmalloc(hlen + 1);
+        memcpy(h, header, hlen + 1);
+        if (edits[i].from) {
+            char* at = strstr(h, edits[i].from);
+            ALWAYS(at != NULL && strlen(edits[i].from) == strlen(edits[i].to));
+            memcpy(at, edits[i].to, strlen(edits[i].to));
+        }
+        const char* bad = hf_bad_folder(edits[i].config, h, hlen, data, data_bytes);
+        rc = hf_load_said(bad, msg, sizeof(msg));
+        char what[200];
+        snprintf(what, sizeof(what), "bad Hugging Face checkpoint refused, said why: %s", edits[i].what);
+        check(rc == -1 && strstr(msg, edits[i].said[0]) && strstr(msg, edits[i].said[1]), what, msg);
+        free(h);
+    }
+    /* the file cut short, its length field wrong, its header malformed */
+    struct { const char* what; size_t keep; uint64_t len; const char* said[2]; } cuts[] = {
+        {"a file of 5 bytes", 5, 0, {"shorter than the 8-byte header length", "truncated"}},
+        {"the header cut in half", 8 + hlen / 2, 0, {"header length", "runs past the end of the file"}},
+        {"the data cut short", n - 100, 0, {"fall outside the data buffer", "truncated"}},
+        {"a header length past the file end", n, 1ULL << 40, {"header length 1099511627776 runs past the end", "truncated"}},
+        {"a header length of 2^64 - 1", n, 0xFFFFFFFFFFFFFFFFULL, {"header length 18446744073709551615 runs past the end", ""}},
+        {"a header length of 1", n, 1, {"header length 1 is outside 2..100000000 bytes", "not a safetensors file"}},
+    };
+    for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+        const char* bad = hf_bad_folder(NULL, header, hlen, data, data_bytes);
+        unsigned char* copy = (unsigned char*)xmalloc(n);
+        memcpy(copy, good, n);
+        for (int k = 0; cuts[i].len && k < 8; k++) copy[k] = (unsigned char)(cuts[i].len >> (8 * k));
+        char p[700];
+        snprintf(p, sizeof(p), "%s/model.safetensors", bad);
+        CHECK(write_bytes(p, copy, cuts[i].keep) == 0, "write %s", p);
+        free(copy);
+        rc = hf_load_said(bad, msg, sizeof(msg));
+        char what[200];
+        snprintf(what, sizeof(what), "bad Hugging Face checkpoint refused, said why: %s", cuts[i].what);
+        check(rc == -1 && strstr(msg, cuts[i].said[0]) && strstr(msg, cuts[i].said[1]) && strstr(msg, "model.safetensors"),
+              what, msg);
+    }
+    /* headers written by hand: offsets, JSON, nesting */
+    char deep[400];
+    int k = snprintf(deep, sizeof(deep), "{\"__metadata__\":");
+    for (int d = 0; d < 100; d++) deep[k++] = '[';
+    deep[k] = '\0';
+    struct { const char* what; const char* header; size_t data; const char* said[2]; } hand[] = {
+        {"data_offsets overlapping",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, {"tensors a [0, 8] and b [4, 12] overlap", "corrupt"}},
+        {"data_offsets past the data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
+         {"tensor a: data_offsets [0, 16] fall outside the data buffer of 8 bytes", ""}},
+        {"data_offsets reversed", "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8,
+         {"tensor a: data_offsets [8, 0] fall outside", ""}},
+        {"data_offsets not the shape's size", "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+         {"hold 8 bytes, its shape and dtype F32 need 12", ""}},
+        {"a huge shape", "{\"a\":{\"dtype\":\"F32\",\"shape\":[9007199254740992,9007199254740992],\"data_offsets\":[0,8]}}", 8,
+         {"its shape and dtype F32 need", ""}},
+        {"a number too big", "{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}", 8,
+         {"malformed at byte", "whole number below 2^53"}},
+        {"a tensor named twice",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, {"a tensor name appears twice", ""}},
+        {"an entry without offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 8, {"lacks dtype, shape or data_offsets", ""}},
+        {"a header that is not JSON", "{\"a\":{\"dtype\":\"F32\",", 8, {"malformed at byte", "ends early"}},
+        {"a header nested 100 deep", deep, 8, {"malformed", "nested too deep"}},
+        {"another model's names (no wte.weight)",
+         "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"no tensor wte.weight", "the file has 1 tensors: model.embed_tokens.weight"}},
+    };
+    for (size_t i = 0; i < sizeof(hand) / sizeof(hand[0]); i++) {
+        const char* bad = hf_bad_folder(NULL, hand[i].header, strlen(hand[i].header), NULL, hand[i].data);
+        rc = hf_load_said(bad, msg, sizeof(msg));
+        char what[200];
+        snprintf(what, sizeof(what), "bad Hugging Face checkpoint refused, said why: %s", hand[i].what);
+        check(rc == -1 && strstr(msg, hand[i].said[0]) && strstr(msg, hand[i].said[1]), what, msg);
+    }
+    /* a NaN weight; an untied head; a folder without the file */
+    {
+        unsigned char* copy = (unsigned char*)xmalloc(n);
+        memcpy(copy, good, n);
+        float nan_value = NAN;
+        memcpy(copy + 8 + hlen + 40, &nan_value, 4);
+        const char* bad = hf_bad_folder(NULL, header, hlen, copy + 8 + hlen, data_bytes);
+        rc = hf_load_said(bad, msg, sizeof(msg));
+        check(rc == -1 && strstr(msg, "transformer.wte.weight element 10 is nan") && strstr(msg, "non-finite"),
+              "bad Hugging Face checkpoint refused, said why: a NaN weight", msg);
+        free(copy);
+    }
+    {
+        /* lm_head.weight appended as a copy of wte with one value changed */
+        size_t wte_bytes = (size_t)c.vocab_size * c.channels * 4;
+        size_t h2cap = hlen + 200;
+        char* h2 = (char*)xmalloc(h2cap);
+        int len = snprintf(h2, h2cap, "%.*s,\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[100,64],\"data_offsets\":[%zu,%zu]}}",
+                           (int)(strchr(header, '}') ? strrchr(header, '}') - header : 0), header, data_bytes, data_bytes + wte_bytes);
+        unsigned char* d2 = (unsigned char*)xmalloc(data_bytes + wte_bytes);
+        memcpy(d2, data, data_bytes);
+        memcpy(d2 + data_bytes, data, wte_bytes); /* wte comes first in our export */
+        const char* tied = hf_bad_folder(NULL, h2, (size_t)len, d2, data_bytes + wte_bytes);
+        check(hf_load_said(tied, msg, sizeof(msg)) == 0, "Hugging Face import: lm_head.weight equal to wte is accepted (tied)", msg);
+        d2[data_bytes + 4] ^= 1;
+        const char* untied = hf_bad_folder(NULL, h2, (size_t)len, d2, data_bytes + wte_bytes);
+        rc = hf_load_said(untied, msg, sizeof(msg));
+        check(rc == -1 && strstr(msg, "lm_head.weight is not a copy of wte.weight"),
+              "bad Hugging Face checkpoint refused, said why: an untied LM head", msg);
+        free(h2);
+        free(d2);
+    }
+    {
+        char p[700];
+        snprintf(p, sizeof(p), "%s/hf_empty", tmpdir);
+        CHECK(mkdir_p(p) == 0, "mkdir %s", p);
+        rc = hf_load_said(p, msg, sizeof(msg));
+        check(rc == -1 && strstr(msg, "model.safetensors: no such file") && strstr(msg, "config.json"),
+              "bad Hugging Face checkpoint refused, said why: a folder without model.safetensors", msg);
+        snprintf(cmd, sizeof(cmd), "./train_gpt --model %s --convert %s/x.bin", p, tmpdir);
+        rc = run_capture(cmd, out, sizeof(out));
+        int said = rc != 0 && strstr(out, "no such file");
+        check(said, "train_gpt --model with a bad checkpoint exits non-zero, saying why", said ? "" : out);
+    }
+    /* random damage: bytes of the header changed, the file cut anywhere;
+     * each load returns 0 or -1 and the sanitizers see nothing */
+    {
+        Rng rng;
+        rng_init(&rng, 16);
+        int survived = 0, tries = 300;
+        static const char junk[] = " {}[],:\"0123456789eE-.F\\"; /* what JSON is made of */
+        unsigned char* copy = (unsigned char*)xmalloc(n);
+        for (int t = 0; t < tries; t++) {
+            memcpy(copy, good, n);
+            size_t keep = n;
+            if (t % 3 == 2) keep = rng_u32(&rng) % (8 + hlen + 64);
+            else for (int e = 0; e < 1 + t % 4; e++) copy[8 + rng_u32(&rng) % hlen] = (unsigned char)junk[rng_u32(&rng) % (sizeof(junk) - 1)];
+            const char* bad = hf_bad_folder(NULL, "", 0, NULL, 0);
+            char p[700];
+            snprintf(p, sizeof(p), "%s/model.safetensors", bad);
+            CHECK(write_bytes(p, copy, keep) == 0, "write %s", p);
+            rc = hf_load_said(bad, msg, sizeof(msg));
+            survived += rc == 0 || (rc == -1 && strstr(msg, "error: ") != NULL);
+        }
+        free(copy);
+        checkf(survived == tries, "Hugging Face import survives damaged files (each refused with an error, or read)",
+               "%d of %d", survived, tries);
+    }
+    free(header);
+    free(good);
+    gpt2_free(&a);
+}
+
+/* test_gpt --hf DIR: the checkpoints scripts/hf_reference.py wrote into DIR,
+ * imported and run against PyTorch's float64 logits; F16, BF16 and F64
+ * files against their F32 twins; then our export into DIR/export for the
+ * script to read back. */
+static void test_hf_reference(const char* dir) {
+    char p[700];
+    snprintf(p, sizeof(p), "%s/ref.bin", dir);
+    size_t n = 0;
+    unsigned char* ref = read_all(p, &n);
+    int32_t h[256];
+    if (!ref || n < 1024) { check(0, "Hugging Face reference: read", p); free(ref); return; }
+    memcpy(h, ref, sizeof(h));
+    int B = h[2], T = h[3], V = h[4];
+    if (h[0] != 20261130 || h[1] != 1 || B < 1 || T < 1 || V < 1 || n != 1024 + 4ull * B * T + 4ull * B * T * V) {
+        check(0, "Hugging Face reference: its header", p);
+        free(ref);
+        return;
+    }
+    int* x = (int*)xmalloc(4ull * B * T);
+    float* want = xmalloc_floats((size_t)B * T * V);
+    memcpy(x, ref + 1024, 4ull * B * T);
+    memcpy(want, ref + 1024 + 4ull * B * T, 4ull * B * T * V);
+    free(ref);
+    GPT2 m;
+    snprintf(p, sizeof(p), "%s/f32", dir);
+    if (gpt2_load(&m, p) != 0) { check(0, "Hugging Face import: load", p); free(x); free(want); return; }
+    const GPT2Config* c = &m.config;
+    checkf(c->vocab_size == V && c->padded_vocab_size == 128 && c->num_layers == 2 && c->channels == 64,
+           "Hugging Face import: the shape from config.json", "L=%d C=%d NH=%d maxT=%d V=%d Vp=%d", c->num_layers,
+           c->channels, c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size);
+    int pad_zero = 1;
+    for (size_t i = (size_t)V * c->channels; i < (size_t)c->padded_vocab_size * c->channels; i++) pad_zero &= m.params.wte[i] == 0.0f;
+    check(pad_zero, "Hugging Face import: wte padded to Vp with zero rows", "");
+    gpt2_alloc_training(&m, B, T);
+    gpt2_forward(&m, x, NULL, B, T);
+    float* got = xmalloc_floats((size_t)B * T * V);
+    for (size_t bt = 0; bt < (size_t)B * T; bt++)
+        memcpy(got + bt * V, m.acts.logits + bt * c->padded_vocab_size, 4ull * V);
+    check_close("Hugging Face import: logits against PyTorch float64 (Conv1D transposed, names mapped)", got, want,
+                (size_t)B * T * V, 1e-5);
+    /* the same values in other dtypes and names import to the same bits */
+    struct { const char* a; const char* b; const char* what; } twins[] = {
+        {"f64", "f32", "F64 file (transformer.* names) imports as its F32 values"},
+        {"f16", "f16_f32", "F16 file (with a tied lm_head.weight) imports as the exact half values"},
+        {"bf16", "bf16_f32", "BF16 file imports as the exact bfloat16 values"},
+    };
+    for (int i = 0; i < 3; i++) {
+        GPT2 a, b;
+        char pa[700], pb[700];
+        snprintf(pa, sizeof(pa), "%s/%s", dir, twins[i].a);
+        snprintf(pb, sizeof(pb), "%s/%s", dir, twins[i].b);
+        int la = gpt2_load(&a, pa) == 0, lb = gpt2_load(&b, pb) == 0;
+        check(la && lb && a.num_parameters == b.num_parameters &&
+                  memcmp(a.params_memory, b.params_memory, 4 * a.num_parameters) == 0, twins[i].what, "");
+        if (la) gpt2_free(&a);
+        if (lb) gpt2_free(&b);
+    }
+    snprintf(p, sizeof(p), "%s/export", dir);
+    check(hf_checkpoint_write(p, c, m.params_memory) == 0, "Hugging Face export for the script to read back", p);
+    free(got);
+    free(x);
+    free(want);
+    gpt2_free(&m);
+}
+
 static void test_kv_cache(const char* model_path) {
     GPT2 model;
     if (gpt2_load(&model, model_path) != 0) { check(0, "kv cache: load", model_path); return; }
@@ -1822,6 +2158,7 @@ int main(int argc, char** argv) {
     const char* extra_ref = NULL;
     int extra_steps = 1 << 30;
     const char* default_run = NULL;
+    const char* hf_dir = NULL;
     const char* tok_dir_decode = "data/tokenizer/gpt2_tokenizer.bin";
     const char* tok_dir_merges = "data/tokenizer/gpt2_merges.bin";
     for (int i = 1; i < argc; i++) {
@@ -1830,10 +2167,12 @@ int main(int argc, char** argv) {
             extra_ref = argv[++i];
         } else if (!strcmp(argv[i], "--default-run") && i + 1 < argc) {
             default_run = argv[++i];
+        } else if (!strcmp(argv[i], "--hf") && i + 1 < argc) {
+            hf_dir = argv[++i];
         } else if (!strcmp(argv[i], "--ref-steps") && i + 1 < argc) {
             extra_steps = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]] [--default-run DIR]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]] [--default-run DIR] | --hf DIR\n", argv[0]);
             return EXIT_FAILURE;
         }
     }
@@ -1842,6 +2181,15 @@ int main(int argc, char** argv) {
     CHECK(mkdtemp(tmpdir) != NULL, "cannot make a temporary directory: %s", strerror(errno));
     printf("threads: %d; scratch files in %s\n", num_threads(), tmpdir);
 
+    if (hf_dir) { /* only the Hugging Face checks, against scripts/hf_reference.py's DIR */
+        test_hf_files();
+        test_hf_reference(hf_dir);
+        char cmd[600];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
+        printf("%d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    }
     test_the_tester();
     test_gemm();
     test_exp_fast();
@@ -1849,6 +2197,7 @@ int main(int argc, char** argv) {
     test_finite_differences(model);
     test_thread_invariance(model);
     test_model_files(model);
+    test_hf_files();
     test_dataloader();
     test_tokenizer_file();
     test_tokenizer_full_vocab();

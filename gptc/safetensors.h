@@ -418,7 +418,8 @@ static int st_header_read(FILE* f, const char* path, long long fsize, StHeader* 
     }
     {
         /* no two tensors share bytes */
-        SafeTensor** order = (SafeTensor**)xmalloc(sizeof(SafeTensor*) * (size_t)(h->n ? h->n : 1));
+        size_t count = h->n > 0 ? (size_t)h->n : 1;
+        SafeTensor** order = (SafeTensor**)xmalloc(sizeof(SafeTensor*) * count);
         for (int i = 0; i < h->n; i++) order[i] = &h->t[i];
         qsort(order, (size_t)h->n, sizeof(SafeTensor*), st_by_begin);
         const SafeTensor* last = NULL; /* the non-empty tensor reaching furthest so far */
