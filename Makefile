@@ -9,6 +9,7 @@
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
+#   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
@@ -132,6 +133,17 @@ $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
 		--data-seed 42 --out-model $(FIXTURE_124M)/gpt2_124M_model.bin.tmp --out-ref $@.tmp
 	mv $(FIXTURE_124M)/gpt2_124M_model.bin.tmp $(FIXTURE_124M)/gpt2_124M_model.bin
 	mv $@.tmp $@
+
+# Hugging Face checkpoints: scripts/hf_reference.py writes a small GPT-2 as
+# config.json + model.safetensors (F32, F64, F16, BF16) with PyTorch's
+# float64 logits; test_gpt --hf imports each, compares, exports; the script
+# reads the export back (scripts/hf_reference.py's header says what each checks)
+test-hf: train_gpt test_gpt
+	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "error: $(PYTHON) has no torch: apt-get install python3-torch python3-numpy"; exit 1; }
+	rm -rf $(TEST_DIR)/hf
+	$(PYTHON) scripts/hf_reference.py make $(TEST_DIR)/hf
+	./test_gpt --hf $(TEST_DIR)/hf
+	$(PYTHON) scripts/hf_reference.py check $(TEST_DIR)/hf
 
 check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -fsyntax-only $(OPENMP) train_gpt.c

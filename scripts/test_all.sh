@@ -66,6 +66,10 @@ echo "== tokenizer parity with the reference JavaScript tokenizer (committed fix
 stage test_tokenizer ./test_tokenizer --live
 tail -n 1 "$LOGS/test_tokenizer.log"
 
+echo "== Hugging Face GPT-2 checkpoints in and out, against PyTorch float64 (scripts/hf_reference.py, no download)"
+stage test_hf $MAKE_Q test-hf TEST_DIR="$TEST_DIR"
+grep -E '(passed|failed)' "$LOGS/test_hf.log" | tail -n 2
+
 echo "== test_gpt under AddressSanitizer + UBSan (tiny fixture)"
 ASAN_OPTIONS=detect_leaks=1 stage test_gpt_asan ./test_gpt_asan
 grep -v '^ok ' "$LOGS/test_gpt_asan.log" | grep -v '^error: ' || true
