@@ -1808,7 +1808,8 @@ static void test_messages(void) {
                        "--val-every 0 --sample-every 0";
     struct { const char* what; const char* args; const char* expect; } cases[] = {
         {"a folder as --train-data", "-i %s", "is a directory, not a data shard"},
-        {"a folder as --model", "--model %s", "is a directory, not a model file"},
+        /* a folder is read as a Hugging Face checkpoint (gptc/safetensors.h) */
+        {"a folder as --model", "--model %s", "model.safetensors: no such file: a Hugging Face GPT-2 checkpoint folder"},
         {"a folder as --tokenizer (samples on)", "--tokenizer %s --sample-every 1", "is a directory, not a tokenizer"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
