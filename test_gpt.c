@@ -1086,6 +1086,15 @@ static void test_hf_files(void) {
         free(d2);
     }
     {
+        const char* bad = hf_bad_folder(NULL, header, hlen, data, data_bytes);
+        char p[700];
+        snprintf(p, sizeof(p), "%s/config.json", bad);
+        CHECK(truncate(p, 2 << 20) == 0, "truncate %s", p); /* 2 MB: the JSON, then zeros */
+        rc = hf_load_said(bad, msg, sizeof(msg));
+        check(rc == -1 && strstr(msg, "config.json: is 2097152 bytes"),
+              "bad Hugging Face checkpoint refused, said why: a config.json of 2 MB", msg);
+    }
+    {
         char p[700];
         snprintf(p, sizeof(p), "%s/hf_empty", tmpdir);
         CHECK(mkdir_p(p) == 0, "mkdir %s", p);

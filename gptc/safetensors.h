@@ -8,8 +8,9 @@
  * GPT2Config, parameter_sizes, config_problem, round_up, bf16_to_float and
  * model_file_write from there, and the JSON primitives of text_data.h.
  * Defines: hf_is_checkpoint, hf_checkpoint_read, hf_checkpoint_write,
- * model_convert (--convert); beneath them HfConfig and hf_config_read,
- * SafeTensor and st_header_parse (the header), st_read_floats.
+ * model_convert (--convert); beneath them HfConfig and hf_config_read
+ * (config.json), SafeTensor and st_header_read (the header), st_read_floats
+ * (a tensor's values, converted and transposed).
  *
  * The formats, as this file reads and writes them:
  *   model.safetensors (github.com/huggingface/safetensors, "Format"): an
@@ -157,10 +158,17 @@ static const char* hf_config_parse(const char* text, size_t len, HfConfig* h, lo
 #undef HF_CONFIG_FAIL
 }
 
+#define HF_CONFIG_MAX_BYTES (1 << 20) /* GPT-2's config.json is under 1 KB */
+
 /* Read config.json into *out: GPT-2's fields, checked to describe a model
  * this trainer computes (Vp = V rounded up to 128). 0, or -1 after a
  * message naming the file. */
 static int hf_config_read(const char* path, GPT2Config* out) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && sb.st_size > HF_CONFIG_MAX_BYTES) {
+        FILE_ERROR(path, "is %lld bytes; a GPT-2 config.json is under 1 KB: not a config.json", (long long)sb.st_size);
+        return -1;
+    }
     size_t len;
     char* text = file_read_all(path, &len);
     if (!text) {
