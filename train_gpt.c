@@ -13,6 +13,7 @@
  *   ./train_gpt --data my_text.txt --model d4 --channels 192 --num-heads 4   # text in, model out
  *   ./train_gpt --model d12 --train-data "data/fineweb_train_*.bin" --steps 20
  *   ./train_gpt --model out/model.bin --prompt "Once upon a time"
+ *   ./train_gpt --model gpt2_hf --convert gpt2_124M.bin  # a Hugging Face GPT-2 folder in, llm.c's file out
  *   ./train_gpt --help            # every flag with its default
  * It also compiles as C++17 (g++ -x c++), so that train_gpt.cu can #include
  * it for all host-side code.
