@@ -93,6 +93,10 @@ mutant no_barrier_flash_dkv 0 's|^        __syncthreads(); /\* all of P and dS: 
     "flash attention's dK/dV products read other warps' P and dS rows before they are written"
 mutant flash_mask_off_by_one 0 's|^            float p = k0 + c <= i \&\& k0 + c < T ? expf|            float p = k0 + c <= i + 1 \&\& k0 + c < T ? expf|' \
     "flash attention's forward lets each query see the next key"
+mutant loss_slot_ignored 0 's|^    if (threadIdx.x == 0) out\[slot\[0\]\] = acc / N;|    if (threadIdx.x == 0) out[0] = acc / N;|' \
+    "every micro-batch's mean loss lands in slot 0 (the slot read from device memory, as graphs need, ignored)"
+mutant bucket_count_ignored 0 's|^    if (b >= num_buckets\[0\]) return;|    /* mutant */|' \
+    "the encoder backward's fixed grid: the blocks past the step's bucket count do not return"
 mutant no_wait_grads_ready 2 's|^    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->grads_ready, 0));|    /* mutant */|' \
     "ZeRO-2: the communication stream does not wait for the bucket's gradients"
 mutant no_wait_slot_free 2 's|^    CUDA_CHECK(cudaStreamWaitEvent(s, dp->slot_free\[b == dp->L ? 2 : b % 2\], 0));|    /* mutant */|' \
