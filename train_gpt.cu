@@ -284,11 +284,12 @@ static void encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, 
  * them) adds its sum into dwte at once; a token of several chunks (GPT-2's
  * end of text, "the", ",": thousands of the 65,536 positions of a B = 64,
  * T = 1024 micro-batch) writes one partial row per chunk, and a second
- * kernel adds each such token's partials into dwte in chunk order. So no
- * block loops over more than max(ENC_CHUNK, the token's chunk count)
- * rows, where one block per token (the previous production kernel, now
- * dev/cuda/encoder.cu's variant 2) looped over the whole bucket, and the
- * sums keep one fixed order: no atomics, the same bits on every run.
+ * kernel adds each such token's partials into dwte in chunk order. A token
+ * of n positions is then ceil(n / ENC_CHUNK) chunks' work spread over the
+ * blocks, plus one finishing sum of that many rows, where one block per
+ * token (the previous production kernel, now dev/cuda/encoder.cu's
+ * variant 2) looped over all n rows alone; and the sums keep one fixed
+ * order: no atomics, the same bits on every run.
  * Launches are the same for every batch (a captured step, CUDA graphs,
  * replays them): fixed grids (encoder_grids), the counts read from device
  * memory (StepInputs), each block striding over the chunks (or tokens)
@@ -304,7 +305,7 @@ static void encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, 
  * STATUS: not yet run on a GPU (validated on the CPU: dev/cuda/encoder.cu,
  * test_gpt.cu). */
 #define ENC_CHUNK 64         /* positions per chunk */
-#define ENC_BLOCKS_MAX 1024  /* blocks per launch at most (8 per SM of an H200's 132), each striding */
+#define ENC_BLOCKS_MAX 1024  /* blocks per launch at most (about 8 per SM of an H200's 132), each striding */
 
 /* The device side of the chunks (StepInputs carries them, pinned on the host
  * and copied per micro-batch). Chunk k sums the positions
