@@ -33,6 +33,10 @@
  *   - steps of 2 micro-batches launched as gpu_train launches them, the
  *     update gated on the device, and captured in CUDA graphs and replayed:
  *     the same bits as host-decided launches; a replayed NaN step skipped;
+ *   - the encoder backward's chunks (a frequent token summed by several
+ *     blocks): against train_gpt.c's encoder_backward, the bounds that size
+ *     them reached, and captured on uniform tokens then replayed on
+ *     frequent ones: the same bits as plain launches;
  *   - stochastic rounding is unbiased;
  *   - cuBLASLt's cache when full (the last slot's descriptors remade);
  *   - flash attention (G2) forward and backward against train_gpt.c's
@@ -89,6 +93,40 @@ static void test_buckets(void) {
     for (int i = 0; ok && i < 6; i++) ok = start[i] == want_start[i];
     for (int i = 0; ok && i < 10; i++) ok = pos[i] == want_pos[i];
     check(ok, "encoder buckets: tokens ascending, positions ascending within a token", "");
+}
+
+/* The encoder's chunks where they are most: three tokens of ENC_CHUNK + 1
+ * positions each (interleaved), so three tokens of two chunks, and six
+ * partial rows, the bounds of 3 (ENC_CHUNK + 1) positions; and the bounds
+ * of GPT-2 at B = 64, T = 1024 (the figures in train_gpt.cu). */
+static void test_encoder_chunks_host(void) {
+    enum { K1 = ENC_CHUNK + 1, N = 3 * K1, V = 50 };
+    int inp[N], count[V], tok[N], start[N + 1], pos[N];
+    for (int i = 0; i < N; i++) inp[i] = 10 * (i % 3) + 7;
+    int nb = encoder_buckets_build(inp, N, V, count, tok, start, pos);
+    size_t n[NUM_STEP_INPUTS], bytes[NUM_STEP_INPUTS];
+    gpu_step_input_sizes(n, bytes, 1, N, V);
+    EncoderChunks e;
+    int** ep = (int**)&e;
+    for (int i = 0; i < NUM_ENCODER_CHUNKS; i++) ep[i] = (int*)xmalloc(n[2 + i] * sizeof(int));
+    memcpy(e.bucket_pos, pos, sizeof(pos));
+    encoder_chunks_build(e, tok, start, nb, N, V);
+    int ok = nb == 3 && e.num_chunks[0] == 6 && e.num_long[0] == 3 && e.num_long[0] == encoder_max_long(N) &&
+             e.long_slot[3] == encoder_max_partials(N) && e.chunk_start[6] == N;
+    for (int k = 0; ok && k < 6; k++) /* token b's chunks 2b (64 positions) and 2b + 1 (1), partial rows in order */
+        ok = e.chunk_token[k] == 10 * (k / 2) + 7 && e.chunk_start[k] == K1 * (k / 2) + (k % 2) * ENC_CHUNK &&
+             e.chunk_slot[k] == k && e.long_slot[k / 2] == 2 * (k / 2) && e.long_token[k / 2] == 10 * (k / 2) + 7;
+    char d[200];
+    snprintf(d, sizeof(d), "%d chunks, %d tokens of several (bound %d), %d partial rows (bound %d)", e.num_chunks[0],
+             e.num_long[0], encoder_max_long(N), e.long_slot[e.num_long[0]], encoder_max_partials(N));
+    check(ok, "encoder chunks: 3 tokens of ENC_CHUNK + 1 positions reach the bounds on tokens of several chunks and "
+          "partial rows", d);
+    for (int i = 0; i < NUM_ENCODER_CHUNKS; i++) free(ep[i]);
+    int BT = 64 * 1024;
+    snprintf(d, sizeof(d), "chunks <= %d, tokens of several <= %d, partial rows <= %d", encoder_max_chunks(BT, 50257),
+             encoder_max_long(BT), encoder_max_partials(BT));
+    check(ENC_CHUNK == 64 && encoder_max_chunks(BT, 50257) == 1024 + 50257 && encoder_max_long(BT) == 1008 &&
+          encoder_max_partials(BT) == 2016, "encoder chunks: the bounds at B*T = 65536, V = 50257", d);
 }
 
 static void test_mfu_format(void) {
@@ -796,6 +834,135 @@ static void test_graph_steps(const char* model_path, const Reference* ref) {
     gpt2_free(&cpu);
 }
 
+/* The encoder backward's chunks (train_gpt.cu: a token of more than
+ * ENC_CHUNK positions summed by several blocks, its partials added in
+ * order). On a C = 320 model at B = 4, T = 40 (160 positions, so at most
+ * 2 tokens of several chunks), three batches: tokens uniform (every token
+ * one chunk), one token at 9 positions of 10 (144: chunks of 64, 64, 16),
+ * two tokens at 70 positions each (two chunks each). Checked:
+ *   (a) encoder_backward_wte_gpu alone on a random dout against
+ *       train_gpt.c's encoder_backward; captured in a CUDA graph on the
+ *       uniform batch and replayed on the others (the counts change, the
+ *       launches do not): the same bits as its plain launches;
+ *   (b) a whole micro-batch (forward + backward) captured on the uniform
+ *       batch and replayed on the frequent-token one: every gradient the
+ *       same bits as plain launches, wte's against the CPU trainer. */
+typedef struct {
+    float* dwte;
+    const floatX* dout;
+} EncoderTestArgs;
+
+static void encoder_test_work(GpuGPT2* g, const void* arg) {
+    const EncoderTestArgs* a = (const EncoderTestArgs*)arg;
+    encoder_backward_wte_gpu(a->dwte, g->scratch.enc_partial, a->dout, g->dev.enc, g->B * g->T,
+                             g->config.vocab_size, g->config.channels, g->stream);
+}
+
+static void test_encoder_chunks(void) {
+    GPT2Config config = {48, 100, 128, 2, 5, 320}; /* maxT V Vp L NH C */
+    enum { B = 4, T = 40, BT = B * T, NBATCH = 3 };
+    int V = config.vocab_size, C = config.channels;
+    GPT2 cpu;
+    gpt2_init_random(&cpu, &config, 31);
+    Rng rng;
+    rng_init(&rng, 32);
+    static int x[NBATCH][BT], y[BT];
+    for (int i = 0; i < BT; i++) {
+        int r = (int)(rng_u32(&rng) % (uint32_t)V);
+        x[0][i] = r;
+        x[1][i] = i % 10 == 9 ? r : V - 1;            /* 144 x the last token (GPT-2's end of text) */
+        x[2][i] = i < 70 ? 5 : i < 140 ? 6 : r % 5;   /* 70 x 5, 70 x 6 (+ a few of r % 5 < 5) */
+        y[i] = (int)(rng_u32(&rng) % (uint32_t)V);
+    }
+    const char* names[NBATCH] = {"uniform", "one token 9/10", "two tokens 70+"};
+    size_t VC = (size_t)V * C;
+    float* dout = xmalloc_floats((size_t)BT * C); /* (rounded to bf16 by the upload) */
+    float* dwte0 = xmalloc_floats(VC);
+    for (size_t i = 0; i < (size_t)BT * C; i++) dout[i] = 2.0f * rng_uniform(&rng) - 1.0f;
+    for (size_t i = 0; i < VC; i++) dwte0[i] = 2.0f * rng_uniform(&rng) - 1.0f;
+    floatX* d_dout = attn_test_upload(dout, (size_t)BT * C);
+    float* dwpe = xmalloc_floats((size_t)T * C);
+    gpt2_alloc_training(&cpu, B, T);
+    GpuGPT2 g;
+    gpu_model_init(&g, &cpu, B, T, 1);
+    float* d_dwte;
+    CUDA_CHECK(cudaMalloc((void**)&d_dwte, VC * sizeof(float)));
+    EncoderTestArgs args = {d_dwte, d_dout};
+    float* eager[NBATCH];
+    char what[200], detail[200];
+
+    /* (a) plain launches against the CPU, then the graph captured on batch 0 */
+    for (int k = 0; k < NBATCH; k++) {
+        gpu_tokens_upload(&g, x[k], y, BT, 0);
+        int nch = g.host.enc.num_chunks[0], nl = g.host.enc.num_long[0];
+        CUDA_CHECK(cudaMemcpyAsync(d_dwte, dwte0, VC * sizeof(float), cudaMemcpyHostToDevice, g.stream));
+        encoder_test_work(&g, &args);
+        eager[k] = device_to_host(&g, d_dwte, VC, 0);
+        float* want = xmalloc_floats(VC);
+        memcpy(want, dwte0, VC * sizeof(float));
+        memset(dwpe, 0, (size_t)T * C * sizeof(float));
+        encoder_backward(want, dwpe, dout, x[k], B, T, C);
+        snprintf(what, sizeof(what), "encoder chunks, %s (%d distinct tokens, %d chunks, %d tokens of several): "
+                 "dwte vs train_gpt.c's encoder_backward", names[k], g.num_buckets, nch, nl);
+        check_close(what, eager[k], want, VC, 1e-5);
+        if (k > 0) {
+            snprintf(detail, sizeof(detail), "%d tokens of several chunks (%d chunks)", nl, nch);
+            check(nl == k, k == 1 ? "encoder chunks: one token of 144 positions is 3 chunks (the test exercises "
+                  "the partials)" : "encoder chunks: two tokens of 70 positions, two chunks each", detail);
+            if (k == 1) check(nch == g.num_buckets + 2, "encoder chunks: 144 positions = 64 + 64 + 16", detail);
+        }
+        free(want);
+    }
+    g.graphs = 1;
+    cudaGraphExec_t exec = NULL;
+    int order[NBATCH + 1] = {0, 1, 2, 0};
+    int same = 1;
+    for (int j = 0; j < NBATCH + 1; j++) {
+        int k = order[j];
+        gpu_tokens_upload(&g, x[k], y, BT, 0);
+        CUDA_CHECK(cudaMemcpyAsync(d_dwte, dwte0, VC * sizeof(float), cudaMemcpyHostToDevice, g.stream));
+        gpu_graph_run(&g, &exec, encoder_test_work, &args); /* j = 0: captured, then launched */
+        float* got = device_to_host(&g, d_dwte, VC, 0);
+        same &= !memcmp(got, eager[k], VC * sizeof(float));
+        free(got);
+    }
+    check(same, "encoder chunks: captured on uniform tokens, replayed on 1 and 2 frequent tokens (and back): dwte "
+          "bitwise the plain launches'", "");
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    g.graphs = 0;
+
+    /* (b) a whole micro-batch: plain, then replayed from a graph captured on batch 0 */
+    float dloss = 1.0f / BT;
+    gpu_zero_grad(&g);
+    gpu_tokens_upload(&g, x[1], y, BT, 0);
+    gpu_micro_batch(&g, B, T, dloss);
+    float* plain = device_to_host(&g, g.grads_memory, g.num_parameters, 0);
+    g.graphs = 1;
+    gpu_zero_grad(&g);
+    gpu_tokens_upload(&g, x[0], y, BT, 0);
+    gpu_micro_batch(&g, B, T, dloss); /* captured on the uniform batch */
+    gpu_zero_grad(&g);
+    gpu_tokens_upload(&g, x[1], y, BT, 0);
+    gpu_micro_batch(&g, B, T, dloss); /* replayed on the frequent token */
+    float* replayed = device_to_host(&g, g.grads_memory, g.num_parameters, 0);
+    check(!memcmp(plain, replayed, g.num_parameters * sizeof(float)),
+          "encoder chunks: a micro-batch captured on uniform tokens, replayed on one token at 9/10 of the "
+          "positions: every gradient bitwise the plain launches'", "");
+    gpt2_forward(&cpu, x[1], y, B, T);
+    gpt2_zero_grad(&cpu);
+    gpt2_backward(&cpu, 1.0f);
+    check_close("encoder chunks: wte gradient (one token at 9/10 of the positions, replayed) vs CPU", replayed,
+                cpu.grads.wte, g.param_sizes[0], TOL_GRAD);
+    free(plain);
+    free(replayed);
+    for (int k = 0; k < NBATCH; k++) free(eager[k]);
+    CUDA_CHECK(cudaFree(d_dwte));
+    CUDA_CHECK(cudaFree(d_dout));
+    free(dout); free(dwte0); free(dwpe);
+    gpu_model_free(&g);
+    gpt2_free(&cpu);
+}
+
 /* Stochastic rounding: the mean of many roundings of x is x. */
 __global__ void stochastic_rounding_test_kernel(float* out, float x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -946,6 +1113,7 @@ int main(int argc, char** argv) {
     }
     test_the_tester();
     test_buckets();
+    test_encoder_chunks_host();
     test_mfu_format();
     test_lt_decisions(model_path);
     test_memory_check();
@@ -981,6 +1149,7 @@ int main(int argc, char** argv) {
         reference_free(&ref);
     }
     test_forward_backward_wide();
+    test_encoder_chunks();
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

@@ -275,25 +275,118 @@ static void encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, 
     KERNEL_CHECK();
 }
 
-/* Deterministic backward of the token embedding: the host groups the B*T
- * positions by token (a counting sort, ascending positions within a token:
- * see encoder_buckets_build), and one block per distinct token sums its
- * positions' gradients in that fixed order. No atomics, so the result is the
- * same on every run. The grid is fixed (min(B*T, V) blocks, as many as there
- * can be distinct tokens) and the blocks past `*num_buckets` return, so the
- * launch is the same for every batch and a captured step (CUDA graphs)
- * replays it.
- *   dwte[tok] += sum over positions p with inp[p] == tok of dout[p] */
-__global__ void encoder_backward_wte_kernel(float* dwte, const floatX* dout, const int* num_buckets,
-                                            const int* bucket_token, const int* bucket_start, const int* bucket_pos,
-                                            int C) {
-    int b = blockIdx.x;
-    if (b >= num_buckets[0]) return;
-    int tok = bucket_token[b], p0 = bucket_start[b], p1 = bucket_start[b + 1];
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int i = p0; i < p1; i++) acc += __bfloat162float(dout[(size_t)bucket_pos[i] * C + c]);
-        dwte[(size_t)tok * C + c] += acc;
+/* Deterministic backward of the token embedding, spread evenly over blocks.
+ *   dwte[tok] += sum over positions p with inp[p] == tok of dout[p]
+ * The host groups the B*T positions by token (a counting sort, ascending
+ * positions within a token: encoder_buckets_build) and cuts each token's
+ * bucket into chunks of at most ENC_CHUNK positions (encoder_chunks_build).
+ * One block sums a chunk, in position order. A token of one chunk (most of
+ * them) adds its sum into dwte at once; a token of several chunks (GPT-2's
+ * end of text, "the", ",": thousands of the 65,536 positions of a B = 64,
+ * T = 1024 micro-batch) writes one partial row per chunk, and a second
+ * kernel adds each such token's partials into dwte in chunk order. A token
+ * of n positions is then ceil(n / ENC_CHUNK) chunks' work spread over the
+ * blocks, plus one finishing sum of that many rows, where one block per
+ * token (the previous production kernel, now dev/cuda/encoder.cu's
+ * variant 2) looped over all n rows alone; and the sums keep one fixed
+ * order: no atomics, the same bits on every run.
+ * Launches are the same for every batch (a captured step, CUDA graphs,
+ * replays them): fixed grids (encoder_grids), the counts read from device
+ * memory (StepInputs), each block striding over the chunks (or tokens)
+ * past its own; the partial rows are sized for the worst case
+ * (encoder_max_partials). Worst cases, with K = ENC_CHUNK and N = B*T:
+ *   chunks   every chunk but a token's last holds K positions, so
+ *            chunks <= floor(N / K) + distinct tokens <= floor(N / K) + min(N, V),
+ *            and <= N (each holds a position): 51,281 at N = 65,536, V = 50,257;
+ *   tokens of several chunks  each holds >= K + 1 positions: <= floor(N / (K + 1));
+ *   their chunks  a token of n >= K + 1 positions has ceil(n / K) <= 2n / (K + 1)
+ *            chunks (equality at n = K + 1), so <= floor(2N / (K + 1)) partial
+ *            rows: 2,016 at N = 65,536 (6.2 MB of fp32 at C = 768).
+ * STATUS: not yet run on a GPU (validated on the CPU: dev/cuda/encoder.cu,
+ * test_gpt.cu). */
+#define ENC_CHUNK 64         /* positions per chunk */
+#define ENC_BLOCKS_MAX 1024  /* blocks per launch at most (about 8 per SM of an H200's 132), each striding */
+
+/* The device side of the chunks (StepInputs carries them, pinned on the host
+ * and copied per micro-batch). Chunk k sums the positions
+ * bucket_pos[chunk_start[k] .. chunk_start[k + 1]) of token chunk_token[k]
+ * into dwte (chunk_slot[k] < 0) or into partial row chunk_slot[k]; the j-th
+ * token of several chunks, long_token[j], owns partial rows
+ * long_slot[j] .. long_slot[j + 1]. */
+typedef struct {
+    int* bucket_pos;  /* (B*T) positions grouped by token, ascending within one */
+    int* chunk_start; /* (max chunks + 1) */
+    int* chunk_token; /* (max chunks) */
+    int* chunk_slot;  /* (max chunks) partial row, or -1: straight into dwte */
+    int* long_token;  /* (max long) tokens of several chunks, ascending */
+    int* long_slot;   /* (max long + 1) */
+    int* num_chunks;  /* (1) */
+    int* num_long;    /* (1) */
+} EncoderChunks;
+#define NUM_ENCODER_CHUNKS 8
+static_assert(sizeof(EncoderChunks) == NUM_ENCODER_CHUNKS * sizeof(void*), "EncoderChunks must match its table");
+
+static int encoder_max_chunks(int BT, int V) {
+    long long n = (long long)BT / ENC_CHUNK + (BT < V ? BT : V);
+    return (int)(n < BT ? n : BT);
+}
+static int encoder_max_long(int BT) { return BT / (ENC_CHUNK + 1); }
+static int encoder_max_partials(int BT) { return (int)(2LL * BT / (ENC_CHUNK + 1)); }
+
+/* Block c sums chunks c, c + gridDim.x, ...; within a chunk, thread x owns
+ * channels x, x + blockDim.x, ... (each warp reads consecutive bf16 of a row)
+ *   acc[c] = sum over the chunk's positions p, in order, of dout[p][c] */
+__global__ void encoder_backward_wte_chunk_kernel(float* dwte, float* partial, const floatX* dout, EncoderChunks e,
+                                                  int C) {
+    int n = e.num_chunks[0];
+    for (int k = blockIdx.x; k < n; k += gridDim.x) {
+        int p0 = e.chunk_start[k], p1 = e.chunk_start[k + 1], slot = e.chunk_slot[k];
+        float* dst = slot < 0 ? dwte + (size_t)e.chunk_token[k] * C : partial + (size_t)slot * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int i = p0; i < p1; i++) acc += __bfloat162float(dout[(size_t)e.bucket_pos[i] * C + c]);
+            if (slot < 0) dst[c] += acc;
+            else dst[c] = acc;
+        }
+    }
+}
+
+/* Block j sums tokens of several chunks j, j + gridDim.x, ...:
+ *   dwte[tok][c] += sum over its partial rows s, in chunk order, of partial[s][c] */
+__global__ void encoder_backward_wte_finish_kernel(float* dwte, const float* partial, EncoderChunks e, int C) {
+    int n = e.num_long[0];
+    for (int j = blockIdx.x; j < n; j += gridDim.x) {
+        int s0 = e.long_slot[j], s1 = e.long_slot[j + 1];
+        float* dst = dwte + (size_t)e.long_token[j] * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int s = s0; s < s1; s++) acc += partial[(size_t)s * C + c];
+            dst[c] += acc;
+        }
+    }
+}
+
+/* The fixed grids: as many blocks as there can be chunks (tokens of several
+ * chunks), at most ENC_BLOCKS_MAX; 0 finishing blocks when no token can
+ * have several chunks (N <= K). */
+static void encoder_grids(int BT, int V, int* chunk_blocks, int* finish_blocks) {
+    int mc = encoder_max_chunks(BT, V), ml = encoder_max_long(BT);
+    *chunk_blocks = mc < ENC_BLOCKS_MAX ? mc : ENC_BLOCKS_MAX;
+    *finish_blocks = ml < ENC_BLOCKS_MAX ? ml : ENC_BLOCKS_MAX;
+}
+
+/* dwte (V, C) += the token embedding's gradient from dout (B*T, C), with the
+ * chunks `e` that encoder_chunks_build made for this batch and sent to the
+ * device; `partial`: (encoder_max_partials(B*T), C) fp32 scratch. */
+static void encoder_backward_wte_gpu(float* dwte, float* partial, const floatX* dout, EncoderChunks e, int BT, int V,
+                                     int C, cudaStream_t s) {
+    int chunk_blocks, finish_blocks;
+    encoder_grids(BT, V, &chunk_blocks, &finish_blocks);
+    encoder_backward_wte_chunk_kernel<<<chunk_blocks, 256, 0, s>>>(dwte, partial, dout, e, C);
+    KERNEL_CHECK();
+    if (finish_blocks > 0) { /* (depends only on B*T: the same launches for every batch) */
+        encoder_backward_wte_finish_kernel<<<finish_blocks, 256, 0, s>>>(dwte, partial, e, C);
+        KERNEL_CHECK();
     }
 }
 
@@ -327,6 +420,37 @@ static int encoder_buckets_build(const int* inp, int BT, int V, int* count, int*
     bucket_start[nb] = offset;
     for (int i = 0; i < BT; i++) bucket_pos[count[inp[i]]++] = i;
     return nb;
+}
+
+/* ... and the chunks of those `nb` buckets into e's host arrays (all but
+ * bucket_pos, which encoder_buckets_build filled): chunks in bucket order,
+ * so chunk k's positions follow chunk k-1's; partial rows numbered in the
+ * same order. Sets *e.num_chunks and *e.num_long; the bounds above size the
+ * arrays, and a count past one stops here (ALWAYS: it cannot happen). */
+static void encoder_chunks_build(EncoderChunks e, const int* bucket_token, const int* bucket_start, int nb, int BT,
+                                 int V) {
+    int nch = 0, nl = 0, slots = 0;
+    int max_chunks = encoder_max_chunks(BT, V), max_long = encoder_max_long(BT), max_slots = encoder_max_partials(BT);
+    for (int b = 0; b < nb; b++) {
+        int p0 = bucket_start[b], p1 = bucket_start[b + 1], k = (p1 - p0 + ENC_CHUNK - 1) / ENC_CHUNK;
+        if (k > 1) {
+            ALWAYS(nl < max_long && slots + k <= max_slots);
+            e.long_token[nl] = bucket_token[b];
+            e.long_slot[nl] = slots;
+            nl++;
+        }
+        for (int p = p0; p < p1; p += ENC_CHUNK) {
+            ALWAYS(nch < max_chunks);
+            e.chunk_start[nch] = p;
+            e.chunk_token[nch] = bucket_token[b];
+            e.chunk_slot[nch] = k > 1 ? slots++ : -1;
+            nch++;
+        }
+    }
+    e.chunk_start[nch] = bucket_start[nb];
+    e.long_slot[nl] = slots;
+    e.num_chunks[0] = nch;
+    e.num_long[0] = nl;
 }
 
 /* ---- layernorm ---------------------------------------------------------- */
@@ -2245,7 +2369,7 @@ typedef struct {
 static_assert(sizeof(GpuActivations) == NUM_GPU_ACTIVATIONS * sizeof(void*), "GpuActivations must match its table");
 
 /* Scratch, one layer at a time (forward and backward). */
-#define NUM_GPU_SCRATCH 9
+#define NUM_GPU_SCRATCH 10
 typedef struct {
     floatX* dresidual; /* (B, T, C) */
     floatX* dbt_c;     /* (B, T, C) */
@@ -2255,6 +2379,7 @@ typedef struct {
     float* part;       /* column-sum partials: bias (splits, 4C), LayerNorm (2, blocks, C) */
     float* loss_mean;  /* (max micro-batches) mean loss of each micro-batch */
     float* norm;       /* NORM_BLOCKS + 1: partials, then the norm */
+    float* enc_partial; /* (encoder_max_partials(B*T), C) the encoder backward's partial sums of frequent tokens */
     void* work;        /* one layer's working set of the recomputed activations (gpu_layer_work_sizes), carved
                           as GpuGPT2's `work`; empty at --recompute 0 */
 } GpuScratch;
@@ -2344,8 +2469,8 @@ static void gpu_scratch_sizes(size_t n[NUM_GPU_SCRATCH], size_t bytes[NUM_GPU_SC
     gpu_layer_work_sizes(wn, wb, c, B, T, recompute);
     size_t e[NUM_GPU_SCRATCH] = {BT * C, BT * C, BT * 3 * C, BT * 4 * C, (size_t)B * NH * T,
                                  colsum_part, MAX_MICRO_STEPS, NORM_BLOCKS + 1,
-                                 carve_bytes(wn, wb, NUM_GPU_ACTIVATIONS)};
-    int elem_bytes[NUM_GPU_SCRATCH] = {2, 2, 2, 2, 4, 4, 4, 4, 1};
+                                 (size_t)encoder_max_partials((int)BT) * C, carve_bytes(wn, wb, NUM_GPU_ACTIVATIONS)};
+    int elem_bytes[NUM_GPU_SCRATCH] = {2, 2, 2, 2, 4, 4, 4, 4, 4, 1};
     for (int i = 0; i < NUM_GPU_SCRATCH; i++) {
         n[i] = e[i];
         bytes[i] = elem_bytes[i];
@@ -2366,20 +2491,32 @@ static void carve(void** ptrs, char* mem, const size_t* n, const size_t* bytes, 
 }
 
 /* Host memory the device reads each micro-batch (pinned, so the copies are
- * asynchronous): tokens and the encoder's buckets; and each step, the
- * update's values. `copied` is recorded after the token copies; the host
- * waits on it before refilling. */
+ * asynchronous): tokens and the encoder's chunks with their counts; and
+ * each step, the update's values. `copied` is recorded after the token
+ * copies; the host waits on it before refilling. */
 typedef struct {
     int* inputs;       /* (B*T) */
     int* targets;      /* (B*T) */
-    int* bucket_token; /* (B*T) */
-    int* bucket_start; /* (B*T + 1) */
-    int* bucket_pos;   /* (B*T) */
-    int* num_buckets;  /* (1) distinct tokens: encoder_backward_wte_kernel's blocks with work */
+    EncoderChunks enc; /* NUM_ENCODER_CHUNKS tensors: encoder_backward_wte_gpu's chunks (sizes: gpu_step_input_sizes) */
     int* micro;        /* (1) the micro-batch: the slot of scratch.loss_mean its mean loss goes to */
     AdamWStep* update; /* (1) this step's learning rate, bias corrections, seed, and go-ahead */
 } StepInputs;
-#define NUM_STEP_INPUTS 8
+#define NUM_STEP_INPUTS (4 + NUM_ENCODER_CHUNKS)
+static_assert(sizeof(StepInputs) == NUM_STEP_INPUTS * sizeof(void*), "StepInputs must match its table");
+
+/* StepInputs' table (elements, element bytes), in its order; carved alike
+ * in pinned host memory and on the device. */
+static void gpu_step_input_sizes(size_t n[NUM_STEP_INPUTS], size_t bytes[NUM_STEP_INPUTS], int B, int T, int V) {
+    int BT = B * T;
+    size_t mc = (size_t)encoder_max_chunks(BT, V), ml = (size_t)encoder_max_long(BT);
+    /* inputs, targets; bucket_pos, chunk_start, chunk_token, chunk_slot, long_token, long_slot, num_chunks,
+     * num_long; micro, update */
+    size_t e[NUM_STEP_INPUTS] = {(size_t)BT, (size_t)BT, (size_t)BT, mc + 1, mc, mc, ml, ml + 1, 1, 1, 1, 1};
+    for (int i = 0; i < NUM_STEP_INPUTS; i++) {
+        n[i] = e[i];
+        bytes[i] = i == NUM_STEP_INPUTS - 1 ? sizeof(AdamWStep) : sizeof(int);
+    }
+}
 
 /* What a captured micro-batch (forward + backward) was captured with: a
  * replay does exactly the same. */
@@ -2424,6 +2561,8 @@ typedef struct {
     /* tokens: pinned host copies and device copies */
     StepInputs host, dev;
     int* bucket_count;     /* (V) host scratch for the counting sort */
+    int* bucket_token;     /* (B*T) host: its distinct tokens, ascending */
+    int* bucket_start;     /* (B*T + 1) host: where each token's positions start in bucket_pos */
     int num_buckets;
     cudaEvent_t copied;
     cudaEvent_t update_sent; /* recorded after each update: its values (host.update) have been copied */
@@ -2470,7 +2609,8 @@ static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, size_t work
     p.scratch = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
     p.work = n[NUM_GPU_SCRATCH - 1];
     p.workspace = workspace + ((LT_BIAS_COPY_ELEMS(c) * sizeof(floatX) + 255) & ~(size_t)255); /* + the bias copy */
-    p.tokens = (size_t)B * T * 4 * 5 + 4 * 256;
+    gpu_step_input_sizes(n, bytes, B, T, c->vocab_size);
+    p.tokens = carve_bytes(n, bytes, NUM_STEP_INPUTS);
     return p;
 }
 
@@ -2654,8 +2794,8 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     carve((void**)&g->work, (char*)g->scratch.work, n, bytes, NUM_GPU_ACTIVATIONS);
 
     size_t BT = (size_t)B * T;
-    size_t tn[NUM_STEP_INPUTS] = {BT, BT, BT, BT + 1, BT, 1, 1, 1};
-    size_t tb[NUM_STEP_INPUTS] = {4, 4, 4, 4, 4, 4, 4, sizeof(AdamWStep)};
+    size_t tn[NUM_STEP_INPUTS], tb[NUM_STEP_INPUTS];
+    gpu_step_input_sizes(tn, tb, B, T, c->vocab_size);
     size_t tbytes = carve_bytes(tn, tb, NUM_STEP_INPUTS);
     void* hmem;
     void* dmem;
@@ -2665,6 +2805,8 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     carve((void**)&g->dev, (char*)dmem, tn, tb, NUM_STEP_INPUTS);
     CUDA_CHECK(cudaMallocHost((void**)&g->h_loss_mean, (MAX_MICRO_STEPS + 1) * sizeof(float)));
     g->bucket_count = (int*)xmalloc(sizeof(int) * (size_t)c->vocab_size);
+    g->bucket_token = (int*)xmalloc(sizeof(int) * BT);
+    g->bucket_start = (int*)xmalloc(sizeof(int) * (BT + 1));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(g->copied, g->stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->update_sent, cudaEventDisableTiming));
@@ -2698,13 +2840,16 @@ static void gpu_model_free(GpuGPT2* g) {
     if (g->graph_micro) CUDA_CHECK(cudaGraphExecDestroy(g->graph_micro));
     if (g->graph_update) CUDA_CHECK(cudaGraphExecDestroy(g->graph_update));
     free(g->bucket_count);
+    free(g->bucket_token);
+    free(g->bucket_start);
     lt_free(&g->lt);
     CUDA_CHECK(cudaStreamDestroy(g->stream));
     memset(g, 0, sizeof(*g));
 }
 
-/* Stage micro-batch `micro`'s tokens (and the encoder buckets) and copy
- * them to the device, asynchronously. */
+/* Stage micro-batch `micro`'s tokens (and the encoder's chunks) and copy
+ * them to the device, asynchronously: the arrays up to their counts, and
+ * the counts, which the encoder backward's fixed grids read. */
 static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets, int BT, int micro) {
     int V = g->config.vocab_size;
     for (int i = 0; i < BT; i++) {
@@ -2715,20 +2860,25 @@ static void gpu_tokens_upload(GpuGPT2* g, const int* inputs, const int* targets,
     gpu_wait(NULL, g->copied); /* the previous copies have read the pinned buffers */
     memcpy(g->host.inputs, inputs, sizeof(int) * (size_t)BT);
     if (targets) memcpy(g->host.targets, targets, sizeof(int) * (size_t)BT);
-    g->num_buckets = encoder_buckets_build(inputs, BT, V, g->bucket_count, g->host.bucket_token,
-                                           g->host.bucket_start, g->host.bucket_pos);
-    g->host.num_buckets[0] = g->num_buckets;
+    EncoderChunks h = g->host.enc, d = g->dev.enc;
+    g->num_buckets = encoder_buckets_build(inputs, BT, V, g->bucket_count, g->bucket_token, g->bucket_start,
+                                           h.bucket_pos);
+    encoder_chunks_build(h, g->bucket_token, g->bucket_start, g->num_buckets, g->B * g->T, V);
     g->host.micro[0] = micro;
     cudaStream_t s = g->stream;
+    size_t nch = (size_t)h.num_chunks[0], nl = (size_t)h.num_long[0];
     CUDA_CHECK(cudaMemcpyAsync(g->dev.inputs, g->host.inputs, sizeof(int) * (size_t)BT, cudaMemcpyHostToDevice, s));
     if (targets)
         CUDA_CHECK(cudaMemcpyAsync(g->dev.targets, g->host.targets, sizeof(int) * (size_t)BT, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(g->dev.bucket_token, g->host.bucket_token, sizeof(int) * (size_t)g->num_buckets,
-                               cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(g->dev.bucket_start, g->host.bucket_start, sizeof(int) * (size_t)(g->num_buckets + 1),
-                               cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(g->dev.bucket_pos, g->host.bucket_pos, sizeof(int) * (size_t)BT, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(g->dev.num_buckets, g->host.num_buckets, sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.bucket_pos, h.bucket_pos, sizeof(int) * (size_t)BT, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.chunk_start, h.chunk_start, sizeof(int) * (nch + 1), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.chunk_token, h.chunk_token, sizeof(int) * nch, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.chunk_slot, h.chunk_slot, sizeof(int) * nch, cudaMemcpyHostToDevice, s));
+    if (nl > 0)
+        CUDA_CHECK(cudaMemcpyAsync(d.long_token, h.long_token, sizeof(int) * nl, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.long_slot, h.long_slot, sizeof(int) * (nl + 1), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.num_chunks, h.num_chunks, sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d.num_long, h.num_long, sizeof(int), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(g->dev.micro, g->host.micro, sizeof(int), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaEventRecord(g->copied, s));
 }
@@ -2914,11 +3064,8 @@ static void gpu_backward(GpuGPT2* g) {
                                al.ln1_mean, al.ln1_rstd, N, C, s);
         if (g->grads_end) g->grads_end(g->grads_ctx, l);
     }
-    int max_buckets = (int)(BT < (size_t)cfg->vocab_size ? BT : (size_t)cfg->vocab_size);
-    encoder_backward_wte_kernel<<<max_buckets, 256, 0, s>>>(gr.wte, sc.dresidual, g->dev.num_buckets,
-                                                            g->dev.bucket_token, g->dev.bucket_start,
-                                                            g->dev.bucket_pos, C);
-    KERNEL_CHECK();
+    /* (the grids from g->B * g->T, the allocated size: the same for every batch; not yet run on a GPU) */
+    encoder_backward_wte_gpu(gr.wte, sc.enc_partial, sc.dresidual, g->dev.enc, g->B * g->T, cfg->vocab_size, C, s);
     encoder_backward_wpe_kernel<<<ceil_div((long long)T * C, 256), 256, 0, s>>>(gr.wpe, sc.dresidual, B, T, C);
     KERNEL_CHECK();
     if (g->grads_end) g->grads_end(g->grads_ctx, L);
@@ -3001,8 +3148,8 @@ static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t
  * What a replay cannot change are the launches' arguments: so everything
  * that varies from step to step is read by the kernels from device memory
  * that the host fills before each launch (StepInputs: the tokens, the
- * encoder's buckets and their count, the micro-batch's loss slot, the
- * update's AdamWStep), and the encoder's grid is fixed. Nothing in a
+ * encoder's chunks and their counts, the micro-batch's loss slot, the
+ * update's AdamWStep), and the encoder's grids are fixed. Nothing in a
  * captured piece may wait for the GPU (CUDA refuses it during capture).
  * STATUS: run through the CPU execution layer, which models capture and
  * replay (dev/cuda/cpu/README.md); not yet run on a GPU. */

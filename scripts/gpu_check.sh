@@ -61,7 +61,8 @@ step_describe() {
     kernel_lab) echo "kernel lab: dev/cuda/run_all.sh" ;;
     sanitizer) echo "compute-sanitizer memcheck ./test_gpt_cu (when installed)" ;;
     tests) echo "tests: ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt" ;;
-    bench) echo "benchmark: GPT-2 124M, T=1024, the largest B that fits; GELU in cuBLASLt's epilogue and in our kernel" ;;
+    bench) echo "benchmark: GPT-2 124M, T=1024, the largest B that fits; GELU in cuBLASLt's epilogue and in our kernel;" \
+        "CUDA graphs and plain launches" ;;
     profile) echo "profile: ncu's time of every kernel in one step (B=16), grouped (scripts/ncu_breakdown.py)" ;;
     torch) echo "PyTorch, same model and batch (when torch with CUDA imports)" ;;
     dp_one) echo "data parallel, one GPU: scripts/gpu_check_dp.sh (--zero 1 and 2 as one rank of a one-rank NCCL" \
@@ -118,6 +119,22 @@ step_kernel_lab() {
     grep -E 'FAIL|GB/s|TFLOP/s' "$LOG/dev_cuda.log" | head -60
 }
 
+# The benchmark again at B=$BENCH_B with one flag changed, its median tok/s
+# against the default run's ($GPU_TPS), when the budget allows:
+# bench_rerun SUFFIX WHAT DEFAULT FLAG VALUE
+bench_rerun() {
+    local suffix=$1 what=$2 default=$3 t tps shard=$LOG/bench_train.bin
+    shift 3
+    t=$(step_limit 60 30)
+    [ "$t" -gt 0 ] || { skipped "benchmark with $*"; return; }
+    timeout "$t" ./train_gpt_cu --model d12 --train-data "$shard" --batch-size "$BENCH_B" --seq-len 1024 \
+        --steps "$BENCH_STEPS" --val-every 0 --sample-every 0 --lr 3e-4 "$@" > "$LOG/bench_B${BENCH_B}_$suffix.log" 2>&1
+    tps=$(grep '^step' "$LOG/bench_B${BENCH_B}_$suffix.log" | tail -n +4 | grep -o '[0-9]* tok/s' |
+          awk '{print $1}' | sort -n | awk '{a[NR] = $1} END { if (NR) print a[int((NR + 1) / 2)] }')
+    note "  with $* ($what): ${tps:-FAILED} tok/s$([ -n "$tps" ] &&
+        awk -v a="$tps" -v b="$GPU_TPS" -v d="$default" 'BEGIN { printf " = %.3fx %s", a / b, d }')"
+}
+
 # 4. benchmark: GPT-2 124M (random init), T=1024, no gradient accumulation
 step_bench() {
     local shard=$LOG/bench_train.bin line t B  # (in this run's log folder: two runs never share it)
@@ -139,18 +156,10 @@ step_bench() {
         note "train_gpt_cu: GPT-2 124M B=$BENCH_B T=1024: $GPU_TPS tok/s, MFU $GPU_MFU (median; $(elapsed))"
         grep -E 'memory|device|GELU|cuBLASLt' "$LOG/bench_B$BENCH_B.log"
         tail -n 2 "$LOG/bench_B$BENCH_B.log"
-        # the GELU epilogue's default is decided by measurement: the same run with our GELU kernel
-        t=$(step_limit 60 30)
-        if [ "$t" -gt 0 ]; then
-            local tps0
-            timeout "$t" ./train_gpt_cu --model d12 --train-data "$shard" --batch-size $BENCH_B --seq-len 1024 \
-                --steps "$BENCH_STEPS" --val-every 0 --sample-every 0 --lr 3e-4 --gelu-fusion 0 \
-                > "$LOG/bench_B${BENCH_B}_gelu0.log" 2>&1
-            tps0=$(grep '^step' "$LOG/bench_B${BENCH_B}_gelu0.log" | tail -n +4 | grep -o '[0-9]* tok/s' |
-                   awk '{print $1}' | sort -n | awk '{a[NR] = $1} END { if (NR) print a[int((NR + 1) / 2)] }')
-            note "  with --gelu-fusion 0 (our GELU kernel): ${tps0:-FAILED} tok/s$([ -n "$tps0" ] &&
-                awk -v a="$tps0" -v b="$GPU_TPS" 'BEGIN { printf " = %.3fx the epilogue", a / b }')"
-        fi
+        # defaults decided by measurement: the same run with our GELU kernel (against the
+        # cuBLASLt epilogue), and with plain launches (against CUDA graphs; not yet run on a GPU)
+        bench_rerun gelu0 "our GELU kernel" "the epilogue" --gelu-fusion 0
+        bench_rerun graphs0 "plain launches" "CUDA graphs" --cuda-graphs 0
     elif [ "$(step_limit 90 40)" -eq 0 ]; then
         skipped "train_gpt_cu benchmark"
     else

@@ -14,16 +14,20 @@
  * Variants, backward:
  *   1  naive: one thread per (position, channel), atomicAdd into dwte and
  *      dwpe (not deterministic: the order of the additions varies per run)
- *   2  production: train_gpt.cu's deterministic pair: the host groups the
- *      positions by token (encoder_buckets_build, not timed: it runs on the
- *      host while the GPU works), encoder_backward_wte_kernel sums each
- *      token's bucket in one block, encoder_backward_wpe_kernel sums over b
- *   3  chunked buckets: a bucket longer than ENC_CHUNK positions is cut into
- *      chunks of ENC_CHUNK (on the host, with the buckets), one block per
- *      chunk; a bucket of one chunk adds into dwte at once, the partial sums
- *      of a longer one are added by a second kernel in chunk order (so still
- *      deterministic); the wpe kernel is production's. A frequent token's
- *      bucket then spreads over many blocks instead of one.
+ *   2  one block per token (production until the chunks replaced it): the
+ *      host groups the positions by token (encoder_buckets_build, not
+ *      timed: it runs on the host while the GPU works), one block sums each
+ *      token's bucket (encoder_backward_wte_bucket_kernel, below), the
+ *      grid fixed at min(B*T, V) blocks as under CUDA graphs;
+ *      encoder_backward_wpe_kernel sums over b
+ *   3  production: train_gpt.cu's chunked buckets: a bucket longer than
+ *      ENC_CHUNK positions is cut into chunks of ENC_CHUNK (on the host,
+ *      encoder_chunks_build, not timed), one block per chunk
+ *      (encoder_backward_wte_gpu: fixed grids, blocks striding over the
+ *      chunks); a bucket of one chunk adds into dwte at once, the partial
+ *      sums of a longer one are added by a second kernel in chunk order (so
+ *      still deterministic); the wpe kernel is production's. A frequent
+ *      token's bucket then spreads over many blocks instead of one.
  * Variants 2 and 3 are checked to be deterministic (two runs, the same bits).
  * Each runs on two batches: tokens uniform over the vocabulary, and one where
  * half of the positions hold the same token (the production backward's
@@ -35,7 +39,7 @@
  * Build and run (from the repository root):
  *   make dev/cuda/encoder            (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
  *   ./dev/cuda/encoder               # every variant, B=16 T=1024 C=768 V=50257
- *   ./dev/cuda/encoder 2             # only the production variants
+ *   ./dev/cuda/encoder 3             # only variant 3 (the production backward; the forwards are 1 and 2)
  *   ./dev/cuda/encoder 0 3 7 20 11   # every variant at B=3 T=7 C=20 V=11 (C % 8 != 0: one channel per thread)
  */
 #define GPTC_NO_MAIN
@@ -63,75 +67,29 @@ __global__ void encoder_backward_naive_kernel(float* dwte, float* dwpe, const fl
     atomicAdd(&dwpe[(size_t)(bt % T) * C + c], d);
 }
 
-/* backward variant 3: the bucket of a frequent token (B*T/2 positions in the
- * second batch below) is one block's serial loop in production; here it is
- * cut into chunks of at most ENC_CHUNK positions, one block each. */
-#define ENC_CHUNK 64
-
-/* One block per chunk: acc(c) = sum over the chunk's positions, in order, of
- * dout[pos][c]. A bucket of one chunk adds acc into dwte[token]; a longer
- * one writes it to partial[chunk] (C floats) for the finishing kernel. */
-__global__ void encoder_backward_wte_chunk_kernel(float* dwte, float* partial, const floatX* dout,
-                                                  const int* chunk_bucket, const int* chunk_start,
-                                                  const int* bucket_token, const int* bucket_start,
-                                                  const int* bucket_pos, int C) {
-    int ch = blockIdx.x, b = chunk_bucket[ch];
-    int p0 = chunk_start[ch], end = bucket_start[b + 1], p1 = p0 + ENC_CHUNK < end ? p0 + ENC_CHUNK : end;
-    int single = end - bucket_start[b] <= ENC_CHUNK;
+/* backward variant 2: one block per distinct token sums its bucket, in
+ * position order; the grid is fixed (min(B*T, V) blocks, as many as there
+ * can be distinct tokens) and the blocks past `*num_buckets` return. A
+ * token of half the positions is one block's serial loop over B*T/2 rows.
+ *   dwte[tok] += sum over positions p with inp[p] == tok of dout[p] */
+__global__ void encoder_backward_wte_bucket_kernel(float* dwte, const floatX* dout, const int* num_buckets,
+                                                   const int* bucket_token, const int* bucket_start,
+                                                   const int* bucket_pos, int C) {
+    int b = blockIdx.x;
+    if (b >= num_buckets[0]) return;
+    int tok = bucket_token[b], p0 = bucket_start[b], p1 = bucket_start[b + 1];
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0.0f;
         for (int i = p0; i < p1; i++) acc += __bfloat162float(dout[(size_t)bucket_pos[i] * C + c]);
-        if (single) dwte[(size_t)bucket_token[b] * C + c] += acc;
-        else partial[(size_t)ch * C + c] = acc;
-    }
-}
-
-/* One block per bucket of several chunks: dwte[token] += the partials of its
- * chunks, in chunk order (the same sum on every run). */
-__global__ void encoder_backward_wte_finish_kernel(float* dwte, const float* partial, const int* long_bucket,
-                                                   const int* long_first_chunk, const int* long_num_chunks,
-                                                   const int* bucket_token, int C) {
-    int lb = blockIdx.x, tok = bucket_token[long_bucket[lb]];
-    int c0 = long_first_chunk[lb], n = long_num_chunks[lb];
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < n; j++) acc += partial[(size_t)(c0 + j) * C + c];
         dwte[(size_t)tok * C + c] += acc;
     }
 }
 
-/* Host: the chunks of the buckets (encoder_buckets_build's): each chunk's
- * bucket and first position, and the buckets longer than one chunk with
- * their first chunk and chunk count. Returns the number of chunks (at most
- * B*T: every chunk holds a position). */
-static int encoder_chunks_build(const int* bucket_start, int nb, int* chunk_bucket, int* chunk_start,
-                                int* long_bucket, int* long_first_chunk, int* long_num_chunks, int* num_long) {
-    int nch = 0, nl = 0;
-    for (int b = 0; b < nb; b++) {
-        int len = bucket_start[b + 1] - bucket_start[b], k = (len + ENC_CHUNK - 1) / ENC_CHUNK;
-        if (k > 1) {
-            long_bucket[nl] = b;
-            long_first_chunk[nl] = nch;
-            long_num_chunks[nl] = k;
-            nl++;
-        }
-        for (int j = 0; j < k; j++) {
-            chunk_bucket[nch] = b;
-            chunk_start[nch] = bucket_start[b] + j * ENC_CHUNK;
-            nch++;
-        }
-    }
-    *num_long = nl;
-    return nch;
-}
-
 typedef struct {
     int variant, B, T, C, V, num_buckets;
-    int* num_buckets_dev;                                     /* (1) the same, where the production kernel reads it */
-    int num_chunks, num_long;
-    int *chunk_bucket, *chunk_start;                          /* (B*T) at most: variant 3's chunks */
-    int *long_bucket, *long_first_chunk, *long_num_chunks;    /* (B*T) at most: its buckets of several chunks */
-    float* partial;                                           /* (B*T, C) at most */
+    int* num_buckets_dev;                         /* (1) the same, where variant 2's kernel reads it */
+    EncoderChunks chunks;                         /* variant 3's, on the device (bucket_pos: the one below) */
+    float* partial;                               /* (encoder_max_partials(B*T), C) variant 3's partial sums */
     int* inp;                                     /* (B*T) tokens */
     int *bucket_token, *bucket_start, *bucket_pos; /* (B*T), (B*T + 1), (B*T): encoder_buckets_build's */
     floatX *wte, *wpe, *out, *dout;               /* (V, C), (T, C), (B*T, C), (B*T, C) */
@@ -157,23 +115,14 @@ static void run_backward(void* p) {
         encoder_backward_naive_kernel<<<ceil_div((long long)BT * c->C, 256), 256>>>(c->dwte, c->dwpe, c->dout, c->inp,
                                                                                     BT, c->T, c->C);
         KERNEL_CHECK();
-    } else if (c->variant == 3) {
-        encoder_backward_wte_chunk_kernel<<<c->num_chunks, 256>>>(c->dwte, c->partial, c->dout, c->chunk_bucket,
-                                                                  c->chunk_start, c->bucket_token, c->bucket_start,
-                                                                  c->bucket_pos, c->C);
-        KERNEL_CHECK();
-        if (c->num_long > 0) {
-            encoder_backward_wte_finish_kernel<<<c->num_long, 256>>>(c->dwte, c->partial, c->long_bucket,
-                                                                     c->long_first_chunk, c->long_num_chunks,
-                                                                     c->bucket_token, c->C);
-            KERNEL_CHECK();
-        }
+    } else if (c->variant == 3) { /* as gpu_backward launches them */
+        encoder_backward_wte_gpu(c->dwte, c->partial, c->dout, c->chunks, BT, c->V, c->C, 0);
         encoder_backward_wpe_kernel<<<ceil_div((long long)c->T * c->C, 256), 256>>>(c->dwpe, c->dout, c->B, c->T, c->C);
         KERNEL_CHECK();
-    } else { /* as gpu_backward launches them */
-        int BT = c->B * c->T, max_buckets = BT < c->V ? BT : c->V; /* the fixed grid; blocks past the count return */
-        encoder_backward_wte_kernel<<<max_buckets, 256>>>(c->dwte, c->dout, c->num_buckets_dev, c->bucket_token,
-                                                          c->bucket_start, c->bucket_pos, c->C);
+    } else {
+        int max_buckets = BT < c->V ? BT : c->V; /* the fixed grid; blocks past the count return */
+        encoder_backward_wte_bucket_kernel<<<max_buckets, 256>>>(c->dwte, c->dout, c->num_buckets_dev,
+                                                                 c->bucket_token, c->bucket_start, c->bucket_pos, c->C);
         KERNEL_CHECK();
         encoder_backward_wpe_kernel<<<ceil_div((long long)c->T * c->C, 256), 256>>>(c->dwpe, c->dout, c->B, c->T, c->C);
         KERNEL_CHECK();
@@ -208,17 +157,24 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc((void**)&ctx.num_buckets_dev, sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.bucket_start, (size_t)(BT + 1) * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&ctx.bucket_pos, (size_t)BT * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.chunk_bucket, (size_t)BT * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.chunk_start, (size_t)BT * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.long_bucket, (size_t)BT * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.long_first_chunk, (size_t)BT * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.long_num_chunks, (size_t)BT * sizeof(int)));
-    CUDA_CHECK(cudaMalloc((void**)&ctx.partial, (size_t)BT * C * sizeof(float)));
-    int* chunk_bucket = (int*)xmalloc((size_t)BT * sizeof(int));
-    int* chunk_start = (int*)xmalloc((size_t)BT * sizeof(int));
-    int* long_bucket = (int*)xmalloc((size_t)BT * sizeof(int));
-    int* long_first_chunk = (int*)xmalloc((size_t)BT * sizeof(int));
-    int* long_num_chunks = (int*)xmalloc((size_t)BT * sizeof(int));
+    /* variant 3's chunks: StepInputs' sizes (gpu_step_input_sizes), here and on the device */
+    size_t en[NUM_STEP_INPUTS], eb[NUM_STEP_INPUTS];
+    gpu_step_input_sizes(en, eb, B, T, V);
+    size_t* cn = en + 2; /* the EncoderChunks entries */
+    EncoderChunks hc;
+    int** hp = (int**)&hc;
+    int** dp = (int**)&ctx.chunks;
+    hp[0] = NULL; /* bucket_pos: the lab's own, below */
+    for (int i = 1; i < NUM_ENCODER_CHUNKS; i++) {
+        hp[i] = (int*)xmalloc(cn[i] * sizeof(int) + 1); /* (long_token has 0 entries when B*T <= ENC_CHUNK) */
+        dp[i] = NULL;
+        if (cn[i]) CUDA_CHECK(cudaMalloc((void**)&dp[i], cn[i] * sizeof(int)));
+    }
+    ctx.chunks.bucket_pos = ctx.bucket_pos;
+    size_t partial_rows = (size_t)encoder_max_partials(BT);
+    if (partial_rows) CUDA_CHECK(cudaMalloc((void**)&ctx.partial, partial_rows * C * sizeof(float)));
+    printf("variant 3's bounds: %zu chunks, %zu tokens of several, %zu partial rows (%.1f MB) at most\n", cn[2],
+           cn[4], partial_rows, partial_rows * C * 4.0 / 1048576.0);
     int* inp = (int*)xmalloc((size_t)BT * sizeof(int));
     int* count = (int*)xmalloc((size_t)V * sizeof(int));
     int* bucket_token = (int*)xmalloc((size_t)BT * sizeof(int));
@@ -251,20 +207,12 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaMemcpy(ctx.bucket_token, bucket_token, (size_t)nb * sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(ctx.bucket_start, bucket_start, (size_t)(nb + 1) * sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(ctx.bucket_pos, bucket_pos, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice));
-        ctx.num_chunks = encoder_chunks_build(bucket_start, nb, chunk_bucket, chunk_start, long_bucket,
-                                              long_first_chunk, long_num_chunks, &ctx.num_long);
-        CUDA_CHECK(cudaMemcpy(ctx.chunk_bucket, chunk_bucket, (size_t)ctx.num_chunks * sizeof(int), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(ctx.chunk_start, chunk_start, (size_t)ctx.num_chunks * sizeof(int), cudaMemcpyHostToDevice));
-        if (ctx.num_long > 0) {
-            CUDA_CHECK(cudaMemcpy(ctx.long_bucket, long_bucket, (size_t)ctx.num_long * sizeof(int), cudaMemcpyHostToDevice));
-            CUDA_CHECK(cudaMemcpy(ctx.long_first_chunk, long_first_chunk, (size_t)ctx.num_long * sizeof(int),
-                                  cudaMemcpyHostToDevice));
-            CUDA_CHECK(cudaMemcpy(ctx.long_num_chunks, long_num_chunks, (size_t)ctx.num_long * sizeof(int),
-                                  cudaMemcpyHostToDevice));
-        }
+        encoder_chunks_build(hc, bucket_token, bucket_start, nb, BT, V);
+        for (int i = 1; i < NUM_ENCODER_CHUNKS; i++) /* (all of each array: the lab does not time the copies) */
+            if (cn[i]) CUDA_CHECK(cudaMemcpy(dp[i], hp[i], cn[i] * sizeof(int), cudaMemcpyHostToDevice));
         printf("batch %d: %s; %d distinct tokens, the longest bucket %d positions (%d chunks of <= %d; %d buckets of "
                "several)\n", batch + 1, batch == 0 ? "tokens uniform over the vocabulary" : "half of the positions one token",
-               nb, longest, ctx.num_chunks, ENC_CHUNK, ctx.num_long);
+               nb, longest, hc.num_chunks[0], ENC_CHUNK, hc.num_long[0]);
 
         /* CPU references */
         encoder_forward(out, inp, wte, wpe, B, T, C);
@@ -292,7 +240,7 @@ int main(int argc, char** argv) {
                 print_timing(name, time_kernel(&flush, 20, run_forward, &ctx), fwd_bytes, peak);
             }
             printf("backward variant %d, batch %d (%s)\n", var, batch + 1,
-                   var == 1 ? "naive, atomicAdd" : var == 2 ? "production, token buckets" : "chunked token buckets");
+                   var == 1 ? "naive, atomicAdd" : var == 2 ? "one block per token" : "production, chunked token buckets");
             CUDA_CHECK(cudaMemcpy(ctx.dwte, dwte0, (size_t)V * C * sizeof(float), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(ctx.dwpe, dwpe0, (size_t)T * C * sizeof(float), cudaMemcpyHostToDevice));
             run_backward(&ctx);
@@ -326,9 +274,11 @@ int main(int argc, char** argv) {
     printf("%s\n", ok ? "encoder: all variants valid" : "encoder: FAILED");
     free(wte); free(wpe); free(dout); free(dwte0); free(dwpe0); free(inp); free(count);
     free(bucket_token); free(bucket_start); free(bucket_pos); free(out); free(dwte); free(dwpe);
-    free(chunk_bucket); free(chunk_start); free(long_bucket); free(long_first_chunk); free(long_num_chunks);
-    CUDA_CHECK(cudaFree(ctx.chunk_bucket)); CUDA_CHECK(cudaFree(ctx.chunk_start)); CUDA_CHECK(cudaFree(ctx.long_bucket));
-    CUDA_CHECK(cudaFree(ctx.long_first_chunk)); CUDA_CHECK(cudaFree(ctx.long_num_chunks)); CUDA_CHECK(cudaFree(ctx.partial));
+    for (int i = 1; i < NUM_ENCODER_CHUNKS; i++) {
+        free(hp[i]);
+        if (dp[i]) CUDA_CHECK(cudaFree(dp[i]));
+    }
+    if (ctx.partial) CUDA_CHECK(cudaFree(ctx.partial));
     CUDA_CHECK(cudaFree(ctx.wte)); CUDA_CHECK(cudaFree(ctx.wpe)); CUDA_CHECK(cudaFree(ctx.dout));
     CUDA_CHECK(cudaFree(ctx.out)); CUDA_CHECK(cudaFree(ctx.dwte)); CUDA_CHECK(cudaFree(ctx.dwpe));
     CUDA_CHECK(cudaFree(ctx.inp)); CUDA_CHECK(cudaFree(ctx.num_buckets_dev)); CUDA_CHECK(cudaFree(ctx.bucket_token)); CUDA_CHECK(cudaFree(ctx.bucket_start));
