@@ -95,8 +95,8 @@ mutant flash_mask_off_by_one 0 's|^            float p = k0 + c <= i \&\& k0 + c
     "flash attention's forward lets each query see the next key"
 mutant loss_slot_ignored 0 's|^    if (threadIdx.x == 0) out\[slot\[0\]\] = acc / N;|    if (threadIdx.x == 0) out[0] = acc / N;|' \
     "every micro-batch's mean loss lands in slot 0 (the slot read from device memory, as graphs need, ignored)"
-mutant bucket_count_ignored 0 's|^    if (b >= num_buckets\[0\]) return;|    /* mutant */|' \
-    "the encoder backward's fixed grid: the blocks past the step's bucket count do not return"
+mutant chunk_count_off_by_one 0 's|^    int n = e.num_chunks\[0\];|    int n = e.num_chunks[0] + 1; /* mutant */|' \
+    "the encoder backward's fixed grid works one chunk past the step's count (read from device memory, as graphs need)"
 mutant no_wait_grads_ready 2 's|^    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->grads_ready, 0));|    /* mutant */|' \
     "ZeRO-2: the communication stream does not wait for the bucket's gradients"
 mutant no_wait_slot_free 2 's|^    CUDA_CHECK(cudaStreamWaitEvent(s, dp->slot_free\[b == dp->L ? 2 : b % 2\], 0));|    /* mutant */|' \
