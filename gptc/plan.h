@@ -225,7 +225,9 @@ static void plan_after_setup(const Dist* d) {
 
 /* --plan-check 1, at the end of a run: the ledger against the plan, byte
  * for byte (each component after setup, and the peak), on every rank, and
- * the peak resident memory against the plan's. 0, or -1 after a message. */
+ * the peak resident memory against the plan's. 0, or -1 after a message.
+ * GPTC_INJECT_PLAN_ERROR=k (a component's index) plants one wrong byte in
+ * the plan, which the check must catch (scripts/test_plan.sh). */
 static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const GPT2* model) {
     PlanKnobs k = plan_knobs(&model->config, o, r->B, d->rank, d->world, d->zero);
     k.loaders = r->use_val ? 2 : 1;
@@ -237,6 +239,8 @@ static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const 
     }
     MemoryPlan p;
     memory_plan(&p, &k);
+    const char* plant = getenv("GPTC_INJECT_PLAN_ERROR"); /* test the tester: one byte more in a component */
+    if (plant && atoi(plant) >= 0 && atoi(plant) < MEM_COMPONENTS) p.setup[atoi(plant)] += 1;
     int bad = !ledger.setup_marked;
     for (int m = 0; m < MEM_COMPONENTS; m++)
         if (ledger.setup[m] != p.setup[m]) {
@@ -259,9 +263,10 @@ static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const 
 }
 
 /* --plan: the plan for the flags given, the budget, the candidates; no
- * training. Every rank computes it; rank 0 prints. 0, or -1 when nothing
+ * training. Rank 0 plans for every rank and prints. 0, or -1 when nothing
  * fits (or the flags are wrong). */
 static int plan_run(const Options* o, const Dist* d) {
+    if (d->rank != 0) return 0; /* (rank 0 plans for all of them; its failure stops the job) */
     GPT2Config c;
     int depth = depth_from_name(o->model);
     if (depth) {
