@@ -2321,7 +2321,7 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
 
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
                                the loop's tail (train_run_after_step, train_run_boundary, ...) */
-#include "gptc/plan.h"      /* defines: memory_plan, plan_after_setup, plan_check, plan_run (--plan) */
+#include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_run (--plan) */
 
 /* What each rank holds, and how the ranks share the work. */
 static void train_memory_print(const GPT2* model, const Dist* dist) {

@@ -30,7 +30,7 @@
  * per parameter of the rank's slice, gptc/saver.h) and the tokenizer.
  *
  * Included by train_gpt.c in section 8, after gptc/saver.h. Defines:
- * PlanKnobs, MemoryPlan, memory_plan, plan_after_setup, plan_check, plan_run.
+ * PlanKnobs, CpuMemoryPlan, cpu_memory_plan, plan_after_setup, plan_check, plan_run.
  */
 #ifndef GPTC_PLAN_H
 #define GPTC_PLAN_H
@@ -60,9 +60,9 @@ typedef struct {
     size_t repad;                 /* ZeRO: held while the weights are copied into their padded buffer */
     size_t peak;                  /* the most held at once */
     size_t gemm;                  /* an estimate outside the ledger: one GEMM packing buffer per thread */
-} MemoryPlan;
+} CpuMemoryPlan;
 
-static void memory_plan(MemoryPlan* p, const PlanKnobs* k) {
+static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
     const GPT2Config* c = &k->config;
     memset(p, 0, sizeof(*p));
     Dist d;
@@ -143,9 +143,9 @@ static void plan_shards(const char* pattern, int* shards, long long* max_tokens)
 static size_t plan_peak_over_ranks(PlanKnobs k) {
     size_t worst = 0;
     for (int r = 0; r < k.world; r++) {
-        MemoryPlan p;
+        CpuMemoryPlan p;
         k.rank = r;
-        memory_plan(&p, &k);
+        cpu_memory_plan(&p, &k);
         if (p.peak + p.gemm > worst) worst = p.peak + p.gemm;
     }
     return worst;
@@ -199,7 +199,7 @@ static size_t plan_budget(const char* s, int world, const char** how) {
     return (size_t)(v * scale);
 }
 
-static void plan_print(const MemoryPlan* p, const PlanKnobs* k) {
+static void plan_print(const CpuMemoryPlan* p, const PlanKnobs* k) {
     double mb = 1.0 / (1024.0 * 1024.0);
     printf("memory plan, rank %d of %d (bytes allocated, all of them written at setup or in the first step, so "
            "resident):\n", k->rank, k->world);
@@ -237,8 +237,8 @@ static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const 
         for (int i = 0; i < dl[l]->num_shards; i++)
             if (dl[l]->shard_tokens[i] > k.max_tokens[l]) k.max_tokens[l] = dl[l]->shard_tokens[i];
     }
-    MemoryPlan p;
-    memory_plan(&p, &k);
+    CpuMemoryPlan p;
+    cpu_memory_plan(&p, &k);
     const char* plant = getenv("GPTC_INJECT_PLAN_ERROR"); /* test the tester: one byte more in a component */
     if (plant && atoi(plant) >= 0 && atoi(plant) < MEM_COMPONENTS) p.setup[atoi(plant)] += 1;
     int bad = !ledger.setup_marked;
@@ -305,9 +305,9 @@ static int plan_run(const Options* o, const Dist* d) {
            k.saving ? "" : ", no --output-dir (no saver buffers)");
     if (!k.shards[0])
         printf("data: no shards match %s (yet): the data loader's shard buffers are not counted\n", train);
-    MemoryPlan p;
+    CpuMemoryPlan p;
     k.rank = 0;
-    memory_plan(&p, &k);
+    cpu_memory_plan(&p, &k);
     plan_print(&p, &k);
     size_t need = plan_peak_over_ranks(k);
     printf("budget: %zu bytes (%.1f MB) per rank (%s); this configuration needs %zu (%.1f MB, the largest rank's): %s\n",
