@@ -42,6 +42,7 @@
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/saver.h      snapshots, replicas, saves, resume, rollback, heartbeat        (section 8)
+ *   gptc/plan.h       the memory plan (--plan) the ledger is checked against        (section 8)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
@@ -1620,18 +1621,15 @@ static void dist_allgather_state(const Dist* d, GPT2* model) {
     }
 }
 
-/* Shard geometry, from the config alone (dist_setup_model and the memory
- * plan, gptc/plan.h): each tensor's offset in the flat buffer, one layer's
- * and the head's floats, the shard, this rank's moments [lo, hi) and saved
- * slice [save_lo, save_hi), and the floats of each buffer the mode keeps:
- *   params       P, padded to W x shard under ZeRO (the pad stays zero, so
- *                the all-gather is one call);
- *   grads        P; ZeRO-1 the padded buffer; ZeRO-2 the head's only
- *                (backward writes wte's at both its ends, so they are final
- *                only at the very end);
- *   moments      P each, a shard each under ZeRO;
- *   grad_shard   ZeRO: this rank's summed gradient (shard);
- *   buckets      ZeRO-2: two one-layer buckets. */
+/* Shard geometry from the config alone (dist_setup_model and the memory
+ * plan, gptc/plan.h): tensor offsets in the flat buffer, one layer's and the
+ * head's floats, the shard, this rank's moments [lo, hi) and saved slice
+ * [save_lo, save_hi), and the floats of each buffer the mode keeps: params P,
+ * padded to W x shard under ZeRO (the pad stays zero, so the all-gather is
+ * one call); grads P, ZeRO-1 the padded buffer, ZeRO-2 the head's only
+ * (backward writes wte's at both its ends: final only at the very end);
+ * moments P each, a shard each under ZeRO; ZeRO: grad_shard, this rank's
+ * summed gradient; ZeRO-2: two one-layer buckets. */
 static void dist_geometry(Dist* d, const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS], P = parameter_count(c), W = (size_t)d->world, L = (size_t)c->num_layers;
     parameter_sizes(sizes, c);
@@ -2020,16 +2018,12 @@ static_assert(offsetof(KVCache, logits) - offsetof(KVCache, k) == (NUM_KVCACHE_T
 
 static void kvcache_sizes(size_t s[NUM_KVCACHE_TENSORS], const GPT2Config* c) {
     size_t C = c->channels, L = c->num_layers, maxT = c->max_seq_len;
-    s[0] = L * maxT * C; /* k */
-    s[1] = L * maxT * C; /* v */
-    s[2] = C;            /* x */
-    s[3] = C;            /* ln */
-    s[4] = 2;            /* stats */
-    s[5] = 3 * C;        /* qkv */
-    s[6] = C;            /* y */
-    s[7] = 4 * C;        /* h */
-    s[8] = 4 * C;        /* h2 */
-    s[9] = maxT;         /* scores */
+    s[0] = s[1] = L * maxT * C;  /* k, v */
+    s[2] = s[3] = s[6] = C;      /* x, ln, y */
+    s[4] = 2;                    /* stats */
+    s[5] = 3 * C;                /* qkv */
+    s[7] = s[8] = 4 * C;         /* h, h2 */
+    s[9] = maxT;                 /* scores */
     s[10] = (size_t)c->padded_vocab_size; /* logits */
 }
 
