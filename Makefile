@@ -7,6 +7,7 @@
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
+#   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS (~60 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
@@ -160,6 +161,11 @@ train_gpt_mpi: train_gpt.c $(GPTC_H)
 # 1 process against mpirun -np 2 and -np 3, plain and ZeRO-1 (scripts/test_dp.sh)
 test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 	scripts/test_dp.sh ./train_gpt_mpi
+
+# the memory plan (gptc/plan.h) == the allocation ledger, byte for byte, over a
+# grid of 33 configurations; peak RSS within 3% (scripts/test_plan.sh)
+test-plan: train_gpt train_gpt_mpi
+	scripts/test_plan.sh ./train_gpt ./train_gpt_mpi
 
 # SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
 test-failover: train_gpt train_gpt_mpi
@@ -509,4 +515,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-plan test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean

@@ -1249,6 +1249,58 @@ static void test_kv_cache(const char* model_path) {
     gpt2_free(&model);
 }
 
+/* The memory plan (gptc/plan.h) against the allocation ledger, in process:
+ * a model set up for training as train_setup does it (dist_setup_model,
+ * then gpt2_alloc_training) under --zero 0/1/2 on one process, with awkward
+ * sizes (C = 24, 3 heads, V = 131 padded to 256); the KV cache; and the
+ * ledger back to where it was after everything is freed. (Several ranks,
+ * the loaders, the saver and the peak: scripts/test_plan.sh.) */
+static void test_memory_plan(void) {
+    GPT2Config c = {20, 131, 256, 3, 3, 24};
+    for (int zero = 0; zero <= 2; zero++) {
+        size_t before = ledger.total, was[MEM_COMPONENTS];
+        memcpy(was, ledger.now, sizeof(was));
+        GPT2 model;
+        gpt2_init_random(&model, &c, 5);
+        Dist d;
+        memset(&d, 0, sizeof(d));
+        d.world = 1;
+        d.zero = zero;
+        dist_setup_model(&d, &model);
+        gpt2_alloc_training(&model, 3, 7);
+        PlanKnobs k;
+        memset(&k, 0, sizeof(k));
+        k.config = c;
+        k.B = 3;
+        k.T = 7;
+        k.world = 1;
+        k.zero = zero;
+        CpuMemoryPlan p;
+        cpu_memory_plan(&p, &k);
+        char detail[400] = "";
+        int ok = 1;
+        for (int m = 0; m < MEM_COMPONENTS; m++)
+            if (ledger.now[m] - was[m] != p.setup[m]) {
+                ok = 0;
+                snprintf(detail, sizeof(detail), "%s: ledger %zu bytes, plan %zu", MEM_NAMES[m], ledger.now[m] - was[m],
+                         p.setup[m]);
+            }
+        char what[120];
+        snprintf(what, sizeof(what), "memory plan: the ledger's bytes by component, --zero %d on one process", zero);
+        check(ok, what, detail);
+        gpt2_free(&model);
+        dist_finish(&d, 0);
+        check(ledger.total == before, "memory plan: the ledger is back where it was once all is freed", "");
+    }
+    size_t before = ledger.now[MEM_SAMPLER], sizes[NUM_KVCACHE_TENSORS];
+    KVCache kv;
+    kvcache_init(&kv, &c);
+    kvcache_sizes(sizes, &c);
+    check(ledger.now[MEM_SAMPLER] - before == tensors_floats(sizes, NUM_KVCACHE_TENSORS) * sizeof(float),
+          "memory plan: the KV cache's bytes", "");
+    kvcache_free(&kv);
+}
+
 /* top-k and top-p keep only the most likely tokens */
 static void test_sampler(void) {
     float logits[5] = {0.0f, 3.0f, 1.0f, 2.9f, -1.0f};
@@ -2223,6 +2275,7 @@ int main(int argc, char** argv) {
     test_bad_steps();
     test_disk_full();
     test_kv_cache(model);
+    test_memory_plan();
     test_sampler();
     test_text_documents();
     Tokenizer tok;

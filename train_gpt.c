@@ -35,6 +35,7 @@
  *   8. Training loop     evaluation, samples, logging, train(), main
  * The headers, in the order they are included:
  *   gptc/util.h       checked calls, allocation, timing, file helpers, random numbers
+ *   gptc/ledger.h     the allocation ledger: bytes by component, total, peak (checked by --plan)
  *   gptc/gemm.h       the packed, register-blocked GEMM every matmul runs on
  *   gptc/tokenizer.h  GPT-2's byte-level BPE (with the generated gptc/unicode_tables.h)
  *   gptc/text_data.h  text, folders of .txt and JSONL into token shards
@@ -43,6 +44,7 @@
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/saver.h      snapshots, replicas, saves, resume, rollback, heartbeat        (section 8)
+ *   gptc/plan.h       the memory plan (--plan) the ledger is checked against        (section 8)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fileno, fsync, posix functions under -std=c11 */
@@ -66,6 +68,7 @@
 #endif
 
 #include "gptc/util.h"      /* defines: CHECK, ALWAYS, FILE_ERROR, xmalloc, time_ms, file helpers, Rng */
+#include "gptc/ledger.h"    /* defines: ledger_floats, ledger_malloc, ledger_free: every big allocation, by component */
 #include "gptc/gemm.h"      /* defines: gemm, the packed, register-blocked GEMM every matmul runs on */
 #include "gptc/tokenizer.h" /* defines: Tokenizer, tokenizer_init, tokenizer_encode, tokenizer_decode */
 #include "gptc/text_data.h" /* defines: SHARD_MAGIC, prepare_shards (text, folders, JSONL -> shards) */
@@ -748,11 +751,19 @@ static void backward_sizes(size_t s[NUM_BACKWARD_TENSORS], const GPT2Config* c, 
     s[4] = (size_t)B * NH * T * T;
 }
 
-/* Carve `n` pointers (a struct of float*) out of one allocation. */
-static float* tensors_alloc(float** ptrs, const size_t* sizes, int n, size_t* total_out) {
+/* The floats of `n` tensors carved from one buffer, each rounded up to 16
+ * floats to stay 64B aligned (tensors_alloc and the memory plan). */
+static size_t tensors_floats(const size_t* sizes, int n) {
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15; /* keep each 64B aligned */
-    float* mem = xmalloc_floats(total);
+    for (int i = 0; i < n; i++) total += (sizes[i] + 15) & ~(size_t)15;
+    return total;
+}
+
+/* Carve `n` pointers (a struct of float*) out of one allocation, recorded in
+ * the ledger as `component`. */
+static float* tensors_alloc(MemComponent component, float** ptrs, const size_t* sizes, int n, size_t* total_out) {
+    size_t total = tensors_floats(sizes, n);
+    float* mem = ledger_floats(component, total);
     float* p = mem;
     for (int i = 0; i < n; i++) {
         ptrs[i] = p;
@@ -810,6 +821,7 @@ static void gpt2_init_with(GPT2* model, const GPT2Config* config, float* params)
     model->num_parameters = parameter_count(config);
     model->params_memory = params;
     parameters_point(&model->params, params, config);
+    ledger_record(MEM_PARAMETERS, params, model->num_parameters * sizeof(float));
 }
 
 /* GPT-2's initialisation (Radford et al. 2019, sec. 2.3, and its released
@@ -862,7 +874,9 @@ static int gpt2_save(const GPT2* model, const char* path) {
     return model_file_write(path, &model->config, model->params_memory);
 }
 
-/* Allocate activations for batches up to B x T, gradients and AdamW state. */
+/* Allocate activations for batches up to B x T, gradients and AdamW state
+ * (the gradients and moments of one process: P floats each; under ZeRO,
+ * dist_setup_model, called first, has made its own already). */
 static void gpt2_alloc_training(GPT2* model, int B, int T) {
     ALWAYS(model->acts_memory == NULL);
     ALWAYS(T <= model->config.max_seq_len);
@@ -870,28 +884,32 @@ static void gpt2_alloc_training(GPT2* model, int B, int T) {
     model->seq_len = T;
     size_t sizes[NUM_ACTIVATION_TENSORS > NUM_BACKWARD_TENSORS ? NUM_ACTIVATION_TENSORS : NUM_BACKWARD_TENSORS];
     activation_sizes(sizes, &model->config, B, T);
-    model->acts_memory = tensors_alloc((float**)&model->acts, sizes, NUM_ACTIVATION_TENSORS, &model->num_activations);
+    model->acts_memory = tensors_alloc(MEM_ACTIVATIONS, (float**)&model->acts, sizes, NUM_ACTIVATION_TENSORS,
+                                       &model->num_activations);
     backward_sizes(sizes, &model->config, B, T);
-    model->scratch_memory = tensors_alloc((float**)&model->scratch, sizes, NUM_BACKWARD_TENSORS, &model->num_scratch);
+    model->scratch_memory = tensors_alloc(MEM_SCRATCH, (float**)&model->scratch, sizes, NUM_BACKWARD_TENSORS,
+                                          &model->num_scratch);
+    if (model->grads_memory) return; /* ZeRO's, sharded (section 6) */
     size_t n = model->num_parameters;
-    model->grads_memory = xmalloc_floats(n);
-    /* calloc: the kernel hands out zero pages lazily, so moments that ZeRO-1
-     * replaces by shard-sized ones (dist_setup_model) never take memory */
-    model->m_memory = (float*)calloc(n, sizeof(float));
-    model->v_memory = (float*)calloc(n, sizeof(float));
-    CHECK(model->m_memory && model->v_memory, "out of memory for the AdamW moments (%zu floats each)", n);
+    /* zeroed now, so every page is committed from the start: the memory
+     * plan's bytes are resident bytes (gptc/plan.h) */
+    model->grads_memory = ledger_floats(MEM_GRADIENTS, n);
+    model->m_memory = ledger_floats(MEM_ADAMW, n);
+    model->v_memory = ledger_floats(MEM_ADAMW, n);
+    memset(model->m_memory, 0, n * sizeof(float));
+    memset(model->v_memory, 0, n * sizeof(float));
     memset(model->grads_memory, 0, n * sizeof(float));
     model->num_grads = n;
     parameters_point(&model->grads, model->grads_memory, &model->config);
 }
 
 static void gpt2_free(GPT2* model) {
-    free(model->params_memory);
-    free(model->grads_memory);
-    free(model->m_memory);
-    free(model->v_memory);
-    free(model->acts_memory);
-    free(model->scratch_memory);
+    ledger_free(model->params_memory);
+    ledger_free(model->grads_memory);
+    ledger_free(model->m_memory);
+    ledger_free(model->v_memory);
+    ledger_free(model->acts_memory);
+    ledger_free(model->scratch_memory);
     memset(model, 0, sizeof(*model));
 }
 
@@ -1242,12 +1260,12 @@ static int shard_header(const char* path, long long* num_tokens) {
 
 static void dataloader_free(DataLoader* d) {
     if (d->num_shards > 0) globfree(&d->files);
-    free(d->shard_tokens);
-    free(d->tokens);
-    free(d->shard_order);
-    free(d->sample_order);
-    free(d->inputs);
-    free(d->targets);
+    ledger_free(d->shard_tokens);
+    ledger_free(d->tokens);
+    ledger_free(d->shard_order);
+    ledger_free(d->sample_order);
+    ledger_free(d->inputs);
+    ledger_free(d->targets);
     memset(d, 0, sizeof(*d));
 }
 
@@ -1264,6 +1282,14 @@ static void shuffle_longs(long long* a, long long n, Rng* rng) {
         long long j = (long long)(r % (uint64_t)(i + 1));
         long long t = a[i]; a[i] = a[j]; a[j] = t;
     }
+}
+
+/* The bytes a loaded shard of n tokens takes, besides its tokens (2n): its
+ * sample order, one long long per sample of T + 1 tokens (the memory plan
+ * uses it too). */
+static size_t dataloader_order_bytes(long long n, int T) {
+    long long samples = (n - 1) / T;
+    return sizeof(long long) * (size_t)(samples > 0 ? samples : 1);
 }
 
 /* Order of shards for the current epoch. */
@@ -1288,8 +1314,8 @@ static int dataloader_load_shard(DataLoader* d) {
     long long n = d->shard_tokens[file];
     FILE* f = file_open_read(path, "data shard");
     if (!f) return -1;
-    free(d->tokens);
-    d->tokens = (uint16_t*)xmalloc((size_t)n * 2);
+    ledger_free(d->tokens);
+    d->tokens = (uint16_t*)ledger_malloc(MEM_DATA, (size_t)n * 2);
     if (fseek(f, HEADER_INTS * 4, SEEK_SET) != 0 || read_exact(f, d->tokens, (size_t)n * 2, path) != 0) {
         fclose(f);
         d->loaded_shard = -1;
@@ -1309,8 +1335,8 @@ static int dataloader_load_shard(DataLoader* d) {
     d->loaded_epoch = d->epoch;
     d->num_tokens = n;
     d->num_samples = (n - 1) / d->T;
-    free(d->sample_order);
-    d->sample_order = (long long*)xmalloc(sizeof(long long) * (size_t)(d->num_samples > 0 ? d->num_samples : 1));
+    ledger_free(d->sample_order);
+    d->sample_order = (long long*)ledger_malloc(MEM_DATA, dataloader_order_bytes(n, d->T));
     for (long long i = 0; i < d->num_samples; i++) d->sample_order[i] = i;
     if (d->shuffle) {
         Rng rng;
@@ -1341,7 +1367,7 @@ static int dataloader_init(DataLoader* d, const char* pattern, int B, int T, int
     }
     CHECK(d->files.gl_pathc < (1u << 30), "too many shards");
     d->num_shards = (int)d->files.gl_pathc;
-    d->shard_tokens = (long long*)xmalloc(sizeof(long long) * (size_t)d->num_shards);
+    d->shard_tokens = (long long*)ledger_malloc(MEM_DATA, sizeof(long long) * (size_t)d->num_shards);
     long long need = (long long)world * B * T + 1;
     for (int i = 0; i < d->num_shards; i++) {
         if (shard_header(d->files.gl_pathv[i], &d->shard_tokens[i]) != 0) { dataloader_free(d); return -1; }
@@ -1353,9 +1379,9 @@ static int dataloader_init(DataLoader* d, const char* pattern, int B, int T, int
             return -1;
         }
     }
-    d->shard_order = (int*)xmalloc(sizeof(int) * (size_t)d->num_shards);
-    d->inputs = (int*)xmalloc(sizeof(int) * (size_t)B * T);
-    d->targets = (int*)xmalloc(sizeof(int) * (size_t)B * T);
+    d->shard_order = (int*)ledger_malloc(MEM_DATA, sizeof(int) * (size_t)d->num_shards);
+    d->inputs = (int*)ledger_malloc(MEM_DATA, sizeof(int) * (size_t)B * T);
+    d->targets = (int*)ledger_malloc(MEM_DATA, sizeof(int) * (size_t)B * T);
     dataloader_order_shards(d);
     if (dataloader_load_shard(d) != 0) {
         dataloader_free(d);
@@ -1494,6 +1520,7 @@ typedef struct {
     float* grad_shard;   /* (shard) ZeRO: the summed gradient of this rank's shard */
     float* buckets[2];   /* ZeRO-2: (layer_floats) each; backward fills one while the other's sums are in flight */
     size_t grad_floats;  /* gradient floats this rank holds (printed, and checked by scripts/test_dp.sh) */
+    size_t param_floats, grad_alloc, moment_floats; /* the weights', the gradient buffer's and each moment's floats */
     double reduced;      /* floats this rank handed to reductions in the last step */
     double gathered;     /* floats it received from all-gathers (an allreduce counts in both) */
     double comm_ms;      /* time spent in gradient/weight collectives, summed over steps */
@@ -1530,9 +1557,9 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 /* End MPI. After a failure with several ranks, abort the whole job: the
  * other ranks may be waiting in a collective this rank will never join. */
 static void dist_finish(Dist* d, int failed) {
-    free(d->grad_shard);
-    free(d->buckets[0]);
-    free(d->buckets[1]);
+    ledger_free(d->grad_shard);
+    ledger_free(d->buckets[0]);
+    ledger_free(d->buckets[1]);
     d->grad_shard = d->buckets[0] = d->buckets[1] = NULL;
 #ifdef USE_MPI
     free(d->requests);
@@ -1604,67 +1631,78 @@ static void dist_allgather_state(const Dist* d, GPT2* model) {
     }
 }
 
-/* Shard geometry and buffers. Under ZeRO the parameters are padded to
- * W x shard floats (the pad stays zero and is never updated), so the
- * all-gather is one call. ZeRO-1 keeps the full (padded) gradient buffer;
- * ZeRO-2 keeps the embedding and final-LayerNorm gradients (backward writes
- * wte's at both its ends, so they are final only at the very end), two
- * one-layer buckets and its shard. */
-static void dist_setup_model(Dist* d, GPT2* model) {
-    size_t P = model->num_parameters, W = (size_t)d->world, L = (size_t)model->config.num_layers;
-    CHECK(d->world == 1 || P + W <= (size_t)INT32_MAX,
-          "MPI counts are int: %zu parameters are too many for one collective (chunking is not implemented)", P);
+/* Shard geometry from the config alone (dist_setup_model and the memory
+ * plan, gptc/plan.h): tensor offsets in the flat buffer, one layer's and the
+ * head's floats, the shard, this rank's moments [lo, hi) and saved slice
+ * [save_lo, save_hi), and the floats of each buffer the mode keeps: params P,
+ * padded to W x shard under ZeRO (the pad stays zero, so the all-gather is
+ * one call); grads P, ZeRO-1 the padded buffer, ZeRO-2 the head's only
+ * (backward writes wte's at both its ends: final only at the very end);
+ * moments P each, a shard each under ZeRO; ZeRO: grad_shard, this rank's
+ * summed gradient; ZeRO-2: two one-layer buckets. */
+static void dist_geometry(Dist* d, const GPT2Config* c) {
+    size_t sizes[NUM_PARAMETER_TENSORS], P = parameter_count(c), W = (size_t)d->world, L = (size_t)c->num_layers;
+    parameter_sizes(sizes, c);
     size_t at = 0;
     for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
         d->offsets[k] = at;
-        at += model->param_sizes[k];
+        at += sizes[k];
     }
     d->layer_floats = 0;
-    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) d->layer_floats += model->param_sizes[k] / L;
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) d->layer_floats += sizes[k] / L;
     d->head_floats = P - L * d->layer_floats;
     d->shard = (P + W - 1) / W;
     d->lo = d->zero ? (size_t)d->rank * d->shard : 0;
     d->hi = d->zero ? (d->lo + d->shard < P ? d->lo + d->shard : P) : P;
     if (d->lo > P) d->lo = P;
     dist_slice(d, P, d->rank, &d->save_lo, &d->save_hi);
+    d->param_floats = d->zero ? d->shard * W : P;
+    d->grad_alloc = d->zero == 2 ? d->head_floats : d->param_floats;
+    d->moment_floats = d->zero ? d->shard : P;
+    d->grad_floats = d->zero == 0 ? P : d->zero == 1 ? d->param_floats + d->shard
+                                                     : d->head_floats + 2 * d->layer_floats + d->shard;
+}
+
+/* Geometry and, under ZeRO, the sharded buffers (plain data parallel keeps
+ * gpt2_alloc_training's, so call this first). */
+static void dist_setup_model(Dist* d, GPT2* model) {
+    size_t P = model->num_parameters, W = (size_t)d->world;
+    CHECK(d->world == 1 || P + W <= (size_t)INT32_MAX,
+          "MPI counts are int: %zu parameters are too many for one collective (chunking is not implemented)", P);
+    dist_geometry(d, &model->config);
     d->model = model;
-    d->grad_floats = P;
     if (!d->zero) return;
-    size_t padded = d->shard * W;
-    float* params = xmalloc_floats(padded);
+    size_t padded = d->param_floats;
+    float* params = ledger_floats(MEM_PARAMETERS, padded);
     memcpy(params, model->params_memory, P * sizeof(float));
     memset(params + P, 0, (padded - P) * sizeof(float));
-    free(model->params_memory);
+    ledger_free(model->params_memory);
     model->params_memory = params;
     parameters_point(&model->params, params, &model->config);
-    free(model->grads_memory);
+    ledger_free(model->grads_memory);
+    model->grads_memory = ledger_floats(MEM_GRADIENTS, d->grad_alloc);
+    memset(model->grads_memory, 0, d->grad_alloc * sizeof(float));
     if (d->zero == 1) {
-        model->grads_memory = xmalloc_floats(padded);
-        memset(model->grads_memory, 0, padded * sizeof(float));
         parameters_point(&model->grads, model->grads_memory, &model->config);
-        d->grad_floats = padded + d->shard;
     } else {
         /* the head's gradients, in one buffer: [wte | wpe | lnfw | lnfb] */
         size_t C = (size_t)model->config.channels;
-        model->grads_memory = xmalloc_floats(d->head_floats);
-        memset(model->grads_memory, 0, d->head_floats * sizeof(float));
         memset(&model->grads, 0, sizeof(model->grads)); /* the layers' gradients live in the buckets */
         model->grads.wte = model->grads_memory;
         model->grads.wpe = model->grads.wte + model->param_sizes[0];
         model->grads.lnfw = model->grads.wpe + model->param_sizes[1];
         model->grads.lnfb = model->grads.lnfw + C;
-        for (int b = 0; b < 2; b++) d->buckets[b] = xmalloc_floats(d->layer_floats);
-        d->grad_floats = d->head_floats + 2 * d->layer_floats + d->shard;
+        for (int b = 0; b < 2; b++) d->buckets[b] = ledger_floats(MEM_ZERO, d->layer_floats);
     }
     model->num_grads = d->zero == 1 ? P : d->head_floats;
     /* AdamW moments for the shard only */
-    free(model->m_memory);
-    free(model->v_memory);
-    model->m_memory = xmalloc_floats(d->shard);
-    model->v_memory = xmalloc_floats(d->shard);
+    ledger_free(model->m_memory);
+    ledger_free(model->v_memory);
+    model->m_memory = ledger_floats(MEM_ADAMW, d->moment_floats);
+    model->v_memory = ledger_floats(MEM_ADAMW, d->moment_floats);
     memset(model->m_memory, 0, d->shard * sizeof(float));
     memset(model->v_memory, 0, d->shard * sizeof(float));
-    d->grad_shard = xmalloc_floats(d->shard);
+    d->grad_shard = ledger_floats(MEM_ZERO, d->shard);
     memset(d->grad_shard, 0, d->shard * sizeof(float));
 }
 
@@ -1967,9 +2005,11 @@ static int sample_token(const float* logits, int V, float temperature, int top_k
  * position only, attending to the keys and values of all earlier positions,
  * kept per layer. It calls the same layer functions as training, with N = 1
  * row; only attention is written out here, for a single query. */
+#define NUM_KVCACHE_TENSORS 11
 typedef struct {
     int len;       /* positions cached so far */
     int max_len;   /* maxT */
+    float* memory; /* the one buffer the tensors below are carved from */
     float* k;      /* (L, maxT, C) keys of every position so far */
     float* v;      /* (L, maxT, C) values */
     float* x;      /* (C) the residual stream of the current position */
@@ -1983,26 +2023,30 @@ typedef struct {
     float* logits; /* (Vp) */
 } KVCache;
 
-static void kvcache_init(KVCache* kv, const GPT2Config* c) {
+static_assert(offsetof(KVCache, logits) - offsetof(KVCache, k) == (NUM_KVCACHE_TENSORS - 1) * sizeof(float*),
+              "KVCache's tensors must match its size table");
+
+static void kvcache_sizes(size_t s[NUM_KVCACHE_TENSORS], const GPT2Config* c) {
     size_t C = c->channels, L = c->num_layers, maxT = c->max_seq_len;
+    s[0] = s[1] = L * maxT * C;  /* k, v */
+    s[2] = s[3] = s[6] = C;      /* x, ln, y */
+    s[4] = 2;                    /* stats */
+    s[5] = 3 * C;                /* qkv */
+    s[7] = s[8] = 4 * C;         /* h, h2 */
+    s[9] = maxT;                 /* scores */
+    s[10] = (size_t)c->padded_vocab_size; /* logits */
+}
+
+static void kvcache_init(KVCache* kv, const GPT2Config* c) {
+    size_t sizes[NUM_KVCACHE_TENSORS];
     memset(kv, 0, sizeof(*kv));
-    kv->max_len = (int)maxT;
-    kv->k = xmalloc_floats(L * maxT * C);
-    kv->v = xmalloc_floats(L * maxT * C);
-    kv->x = xmalloc_floats(C);
-    kv->ln = xmalloc_floats(C);
-    kv->stats = xmalloc_floats(2);
-    kv->qkv = xmalloc_floats(3 * C);
-    kv->y = xmalloc_floats(C);
-    kv->h = xmalloc_floats(4 * C);
-    kv->h2 = xmalloc_floats(4 * C);
-    kv->scores = xmalloc_floats(maxT);
-    kv->logits = xmalloc_floats((size_t)c->padded_vocab_size);
+    kv->max_len = c->max_seq_len;
+    kvcache_sizes(sizes, c);
+    kv->memory = tensors_alloc(MEM_SAMPLER, &kv->k, sizes, NUM_KVCACHE_TENSORS, NULL);
 }
 
 static void kvcache_free(KVCache* kv) {
-    free(kv->k); free(kv->v); free(kv->x); free(kv->ln); free(kv->stats); free(kv->qkv);
-    free(kv->y); free(kv->h); free(kv->h2); free(kv->scores); free(kv->logits);
+    ledger_free(kv->memory);
     memset(kv, 0, sizeof(*kv));
 }
 
@@ -2075,7 +2119,7 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
     int V = model->config.vocab_size;
     KVCache kv;
     kvcache_init(&kv, &model->config);
-    ScoredToken* work = (ScoredToken*)xmalloc(sizeof(ScoredToken) * (size_t)V);
+    ScoredToken* work = (ScoredToken*)ledger_malloc(MEM_SAMPLER, sizeof(ScoredToken) * (size_t)V);
     const float* logits = NULL;
     for (int i = 0; i < n && kv.len < kv.max_len; i++) logits = gpt2_forward_cached(model, &kv, prompt[i]);
     int made = 0;
@@ -2086,7 +2130,7 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
         if (next == eot || kv.len >= kv.max_len) break;
         logits = gpt2_forward_cached(model, &kv, next);
     }
-    free(work);
+    ledger_free(work);
     kvcache_free(&kv);
     return made;
 }
@@ -2127,12 +2171,12 @@ static void print_token(int id, void* ctx) {
 static void sample_print(const GPT2* model, const Tokenizer* tok, const Options* o, Rng* rng) {
     int V = model->config.vocab_size;
     int eot = tok->vocab_size ? (int)tok->eot_token : V - 1;
-    int* out = (int*)xmalloc(sizeof(int) * (size_t)o->sample_length);
+    int* out = (int*)ledger_malloc(MEM_SAMPLER, sizeof(int) * (size_t)o->sample_length);
     SamplingConfig s = sampling_from_options(o);
     printf("sample: ");
     gpt2_generate(model, &eot, 1, o->sample_length, &s, rng, eot, out, print_token, (void*)tok);
     printf("\n");
-    free(out);
+    ledger_free(out);
 }
 
 /* --prompt: encode the prompt, generate with the KV cache, print. */
@@ -2281,6 +2325,7 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
 
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
                                the loop's tail (train_run_after_step, train_run_boundary, ...) */
+#include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_run (--plan) */
 
 /* What each rank holds, and how the ranks share the work. */
 static void train_memory_print(const GPT2* model, const Dist* dist) {
@@ -2310,12 +2355,13 @@ static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
  * Returns the step to start from, or -1 after a message. */
 static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
     if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
+    dist_setup_model(dist, model); /* first: under ZeRO it makes the sharded gradients and moments */
     gpt2_alloc_training(model, r->B, r->T);
-    dist_setup_model(dist, model);
     train_memory_print(model, dist);
     test_hooks_print(1);
     timing_print(dist, "communicator ready", dist->t_comm);
     if (saver_init(saver, dist, model, o) != 0) return -1;
+    plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
     int start = train_run_resume(r, saver, dist, model, o);
     if (start < 0) return -1;
@@ -2402,6 +2448,7 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     memset(&saver, 0, sizeof(saver)); /* (saver_free of a zeroed Saver frees nothing) */
     int remove_memory = 0;
     int rc = train_steps(&r, &saver, model, o, tok, dist, &remove_memory);
+    if (rc == 0 && o->plan_check) rc = plan_check(&r, o, dist, model); /* the ledger == the memory plan */
     if (rc != 0) saver_abandon(&saver); /* an error, said where it happened: no collectives from here */
     saver_free(&saver, rc == 0 && remove_memory);
     train_run_free(&r);
@@ -2499,7 +2546,7 @@ int main(int argc, char** argv) {
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    rc = gptc_run(&o, train_cpu, &dist, &dist);
+    rc = o.plan ? plan_run(&o, &dist) : gptc_run(&o, train_cpu, &dist, &dist);
     dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }

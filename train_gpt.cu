@@ -4012,7 +4012,10 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
-    (void)o; /* (a build with NCCL and MPI asks nothing of it: every flag, --zero and states included, is for it) */
+    if (o->plan || o->plan_check) /* (gptc/plan.h plans train_gpt's host memory; the device's plan is printed at start) */
+        return "--plan and --plan-check are train_gpt's (the CPU trainer's memory plan); the GPU trainer's planner is "
+               "not built yet: drop them (train_gpt_cu prints its device memory plan at start)";
+    /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
     int env_rank = 0, env_world = 1, env_local = 0;

@@ -10,7 +10,7 @@
  * and test_gpt.c use it through train_gpt.c. Defines: Options, verbose_flag,
  * OptSpec, OPTION_SPECS, usage, option_set, option_find, options_parse,
  * schedule_parse, depth_from_name, options_problem, options_cpu_problem
- * (the GPU-only flags are in the one table, marked); model_from_options,
+ * (the GPU-only flags are in the one table, marked); config_from_options, model_from_options,
  * sampling_from_options, tokenizer_setup, data_stamp, data_from_text.
  */
 #ifndef GPTC_CLI_H
@@ -64,6 +64,9 @@ typedef struct {
     const char* shm_dir;
     float spike_z;
     int verbose;
+    /* the memory plan (gptc/plan.h) */
+    int plan, plan_check;
+    const char* memory_budget;
     /* GPU only (train_gpt_cu: train_gpt refuses them, options_cpu_problem) */
     int gelu_fusion, recompute, cuda_graphs;
     const char* init;
@@ -142,6 +145,9 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too); on GPUs 1 and 2 also run on one GPU, as one rank of the sharded code"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
+    OPT("--plan", NULL, OPT_INT, plan, "0", "1 = print the memory plan (bytes per rank by component, from the same size functions the allocators use) and a table of micro-batch / ZeRO candidates for --total-batch-size against --memory-budget, then exit without training"),
+    OPT("--memory-budget", NULL, OPT_STRING, memory_budget, "auto", "bytes per rank --plan checks against (a number, or with a K/M/G suffix: powers of 1024); auto = MemAvailable of /proc/meminfo divided by the ranks on this node"),
+    OPT("--plan-check", NULL, OPT_INT, plan_check, "0", "1 = at the end of training, compare the allocation ledger with the memory plan, byte for byte, and the peak resident memory (VmHWM) with the plan's peak; exit non-zero on a mismatch (scripts/test_plan.sh)"),
     GPU_OPT("--gelu-fusion", OPT_INT, gelu_fusion, "1", "1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels"),
     GPU_OPT("--recompute", OPT_INT, recompute, "0", "activations backward recomputes instead of keeping them from the forward: 0 = none, 1 = GELU's output, 2 = GELU's and the LayerNorms' outputs, 3 = the whole block (keeps each layer's input only); the loss and weights are bitwise the same at every level (the memory plan printed at start says what each keeps)"),
     GPU_OPT("--cuda-graphs", OPT_INT, cuda_graphs, "1", "1 = capture the training step (forward, backward, update) in CUDA graphs after the first step and replay them (one GPU, no --spike-z); 0 = launch every kernel each step"),
@@ -276,6 +282,8 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->steps == 0 && !o->output_dir[0], "--steps 0 writes the initial model: give --output-dir");
     OPTIONS_PROBLEM(o->steps == 0 && (o->resume || o->stop_at), "--steps 0 writes the initial model: it takes no --resume or --stop-at");
     OPTIONS_PROBLEM(o->verbose != 0 && o->verbose != 1, "--verbose must be 0 or 1");
+    OPTIONS_PROBLEM(o->plan != 0 && o->plan != 1, "--plan must be 0 or 1");
+    OPTIONS_PROBLEM(o->plan_check != 0 && o->plan_check != 1, "--plan-check must be 0 or 1");
     OPTIONS_PROBLEM(!(o->lr >= 0.0f), "--lr must be >= 0");
     OPTIONS_PROBLEM(o->warmup_steps < 0, "--warmup-steps must be >= 0");
     OPTIONS_PROBLEM(!(o->final_lr_frac >= 0.0f && o->final_lr_frac <= 1.0f), "--final-lr-frac must be in [0, 1]");
@@ -337,11 +345,10 @@ static const char* options_cpu_problem(const Options* o) {
     return msg;
 }
 
-/* Build the model the options ask for: a checkpoint, or a random init. */
-static int model_from_options(GPT2* model, const Options* o) {
-    int depth = depth_from_name(o->model);
-    if (!depth) return gpt2_load(model, o->model);
-    GPT2Config c = config_from_depth(depth);
+/* The config of --model dN with the shape flags applied (model_from_options,
+ * and --plan, which needs no weights). 0, or -1 after a message. */
+static int config_from_options(GPT2Config* out, const Options* o) {
+    GPT2Config c = config_from_depth(depth_from_name(o->model));
     if (o->num_layers) c.num_layers = o->num_layers;
     if (o->channels) c.channels = o->channels;
     if (o->num_heads) c.num_heads = o->num_heads;
@@ -354,6 +361,16 @@ static int model_from_options(GPT2* model, const Options* o) {
                 c.num_heads, c.max_seq_len, c.vocab_size, problem);
         return -1;
     }
+    *out = c;
+    return 0;
+}
+
+/* Build the model the options ask for: a checkpoint, or a random init. */
+static int model_from_options(GPT2* model, const Options* o) {
+    int depth = depth_from_name(o->model);
+    if (!depth) return gpt2_load(model, o->model);
+    GPT2Config c;
+    if (config_from_options(&c, o) != 0) return -1;
     char run_id[4400];
     snprintf(run_id, sizeof(run_id), "%s/run.id", o->output_dir);
     if (o->resume && o->output_dir[0] && access(run_id, F_OK) == 0) {

@@ -214,7 +214,7 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
         dist_slice(d, model->num_parameters, of, &lo, &hi);
         ok = slot_map(&sv->held[k], path, state_bytes(hi - lo)) == 0;
     }
-    if (d->rank == 0) sv->model_params = xmalloc_floats(model->num_parameters);
+    if (d->rank == 0) sv->model_params = ledger_floats(MEM_SNAPSHOTS, model->num_parameters);
     if (dist_sum(d, ok) < d->world) return -1;
     if (sv->memory)
         printf("snapshots: every %d step(s) to %s (%d slots of %.2f GB%s)%s\n", o->snapshot_every, o->shm_dir,
@@ -427,7 +427,7 @@ static void saver_abandon(Saver* sv) {
 }
 
 static void saver_free(Saver* sv, int remove_memory) {
-    free(sv->model_params);
+    ledger_free(sv->model_params);
     for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
     for (int k = 0; k < HELD_SLOTS; k++) slot_unmap(&sv->held[k], remove_memory);
     memset(sv, 0, sizeof(*sv));

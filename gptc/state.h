@@ -15,6 +15,7 @@
 #define GPTC_STATE_H
 
 #include "util.h"
+#include "ledger.h"
 #include <fcntl.h>
 #include <sys/mman.h>
 
@@ -387,10 +388,12 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
         volatile unsigned char* p = sl->base + at;
         *p = *p;
     }
+    ledger_record(MEM_SNAPSHOTS, sl->base, bytes);
     return 0;
 }
 
 static void slot_unmap(Slot* sl, int remove_file) {
+    ledger_release(sl->base);
     if (sl->base) munmap(sl->base, sl->bytes);
     if (remove_file && sl->path[0]) remove(sl->path);
     memset(sl, 0, sizeof(*sl));

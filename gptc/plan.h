@@ -1,0 +1,366 @@
+/*
+ * gptc/plan.h — the CPU trainer's memory plan: the bytes each rank will
+ * hold, by component, in closed form over the knobs (the model's L, C, NH,
+ * V, Vp, maxT; B and T; the ranks and the ZeRO stage; the saver's slots;
+ * sampling; the data's shards), computed with the size functions the
+ * allocators call themselves (parameter_count, dist_geometry,
+ * activation_sizes, backward_sizes, tensors_floats, dataloader_order_bytes,
+ * state_bytes and dist_slice with the saver's OWN_SLOTS/HELD_SLOTS,
+ * kvcache_sizes), so the plan and the allocation cannot drift apart; the
+ * allocation ledger (gptc/ledger.h) proves it byte for byte (--plan-check 1,
+ * scripts/test_plan.sh).
+ *
+ * --plan prints the plan for the flags given, checks it against
+ * --memory-budget, and lists candidate configurations for the global batch
+ * (micro-batch B from the divisors, gradient accumulation making up the
+ * rest; ZeRO 0/1/2 with several ranks), then exits. Not built yet: the
+ * runtime model (step time per candidate, calibrated), so the choice is a
+ * heuristic: the largest micro-batch that fits.
+ *
+ * Bytes are allocated bytes, and they are also resident bytes: every buffer
+ * in the plan is written in full at setup (zeroed, copied, or the snapshot
+ * slots touched page by page) or in the first step (activations, scratch,
+ * the sampler's buffers when it runs), so after one step the resident
+ * memory is the plan plus what the process holds besides (program, libc,
+ * OpenMP and MPI, the GEMM's packing buffers: estimated here, one per
+ * thread). The peak is the largest of: the total after setup plus the
+ * sampler's buffers (rank 0, while it samples), and under ZeRO the moment
+ * the weights are copied into their padded buffer (both copies and the
+ * loaders held then). Left out: a resume's transient read buffer (12 bytes
+ * per parameter of the rank's slice, gptc/saver.h) and the tokenizer.
+ *
+ * Included by train_gpt.c in section 8, after gptc/saver.h. Defines:
+ * PlanKnobs, CpuMemoryPlan, cpu_memory_plan, plan_after_setup, plan_check, plan_run.
+ */
+#ifndef GPTC_PLAN_H
+#define GPTC_PLAN_H
+
+#include "util.h"
+#include "ledger.h"
+
+/* What the plan depends on, for one rank. */
+typedef struct {
+    GPT2Config config;
+    int B, T;
+    int rank, world, zero;
+    int saving;          /* --output-dir given: the saver maps its slot(s); rank 0 keeps a copy of the weights */
+    int snapshots;       /* --snapshot-every > 0: three own slots in shm, two replica slots with several ranks */
+    int sampling;        /* --sample-every > 0: rank 0 samples (sample_length tokens) */
+    int sample_length;
+    int threads;         /* for the GEMM estimate */
+    int loaders;         /* 1, or 2 with validation data */
+    int shards[2];       /* per loader (train, val): shards, and the largest one's tokens */
+    long long max_tokens[2];
+} PlanKnobs;
+
+typedef struct {
+    size_t setup[MEM_COMPONENTS]; /* held once training is set up, by component (gptc/ledger.h's names) */
+    size_t setup_total;
+    size_t sampler;               /* held besides while rank 0 samples */
+    size_t repad;                 /* ZeRO: held while the weights are copied into their padded buffer */
+    size_t peak;                  /* the most held at once */
+    size_t gemm;                  /* an estimate outside the ledger: one GEMM packing buffer per thread */
+} CpuMemoryPlan;
+
+static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
+    const GPT2Config* c = &k->config;
+    memset(p, 0, sizeof(*p));
+    Dist d;
+    memset(&d, 0, sizeof(d));
+    d.rank = k->rank;
+    d.world = k->world;
+    d.zero = k->zero;
+    dist_geometry(&d, c);
+    size_t P = parameter_count(c), F = sizeof(float);
+    p->setup[MEM_PARAMETERS] = d.param_floats * F;
+    p->setup[MEM_GRADIENTS] = d.grad_alloc * F;
+    p->setup[MEM_ADAMW] = 2 * d.moment_floats * F;
+    p->setup[MEM_ZERO] = d.zero ? (d.shard + (d.zero == 2 ? 2 * d.layer_floats : 0)) * F : 0;
+    size_t sizes[NUM_ACTIVATION_TENSORS > NUM_KVCACHE_TENSORS ? NUM_ACTIVATION_TENSORS : NUM_KVCACHE_TENSORS];
+    activation_sizes(sizes, c, k->B, k->T);
+    p->setup[MEM_ACTIVATIONS] = tensors_floats(sizes, NUM_ACTIVATION_TENSORS) * F;
+    backward_sizes(sizes, c, k->B, k->T);
+    p->setup[MEM_SCRATCH] = tensors_floats(sizes, NUM_BACKWARD_TENSORS) * F;
+    for (int l = 0; l < k->loaders; l++) /* dataloader_init: shard table, order, inputs, targets; one shard loaded */
+        p->setup[MEM_DATA] += (sizeof(long long) + sizeof(int)) * (size_t)k->shards[l] +
+                              2 * sizeof(int) * (size_t)k->B * k->T + 2 * (size_t)k->max_tokens[l] +
+                              dataloader_order_bytes(k->max_tokens[l], k->T);
+    if (k->saving) { /* saver_init */
+        p->setup[MEM_SNAPSHOTS] = (k->snapshots ? OWN_SLOTS : 1) * state_bytes(d.save_hi - d.save_lo);
+        if (k->snapshots && k->world > 1) {
+            size_t lo, hi;
+            dist_slice(&d, P, (k->rank + k->world - 1) % k->world, &lo, &hi);
+            p->setup[MEM_SNAPSHOTS] += HELD_SLOTS * state_bytes(hi - lo);
+        }
+        if (k->rank == 0) p->setup[MEM_SNAPSHOTS] += P * F;
+    }
+    for (int m = 0; m < MEM_COMPONENTS; m++) p->setup_total += p->setup[m];
+    if (k->sampling && k->rank == 0) { /* sample_print, gpt2_generate: out, the KV cache, the sort buffer */
+        kvcache_sizes(sizes, c);
+        p->sampler = sizeof(int) * (size_t)k->sample_length + tensors_floats(sizes, NUM_KVCACHE_TENSORS) * F +
+                     sizeof(ScoredToken) * (size_t)c->vocab_size;
+    }
+    if (d.zero) p->repad = P * F + d.param_floats * F + p->setup[MEM_DATA]; /* dist_setup_model, first in train_setup */
+    p->peak = p->setup_total + p->sampler > p->repad ? p->setup_total + p->sampler : p->repad;
+    p->gemm = (size_t)k->threads * sizeof(float) * (size_t)GEMM_KC * (GEMM_MC + GEMM_NC);
+}
+
+/* The knobs of this run (B, T from the options; the shards as given). */
+static PlanKnobs plan_knobs(const GPT2Config* c, const Options* o, int B, int rank, int world, int zero) {
+    PlanKnobs k;
+    memset(&k, 0, sizeof(k));
+    k.config = *c;
+    k.B = B;
+    k.T = o->seq_len;
+    k.rank = rank;
+    k.world = world;
+    k.zero = zero;
+    k.saving = o->output_dir[0] != '\0';
+    k.snapshots = k.saving && o->snapshot_every > 0;
+    k.sampling = o->sample_every > 0;
+    k.sample_length = o->sample_length;
+    k.threads = num_threads();
+    return k;
+}
+
+/* Shards matching `pattern` and the largest one's tokens (0, 0 when none). */
+static void plan_shards(const char* pattern, int* shards, long long* max_tokens) {
+    glob_t g;
+    *shards = 0;
+    *max_tokens = 0;
+    if (!pattern[0] || glob(pattern, 0, NULL, &g) != 0) return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        long long n = 0;
+        if (shard_header(g.gl_pathv[i], &n) != 0) continue;
+        (*shards)++;
+        if (n > *max_tokens) *max_tokens = n;
+    }
+    globfree(&g);
+}
+
+/* The plan's peak for every rank's knobs, the largest (rank 0's, or the
+ * first ZeRO shard's), with the GEMM estimate. */
+static size_t plan_peak_over_ranks(PlanKnobs k) {
+    size_t worst = 0;
+    for (int r = 0; r < k.world; r++) {
+        CpuMemoryPlan p;
+        k.rank = r;
+        cpu_memory_plan(&p, &k);
+        if (p.peak + p.gemm > worst) worst = p.peak + p.gemm;
+    }
+    return worst;
+}
+
+/* "/proc/meminfo"'s or "/proc/self/status"'s field `key` (in kB), in bytes; 0 if absent. */
+static size_t plan_proc_kb(const char* path, const char* key) {
+    FILE* f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0, n = strlen(key);
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            kb = (size_t)strtoull(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb * 1024;
+}
+
+/* Ranks on this node: the launcher's count (Open MPI, MPICH, Slurm, torchrun
+ * style), else all of them. */
+static int plan_local_ranks(int world) {
+    static const char* const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                                       "LOCAL_WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char* v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return world;
+}
+
+/* --memory-budget: bytes per rank, or 0 after a message. */
+static size_t plan_budget(const char* s, int world, const char** how) {
+    if (!strcmp(s, "auto")) {
+        int local = plan_local_ranks(world);
+        *how = "auto: MemAvailable / ranks on this node";
+        return plan_proc_kb("/proc/meminfo", "MemAvailable") / (size_t)local;
+    }
+    char* end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    double scale = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0
+                 : *end == 'G' || *end == 'g' ? 1073741824.0 : 1.0;
+    if (scale > 1.0) end++;
+    if (end == s || *end != '\0' || errno != 0 || !(v >= 1.0) || v * scale > 1e18) {
+        fprintf(stderr, "error: --memory-budget expects auto or a number of bytes (K/M/G suffixes), got \"%s\"\n", s);
+        return 0;
+    }
+    *how = "--memory-budget";
+    return (size_t)(v * scale);
+}
+
+static void plan_print(const CpuMemoryPlan* p, const PlanKnobs* k) {
+    double mb = 1.0 / (1024.0 * 1024.0);
+    printf("memory plan, rank %d of %d (bytes allocated, all of them written at setup or in the first step, so "
+           "resident):\n", k->rank, k->world);
+    for (int m = 0; m < MEM_COMPONENTS; m++)
+        if (p->setup[m]) printf("  %-18s %14zu  (%.1f MB)\n", MEM_NAMES[m], p->setup[m], p->setup[m] * mb);
+    printf("  %-18s %14zu  (%.1f MB)\n", "total after setup", p->setup_total, p->setup_total * mb);
+    if (p->sampler) printf("  %-18s %14zu  (%.1f MB) more while rank 0 samples\n", MEM_NAMES[MEM_SAMPLER], p->sampler,
+                           p->sampler * mb);
+    if (p->repad) printf("  %-18s %14zu  (%.1f MB) while ZeRO pads the weights (two copies)\n", "repad", p->repad,
+                         p->repad * mb);
+    printf("  %-18s %14zu  (%.1f MB)\n", "peak (the ledger's)", p->peak, p->peak * mb);
+    printf("  %-18s %14zu  (%.1f MB) estimate, outside the ledger: %d thread(s) x one GEMM packing buffer\n", "+ gemm",
+           p->gemm, p->gemm * mb, k->threads);
+    printf("  %-18s %14zu  (%.1f MB)\n", "predicted peak", p->peak + p->gemm, (p->peak + p->gemm) * mb);
+}
+
+/* Training is set up: the ledger keeps what each component holds now
+ * (plan_check compares it), and --verbose 1 prints it. */
+static void plan_after_setup(const Dist* d) {
+    ledger_mark_setup();
+    if (verbose_flag && d->rank == 0) ledger_print(stdout, "allocation ledger after setup, rank 0");
+}
+
+/* --plan-check 1, at the end of a run: the ledger against the plan, byte
+ * for byte (each component after setup, and the peak), on every rank, and
+ * the peak resident memory against the plan's. 0, or -1 after a message.
+ * GPTC_INJECT_PLAN_ERROR=k (a component's index) plants one wrong byte in
+ * the plan, which the check must catch (scripts/test_plan.sh). */
+static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const GPT2* model) {
+    PlanKnobs k = plan_knobs(&model->config, o, r->B, d->rank, d->world, d->zero);
+    k.loaders = r->use_val ? 2 : 1;
+    const DataLoader* dl[2] = {&r->train, &r->val};
+    for (int l = 0; l < k.loaders; l++) {
+        k.shards[l] = dl[l]->num_shards;
+        for (int i = 0; i < dl[l]->num_shards; i++)
+            if (dl[l]->shard_tokens[i] > k.max_tokens[l]) k.max_tokens[l] = dl[l]->shard_tokens[i];
+    }
+    CpuMemoryPlan p;
+    cpu_memory_plan(&p, &k);
+    const char* plant = getenv("GPTC_INJECT_PLAN_ERROR"); /* test the tester: one byte more in a component */
+    if (plant && atoi(plant) >= 0 && atoi(plant) < MEM_COMPONENTS) p.setup[atoi(plant)] += 1;
+    int bad = !ledger.setup_marked;
+    for (int m = 0; m < MEM_COMPONENTS; m++)
+        if (ledger.setup[m] != p.setup[m]) {
+            fprintf(stderr, "plan check, rank %d: %s: the ledger holds %zu bytes after setup, the plan says %zu\n",
+                    d->rank, MEM_NAMES[m], ledger.setup[m], p.setup[m]);
+            bad = 1;
+        }
+    if (ledger.peak != p.peak) {
+        fprintf(stderr, "plan check, rank %d: peak: the ledger's is %zu bytes, the plan says %zu\n", d->rank,
+                ledger.peak, p.peak);
+        bad = 1;
+    }
+    size_t hwm = plan_proc_kb("/proc/self/status", "VmHWM"), predicted = p.peak + p.gemm;
+    double dev = predicted ? 100.0 * ((double)hwm - (double)predicted) / (double)predicted : 0.0;
+    /* every rank says it (rank 0's stdout is the log; the others' is closed) */
+    fprintf(stderr, "plan check, rank %d: ledger %s plan: after setup %zu bytes, peak %zu; peak RSS (VmHWM) %zu, "
+            "predicted %zu (+gemm estimate): %+.2f%%\n", d->rank, bad ? "!=" : "==", ledger.setup_total, ledger.peak,
+            hwm, predicted, dev);
+    return bad ? -1 : 0;
+}
+
+/* --plan: the plan for the flags given, the budget, the candidates; no
+ * training. Rank 0 plans for every rank and prints. 0, or -1 when nothing
+ * fits (or the flags are wrong). */
+static int plan_run(const Options* o, const Dist* d) {
+    if (d->rank != 0) return 0; /* (rank 0 plans for all of them; its failure stops the job) */
+    GPT2Config c;
+    int depth = depth_from_name(o->model);
+    if (depth) {
+        if (config_from_options(&c, o) != 0) return -1;
+    } else { /* a model file: its header is enough */
+        FILE* f = file_open_read(o->model, "model file");
+        int32_t h[HEADER_INTS];
+        int ok = f && read_exact(f, h, sizeof(h), o->model) == 0 && model_header_check(o->model, h, file_size(f), &c) > 0;
+        if (f) fclose(f);
+        if (!ok) return -1;
+    }
+    if (o->seq_len > c.max_seq_len) {
+        fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o->seq_len, c.max_seq_len);
+        return -1;
+    }
+    const char* how = "";
+    size_t budget = plan_budget(o->memory_budget, d->world, &how);
+    if (!budget) return -1;
+    PlanKnobs k = plan_knobs(&c, o, o->batch_size, 0, d->world, o->zero);
+    char train[8600], val[8600];
+    snprintf(train, sizeof(train), "%s", o->train_data);
+    snprintf(val, sizeof(val), "%s", o->val_data);
+    if (o->data[0]) { /* --data's shard cache, when it was made (data_from_text) */
+        char prefix[4200];
+        snprintf(prefix, sizeof(prefix), "%s.gptc/shard", o->data);
+        glob_pattern(train, sizeof(train), prefix, "_train_*.bin");
+        glob_pattern(val, sizeof(val), prefix, "_val_*.bin");
+    }
+    plan_shards(train, &k.shards[0], &k.max_tokens[0]);
+    plan_shards(val, &k.shards[1], &k.max_tokens[1]);
+    k.loaders = k.shards[1] > 0 && o->val_every > 0 ? 2 : 1;
+    double mb = 1.0 / (1024.0 * 1024.0);
+    printf("plan: model L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters; B=%d T=%d, %d rank(s), ZeRO %d%s%s\n",
+           c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size, c.padded_vocab_size,
+           parameter_count(&c), k.B, k.T, k.world, k.zero, k.snapshots ? ", memory snapshots" : "",
+           k.saving ? "" : ", no --output-dir (no saver buffers)");
+    if (!k.shards[0])
+        printf("data: no shards match %s (yet): the data loader's shard buffers are not counted\n", train);
+    CpuMemoryPlan p;
+    k.rank = 0;
+    cpu_memory_plan(&p, &k);
+    plan_print(&p, &k);
+    size_t need = plan_peak_over_ranks(k);
+    printf("budget: %zu bytes (%.1f MB) per rank (%s); this configuration needs %zu (%.1f MB, the largest rank's): %s\n",
+           budget, budget * mb, how, need, need * mb, need <= budget ? "fits" : "does NOT fit");
+    /* the candidates for the global batch */
+    long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * d->world;
+    long long per_rank = (long long)o->seq_len * d->world;
+    if (total % per_rank != 0) {
+        fprintf(stderr, "error: --total-batch-size %lld is not a multiple of T x ranks = %lld\n", total, per_rank);
+        return -1;
+    }
+    long long S = total / per_rank; /* sequences per rank per step */
+    printf("candidates for %lld tokens per step (%lld sequences of %d per rank per step), budget %.1f MB:\n", total, S,
+           o->seq_len, budget * mb);
+    printf("  %8s %8s %5s %14s %10s %s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits");
+    int best_B = 0, best_zero = -1, small_B = 0, small_zero = 0;
+    size_t small_need = 0;
+    int zmax = d->world > 1 ? 2 : o->zero, zmin = d->world > 1 ? 0 : o->zero;
+    for (long long B = 1; B <= S; B++) {
+        if (S % B || B > INT32_MAX) continue;
+        for (int z = zmin; z <= zmax; z++) {
+            PlanKnobs kc = k;
+            kc.B = (int)B;
+            kc.zero = z;
+            size_t n = plan_peak_over_ranks(kc);
+            int fits = n <= budget;
+            printf("  %8lld %8lld %5d %14zu %10.1f %s\n", B, S / B, z, n, n * mb, fits ? "yes" : "no");
+            if (fits && (B > best_B || (B == best_B && best_zero < 0))) {
+                best_B = (int)B;
+                best_zero = z;
+            }
+            if (!small_B || n < small_need) {
+                small_B = (int)B;
+                small_zero = z;
+                small_need = n;
+            }
+        }
+    }
+    printf("not built yet: the runtime model (a step-time prediction per candidate, calibrated on this machine), so "
+           "there is no fastest choice; the heuristic below takes the largest micro-batch that fits (usually the "
+           "fastest on a CPU), and at that B the lowest ZeRO stage (the least communication)\n");
+    if (best_B == 0) {
+        fprintf(stderr, "error: nothing fits in %zu bytes per rank (%s): the smallest configuration, B=%d with %lld "
+                "micro-batches%s, needs %zu bytes (%.1f MB) per rank; give more memory (--memory-budget), more ranks "
+                "with ZeRO, a shorter --seq-len or a smaller model\n", budget, how, small_B, S / small_B,
+                d->world > 1 ? (small_zero == 2 ? " and ZeRO-2" : small_zero == 1 ? " and ZeRO-1" : "") : "",
+                small_need, small_need * mb);
+        return -1;
+    }
+    printf("choice: --batch-size %d --total-batch-size %lld%s%s (%lld micro-batches per step)\n", best_B, total,
+           d->world > 1 ? " --zero " : "", d->world > 1 ? (best_zero == 2 ? "2" : best_zero == 1 ? "1" : "0") : "",
+           S / best_B);
+    return 0;
+}
+
+#endif /* GPTC_PLAN_H */
