@@ -499,8 +499,9 @@ static uint64_t run_tag(const char* output_dir) {
  *     this also holds where the output folder's file system has no locks.
  * A lock is an flock (util.h's file_lock): the kernel drops it when the
  * process dies, so a restart under scripts/supervise.py or Slurm, which
- * waits for the old processes to end, gets it at once; a standby that has
- * done its set-up takes it when it is promoted. */
+ * waits for the old processes to end, gets it at once. (A standby trainer
+ * that does its set-up ahead of a failure, once there is one, must take it
+ * only when it is promoted: the set-up before train_run_init writes nothing.) */
 typedef struct {
     FileLock dir, shm;
 } RunLock;
