@@ -14,7 +14,7 @@
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
-#   make bench-failover  snapshot stall per step, recovery time from memory vs disk (GPT-2 124M)
+#   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
@@ -183,9 +183,11 @@ dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
 bench-dp: train_gpt_mpi
 	scripts/bench_dp.sh
 
-# What snapshots cost per step and what a crash costs (GPT-2 124M).
+# What snapshots cost per step and what a crash costs: a small GPT in a few
+# minutes; make bench-failover BENCH_FLAGS=--gpt2 for GPT-2 124M (longer: 2 GB a save).
+# The neighbour-replica row needs train_gpt_mpi (make train_gpt_mpi).
 bench-failover: train_gpt
-	scripts/bench_failover.sh
+	scripts/bench_failover.sh $(BENCH_FLAGS)
 
 # this machine's fp32 FMA peak, the yardstick make bench reports against
 dev/cpu/fma_peak: dev/cpu/fma_peak.c

@@ -2223,6 +2223,7 @@ typedef struct {
     LossWatch watch;  /* the loss-spike detector */
     int rollbacks;    /* rollbacks to a snapshot so far (gptc/saver.h) */
     int nan_upto, spike_upto; /* the test hooks' (gptc/saver.h): the last step each planted a fault at */
+    RunLock lock;     /* this process's hold on the run's folders (gptc/state.h's run_lock) */
 } TrainRun;
 
 /* rank/world: this process's place among the data-parallel ranks (0, 1 alone). */
@@ -2266,6 +2267,8 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
         FILE_ERROR(o->shm_dir, "cannot create the --shm-dir folder for memory snapshots: %s", strerror(errno));
         return -1;
     }
+    /* one trainer per run directory: refused here, before anything is written (the log included) */
+    if (run_lock(&r->lock, o->output_dir, o->snapshot_every > 0 ? o->shm_dir : NULL, rank) != 0) return -1;
     if (o->log_file[0] && rank == 0 && !(r->log = fopen(o->log_file, o->resume ? "a" : "w"))) {
         FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
         return -1;
@@ -2287,6 +2290,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
 }
 
 static void train_run_free(TrainRun* r) {
+    run_unlock(&r->lock, 0); /* (the slots' lock file goes with the slots: saver_free) */
     if (r->log) fclose(r->log);
     if (r->use_val) dataloader_free(&r->val);
     dataloader_free(&r->train);

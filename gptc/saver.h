@@ -101,10 +101,8 @@ static void state_prune(const Dist* d, const Options* o) {
  * absolute path, so a restarted run finds its memory and two runs never
  * share it. */
 static void slot_path(char* out, size_t cap, const Options* o, int of, int at, int k) {
-    char real[4096];
-    const char* dir = realpath(o->output_dir, real) ? real : o->output_dir;
-    uint64_t tag = fnv1a(0xCBF29CE484222325ull, dir, strlen(dir));
-    snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-%d.bin", o->shm_dir, (unsigned long long)tag, of, at, k);
+    snprintf(out, cap, "%s/gptc-%016llx-state%d-at%d-%d.bin", o->shm_dir, (unsigned long long)run_tag(o->output_dir),
+             of, at, k);
 }
 
 /* Snapshots and saving, in two phases (CheckFreq, Mohan et al. 2021):
@@ -161,6 +159,7 @@ typedef struct {
     double snap_stall;     /* the stall of the snapshot in progress so far */
     int snapshots;
     int last_failed;       /* the last disk write failed on some rank */
+    char lock_file[4400];  /* the slots' lock (gptc/state.h's run_lock), removed with them */
 #ifdef USE_MPI
     MPI_Request send[OWN_SLOTS];  /* replica of own slot k on its way to rank r + 1 */
     MPI_Request recv[HELD_SLOTS]; /* replica arriving from rank r - 1 */
@@ -214,6 +213,7 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
         dist_slice(d, model->num_parameters, of, &lo, &hi);
         ok = slot_map(&sv->held[k], path, state_bytes(hi - lo)) == 0;
     }
+    if (sv->memory) run_lock_path(sv->lock_file, sizeof(sv->lock_file), o->output_dir, o->shm_dir, d->rank, 1);
     if (d->rank == 0) sv->model_params = ledger_floats(MEM_SNAPSHOTS, model->num_parameters);
     if (dist_sum(d, ok) < d->world) return -1;
     if (sv->memory)
@@ -430,6 +430,7 @@ static void saver_free(Saver* sv, int remove_memory) {
     ledger_free(sv->model_params);
     for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
     for (int k = 0; k < HELD_SLOTS; k++) slot_unmap(&sv->held[k], remove_memory);
+    if (remove_memory && sv->lock_file[0]) unlink(sv->lock_file); /* still held (the TrainRun's): safe to remove */
     memset(sv, 0, sizeof(*sv));
 }
 

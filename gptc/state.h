@@ -9,7 +9,9 @@
  * put_i64, get_i64; LossWatch (losswatch_spike, losswatch_accept); StateInfo,
  * state_bytes, state_path, state_header_make, state_header_parse,
  * state_read_header, state_read_arrays, state_load_record; Slot (slot_map,
- * slot_unmap, slot_fill); state_differs; run_id_format, run_id_read.
+ * slot_unmap, slot_fill); state_differs; run_id_format, run_id_read;
+ * run_tag; RunLock (run_lock, run_lock_path, run_unlock: one trainer per run
+ * directory).
  */
 #ifndef GPTC_STATE_H
 #define GPTC_STATE_H
@@ -32,6 +34,8 @@
  *   - on disk: <dir>/state_<step>_rank<r>.bin, and once every rank's file is
  *     there rank 0 writes <dir>/state_<step>.complete: a step counts as saved
  *     on disk only with that marker.
+ * Only one trainer writes them at a time (run_lock, at the end of this file):
+ * rank 0 holds <dir>/.lock, and each rank its slots' lock in --shm-dir.
  * Format (all little-endian, fixed width, no raw structs):
  *   256 int32 header: [0] magic 20261103, [1] version 2, [2] step, [3] rank,
  *     [4] world, [5] zero, [6] B, [7] T, [8] total batch, [9] seed,
@@ -471,5 +475,89 @@ static int run_id_read(const char* dir, uint64_t* nonce) {
     *nonce = v;
     return 1;
 }
+
+/* The tag that names a run's snapshot slots and their lock in --shm-dir: a
+ * hash of the output folder's absolute path, so a restarted run finds its
+ * memory and two runs never share it (gptc/saver.h's slot_path). */
+static uint64_t run_tag(const char* output_dir) {
+    char real[4096];
+    const char* dir = realpath(output_dir, real) ? real : output_dir;
+    return fnv1a(0xCBF29CE484222325ull, dir, strlen(dir));
+}
+
+/* One trainer per run directory. Two trainers on one --output-dir (a second
+ * launch while the first runs, a standby woken too early) would overwrite
+ * each other's run.id, states and snapshots, and the survivor would then
+ * call fine states corrupt. So each process locks, before it writes
+ * anything, exactly what it could overwrite:
+ *   - rank 0, the output folder: <dir>/.lock. Every rank writes its state
+ *     files there, but the ranks of one job start, write and die together
+ *     (a failed rank ends the job: MPI_Abort, mpirun), so the job is one
+ *     holder, and rank 0 stands for it; a second job's rank 0 is refused and
+ *     its ranks stop together before any of them writes (train_run_init
+ *     takes the locks before the log, the slots and run.id);
+ *   - each rank with memory snapshots, its slots in --shm-dir:
+ *     <shm>/gptc-<tag>-at<r>.lock covers every slot rank r keeps (its own
+ *     and its neighbour's replicas, "-at<r>-"). /dev/shm is per host, so
+ *     this also holds where the output folder's file system has no locks.
+ * A lock is an flock (util.h's file_lock): the kernel drops it when the
+ * process dies, so a restart under scripts/supervise.py or Slurm, which
+ * waits for the old processes to end, gets it at once. (A standby trainer
+ * that does its set-up ahead of a failure, once there is one, must take it
+ * only when it is promoted: the set-up before train_run_init writes nothing.) */
+typedef struct {
+    FileLock dir, shm;
+} RunLock;
+
+/* The lock file of `which` (0: the output folder's, 1: rank's slots'). */
+static void run_lock_path(char* out, size_t cap, const char* output_dir, const char* shm_dir, int rank, int which) {
+    if (which == 0) snprintf(out, cap, "%s/.lock", output_dir);
+    else snprintf(out, cap, "%s/gptc-%016llx-at%d.lock", shm_dir, (unsigned long long)run_tag(output_dir), rank);
+}
+
+/* The end of the run: give the locks back (`remove_shm`: the slots are
+ * gone, so is their lock file; the output folder's stays, it is tiny). */
+static void run_unlock(RunLock* l, int remove_shm) {
+    file_unlock(&l->shm, remove_shm);
+    file_unlock(&l->dir, 0);
+}
+
+/* Lock the run's folders for this process (above): `shm_dir` NULL when the
+ * run keeps no memory snapshots. 0, or -1 after a message that names the
+ * holder: exit then, before touching anything. Under MPI the ranks decide
+ * together (every refused rank says why before any of them aborts, so rank
+ * 0's word on the output folder is never cut short by another rank's
+ * abort); elsewhere, each rank for itself. */
+static int run_lock(RunLock* l, const char* output_dir, const char* shm_dir, int rank) {
+    l->dir.fd = l->shm.fd = -1;
+    if (!output_dir[0]) return 0;
+    int refused = 0;
+    for (int which = 0; which < 2 && !refused; which++) {
+        if ((which == 0 && rank != 0) || (which == 1 && !shm_dir)) continue;
+        char path[4400], holder[512];
+        run_lock_path(path, sizeof(path), output_dir, shm_dir, rank, which);
+        int rc = file_lock(which == 0 ? &l->dir : &l->shm, path, holder, sizeof(holder));
+        if (rc == LOCK_HELD && which == 0)
+            fprintf(stderr, "error: --output-dir %s is in use by %s: wait for it, or use another --output-dir\n",
+                    output_dir, holder);
+        if (rc == LOCK_HELD && which == 1)
+            fprintf(stderr, "error: rank %d: --shm-dir %s holds the memory snapshots of --output-dir %s, in use by %s: "
+                    "wait for it, or use another --output-dir\n", rank, shm_dir, output_dir, holder);
+        if (rc == LOCK_UNSUPPORTED)
+            fprintf(stderr, "warning: rank %d: cannot lock %s (%s): nothing stops a second trainer on this run from "
+                    "overwriting its states; start one at a time\n", rank, path, holder);
+        refused = rc == LOCK_HELD || rc == LOCK_FAILED;
+    }
+#ifdef USE_MPI
+    int up = 0, down = 0;
+    MPI_CHECK(MPI_Initialized(&up));
+    MPI_CHECK(MPI_Finalized(&down));
+    if (up && !down) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+#endif
+    if (!refused) return 0;
+    run_unlock(l, 0);
+    return -1;
+}
+
 
 #endif /* GPTC_STATE_H */

@@ -5,7 +5,8 @@
  * can skip it. Defines: MAYBE_UNUSED, RESTRICT; CHECK, ALWAYS, FILE_ERROR
  * (checked calls, named invariants, file errors); xmalloc, xmalloc_floats;
  * time_ms, unix_ms; num_threads; file_size, file_open_read, read_exact,
- * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; HEADER_INTS (the
+ * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; FileLock
+ * (file_lock, file_unlock: one process at a time); HEADER_INTS (the
  * 256-int32 header of every llm.c file); Rng with rng_init, rng_u32,
  * rng_uniform, rng_normal (seeded, one uint64 of state).
  */
@@ -26,6 +27,8 @@
 #include <glob.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/file.h> /* flock */
+#include <fcntl.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -200,6 +203,86 @@ static int mkdir_p(const char* path) {
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) { errno = ENOTDIR; return -1; }
     return 0;
+}
+
+/* One process at a time: an exclusive flock(2) on a small file. The kernel
+ * drops it when the holder's last descriptor closes, which happens however
+ * the process ends (exit, crash, SIGKILL, a node's reboot for a local file),
+ * so a dead holder never leaves a stale lock behind and its successor gets
+ * the lock at once. The holder writes one line into the file, "pid N on host
+ * H (started T)", so whoever is refused can say who holds it. (flock works
+ * across hosts on NFS, which Linux emulates with byte-range locks; a file
+ * system without locks says so, and the caller decides.) */
+typedef struct {
+    int fd;           /* -1: not held */
+    char path[4400];
+} FileLock;
+
+enum { LOCK_TAKEN = 0, LOCK_HELD = 1, LOCK_UNSUPPORTED = 2, LOCK_FAILED = -1 };
+
+/* Take the lock on `path` (created if missing), without waiting. Returns
+ * LOCK_TAKEN; LOCK_HELD with the holder's line in `holder`; LOCK_UNSUPPORTED
+ * (the file system has no locks; reason in `holder`); or LOCK_FAILED (said). */
+static int file_lock(FileLock* l, const char* path, char* holder, size_t cap) {
+    l->fd = -1;
+    snprintf(l->path, sizeof(l->path), "%s", path);
+    holder[0] = '\0';
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* CLOEXEC: no child inherits it */
+        if (fd < 0) {
+            FILE_ERROR(path, "cannot create the lock file: %s", strerror(errno));
+            return LOCK_FAILED;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            if (e == EWOULDBLOCK) { /* its line (the holder may not have written it yet: a few us) */
+                ssize_t n = pread(fd, holder, cap - 1, 0);
+                holder[n > 0 ? n : 0] = '\0';
+                for (char* c = holder; *c; c++)
+                    if (*c == '\n') *c = '\0';
+                    else if ((unsigned char)*c < 32) *c = '?';
+                if (!holder[0]) snprintf(holder, cap, "another process (it has not said which yet)");
+            } else {
+                snprintf(holder, cap, "%s", strerror(e));
+            }
+            close(fd);
+            if (e == EWOULDBLOCK) return LOCK_HELD;
+            if (e == ENOLCK || e == EOPNOTSUPP || e == ENOSYS || e == EINVAL) return LOCK_UNSUPPORTED;
+            FILE_ERROR(path, "cannot lock: %s", strerror(e));
+            return LOCK_FAILED;
+        }
+        /* a holder that finished may have removed the file between our open
+         * and our flock: then we hold a lock on a name nobody sees. Again. */
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            char host[256] = "?", line[512];
+            if (gethostname(host, sizeof(host)) != 0) snprintf(host, sizeof(host), "?");
+            host[sizeof(host) - 1] = '\0';
+            time_t now = time(NULL);
+            struct tm t;
+            char when[64] = "?";
+            if (gmtime_r(&now, &t)) strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", &t);
+            int n = snprintf(line, sizeof(line), "pid %d on host %s (started %s)\n", (int)getpid(), host, when);
+            /* a sign for the refused, not a record: unchecked beyond a warning */
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n)
+                fprintf(stderr, "warning: %s: cannot write the holder's pid into the lock file\n", path);
+            l->fd = fd;
+            return LOCK_TAKEN;
+        }
+        close(fd);
+    }
+    FILE_ERROR(path, "cannot lock: the lock file keeps being removed and created again");
+    return LOCK_FAILED;
+}
+
+/* Give the lock back; `remove_file`: remove the file first (while still
+ * holding it, so a process that opened it meanwhile sees it gone and tries
+ * again on the new one). */
+static void file_unlock(FileLock* l, int remove_file) {
+    if (l->fd < 0) return;
+    if (remove_file) unlink(l->path);
+    close(l->fd); /* the lock goes with the last descriptor */
+    l->fd = -1;
 }
 
 /* A glob pattern for the files `literal` + `wild` (wild: "*.txt", ...):

@@ -1,61 +1,103 @@
 #!/usr/bin/env bash
 # bench_failover.sh — `make bench-failover`: what protecting a run costs, and
-# what a crash costs, for GPT-2 124M (d12) on this machine.
+# what a crash costs, on this machine.
 #
-#   scripts/bench_failover.sh [steps per run, default 22]
+#   scripts/bench_failover.sh [--gpt2] [--steps N] [--kills K]
+#       --gpt2      GPT-2 124M (d12, as the README's figures; much longer
+#                   here: a state and model file are 2 GB, ~9 s to write).
+#                   Default: a small GPT (d4, C=256, 16M parameters, 260 MB
+#                   per save) that runs in a few minutes. MODEL="--model ..."
+#                   in the environment picks any other.
+#       --steps N   steps per run in part 1 (default 12)
+#       --kills K   kills per recovery source in part 2 (default 3)
 #
+# 0. The machine: cores, load, and its first-touch bandwidth: 512 MiB of
+#    fresh memory written once (every page faulted in by the kernel: what a
+#    trainer's start-up pays for its arrays) against a second pass over the
+#    same pages. Start-up time on such a VM is page faults, not work.
 # 1. Snapshot cost. The same training (B=4, T=64, all cores) with:
 #      no snapshots                                   the baseline
 #      memory snapshots every step, two-phase         --snapshot-every 1
 #      memory snapshots every step, synchronous       --snapshot-every 1 --save-async 0
 #      + disk every 10 steps, two-phase               --snapshot-every 1 --save-every 10
 #      disk every 10 steps, synchronous               --save-every 10 --save-async 0
-#    (a GPT-2 124M state and model file are 2 GB: this VM's disk takes ~5 s
-#    to write and sync them, so saving more often than every ~5 steps of
-#    1.1 s would outrun the disk whatever the trainer does)
+#    and the baseline again at the end (on a shared machine the other jobs'
+#    load moves every row: the two baselines show by how much).
 #    Printed: the mean step time (steps 3..N, wall clock from the end of
 #    step 2 to the end of step N, so it includes everything a snapshot
-#    costs), its
-#    overhead against the baseline, and the stall per snapshot the trainer
-#    measured (the time the step waited for the copy; the whole copy, and
-#    the write, when synchronous).
+#    costs), its overhead against the baseline, and the stall per snapshot
+#    the trainer measured (the time the step waited for the copy; the whole
+#    copy, and the write, when synchronous).
 # 2. Recovery. A run with memory snapshots every step and disk every 5 is
-#    killed (SIGKILL) after step 8 and restarted with --resume 1:
-#      from memory: the /dev/shm snapshot is there;
-#      from disk:   the snapshots are removed (a replaced host) and the state
-#                   files dropped from the page cache (posix_fadvise), so they
-#                   are read from the disk.
-#    Printed: crash -> first completed step, split into launch (to main),
-#    model (built, data opened, snapshot memory mapped), state load and the
-#    first step; and
-#    the steps lost (the last completed step before the kill minus the step
-#    resumed from).
+#    killed (SIGKILL) K times per source, each time only once a complete
+#    state is on disk (its state_<step>.complete marker: a kill before that
+#    would leave no disk state to recover from) and the attempt before has
+#    done a few steps, and restarted with --resume 1:
+#      memory:  its own /dev/shm snapshot is there;
+#      replica: 2 ranks (train_gpt_mpi, when built); rank 1 is killed and its
+#               own snapshots removed (a replaced host): it takes the copy
+#               rank 0 keeps of its state;
+#      disk:    the snapshots are removed and the newest state's files
+#               dropped from the page cache (posix_fadvise), so they are
+#               read from the disk.
+#    Printed per source: the median over the kills of crash -> first
+#    completed step, split into launch (to main), model (built, data opened,
+#    snapshot memory mapped), state load and the first step; and the steps
+#    lost (the last completed step before the kill minus the step resumed
+#    from).
 # 3. Bytes written per save: one rank's state file against the full state
 #    (12 bytes per parameter), and the model file.
 set -eu
 cd "$(dirname "$0")/.."
-STEPS=${1:-22}
+STEPS=12
+KILLS=3
+MODEL=${MODEL:-"--model d4 --channels 256 --num-heads 4"}
+while [ $# -gt 0 ]; do
+    case $1 in
+    --gpt2) MODEL="--model d12" ;;
+    --steps) STEPS=$2; shift ;;
+    --kills) KILLS=$2; shift ;;
+    [0-9]*) STEPS=$1 ;; # (the old form: steps per run)
+    *) echo "usage: $0 [--gpt2] [--steps N] [--kills K]" >&2; exit 2 ;;
+    esac
+    shift
+done
 BIN=./train_gpt
+BIN_MPI=./train_gpt_mpi
 PY=${PYTHON:-/usr/bin/python3}
 dir=$(mktemp -d /tmp/gptc_benchfo.XXXXXX)
-shm=/dev/shm/gptc_benchfo.$$
-mkdir -p "$shm"
-trap 'rm -rf "$dir" "$shm"' EXIT
+shm=$(mktemp -d /dev/shm/gptc_benchfo.XXXXXX)
+live="" # the trainer (or mpirun) running now, killed on the way out
+trap '[ -n "$live" ] && kill -KILL $live 2>/dev/null; wait 2>/dev/null; rm -rf "$dir" "$shm"' EXIT
+now_ms() { date +%s%3N; }
 $PY scripts/toy_shard.py "$dir/train.bin" 400000 50257 0 >/dev/null
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%F)"
-COMMON="--model d12 -i $dir/train.bin -b 4 -t 64 --val-every 0 --sample-every 0 --shm-dir $shm"
+$PY - <<'EOF'
+import ctypes, mmap, time
+n = 512 << 20
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+t0 = time.perf_counter(); ctypes.memset(addr, 1, n); t1 = time.perf_counter(); ctypes.memset(addr, 2, n); t2 = time.perf_counter()
+try: thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1].split("]")[0]
+except (OSError, IndexError): thp = "unknown"
+print(f"first touch of 512 MiB of fresh memory: {(t1 - t0) * 1e3:.0f} ms = {n / (t1 - t0) / 1e9:.2f} GB/s; a second pass: "
+      f"{(t2 - t1) * 1e3:.0f} ms = {n / (t2 - t1) / 1e9:.1f} GB/s (transparent huge pages: {thp})")
+del addr
+m.close()
+EOF
+COMMON="$MODEL -i $dir/train.bin -b 4 -t 64 --val-every 0 --sample-every 0 --shm-dir $shm"
 
 step_ms() { # the mean wall-clock step time of steps 3..N in a JSONL log (so a save every 5th step counts)
     grep -o '"unix_ms": [0-9]*' "$1" | cut -d' ' -f2 | awk 'NR == 2 { a = $1 } { b = $1; n = NR } END { printf "%.0f", (b - a) / (n - 2) }'
 }
 echo
-echo "1. snapshot cost (GPT-2 124M, B=4, T=64, $STEPS steps)"
+echo "1. snapshot cost (B=4, T=64, $STEPS steps)"
 printf "%-46s %8s %9s   %s\n" "configuration" "ms/step" "overhead" "stall per snapshot (trainer's figure)"
 base=
 for cfg in "none|" "memory every step, two-phase|--snapshot-every 1" \
            "memory every step, synchronous|--snapshot-every 1 --save-async 0" \
            "memory every step + disk every 10, two-phase|--snapshot-every 1 --save-every 10" \
-           "disk every 10, synchronous|--save-every 10 --save-async 0"; do
+           "disk every 10, synchronous|--save-every 10 --save-async 0" "none, again (the drift: other load)|"; do
     label=${cfg%%|*}
     flags=${cfg#*|}
     name=$(echo "$label" | tr -c 'a-z0-9' '_')
@@ -63,17 +105,23 @@ for cfg in "none|" "memory every step, two-phase|--snapshot-every 1" \
     [ -n "$flags" ] && out="-o $dir/$name"
     $BIN $COMMON -x "$STEPS" $flags $out --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
     ms=$(step_ms "$dir/$name.jsonl")
-    [ -z "$base" ] && base=$ms
+    if [ -z "$base" ]; then
+        base=$ms
+        P=$(sed -n 's/.*model: .*, \([0-9]*\) parameters.*/\1/p' "$dir/$name.out")
+        echo "(model: $MODEL, $P parameters; a state is 12 x P = $(awk -v p="$P" 'BEGIN { printf "%.0f", 12 * p / 1e6 }') MB)"
+    fi
     stall=$(sed -n 's/^snapshots: [0-9]* taken, stall \([0-9.]*\) ms per snapshot on average (worst \([0-9.]*\) ms).*/\1 ms (worst \2 ms)/p' "$dir/$name.out")
     awk -v l="$label" -v ms="$ms" -v b="$base" -v st="${stall:--}" \
         'BEGIN { printf "%-46s %8d %8.1f%%   %s\n", l, ms, 100 * (ms - b) / b, st }'
     awk -v ms="$ms" -v st="${stall%% *}" -v l="$label" \
         'BEGIN { if (st != "" && st != "-") printf "%-46s %8s %9s   = %.2f%% of a step\n", "", "", "", 100 * st / ms }'
+    rm -rf "$dir/$name" "$shm"/gptc-*
 done
+echo "(load now $(cut -d' ' -f1-3 /proc/loadavg): on a shared machine the rows move with the other jobs; compare them"
+echo " with the two baselines)"
 
 echo
-echo "2. recovery after SIGKILL (memory snapshots every step, disk every 5)"
-printf "%-12s %9s %8s %9s %8s %9s %9s %6s\n" "from" "total ms" "launch" "model" "load" "1st step" "resumed" "lost"
+echo "2. recovery after SIGKILL (memory snapshots every step, disk every 5; median of $KILLS kills per source)"
 fadvise_dontneed() { # drop files from the page cache (they are fsync'd, so clean)
     $PY - "$@" <<'EOF'
 import os, sys
@@ -83,39 +131,104 @@ for path in sys.argv[1:]:
     os.close(fd)
 EOF
 }
-for from in memory disk; do
+newest_complete() { # the step of the newest state_<step>.complete in $1, or 0
+    local f s=0
+    for f in "$1"/state_*.complete; do [ -e "$f" ] && f=${f##*/state_} && f=${f%.complete} && [ $((10#$f)) -gt $s ] && s=$((10#$f)); done
+    echo $s
+}
+last_step() { grep -o '"step": [0-9]*, "loss"' "$1" 2>/dev/null | tail -1 | grep -o '[0-9]*' || echo 0; }
+# wait_for FILE PATTERN SECONDS PID: until FILE has a line matching PATTERN;
+# 1 when PID exits first or the time runs out
+wait_for() {
+    local i
+    for ((i = 0; i < $3 * 20; i++)); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$4" 2>/dev/null || { grep -q "$2" "$1" 2>/dev/null; return; }
+        sleep 0.05
+    done
+    return 1
+}
+descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
+rank_pid() { # the train_gpt_mpi process of rank $2 below mpirun $1
+    local p
+    for p in $(descendants "$1"); do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && echo $p && return
+    done
+}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca odls_base_sigkill_timeout 0 --mca btl_vader_backing_directory $shm"
+sources="memory disk"
+if [ -x "$BIN_MPI" ] && command -v mpirun > /dev/null; then sources="memory replica disk"
+else echo "(no $BIN_MPI or mpirun: the replica source is left out; make train_gpt_mpi)"; fi
+: > "$dir/recovery.txt"
+for from in $sources; do
     run="$dir/rec_$from"
-    FLAGS="$COMMON --verbose 1 -x 40 --snapshot-every 1 --save-every 5 -o $run --log-file $run.jsonl"
-    $BIN $FLAGS > "$run.1.out" 2>&1 &
-    pid=$!
-    while ! grep -q '"step": 8,' "$run.jsonl" 2>/dev/null; do sleep 0.05; done
-    last=$(grep -o '"step": [0-9]*, "loss"' "$run.jsonl" | tail -1 | grep -o '[0-9]*')
-    kill -9 $pid
-    crash=$($PY -c 'import time; print(int(time.time() * 1000))')
-    wait $pid 2>/dev/null || true
-    last=$(grep -o '"step": [0-9]*, "loss"' "$run.jsonl" | tail -1 | grep -o '[0-9]*')
-    if [ $from = disk ]; then
-        rm -f "$shm"/gptc-*
-        fadvise_dontneed "$run"/state_*_rank0.bin
-    fi
-    spawn=$($PY -c 'import time; print(int(time.time() * 1000))')
-    $BIN $FLAGS -x 10 --resume 1 > "$run.2.out" 2>&1 || { echo "restart failed:"; tail -5 "$run.2.out"; exit 1; }
-    at() { sed -n "s/^timing: $1 at \([0-9]*\).*/\1/p" "$run.2.out"; }
-    start=$(sed -n 's/^timing: communicator ready at [0-9]* (+[0-9]* ms since process start \([0-9]*\)).*/\1/p' "$run.2.out")
-    resumed=$(sed -n 's/^resume: continuing after step \([0-9]*\).*/\1/p' "$run.2.out")
-    awk -v f="$from" -v c="$crash" -v st="$start" -v mr="$(at 'model ready')" \
-        -v ld="$(at 'state loaded')" -v fs="$(at 'first step done')" -v last="$last" -v res="${resumed:-0}" \
-        'BEGIN { printf "%-12s %9d %8d %9d %8d %9d %9d %6d\n", f, fs - c, st - c, mr - st, ld - mr, fs - ld, res, last - res }'
-    grep -h "resume:" "$run.2.out" | sed 's/^/    /'
+    FLAGS="$COMMON --verbose 1 -x 100000 --snapshot-every 1 --save-every 5 --keep-last 2 -o $run --log-file $run.jsonl"
+    launch() { # the trainer (2 ranks for the replica), in the background: $live
+        if [ $from = replica ]; then $MPIRUN -np 2 $BIN_MPI $FLAGS -b 2 --threads 1 --zero 1 "$@" > "$run.$k.out" 2>&1 &
+        else $BIN $FLAGS "$@" > "$run.$k.out" 2>&1 & fi
+        live=$!
+    }
+    k=0
+    launch
+    wait_for "$run.0.out" '^timing: first step done' 600 $live || { echo "$from: the first run did not start:"; tail -5 "$run.0.out"; exit 1; }
+    resumed=0
+    for ((k = 1; k <= KILLS; k++)); do
+        # a complete state on disk newer than the one resumed from, and a few steps past the resume
+        for ((i = 0; i < 12000; i++)); do
+            [ "$(newest_complete "$run")" -gt "$resumed" ] && [ "$(last_step "$run.jsonl")" -ge $((resumed + 3)) ] && break
+            kill -0 $live 2>/dev/null || { echo "$from: the trainer ended:"; tail -5 "$run.$((k - 1)).out"; exit 1; }
+            sleep 0.05
+        done
+        if [ $from = replica ]; then kill -KILL "$(rank_pid $live 1)"; else kill -KILL $live; fi
+        crash=$(now_ms)
+        wait $live 2>/dev/null || true
+        live=""
+        last=$(last_step "$run.jsonl")
+        if [ $from = replica ]; then rm -f "$shm"/gptc-*-state1-at1-*.bin; fi
+        if [ $from = disk ]; then
+            rm -f "$shm"/gptc-*
+            s=$(newest_complete "$run")
+            fadvise_dontneed "$run"/state_$(printf %08d "$s")_rank*.bin "$run"/model_$(printf %08d "$s").bin
+        fi
+        launch --resume 1
+        wait_for "$run.$k.out" '^timing: first step done' 600 $live || { echo "$from: restart $k failed:"; tail -5 "$run.$k.out"; exit 1; }
+        at() { sed -n "s/^timing: $1 at \([0-9]*\).*/\1/p" "$run.$k.out" | head -1; }
+        start=$(sed -n 's/^timing: communicator ready at [0-9]* (+[0-9]* ms since process start \([0-9]*\)).*/\1/p' "$run.$k.out" | head -1)
+        resumed=$(sed -n 's/^resume: continuing after step \([0-9]*\).*/\1/p' "$run.$k.out" | head -1)
+        how=$(grep -m1 '^resume: continuing' "$run.$k.out" | sed 's/.*; //')
+        echo "$from $crash $start $(at 'model ready') $(at 'state loaded') $(at 'first step done') $last ${resumed:-0} $how" >> "$dir/recovery.txt"
+    done
+    [ -n "$live" ] && kill -KILL $live 2>/dev/null
+    wait $live 2>/dev/null || true
+    live=""
+    rm -f "$shm"/gptc-*
 done
-echo "(launch: from the kill to main(); model: building the model (zeros: the random init waits for the verdict), the"
-echo " data, and mapping the snapshot memory, which from disk means allocating it anew, as on a new host; load: finding"
-echo " and reading the state; 1st step: the first step, with its page faults)"
+$PY - "$dir/recovery.txt" <<'EOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split(maxsplit=8)
+    crash, start, model, loaded, first, last, resumed = map(int, f[1:8])
+    rows.setdefault(f[0], []).append((first - crash, start - crash, model - start, loaded - model, first - loaded,
+                                      last - resumed, f[8].strip() if len(f) > 8 else ""))
+print(f"{'from':<8} {'kills':>5} {'total ms':>9} {'launch':>7} {'model':>7} {'load':>7} {'1st step':>9} {'lost':>5}   (medians; all totals)")
+for src, rs in rows.items():
+    med = [statistics.median(r[i] for r in rs) for i in range(6)]
+    print(f"{src:<8} {len(rs):>5} {med[0]:>9.0f} {med[1]:>7.0f} {med[2]:>7.0f} {med[3]:>7.0f} {med[4]:>9.0f} {med[5]:>5.0f}"
+          f"   ({', '.join(str(r[0]) for r in rs)})")
+    print(f"{'':<8} resumed: {rs[-1][6]}")
+EOF
+echo "(launch: from the kill to main(); with 2 ranks, mpirun's start too. model: building the model (zeros: the random"
+echo " init waits for the verdict), the data, and mapping the snapshot memory, which from disk means allocating it anew,"
+echo " as on a new host; load: finding and reading the state; 1st step: the first step, with its page faults)"
 
 echo
 echo "3. bytes written per save"
-st=$(ls "$dir"/rec_disk/state_*_rank0.bin | head -1)
-P=$(sed -n 's/.*model: .*, \([0-9]*\) parameters.*/\1/p' "$dir/rec_disk.1.out")
-awk -v s="$(stat -c %s "$st")" -v p="$P" -v m="$(stat -c %s "$(ls "$dir"/rec_disk/model_*.bin | head -1)")" \
-    'BEGIN { printf "one rank of 1: state %.0f MB (full state 12 x P = %.0f MB), model file %.0f MB\n", s / 1e6, 12 * p / 1e6, m / 1e6 }'
-echo "with W ranks each writes 1/W of it (its slice; see scripts/test_failover.sh for the 2-rank sizes)"
+st=$(ls "$dir"/rec_disk/state_*_rank0.bin | tail -1)
+awk -v s="$(stat -c %s "$st")" -v p="$P" -v m="$(stat -c %s "$(ls "$dir"/rec_disk/model_*.bin | tail -1)")" \
+    'BEGIN { printf "one rank of 1: state %.0f MB (full state 12 x P = %.0f MB), model file %.0f MB: %.0f MB per save\n",
+             s / 1e6, 12 * p / 1e6, m / 1e6, (s + m) / 1e6 }'
+if [ -d "$dir/rec_replica" ]; then
+    st=$(ls "$dir"/rec_replica/state_*_rank1.bin | tail -1)
+    awk -v s="$(stat -c %s "$st")" 'BEGIN { printf "2 ranks (ZeRO-1): each writes its slice, %.0f MB (rank 1), and sends as much to its neighbour per snapshot\n", s / 1e6 }'
+fi

@@ -2,7 +2,8 @@
 # test_failover.sh — a run that is killed again and again under
 # scripts/supervise.py ends bit for bit where an uninterrupted run ends.
 #
-#   scripts/test_failover.sh [./train_gpt] [./train_gpt_mpi]   (make test-failover builds both and runs this)
+#   scripts/test_failover.sh [./train_gpt] [./train_gpt_mpi] [./train_gpt_cu_cpu]
+#   (make test-failover builds the first two and runs this)
 #
 # A small GPT (d2, C=128, T=64: 10-25 ms a step and about 30 ms to write a
 # state here, so kills land in every phase) trains 48 steps with a state
@@ -33,6 +34,13 @@
 #     and the final model is still cmp-identical (for rank 1, rank 0, and
 #     both at once: each then holds the replica the other needs, and the two
 #     transfers must not wait on each other, which a blocking send did);
+#   - one trainer per run directory: a second trainer on a running (SIGSTOPped)
+#     trainer's --output-dir, launched without --resume (it would write a
+#     new run.id first), is refused with the holder's pid and host, and
+#     changes no byte of the first's folder and memory snapshots; the first
+#     then finishes cmp-identical (1 process, 2 ranks, and the CUDA twin on
+#     the CPU when ./train_gpt_cu_cpu is built). After a SIGKILL of the
+#     holder, a new trainer gets the lock at once and resumes;
 #   - a hang: SIGSTOP to one rank; the heartbeat goes stale (--stale-s 4),
 #     the supervisor kills the attempt's whole session and restarts it; the
 #     final model is still cmp-identical;
@@ -247,6 +255,79 @@ for victim in 1 0 both; do # both: each rank lost its own snapshots, each holds 
         check ok "$name: $([ $victim = both ] && echo "rank 0 killed and both ranks' own snapshots removed" || echo "rank $victim killed and its own snapshots removed") at step ${hb:-?}: restored from the neighbour's replica, final model cmp-identical" "$from" ||
         check FAIL "$name: rank $victim restored from its neighbour's replica" "exit $rc: $from $(tail -2 "$dir/$run.2.out")"
 done
+
+# one trainer per run directory: the first runs (stopped with SIGSTOP, so
+# it holds its lock while nothing changes); a second on its --output-dir,
+# without --resume, must be refused before it writes anything
+files_sum() { find "$@" -type f ! -name '*.hb' -print0 2>/dev/null | sort -z | xargs -0 md5sum 2>/dev/null | md5sum; }
+job_pids() { for p in $(descendants "$1") "$1"; do [ "$(cat /proc/$p/comm 2>/dev/null)" = "$2" ] && echo $p; done; }
+for name in one-mem np2-zero1-mem; do
+    ref=${REF[$name]}
+    run=$name-lock
+    ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --heartbeat "$dir/$run.hb" > "$dir/$run.1.out" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do hb=$(hb_step "$dir/$run.hb"); [ "${hb:-0}" -ge 6 ] && break; sleep 0.02; done
+    procs=$(job_pids $job ${PROC[$name]})
+    kill -STOP $procs
+    sleep 0.2 # (a write in flight lands)
+    before=$(files_sum "$dir/$run" "$shm"/gptc-*) # (Open MPI's own segments in $shm come and go)
+    out=$(timeout -k 5 60 ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.2.jsonl" 2>&1)
+    rc=$?
+    after=$(files_sum "$dir/$run" "$shm"/gptc-*)
+    named=$(echo "$out" | sed -n 's/^error: --output-dir .* is in use by pid \([0-9]*\) on host .*/\1/p' | head -1)
+    kill -CONT $procs
+    wait $job
+    rc1=$?
+    want="error: --output-dir $dir/$run is in use by pid "
+    [ $rc -ne 0 ] && [[ "$out" == *"$want"*" on host $(hostname) (started "*"): wait for it, or use another --output-dir"* ]] &&
+        [[ " $(echo $procs) " == *" $named "* ]] && [ "$before" = "$after" ] && [ ! -e "$dir/$run.2.jsonl" ] &&
+        [ $rc1 -eq 0 ] && cmp -s "$dir/$ref.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/$ref.ref.jsonl" "$dir/$run.jsonl" &&
+        check ok "$name: a second trainer on a running trainer's --output-dir (at step $hb) is refused, nothing of the first's changed; the first ends cmp-identical" \
+            "$(echo "$out" | grep -m1 '^error: --output-dir' | sed "s|$dir/||")" ||
+        check FAIL "$name: a second trainer on the same --output-dir is refused and the first ends cmp-identical" \
+            "second: exit $rc, files $([ "$before" = "$after" ] && echo same || echo CHANGED): $(echo "$out" | grep -m2 'error' | tr '\n' ' '); first: exit $rc1 $(tail -2 "$dir/$run.1.out")"
+done
+# the holder SIGKILLed: the kernel drops its lock; a new trainer takes it at once
+name=one-mem
+run=$name-killed-holder
+${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --heartbeat "$dir/$run.hb" > "$dir/$run.1.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do hb=$(hb_step "$dir/$run.hb"); [ "${hb:-0}" -ge 10 ] && break; sleep 0.02; done
+kill -KILL $job
+wait $job 2>/dev/null
+t0=$(date +%s%3N)
+timeout -k 5 60 ${CMD[$name]} -o "$dir/$run" --log-file "$dir/$run.jsonl" --resume 1 > "$dir/$run.2.out" 2>&1
+rc=$?
+ms=$(sed -n 's/^timing: model ready at \([0-9]*\).*/\1/p' "$dir/$run.2.out")
+from=$(grep -m1 "^resume: continuing" "$dir/$run.2.out")
+[ $rc -eq 0 ] && ! grep -q "in use by" "$dir/$run.2.out" && [ -n "$from" ] &&
+    cmp -s "$dir/one.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/one.ref.jsonl" "$dir/$run.jsonl" &&
+    check ok "$name: the lock's holder SIGKILLed at step $hb: a new trainer gets the lock at once, resumes, final model cmp-identical" "$from" ||
+    check FAIL "$name: after a SIGKILL of the holder a new trainer gets the lock" "exit $rc: $(grep -m2 'error' "$dir/$run.2.out")"
+# the CUDA twin, executed on the CPU (when built: make train_gpt_cu_cpu): the
+# same lock, taken in the same train_run_init
+# (the third argument; else ./train_gpt_cu_cpu if it is newer than the sources that take the lock)
+CU=${3:-./train_gpt_cu_cpu}
+if [ -x "$CU" ] && { [ -n "${3:-}" ] || [ "$CU" -nt train_gpt.c -a "$CU" -nt gptc/state.h -a "$CU" -nt gptc/util.h ]; }; then
+    run=cu-lock
+    $BIN $COMMON -b 6 -x 2000 --snapshot-every 1 --shm-dir "$shm" -o "$dir/$run" --heartbeat "$dir/$run.hb" > "$dir/$run.1.out" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do hb=$(hb_step "$dir/$run.hb"); [ "${hb:-0}" -ge 3 ] && break; sleep 0.02; done
+    kill -STOP $job
+    before=$(files_sum "$dir/$run" "$shm"/gptc-*)
+    out=$(timeout -k 5 120 "$CU" $COMMON -b 6 -o "$dir/$run" 2>&1)
+    rc=$?
+    after=$(files_sum "$dir/$run" "$shm"/gptc-*)
+    kill -CONT $job
+    kill -KILL $job
+    wait $job 2>/dev/null
+    [ $rc -ne 0 ] && [[ "$out" == *"error: --output-dir $dir/$run is in use by pid $job on host $(hostname) (started "* ]] &&
+        [ "$before" = "$after" ] &&
+        check ok "the CUDA twin (on the CPU) on train_gpt's running --output-dir: refused the same way, nothing changed" ||
+        check FAIL "the CUDA twin (on the CPU) on a running --output-dir is refused" "exit $rc: $(echo "$out" | tail -2)"
+else
+    echo "note: $CU not built, or older than the sources (make train_gpt_cu_cpu): the CUDA twin's refusal is not checked"
+fi
 
 # a hang: one rank stopped; the heartbeat goes stale
 name=np2-zero1
