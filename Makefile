@@ -10,6 +10,7 @@
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS (~60 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
+#   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; ~75 s; not in make test)
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
@@ -174,6 +175,14 @@ test-failover: train_gpt train_gpt_mpi
 # stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/test_resume.sh)
 test-resume: train_gpt train_gpt_mpi
 	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi
+
+# scripts/slurm_cpu.sbatch and slurm_supervised.sbatch under a real one-node
+# Slurm that the script starts and stops (a rank SIGKILLed, a step
+# scancelled, a job requeued: all bit-identical). Not in make test: it needs
+# root and Debian's slurm-wlm and munge (which CI does not install), and
+# takes ~75 s; it prints SKIPPED and passes without them.
+test-slurm: train_gpt_mpi
+	scripts/test_slurm.sh ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
@@ -517,4 +526,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-plan test-failover test-resume bench-dp bench-failover test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-plan test-failover test-resume test-slurm bench-dp bench-failover test-fast test-asan check-cxx bench clean

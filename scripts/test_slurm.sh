@@ -103,7 +103,7 @@ finish() {
     exit $(( failed > 0 ))
 }
 # a skip after the daemons were started: stop them, remove the folder, say why
-skip_started() { echo "SKIPPED: $*"; cleanup > /dev/null; [ -n "${KEEP:-}" ] || rm -rf "$dir"; exit 0; }
+skip_started() { echo "SKIPPED: $*"; exit 0; } # the EXIT trap stops what was started
 
 # a TCP port nothing listens on (another engineer's Slurm may be on 6817/6818)
 free_port() {
@@ -116,6 +116,8 @@ free_port() {
 
 # ---- the cluster: munge, slurm.conf, slurmctld, slurmd ----
 t0=$(date +%s%3N)
+trap 'cleanup > /dev/null; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT # until the cluster is up (then: finish)
+trap 'exit 130' INT TERM # an interrupted test still stops its cluster
 mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/log" "$dir/bin"
 if command -v mungekey > /dev/null; then mungekey --create --keyfile="$dir/munge/munge.key" 2>/dev/null
 else dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none; fi
