@@ -38,7 +38,8 @@
 #   3. slurm_supervised.sbatch requeued with `scontrol requeue` (after step
 #      12): the job runs again (Restarts=1, "restart 1" in its output), the
 #      trainer resumes from its newest state (not step 0), and the final model
-#      is cmp-identical.
+#      is cmp-identical;
+#   and the checker rejects a model with one weight changed.
 # The last line is "N passed, N failed"; the exit status is non-zero on a failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -230,6 +231,12 @@ s=$(wait_job "$job" 120)
 [ "$s" = COMPLETED ] && same_model "$dir/cpu" &&
     check ok "slurm_cpu.sbatch: job $job COMPLETED, final model cmp-identical to the mpirun run" "($(( $(date +%s%3N) - t )) ms)" ||
     check FAIL "slurm_cpu.sbatch: job $job COMPLETED, final model cmp-identical to the mpirun run" "state $s: $(tail -n 3 "$dir/cpu.out")"
+
+# the checker: it takes the job's model and must reject it with one weight changed
+mkdir "$dir/planted" && cp "$dir/cpu/log.jsonl" "$dir/cpu/$FINAL" "$dir/planted/" &&
+    printf '\xff\xff\xff\x7f' | dd of="$dir/planted/$FINAL" bs=1 seek=2000 conv=notrunc status=none # wte's weight 244 becomes a NaN
+same_model "$dir/cpu" && ! same_model "$dir/planted" && check ok "the checker rejects a model with one weight changed" ||
+    check FAIL "the checker rejects a model with one weight changed"
 
 # ---- 2. slurm_supervised.sbatch: a rank SIGKILLed, then a step scancelled ----
 t=$(date +%s%3N)
