@@ -10,7 +10,7 @@
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS (~60 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
-#   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; ~70 s; not in make test)
+#   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
@@ -180,7 +180,7 @@ test-resume: train_gpt train_gpt_mpi
 # Slurm that the script starts and stops (a rank SIGKILLed, a step
 # scancelled, a job requeued: all bit-identical). Not in make test: it needs
 # root and Debian's slurm-wlm and munge (which CI does not install), and
-# takes ~70 s; it prints SKIPPED and passes without them.
+# takes 70-105 s; it prints SKIPPED and passes without them.
 test-slurm: train_gpt_mpi
 	scripts/test_slurm.sh ./train_gpt_mpi
 

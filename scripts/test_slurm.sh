@@ -42,11 +42,11 @@
 #   and the checker rejects a model with one weight changed.
 # The last line is "N passed, N failed"; the exit status is non-zero on a failure.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BIN_MPI=${1:-./train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 STEPS=36
-CHECK_START=$(date +%s)
+CHECK_START=$(date +%s) # check.sh ends each line with the seconds since then
 
 skip() { echo "SKIPPED: $*"; exit 0; }
 for tool in slurmctld slurmd sbatch srun squeue scontrol scancel munged; do
@@ -215,7 +215,7 @@ wait_job() { # wait_job ID SECONDS: until it has ended; prints its final state
     done
     echo "$s"
 }
-hb_step() { local w="" s=""; { read -r w s _ < "$1"; } 2>/dev/null; [[ "$s" =~ ^[0-9]+$ ]] && echo "$s" || echo 0; }
+hb_step() { local s=""; { read -r _ s _ < "$1"; } 2>/dev/null; [[ "$s" =~ ^[0-9]+$ ]] && echo "$s" || echo 0; }
 wait_step() { # wait_step HEARTBEAT STEP: until rank 0 reports STEP or more (60 s at most)
     for _ in $(seq 6000); do [ "$(hb_step "$1")" -ge "$2" ] && return 0; sleep 0.01; done; return 1
 }
@@ -245,7 +245,7 @@ out=$dir/sup
 job=$(GPTC_OUT=$out GPTC_STALE_S=30 GPTC_STARTUP_S=60 $SBATCH --output="$dir/sup.out" scripts/slurm_supervised.sbatch $FLAGS)
 how=""
 if wait_step "$out/heartbeat" 10; then
-    victims=($(ranks))
+    mapfile -t victims < <(ranks)
     if [ ${#victims[@]} -eq 2 ]; then
         victim=${victims[RANDOM % 2]}
         kill -KILL "$victim" && how="SIGKILL rank pid $victim at step $(hb_step "$out/heartbeat")"
