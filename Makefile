@@ -39,7 +39,7 @@ ifeq ($(OPENMP),)
 $(warning OpenMP not found: building single-threaded; install gcc with libgomp for all cores)
 endif
 
-all: train_gpt prepare_data
+all: train_gpt prepare_data prepare_eval
 
 # train_gpt.c's plumbing, one include away (gptc/util.h, tokenizer.h, ...):
 # every program that includes train_gpt.c depends on them too
@@ -60,6 +60,10 @@ $(TOKENIZER_FILES):
 # text (a .txt file, a folder of them, or .jsonl) -> token shards
 prepare_data: prepare_data.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ prepare_data.c $(LDLIBS)
+
+# a multiple-choice eval set (HellaSwag's JSONL) -> llm.c's eval file (gptc/eval_data.h)
+prepare_eval: prepare_eval.c $(GPTC_H)
+	$(CC) $(CFLAGS) -Wno-unused-function -o $@ prepare_eval.c $(LDLIBS)
 
 # tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
 test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H) test_check.h
