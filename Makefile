@@ -10,6 +10,7 @@
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS (~60 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
+#   make test-eval  the multiple-choice eval (--eval-file, HellaSwag) against PyTorch float64, 1 and 2 ranks (~40 s)
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
@@ -121,7 +122,7 @@ test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
-test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+test: check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
@@ -149,6 +150,12 @@ test-hf: train_gpt test_gpt
 	$(PYTHON) scripts/hf_reference.py make $(TEST_DIR)/hf
 	./test_gpt --hf $(TEST_DIR)/hf
 	$(PYTHON) scripts/hf_reference.py check $(TEST_DIR)/hf
+
+# the multiple-choice eval (HellaSwag's shape): prepare_eval's ids against the
+# reference tokenizer, train_gpt's scores against PyTorch float64 on 1 and 2
+# ranks, training unchanged by it, bad files (scripts/test_eval.sh)
+test-eval: train_gpt train_gpt_mpi prepare_eval $(TOKENIZER_FILES)
+	scripts/test_eval.sh ./train_gpt ./train_gpt_mpi ./prepare_eval
 
 check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -fsyntax-only $(OPENMP) train_gpt.c
