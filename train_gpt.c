@@ -2395,6 +2395,7 @@ typedef struct {
     int rollbacks;    /* rollbacks to a snapshot so far (gptc/saver.h) */
     int nan_upto, spike_upto; /* the test hooks' (gptc/saver.h): the last step each planted a fault at */
     RunLock lock;     /* this process's hold on the run's folders (gptc/state.h's run_lock) */
+    double mfu;       /* the last step's model FLOPs utilisation in %, for the log (the CUDA twin's); 0 = none */
 } TrainRun;
 
 /* rank/world: this process's place among the data-parallel ranks (0, 1 alone). */
@@ -2523,8 +2524,10 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
            finite ? "" : " | non-finite: update skipped");
     fflush(stdout);
     if (r->log) {
-        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f, \"unix_ms\": %.0f}\n",
-                step + 1, loss, lr, norm, ms, unix_ms());
+        char mfu[48] = "";
+        if (r->mfu > 0.0) snprintf(mfu, sizeof(mfu), ", \"mfu\": %.2f", r->mfu);
+        fprintf(r->log, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"norm\": %.6f, \"ms\": %.2f, \"unix_ms\": %.0f, "
+                "\"tokens_per_s\": %.0f%s}\n", step + 1, loss, lr, norm, ms, unix_ms(), r->total / (ms / 1000.0), mfu);
         fflush(r->log);
     }
 }

@@ -4490,6 +4490,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         double ms = time_ms() - t0;
         char mfu[64];
         mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, st->fpt, st->peak); /* per GPU */
+        r.mfu = st->peak > 0.0 ? 100.0 * r.total / (ms / 1000.0) / world * st->fpt / (st->peak * 1e12) : 0.0; /* the log's */
         train_run_log_step(&r, step, s.loss, lr, norm, ms, s.finite, mfu);
         /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
         s.spike = gate.spike;

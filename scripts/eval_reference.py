@@ -3,7 +3,7 @@
 eval (--eval-file: HellaSwag and sets of its shape), in PyTorch float64.
 
     /usr/bin/python3 scripts/eval_reference.py make-jsonl OUT.jsonl
-        a small HellaSwag-shaped set (36 examples: "ctx", "endings", "label"),
+        a small HellaSwag-shaped set (37 examples: "ctx", "endings", "label"),
         made here, deterministic: plain sentences, punctuation, digits,
         quotes and escapes, accents, CJK and an emoji, double spaces, long
         contexts (truncated at small T), short and long endings
@@ -14,10 +14,11 @@ eval (--eval-file: HellaSwag and sets of its shape), in PyTorch float64.
     /usr/bin/python3 scripts/eval_reference.py make-model OUT.bin
         a small GPT-2 (L=2, C=32, NH=2, maxT=64, V=50257) with large random
         weights (std 0.3), so the endings' losses are far apart
-    /usr/bin/python3 scripts/eval_reference.py check MODEL.bin SET.bin DETAIL.jsonl@T[@S] ...
+    /usr/bin/python3 scripts/eval_reference.py check MODEL.bin SET.bin DETAIL.jsonl@T[@S] ... [--plant]
         scores every ending here and compares with each train_gpt
         --eval-detail file, run at sequence length T (its lines of step S,
-        default 0)
+        default 0); --plant: then the first file with one sum raised by 5e-4
+        relative must fail the check (test the tester)
 
 The scoring (train_gpt.c's eval_choices says the same): the row of ending k
 is context + ending, its last T tokens when longer; each ending token whose
@@ -111,7 +112,7 @@ def make_jsonl(path):
     rows = [{"ind": 24, "ctx": "A man is sitting on a roof. he", "label": 3,
              "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
                          "is holding a rubik's cube.", "starts pulling up roofing on a roof."]}]
-    for i in range(35):
+    for i in range(36):  # 37 in all: the 2 ranks get 19 and 18
         long_ctx = i % 6 == 5  # contexts past T = 24 tokens: truncated rows
         ctx = " ".join(sentence(4, 9) for _ in range(int(rng.integers(4, 7)) if long_ctx else int(rng.integers(1, 3))))
         endings = [sentence(1, 14) for _ in range(4)]
@@ -169,18 +170,22 @@ def tokens(jsonl, binpath):
 # make-model and check
 
 def make_model(path):
-    import gpt2_reference as ref
-    cfg = ref.Config(2, 32, 2, 64, 50257)
+    """llm.c's model file (magic 20240326, version 3 = fp32), written here with
+    numpy alone (no torch import: seconds saved); gpt2_reference.py reads it."""
+    L, C, NH, maxT, V, Vp = 2, 32, 2, 64, 50257, 50304
+    shapes = [("wte", (Vp, C)), ("wpe", (maxT, C)), ("ln1w", (L, C)), ("ln1b", (L, C)), ("qkvw", (L, 3 * C, C)),
+              ("qkvb", (L, 3 * C)), ("attprojw", (L, C, C)), ("attprojb", (L, C)), ("ln2w", (L, C)), ("ln2b", (L, C)),
+              ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)), ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)),
+              ("lnfw", (C,)), ("lnfb", (C,))]
     rng = np.random.default_rng(7)
-    tensors = []
-    for name, shape in zip(ref.TENSOR_NAMES, cfg.shapes()):
-        if name in ("ln1w", "ln2w", "lnfw"):
-            t = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:
-            t = 0.3 * rng.standard_normal(shape)
-        tensors.append(t.astype(np.float32))
-    ref.model_write(path, cfg, tensors)
-    print(f"eval_reference: {path}: {cfg}")
+    hdr = np.zeros(256, dtype="<i4")
+    hdr[:8] = [20240326, 3, maxT, V, L, NH, C, Vp]
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes())
+        for name, shape in shapes:
+            t = 1.0 + 0.1 * rng.standard_normal(shape) if name in ("ln1w", "ln2w", "lnfw") else 0.3 * rng.standard_normal(shape)
+            f.write(t.astype("<f4").tobytes())
+    print(f"eval_reference: {path}: L={L} C={C} NH={NH} maxT={maxT} V={V} Vp={Vp}")
 
 
 def score(path_model, examples, T):
@@ -220,13 +225,18 @@ def near_tie(values):
     return abs(b - a) <= TIE_REL * max(abs(a), 1e-12)
 
 
-def check(model, binpath, detail, T, step):
+def check(model, binpath, detail, T, step, plant=False):
+    """Returns the number of differences (0: passed); with plant, one sum of
+    the file is first raised by 5 in 10^4 (test the tester: must be caught)."""
     examples = eval_read(binpath)
     if (model, T) not in SCORES:
         SCORES[(model, T)] = score(model, examples, T)
     ref = SCORES[(model, T)]
     lines = [json.loads(x) for x in open(detail) if x.strip()]
     lines = [x for x in lines if x["step"] == step]
+    if plant:
+        lines[5]["sum"][2] *= 1.0005
+        print(f"eval_reference: planted: example 5 ending 2's sum raised by 5e-4 relative in {detail}")
     if len(lines) != len(examples):
         die(f"{detail}: {len(lines)} lines for step {step}, the eval file has {len(examples)} examples")
     worst, bad, ties, correct, correct_norm = 0.0, 0, 0, 0, 0
@@ -253,11 +263,13 @@ def check(model, binpath, detail, T, step):
         correct += rp == label
         correct_norm += rpn == label
     n = len(examples)
-    print(f"eval_reference: check {detail} (T={T}): {n} examples, worst relative difference of a sum {worst:.2e}; "
+    print(f"eval_reference: check {'planted ' if plant else ''}{detail} (T={T}): {n} examples, worst relative difference of a sum {worst:.2e}; "
           f"{ties} near-tie pick(s) skipped; reference acc {correct}/{n}, acc_norm {correct_norm}/{n}")
     if bad or ties > 2 * n // 10:
-        die(f"{bad} difference(s), {ties} near-ties (at most {2 * n // 10})")
+        print(f"eval_reference: {bad} difference(s), {ties} near-ties (at most {2 * n // 10})")
+        return bad + (ties > 2 * n // 10)
     print("eval_reference: check passed")
+    return 0
 
 
 def main():
@@ -268,6 +280,8 @@ def main():
     a = sub.add_parser("make-model"); a.add_argument("out")
     a = sub.add_parser("check"); a.add_argument("model"); a.add_argument("bin")
     a.add_argument("details", nargs="+", help="DETAIL.jsonl@T or DETAIL.jsonl@T@STEP")
+    a.add_argument("--plant", action="store_true",
+                   help="then check the first file again with one sum changed: it must fail (test the tester)")
     args = ap.parse_args()
     if args.cmd == "make-jsonl":
         make_jsonl(args.out)
@@ -276,11 +290,19 @@ def main():
     elif args.cmd == "make-model":
         make_model(args.out)
     else:
+        specs = []
         for spec in args.details:
             parts = spec.split("@")
             if len(parts) not in (2, 3):
                 die(f"{spec}: expected DETAIL.jsonl@T or DETAIL.jsonl@T@STEP")
-            check(args.model, args.bin, parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 0)
+            specs.append((parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 0))
+        failures = sum(check(args.model, args.bin, *sp) != 0 for sp in specs)
+        if failures:
+            die(f"{failures} of {len(specs)} file(s) differ from the reference")
+        if args.plant:
+            if check(args.model, args.bin, *specs[0], plant=True) == 0:
+                die("the planted difference was NOT caught: the checker is broken")
+            print("eval_reference: the planted difference was caught (test the tester)")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@
 #   scripts/test_eval.sh [./train_gpt] [./train_gpt_mpi] [./prepare_eval]   (make test-eval builds them and runs this)
 #
 # 1. A small HellaSwag-shaped JSONL made here (scripts/eval_reference.py
-#    make-jsonl: 36 examples, odd text among them) -> ./prepare_eval -> the
+#    make-jsonl: 37 examples, odd text among them) -> ./prepare_eval -> the
 #    eval file; its ids are those of the reference tokenizer (gpt-3-encoder
 #    in node): encode(ctx) and encode(" " + ending), as llm.c's preparer.
 # 2. A small GPT-2 with large random weights (so the endings' losses are far
 #    apart) scored by train_gpt --steps 0 --eval-file, one process at B=3
 #    T=24 (examples straddle forward passes, long rows are truncated), and
-#    mpirun -np 2 at B=8 T=64 (the examples split between the ranks); every
+#    mpirun -np 2 at B=8 T=64 (19 and 18 examples on the ranks); every
 #    ending's summed loss and token count, and both picks (acc, acc_norm),
 #    must agree with PyTorch float64 scoring each row alone
 #    (eval_reference.py check; near-ties skipped and counted).
@@ -19,7 +19,8 @@
 #    same losses, as text, as 6 steps without it, and the final models are
 #    cmp-identical; the JSONL log has eval lines at steps 0, 2, 4, 6, and
 #    the step-0 scores equal --steps 0's.
-# 4. Bad inputs give clear errors: a truncated file, a wrong magic, a token
+# 4. scripts/plot_loss.py overlays the two runs of 3 in one PNG, with a legend.
+# 5. Bad inputs give clear errors: a truncated file, a wrong magic, a token
 #    outside the model's vocabulary, a JSONL example with three endings.
 # Test the tester: check rejects a detail file with one sum changed in its
 # 4th digit. The last line is "N passed, N failed"; non-zero exit on failure.
@@ -64,16 +65,9 @@ expect score_1 "$BIN" $EVAL -b 3 -t 24 --eval-detail "$dir/d1.jsonl"
 grep '^eval: acc' "$dir/score_1.log"
 expect score_2ranks $MPIRUN "$BIN_MPI" $EVAL -b 8 -t 64 --eval-detail "$dir/d2.jsonl"
 grep '^eval: acc' "$dir/score_2ranks.log"
-# test the tester: one sum changed in its 4th significant digit must be rejected
-$PY - "$dir/d1.jsonl" "$dir/planted.jsonl" <<'EOF'
-import json, sys
-lines = [json.loads(x) for x in open(sys.argv[1])]
-lines[5]["sum"][2] *= 1.0005
-open(sys.argv[2], "w").write("".join(json.dumps(x) + "\n" for x in lines))
-EOF
-expect check $PY scripts/eval_reference.py check "$dir/model.bin" "$dir/set.bin" "$dir/d1.jsonl@24" "$dir/d2.jsonl@64"
-grep -E 'check .*examples' "$dir/check.log"
-refuse check_rejects_planted "example 5 ending 2" $PY scripts/eval_reference.py check "$dir/model.bin" "$dir/set.bin" "$dir/planted.jsonl@24"
+# (--plant: then d1 with one sum raised by 5e-4 relative must be rejected: test the tester)
+expect check $PY scripts/eval_reference.py check "$dir/model.bin" "$dir/set.bin" "$dir/d1.jsonl@24" "$dir/d2.jsonl@64" --plant
+grep -E 'check .*examples|planted|caught' "$dir/check.log"
 
 echo "== 3. training with --eval-every 2 is training without it, bit for bit"
 $PY scripts/toy_shard.py "$dir/train.bin" 20000 50257 3 > /dev/null
@@ -102,7 +96,17 @@ else
     bad "the run's step-0 scores differ from --steps 0's"
 fi
 
-echo "== 4. bad inputs"
+echo "== 4. run reports: scripts/plot_loss.py overlays the two runs (loss, eval accuracy, lr, norm, tokens/s)"
+expect plot_two $PY scripts/plot_loss.py "$dir/plain.jsonl" "$dir/eval.jsonl" "$dir/two.png" --label "no eval" --label "--eval-every 2"
+if [ "$(head -c 8 "$dir/two.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] && [ "$(wc -c < "$dir/two.png")" -gt 20000 ] &&
+   [ "$(grep -c 'train steps' "$dir/plot_two.log")" = 2 ]; then
+    ok "two runs overlaid in a $(wc -c < "$dir/two.png")-byte PNG: $(tail -n 1 "$dir/plot_two.log")"
+else
+    bad "plot_loss.py did not draw the two runs"; cat "$dir/plot_two.log"
+fi
+refuse plot_label_count "give one per log" $PY scripts/plot_loss.py "$dir/plain.jsonl" "$dir/eval.jsonl" "$dir/x.png" --label one
+
+echo "== 5. bad inputs"
 head -c 2000 "$dir/set.bin" > "$dir/short.bin"
 refuse truncated "damaged or truncated\|damaged file" "$BIN" $EVAL --eval-file "$dir/short.bin"
 $PY -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[0] ^= 1; open(sys.argv[2], 'wb').write(b)" \
