@@ -60,14 +60,21 @@ int main(int argc, char** argv) {
     if (rc != 0) return EXIT_FAILURE;
     int counts[EVAL_CHOICES] = {0};
     size_t longest = 0;
+    int longest_row = 0; /* context + ending, in tokens: --seq-len above it scores every row whole */
     for (int i = 0; i < s.num_examples; i++) {
         counts[s.labels[i]]++;
+        for (int k = 0; k < EVAL_CHOICES; k++) {
+            int row = s.len[5 * (size_t)i] + s.len[5 * (size_t)i + 1 + k];
+            longest_row = row > longest_row ? row : longest_row;
+        }
         size_t b = evalset_example_bytes(&s, i);
         longest = b > longest ? b : longest;
     }
     printf("%s: %d examples, %zu tokens (labels 0/1/2/3: %d/%d/%d/%d), longest example %zu bytes -> %s, %.1f s\n",
            input, s.num_examples, s.num_tokens, counts[0], counts[1], counts[2], counts[3], longest,
            output, (time_ms() - t0) / 1000.0);
+    printf("longest row (context + ending): %d tokens; train_gpt --eval-file scores every row whole at --seq-len >= %d "
+           "(longer rows lose the start of their context)\n", longest_row, longest_row);
     evalset_free(&s);
     return 0;
 }

@@ -2186,8 +2186,9 @@ static float evaluate(GPT2* model, DataLoader* val, int batches) {
  * the run's (B, T) batch, B rows a forward pass (an example may straddle two
  * passes). A row longer than T keeps its last T tokens (the start of the
  * context goes); an ending token is scored when the token before it is in
- * the row, so m_k = min(n_k, row length - 1) (all of them when the row fits,
- * as with HellaSwag at T = 1024: its longest row is under 200 tokens).
+ * the row, so m_k = min(n_k, row length - 1): all of them when the row
+ * fits (prepare_eval prints the longest row; llm.c refuses rows of T tokens
+ * or more instead, so on rows that fit the two score alike).
  * Positions past the row's end are padding (token 0, target 0): causal
  * attention never lets a scored position see them.
  * Ranks: rank r scores examples [r * ceil(N/W), (r+1) * ceil(N/W)) (llm.c's
