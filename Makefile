@@ -11,6 +11,7 @@
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
+#   make test-eval  the multiple-choice eval (--eval-file, HellaSwag) against PyTorch float64, 1 and 2 ranks (~37 s of CPU)
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
@@ -40,7 +41,7 @@ ifeq ($(OPENMP),)
 $(warning OpenMP not found: building single-threaded; install gcc with libgomp for all cores)
 endif
 
-all: train_gpt prepare_data
+all: train_gpt prepare_data prepare_eval
 
 # train_gpt.c's plumbing, one include away (gptc/util.h, tokenizer.h, ...):
 # every program that includes train_gpt.c depends on them too
@@ -61,6 +62,10 @@ $(TOKENIZER_FILES):
 # text (a .txt file, a folder of them, or .jsonl) -> token shards
 prepare_data: prepare_data.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ prepare_data.c $(LDLIBS)
+
+# a multiple-choice eval set (HellaSwag's JSONL) -> llm.c's eval file (gptc/eval_data.h)
+prepare_eval: prepare_eval.c $(GPTC_H)
+	$(CC) $(CFLAGS) -Wno-unused-function -o $@ prepare_eval.c $(LDLIBS)
 
 # tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
 test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H) test_check.h
@@ -118,7 +123,7 @@ test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
-test: check-cxx train_gpt train_gpt_mpi test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+test: check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
@@ -146,6 +151,12 @@ test-hf: train_gpt test_gpt
 	$(PYTHON) scripts/hf_reference.py make $(TEST_DIR)/hf
 	./test_gpt --hf $(TEST_DIR)/hf
 	$(PYTHON) scripts/hf_reference.py check $(TEST_DIR)/hf
+
+# the multiple-choice eval (HellaSwag's shape): prepare_eval's ids against the
+# reference tokenizer, train_gpt's scores against PyTorch float64 on 1 and 2
+# ranks, training unchanged by it, bad files (scripts/test_eval.sh)
+test-eval: train_gpt train_gpt_mpi prepare_eval $(TOKENIZER_FILES)
+	scripts/test_eval.sh ./train_gpt ./train_gpt_mpi ./prepare_eval
 
 check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -fsyntax-only $(OPENMP) train_gpt.c

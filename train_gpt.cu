@@ -4015,6 +4015,9 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->plan || o->plan_check) /* (gptc/plan.h plans train_gpt's host memory; the device's plan is printed at start) */
         return "--plan and --plan-check are train_gpt's (the CPU trainer's memory plan); the GPU trainer's planner is "
                "not built yet: drop them (train_gpt_cu prints its device memory plan at start)";
+    if (o->eval_file[0]) /* (the eval's scoring is train_gpt.c's eval_choices, on the CPU model) */
+        return "--eval-file is scored by train_gpt (the CPU trainer) only, for now: drop it here, and score a saved "
+               "checkpoint with ./train_gpt --model out/model_NNNNNNNN.bin --eval-file F --steps 0 (add -b, -t)";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
@@ -4487,6 +4490,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         double ms = time_ms() - t0;
         char mfu[64];
         mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, st->fpt, st->peak); /* per GPU */
+        r.mfu = st->peak > 0.0 ? 100.0 * r.total / (ms / 1000.0) / world * st->fpt / (st->peak * 1e12) : 0.0; /* the log's */
         train_run_log_step(&r, step, s.loss, lr, norm, ms, s.finite, mfu);
         /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
         s.spike = gate.spike;

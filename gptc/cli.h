@@ -52,6 +52,9 @@ typedef struct {
     float beta1, beta2, eps, grad_clip;
     /* evaluation and sampling */
     int val_every, val_batches;
+    const char* eval_file;   /* multiple choice (HellaSwag): gptc/eval_data.h */
+    int eval_every;
+    const char* eval_detail;
     int sample_every, sample_length;
     float temperature;
     int top_k;
@@ -124,6 +127,9 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--grad-clip", NULL, OPT_FLOAT, grad_clip, "1.0", "clip gradients to this global norm; 0 = off"),
     OPT("--val-every", "-v", OPT_INT, val_every, "20", "validate every this many steps (and at the end); 0 = never"),
     OPT("--val-batches", "-m", OPT_INT, val_batches, "20", "micro-batches per validation"),
+    OPT("--eval-file", NULL, OPT_STRING, eval_file, "", "multiple-choice eval set in llm.c's format (HellaSwag: ./prepare_eval); accuracy in the log; with --steps 0: score --model and stop"),
+    OPT("--eval-every", NULL, OPT_INT, eval_every, "0", "score --eval-file every this many steps (and at the first and last); 0 = at the first and last only"),
+    OPT("--eval-detail", NULL, OPT_STRING, eval_detail, "", "rank 0 appends each example's four ending losses and picks here (JSONL, per evaluation); empty = none"),
     OPT("--sample-every", "-s", OPT_INT, sample_every, "20", "print a sample every this many steps; 0 = never"),
     OPT("--sample-length", "-g", OPT_INT, sample_length, "64", "tokens generated per sample and after --prompt (stops early at end-of-text or maxT)"),
     OPT("--temperature", NULL, OPT_FLOAT, temperature, "1.0", "sampling temperature; 0 = greedy"),
@@ -279,8 +285,12 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->total_batch_size > 0 && o->total_batch_size % (o->batch_size * o->seq_len) != 0,
                     "--total-batch-size must be a multiple of --batch-size x --seq-len (it sets the gradient accumulation)");
     OPTIONS_PROBLEM(o->steps < -1, "--steps must be >= 1, -1 for one epoch, or 0 to write the initial model");
-    OPTIONS_PROBLEM(o->steps == 0 && !o->output_dir[0], "--steps 0 writes the initial model: give --output-dir");
+    OPTIONS_PROBLEM(o->steps == 0 && !o->output_dir[0] && !o->eval_file[0],
+                    "--steps 0 writes the initial model: give --output-dir (or --eval-file, to score --model)");
     OPTIONS_PROBLEM(o->steps == 0 && (o->resume || o->stop_at), "--steps 0 writes the initial model: it takes no --resume or --stop-at");
+    OPTIONS_PROBLEM(o->eval_every < 0, "--eval-every must be >= 0");
+    OPTIONS_PROBLEM(o->eval_detail[0] && !o->eval_file[0], "--eval-detail needs --eval-file");
+    OPTIONS_PROBLEM(o->eval_file[0] && o->seq_len < 2, "--eval-file needs --seq-len >= 2 (a context token and an ending token)");
     OPTIONS_PROBLEM(o->verbose != 0 && o->verbose != 1, "--verbose must be 0 or 1");
     OPTIONS_PROBLEM(o->plan != 0 && o->plan != 1, "--plan must be 0 or 1");
     OPTIONS_PROBLEM(o->plan_check != 0 && o->plan_check != 1, "--plan-check must be 0 or 1");

@@ -5,7 +5,7 @@
  * SHARD_VERSION (the shard format train_gpt.c's data loader reads);
  * DocumentList (documents_add, documents_split_text, documents_read,
  * documents_encode, documents_free); file_read_all; a small JSON reader
- * (json_string, json_skip, json_object_field: one string field of a JSONL
+ * (json_string, json_skip, json_object_value, json_object_field: one field of a JSONL
  * line); shard_write; ShardStats and prepare_shards (read, encode, split,
  * write).
  */
@@ -270,25 +270,25 @@ static int json_skip(const char** p, const char* end, int depth, JsonError* e) {
 }
 
 /* Read the line [line, end) as exactly one JSON object (nothing but white
- * space after it) and find its string field `key`. Returns the field's
- * decoded length and a malloc'd copy in *value; -1 (and *e) if the line is
- * not one valid JSON object; -2 if the object has no such string field. */
-static long json_object_field(const char* line, const char* end, const char* key, char** value, JsonError* e) {
+ * space after it) and find its field `key`, of any type: *value_at points
+ * at the field's value (white space skipped) inside the line. Returns 0
+ * when found, -2 if the object has no such field (*value_at NULL), -1
+ * (and *e) if the line is not one valid JSON object. */
+static int json_object_value(const char* line, const char* end, const char* key, const char** value_at, JsonError* e) {
     const char* p = line;
-    *value = NULL;
+    *value_at = NULL;
     json_space(&p, end);
     if (p >= end || *p != '{') return json_fail(e, "the line does not start a JSON object ('{')", p);
     p++;
     json_space(&p, end);
     size_t klen = strlen(key);
-    long found = -2;
     if (p < end && *p == '}') p++;
     else for (;;) {
         json_space(&p, end);
         const char* kstart = p;
         char kbuf[64];
         long kl = json_string(&p, end, NULL);
-        if (kl < 0) { json_fail(e, "a key is not a string", kstart); goto bad; }
+        if (kl < 0) return json_fail(e, "a key is not a string", kstart);
         int match = 0;
         if ((size_t)kl == klen && kl < (long)sizeof(kbuf)) {
             const char* q = kstart;
@@ -296,38 +296,41 @@ static long json_object_field(const char* line, const char* end, const char* key
             match = memcmp(kbuf, key, klen) == 0;
         }
         json_space(&p, end);
-        if (p >= end || *p != ':') { json_fail(e, "a ':' is missing after a key", p); goto bad; }
+        if (p >= end || *p != ':') return json_fail(e, "a ':' is missing after a key", p);
         p++;
         json_space(&p, end);
-        if (match && found >= 0) { json_fail(e, "the field appears twice", kstart); goto bad; }
+        if (match && *value_at) return json_fail(e, "the field appears twice", kstart);
+        if (match) *value_at = p;
         int was_string = p < end && *p == '"';
-        if (match && p < end && *p == '"') {
-            const char* q = p;
-            long n = json_string(&q, end, NULL);
-            if (n < 0) { json_fail(e, "a string is malformed or unterminated", p); goto bad; }
-            *value = (char*)xmalloc((size_t)n + 1);
-            json_string(&p, end, *value);
-            (*value)[n] = '\0';
-            found = n;
-        } else if (json_skip(&p, end, 1, e) != 0) {
-            goto bad;
-        }
+        if (json_skip(&p, end, 1, e) != 0) return -1;
         json_space(&p, end);
         if (p < end && *p == ',') { p++; continue; }
         if (p < end && *p == '}') { p++; break; }
         /* after a string, most often a '"' inside the text that was not escaped as \" */
-        json_fail(e, p >= end     ? "the object is not closed on this line ('}' missing)"
-                     : was_string ? "a ',' or '}' is missing after a string (an unescaped '\"' inside it?)"
-                                  : "a ',' or '}' is missing after a value", p);
-        goto bad;
+        return json_fail(e, p >= end     ? "the object is not closed on this line ('}' missing)"
+                            : was_string ? "a ',' or '}' is missing after a string (an unescaped '\"' inside it?)"
+                                         : "a ',' or '}' is missing after a value", p);
     }
     json_space(&p, end);
-    if (p < end) { json_fail(e, "more follows the object on the same line (one object per line)", p); goto bad; }
-    return found;
-bad:
-    free(*value);
+    if (p < end) return json_fail(e, "more follows the object on the same line (one object per line)", p);
+    return *value_at ? 0 : -2;
+}
+
+/* The same for a string field: returns its decoded length and a malloc'd
+ * copy in *value; -1 (and *e) if the line is not one valid JSON object;
+ * -2 if the object has no such field or it is not a string. */
+static long json_object_field(const char* line, const char* end, const char* key, char** value, JsonError* e) {
+    const char* at = NULL;
     *value = NULL;
-    return -1;
+    int rc = json_object_value(line, end, key, &at, e);
+    if (rc != 0) return rc;
+    if (*at != '"') return -2;
+    const char* q = at;
+    long n = json_string(&q, end, NULL); /* (valid: json_object_value read it) */
+    *value = (char*)xmalloc((size_t)n + 1);
+    json_string(&at, end, *value);
+    (*value)[n] = '\0';
+    return n;
 }
 
 static int ends_with(const char* s, const char* suffix) {

@@ -74,6 +74,10 @@ echo "== Hugging Face GPT-2 checkpoints in and out, against PyTorch float64 (scr
 stage test_hf $MAKE_Q test-hf TEST_DIR="$TEST_DIR"
 grep -E '(passed|failed)' "$LOGS/test_hf.log" | tail -n 2
 
+echo "== multiple choice (HellaSwag's shape): --eval-file against PyTorch float64, 1 and 2 ranks (scripts/test_eval.sh)"
+stage test_eval scripts/test_eval.sh ./train_gpt ./train_gpt_mpi ./prepare_eval
+tail -n 1 "$LOGS/test_eval.log"
+
 echo "== test_gpt under AddressSanitizer + UBSan (tiny fixture)"
 ASAN_OPTIONS=detect_leaks=1 stage test_gpt_asan ./test_gpt_asan
 grep -v '^ok ' "$LOGS/test_gpt_asan.log" | grep -v '^error: ' || true
