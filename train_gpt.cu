@@ -4015,6 +4015,9 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->plan || o->plan_check) /* (gptc/plan.h plans train_gpt's host memory; the device's plan is printed at start) */
         return "--plan and --plan-check are train_gpt's (the CPU trainer's memory plan); the GPU trainer's planner is "
                "not built yet: drop them (train_gpt_cu prints its device memory plan at start)";
+    if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
+        return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
+               "yet: give --batch-size, --zero and --snapshot-every N";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
