@@ -350,9 +350,9 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
     long long S = total / per_rank; /* sequences per rank per step */
     if (print) {
         printf("candidates for %lld tokens per step (%lld sequences of %d per rank per step), %.1f MB usable per rank; "
-               "step time from the runtime model (gptc/runtime.h):\n", total, S, o->seq_len, usable * mb);
-        printf("  %8s %8s %5s %14s %10s %5s %10s %10s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits", "ms/step",
-               "tok/s");
+               "step time from the runtime model (gptc/runtime.h), at the CPU share measured now and on an idle machine:\n", total, S, o->seq_len, usable * mb);
+        printf("  %8s %8s %5s %14s %10s %5s %10s %10s %10s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits", "ms/step",
+               "tok/s", "idle ms");
     }
     int small_B = 0, small_zero = 0;
     size_t small_need = 0;
@@ -367,8 +367,8 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
             int fits = n <= usable;
             StepTime st = runtime_step(cal, &c, (int)B, o->seq_len, (int)(S / B), d->world, z, o->overlap);
             if (print)
-                printf("  %8lld %8lld %5d %14zu %10.1f %5s %10.1f %10.0f\n", B, S / B, z, n, n * mb, fits ? "yes" : "no",
-                       st.step, total / (st.step / 1e3));
+                printf("  %8lld %8lld %5d %14zu %10.1f %5s %10.1f %10.0f %10.1f\n", B, S / B, z, n, n * mb,
+                       fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle);
             if (fits && (out->B == 0 || st.step < out->ms)) {
                 out->B = (int)B;
                 out->zero = z;
@@ -443,9 +443,9 @@ static int plan_runtime(Options* o, Dist* d) {
         o->snapshot_every = every;
         double period_s = every * st.step / 1e3;
         printf("snapshots: --snapshot-every auto = %d steps (%.1f s): Young/Daly sqrt(2 C MTBF) with a snapshot cost C "
-               "= %.1f ms (predicted: the state's bytes over the calibrated bandwidth) and --mtbf %.0f s, at %.1f ms "
-               "per step (predicted); expected loss per failure %.1f s of work (half an interval), overhead %.3f%% "
-               "(snapshots) + %.3f%% (lost work)\n", every, period_s, snap, o->mtbf, st.step, period_s / 2,
+               "= %.3g ms (predicted: the state's bytes over the calibrated bandwidth) and --mtbf %.0f s, at %.1f ms "
+               "per step (predicted); expected loss per failure %.1f s of work (half an interval), overhead %.3g%% "
+               "(snapshots) + %.3g%% (lost work)\n", every, period_s, snap, o->mtbf, st.step, period_s / 2,
                100.0 * snap / 1e3 / period_s, 100.0 * period_s / 2 / o->mtbf);
     }
     return 0;

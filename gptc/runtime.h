@@ -394,7 +394,7 @@ static void calibration_print(const Calibration* cal) {
 }
 
 /* The share of a core each of this process's threads gets now, on a
- * machine shared with other jobs: 50 ms of busy work on every thread, its
+ * machine shared with other jobs: 100 ms of busy work on every thread, its
  * CPU time (CLOCK_THREAD_CPUTIME_ID) over the wall time; the least of the
  * threads (a parallel loop waits for its slowest). 1 on an idle machine.
  * Not cached: the load changes from minute to minute. */
@@ -406,7 +406,7 @@ static double calib_share(void) {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
         double w0 = time_ms();
         volatile double x = 0.0;
-        while (time_ms() - w0 < 50.0)
+        while (time_ms() - w0 < 100.0)
             for (int i = 0; i < 1000; i++) x = x + i * 1e-9;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
         double cpu = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) * 1e-6;
@@ -445,7 +445,8 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
 typedef struct {
     double gemm, attention, elementwise, softmax; /* per micro-batch, ms */
     double optimizer, comm;                       /* per step, ms */
-    double step;                                  /* ms */
+    double idle;                                  /* ms, with a whole core per thread */
+    double step;                                  /* ms, with the share of a core each thread gets now */
 } StepTime;
 
 /* GFLOP/s at N rows: interpolated in log N between the measured points. */
@@ -493,8 +494,8 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
                      comm_ms(cal, 1, share * 4 * P);
         }
     }
-    s.step = accum * (s.gemm + s.attention + s.elementwise + s.softmax) + s.optimizer + s.comm;
-    s.step /= cal->share > 0.05 ? cal->share : 0.05; /* the rates are a whole core's; we get this share of it now */
+    s.idle = accum * (s.gemm + s.attention + s.elementwise + s.softmax) + s.optimizer + s.comm;
+    s.step = s.idle / (cal->share > 0.05 ? cal->share : 0.05); /* the rates are a whole core's; we get this share of it now */
     return s;
 }
 

@@ -35,26 +35,32 @@ launch() { # NP FLAGS...: the trainer, under mpirun when NP > 1
     shift
     if [ "$np" -eq 1 ]; then timeout -k 10 600 "$BIN" "$@"; else timeout -k 10 600 $MPIRUN -np "$np" "$MPIBIN" "$@"; fi
 }
-# predicted NP B ZERO FLAGS...: --plan's ms/step for the candidate (B, ZERO)
+# predicted NP B ZERO FLAGS...: --plan's ms/step for the candidate (B, ZERO):
+# "now idle share" (at the CPU share measured now; with a whole core)
 predicted() {
     local np=$1 b=$2 z=$3
     shift 3
     GPTC_CALIBRATE=1 launch "$np" "$@" -b "$b" --zero "$z" --plan 1 --memory-budget 64G > "$dir/plan.out" 2>&1
-    awk -v b="$b" -v z="$z" '$1 == b && $3 == z && $5 + 0 > 0 { print $7; exit }' "$dir/plan.out"
+    local share=$(sed -n 's/.*CPU share per thread now \([0-9.]*\).*/\1/p' "$dir/plan.out")
+    awk -v b="$b" -v z="$z" -v s="$share" '$1 == b && $3 == z && $5 + 0 > 0 { print $7, $9, s; exit }' "$dir/plan.out"
 }
-# measured NP FLAGS...: the median of steps 2..STEPS (ms)
+# measured NP FLAGS...: "median fastest" of steps 2..STEPS (ms)
 measured() {
     local np=$1
     shift
     launch "$np" "$@" -x "$STEPS" --val-every 0 --sample-every 0 > "$dir/run.out" 2>&1
     sed -n 's/^step *\([0-9]*\)\/.*| \([0-9.]*\) ms |.*/\1 \2/p' "$dir/run.out" | awk '$1 > 1 { print $2 }' | sort -g |
-        awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'
+        awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), a[1] }'
 }
+err() { awk -v p="$1" -v m="$2" 'BEGIN { if (p > 0 && m > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }'; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
-echo "== 1. predicted vs measured step time (median of steps 2..$STEPS; 1 thread per rank) =="
-printf "%-58s %10s %10s %8s %6s\n" "configuration" "predicted" "measured" "error" "load"
-errs=()
+echo "== 1. predicted vs measured step time (steps 2..$STEPS; 1 thread per rank) =="
+echo "   idle: the model at a whole core per thread vs the fastest measured step (the one least disturbed);"
+echo "   now: the model divided by the CPU share measured at start vs the median step"
+printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "configuration" "idle" "fastest" "error" "share" "now" "median" "error" "load"
+errs_idle=()
+errs_now=()
 grid=(
     "1 0 --model d2 --channels 64 --num-heads 2 -t 64 -b 4"
     "1 0 --model d2 --channels 128 --num-heads 4 -t 128 -b 2"
@@ -76,14 +82,21 @@ for g in "${grid[@]}"; do
     shift 2
     flags="$* --max-seq-len 128 --vocab-size 4096 -i $dir/small.bin --threads 1"
     b=$(echo "$flags" | sed -n 's/.*-b \([0-9]*\).*/\1/p')
-    p=$(predicted "$np" "$b" "$z" $flags --zero "$z")
-    m=$(measured "$np" $flags --zero "$z")
-    e=$(awk -v p="$p" -v m="$m" 'BEGIN { if (p > 0 && m > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }')
-    errs+=("$e")
-    printf "%-58s %10s %10s %8s %6s\n" "np $np zero $z $*" "$p" "$m" "$e" "$(load)"
+    read -r pnow pidle share <<< "$(predicted "$np" "$b" "$z" $flags --zero "$z")"
+    read -r mmed mmin <<< "$(measured "$np" $flags --zero "$z")"
+    ei=$(err "$pidle" "$mmin")
+    en=$(err "$pnow" "$mmed")
+    errs_idle+=("$ei")
+    errs_now+=("$en")
+    printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "np $np zero $z $*" "$pidle" "$mmin" "$ei" "$share" "$pnow" "$mmed" "$en" "$(load)"
 done
-printf "%s\n" "${errs[@]}" | tr -d '%+-' | sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "absolute errors: median %.1f%%, worst %.1f%% over %d configurations; within 10%%: ", a[int((NR + 1) / 2)], a[NR], NR }'
-printf "%s\n" "${errs[@]}" | tr -d '%+-' | awk '$1 <= 10 { n++ } END { print n + 0 }'
+summary() { # NAME ERRORS...
+    local name=$1
+    shift
+    printf "%s\n" "$@" | tr -d '%+-' | sort -g | awk -v n="$name" '{ a[NR] = $1; if ($1 <= 10) k++ } END { if (NR) printf "%s: |error| median %.1f%%, worst %.1f%%; within 10%%: %d of %d\n", n, a[int((NR + 1) / 2)], a[NR], k, NR }'
+}
+summary "idle model vs fastest step" "${errs_idle[@]}"
+summary "model at the measured share vs median step" "${errs_now[@]}"
 
 echo
 echo "== 2. memory-constrained scenarios: the planner's choice vs every candidate measured =="
@@ -94,17 +107,17 @@ scenario() { # NP BUDGET
     local choice=$(sed -n 's/^choice: --batch-size \([0-9]*\) .*--zero \([0-9]\).*/\1 \2/p; s/^choice: --batch-size \([0-9]*\) --total-batch-size [0-9]* (.*/\1 0/p' "$dir/plan.out" | head -1)
     echo "-- $np rank(s), --memory-budget $budget: choice (B ZeRO) = $choice; load $(load)"
     awk '$6 == "yes" || $6 == "no" { print $1, $3, $6, $5, $7 }' "$dir/plan.out" > "$dir/cands"
-    printf "   %4s %5s %5s %10s %10s %10s\n" B ZeRO fits MB predicted measured
+    printf "   %4s %5s %5s %10s %10s %10s %10s\n" B ZeRO fits MB predicted median fastest
     local best="" bestms=0 chosenms=0 defms=""
     while read -r b z fits mbs pred; do
-        local m="-"
+        local m="-" mmin="-"
         if [ "$fits" = yes ]; then
-            m=$(measured "$np" $SCEN -b "$b" --zero "$z")
+            read -r m mmin <<< "$(measured "$np" $SCEN -b "$b" --zero "$z")"
             if [ -z "$best" ] || awk -v a="$m" -v b="$bestms" 'BEGIN { exit !(a < b) }'; then best="$b $z"; bestms=$m; fi
             [ "$b $z" = "$choice" ] && chosenms=$m
             [ "$b" = 4 ] && [ "$z" = 0 ] && defms=$m
         fi
-        printf "   %4s %5s %5s %10s %10s %10s\n" "$b" "$z" "$fits" "$mbs" "$pred" "$m"
+        printf "   %4s %5s %5s %10s %10s %10s %10s\n" "$b" "$z" "$fits" "$mbs" "$pred" "$m" "$mmin"
     done < "$dir/cands"
     echo "   fastest measured: B ZeRO = $best ($bestms ms); the choice: $choice ($chosenms ms): $(awk -v c="$chosenms" -v b="$bestms" 'BEGIN { if (c > 0) printf "%.3f x the best (%.1f%% slower)", c / b, 100 * (c - b) / b; else print "?" }')"
     if [ -n "$defms" ]; then echo "   default flags (-b 4, ZeRO 0): $defms ms: the choice is $(awk -v c="$chosenms" -v d="$defms" 'BEGIN { printf "%.2f x as fast", d / c }')"
