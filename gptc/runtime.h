@@ -31,10 +31,11 @@
  *                 p, g, m, v and writes p, m, v; zeroing and the norm read
  *                 the gradients) over AdamW's measured bandwidth; P under
  *                 plain data parallelism, P / W under ZeRO.
- *   t_comm      = the collectives of gptc's dist_* code (section 6 of
+ *   t_comm      = the collectives of the dist_* code (section 6 of
  *                 train_gpt.c), each alpha + bytes/beta with alpha, beta
- *                 from a ping of MPI_Allreduce at start (1 float; 2^18
- *                 floats): plain, an allreduce of P (2(W-1)/W * 4P bytes on
+ *                 from a ping of MPI_Allreduce at every start (1 float;
+ *                 2^18 floats; alpha the fastest call on an idle machine,
+ *                 the median call under the load there is now): plain, an allreduce of P (2(W-1)/W * 4P bytes on
  *                 the wire per rank); ZeRO-1, a reduce-scatter and an
  *                 all-gather ((W-1)/W * 4P each); ZeRO-2, every micro-batch
  *                 reduces each layer's 12 slices to their owners, then an
@@ -48,8 +49,8 @@
  * way; overlap changes when, not how much. (A node whose NIC moves the
  * bytes would hide up to the backward's length: not modelled.)
  * On a shared machine the rates are a whole core's (the fastest of five
- * runs: another job only slows a run down), and the step is divided by the
- * share of a core each thread gets now (calib_share: CPU time over wall
+ * runs: another job only slows a run down), and the step's computation is
+ * divided by the share of a core each thread gets now (calib_share: CPU time over wall
  * time of a busy loop, measured at every start, not cached).
  * Not counted: the embedding's forward and backward, the data loader, the
  * bias sums (inside matmul_backward's measured rate), logging.
@@ -89,7 +90,8 @@ typedef struct {
     double elem_gbs;                  /* GB/s of the LayerNorm/residual/GELU mix */
     double ce_gbs;                    /* GB/s of the cross-entropy forward + backward */
     double adamw_gbs;                 /* GB/s of AdamW */
-    double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency, bandwidth (W > 1) */
+    double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call), bandwidth (W > 1) */
+    double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
     double ms;                        /* how long the measurement took */
     double share;                     /* the CPU share each thread gets now (measured every start, not cached) */
     int cached;                       /* read from the cache file */
@@ -219,21 +221,30 @@ static void calib_compute(Calibration* cal) {
     cal->ms = time_ms() - t0;
 }
 
-/* The MPI ping, every rank at once: alpha from 20 allreduces of one float,
+/* The MPI ping, every rank at once, at every start (not cached: it
+ * depends on the load): alpha from 21 allreduces of one float,
  * beta from 5 of 2^18 floats (1 MB); the fastest of each. */
 static void calib_network(Calibration* cal, const Dist* d) {
     cal->net_alpha_us = 0.0;
     cal->net_gbs = 0.0;
 #ifdef USE_MPI
     if (d->world <= 1) return;
-    double W = d->world, alpha_ms = 1e30, ms = 1e30;
+    double W = d->world, alpha_ms = 1e30, ms = 1e30, calls[21];
     float one = 1.0f;
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-    for (int i = 0; i < 20; i++) { /* the fastest call: the ranks met at once */
+    for (int i = 0; i < 21; i++) { /* the fastest call: the ranks met at once; the median: as they meet now */
         double t0 = time_ms();
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-        alpha_ms = fmin(alpha_ms, time_ms() - t0);
+        calls[i] = time_ms() - t0;
+        alpha_ms = fmin(alpha_ms, calls[i]);
     }
+    for (int i = 1; i < 21; i++) /* (insertion sort, for the median) */
+        for (int j = i; j > 0 && calls[j] < calls[j - 1]; j--) {
+            double t = calls[j];
+            calls[j] = calls[j - 1];
+            calls[j - 1] = t;
+        }
+    cal->net_alpha_now_us = dist_sum(d, d->rank == 0 ? calls[10] * 1e3 : 0.0);
     size_t n = (size_t)1 << 18;
     float* buf = calib_floats(n, 1.0f);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
@@ -383,7 +394,9 @@ static void calibration_print(const Calibration* cal) {
            cal->C, cal->C, cal->gemm_oc, cal->rows[0], cal->gemm_fwd[0], cal->gemm_bwd[0], cal->rows[1],
            cal->gemm_fwd[1], cal->gemm_bwd[1], cal->rows[2], cal->gemm_fwd[2], cal->gemm_bwd[2], cal->attn_gflops,
            cal->Tc, cal->elem_gbs, cal->ce_gbs, cal->adamw_gbs);
-    if (cal->net_gbs > 0) printf("; MPI allreduce %.1f us + %.2f GB/s", cal->net_alpha_us, cal->net_gbs);
+    if (cal->net_gbs > 0)
+        printf("; MPI allreduce %.1f us (fastest; median now %.1f us) + %.2f GB/s", cal->net_alpha_us,
+               cal->net_alpha_now_us, cal->net_gbs);
     double load[3] = {0, 0, 0};
     FILE* f = fopen("/proc/loadavg", "r");
     if (f) {
@@ -434,9 +447,9 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         cal->cached = 1;
     } else {
         if (calib_compute_forked(cal) != 0) calib_compute(cal); /* (forked before this process's first OpenMP team) */
-        calib_network(cal, d);
         if (d->rank == 0) calib_save(cal);
     }
+    calib_network(cal, d);
     cal->share = dist_sum(d, d->rank == 0 ? calib_share() : (calib_share(), 0.0)); /* all at once, rank 0's */
 }
 
@@ -460,10 +473,11 @@ static double calib_rate(const double* rows, const double* rate, double N) {
     return rate[CALIB_ROWS - 1];
 }
 
-/* alpha + bytes / beta, ms */
-static double comm_ms(const Calibration* cal, double messages, double bytes) {
+/* alpha + bytes / beta, ms; `now`: the latency measured now (the median
+ * call), else the fastest (an idle machine) */
+static double comm_ms(const Calibration* cal, double messages, double bytes, int now) {
     if (cal->net_gbs <= 0) return 0.0;
-    return messages * cal->net_alpha_us * 1e-3 + bytes / (cal->net_gbs * 1e6);
+    return messages * (now ? cal->net_alpha_now_us : cal->net_alpha_us) * 1e-3 + bytes / (cal->net_gbs * 1e6);
 }
 
 static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B, int T, int accum, int world,
@@ -481,24 +495,27 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
     s.softmax = CE_BYTES * N * Vp / (cal->ce_gbs * 1e6);
     double updated = zero ? ceil(P / W) : P;
     s.optimizer = (OPT_BYTES * updated + (zero ? 4.0 * P : 0.0)) / (cal->adamw_gbs * 1e6);
-    if (world > 1) {
+    double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
+    for (int now = 0; now < 2 && world > 1; now++) {
         double share = (W - 1) / W, layer = P - (Vp + c->max_seq_len + 2) * C; /* the layers' parameters */
         double slices = 12 * L;
         if (zero == 0) {
-            s.comm = overlap ? comm_ms(cal, slices + 2, 2 * share * 4 * P) : comm_ms(cal, 1, 2 * share * 4 * P);
+            comm[now] = overlap ? comm_ms(cal, slices + 2, 2 * share * 4 * P, now) : comm_ms(cal, 1, 2 * share * 4 * P, now);
         } else if (zero == 1) {
-            s.comm = (overlap ? comm_ms(cal, slices + 2, share * 4 * P) : comm_ms(cal, 1, share * 4 * P)) +
-                     comm_ms(cal, 1, share * 4 * P); /* + the all-gather */
+            comm[now] = (overlap ? comm_ms(cal, slices + 2, share * 4 * P, now) : comm_ms(cal, 1, share * 4 * P, now)) +
+                        comm_ms(cal, 1, share * 4 * P, now); /* + the all-gather */
         } else { /* every micro-batch: the layers' slices to their owners; then the head; the all-gather */
-            s.comm = accum * comm_ms(cal, slices, share * 4 * layer) + comm_ms(cal, 2, share * 4 * (P - layer)) +
-                     comm_ms(cal, 1, share * 4 * P);
+            comm[now] = accum * comm_ms(cal, slices, share * 4 * layer, now) +
+                        comm_ms(cal, 2, share * 4 * (P - layer), now) + comm_ms(cal, 1, share * 4 * P, now);
         }
+        comm[now] += comm_ms(cal, 2, 0.0, now); /* the loss's and the norm's sums (dist_sum) */
     }
-    s.idle = accum * (s.gemm + s.attention + s.elementwise + s.softmax) + s.optimizer + s.comm;
-    s.step = s.idle / (cal->share > 0.05 ? cal->share : 0.05); /* the rates are a whole core's; we get this share of it now */
+    s.comm = comm[1];
+    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax) + s.optimizer;
+    s.idle = compute + comm[0];
+    s.step = compute / (cal->share > 0.05 ? cal->share : 0.05) + comm[1]; /* the rates are a whole core's; we get this share now */
     return s;
 }
-
 /* ---- snapshots ---------------------------------------------------------- */
 
 /* The cost of one memory snapshot (ms): this rank's slice of weights, m and
@@ -508,7 +525,7 @@ static double runtime_snapshot_ms(const Calibration* cal, const GPT2Config* c, i
     double P = (double)parameter_count(c), n = ceil(P / world);
     double bytes = (double)state_bytes((size_t)(zero || world > 1 ? n : P));
     double ms = 2.0 * bytes / (cal->adamw_gbs * 1e6);
-    if (world > 1) ms += comm_ms(cal, 1, bytes);
+    if (world > 1) ms += comm_ms(cal, 1, bytes, 1);
     return ms;
 }
 

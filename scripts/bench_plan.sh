@@ -33,7 +33,7 @@ $PY scripts/toy_shard.py "$dir/small.bin" 200000 4096 0 >/dev/null && $PY script
 launch() { # NP FLAGS...: the trainer, under mpirun when NP > 1
     local np=$1
     shift
-    if [ "$np" -eq 1 ]; then timeout -k 10 600 "$BIN" "$@"; else timeout -k 10 600 $MPIRUN -np "$np" "$MPIBIN" "$@"; fi
+    if [ "$np" -eq 1 ]; then timeout -k 10 600 "$BIN" "$@" < /dev/null; else timeout -k 10 600 $MPIRUN -np "$np" "$MPIBIN" "$@" < /dev/null; fi
 }
 # predicted NP B ZERO FLAGS...: --plan's ms/step for the candidate (B, ZERO):
 # "now idle share" (at the CPU share measured now; with a whole core)

@@ -145,7 +145,7 @@ ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p'
     check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
 
 # --auto 1: trains with the choice, which fits; its peak resident memory stays under the budget
-AUTO="--model d4 --channels 128 --num-heads 4 --max-seq-len 64 -t 64 -d 1024 -i $dir/big.bin --threads 1 -x 2 --val-every 0 --sample-every 0 --auto 1 --plan-check 1"
+AUTO="--model d4 --channels 128 --num-heads 4 --max-seq-len 64 -t 64 -d 1024 -i $dir/big.bin --threads 1 -x 1 --val-every 0 --sample-every 0 --auto 1 --plan-check 1"
 run 1 $AUTO --memory-budget 220M
 rc=$?
 autoline=$(grep '^auto: ' "$dir/run.out")
