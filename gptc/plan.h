@@ -350,7 +350,7 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
     long long S = total / per_rank; /* sequences per rank per step */
     if (print) {
         printf("candidates for %lld tokens per step (%lld sequences of %d per rank per step), %.1f MB usable per rank; "
-               "step time from the runtime model (gptc/runtime.h), at the CPU share measured now and on an idle machine:\n", total, S, o->seq_len, usable * mb);
+               "step time from the runtime model (gptc/runtime.h), at the speed measured now and on an idle machine:\n", total, S, o->seq_len, usable * mb);
         printf("  %8s %8s %5s %14s %10s %5s %10s %10s %10s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits", "ms/step",
                "tok/s", "idle ms");
     }

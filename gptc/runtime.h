@@ -35,9 +35,11 @@
  *                 train_gpt.c), each alpha + bytes/beta with alpha, beta
  *                 from a ping of MPI_Allreduce at every start (1 float;
  *                 2^18 floats; alpha the fastest call on an idle machine,
- *                 the median call under the load there is now): plain, an allreduce of P (2(W-1)/W * 4P bytes on
- *                 the wire per rank); ZeRO-1, a reduce-scatter and an
- *                 all-gather ((W-1)/W * 4P each); ZeRO-2, every micro-batch
+ *                 the median call under the load there is now), and the
+ *                 rates of MPI_Allreduce, MPI_Reduce and MPI_Allgather as
+ *                 measured (bytes handed in per second): plain, an
+ *                 allreduce of P; ZeRO-1, reduces to the owners and an
+ *                 all-gather; ZeRO-2, every micro-batch
  *                 reduces each layer's 12 slices to their owners, then an
  *                 all-gather. With --overlap the layers' collectives are
  *                 issued during backward, one per slice (12 L messages:
@@ -50,8 +52,9 @@
  * bytes would hide up to the backward's length: not modelled.)
  * On a shared machine the rates are a whole core's (the fastest of five
  * runs: another job only slows a run down), and the step's computation is
- * divided by the share of a core each thread gets now (calib_share: CPU time over wall
- * time of a busy loop, measured at every start, not cached).
+ * divided by the share of that speed the process gets now (calib_share:
+ * the calibration's middle GEMM for 100 ms, its rate now over the cached
+ * one; measured at every start, not cached).
  * Not counted: the embedding's forward and backward, the data loader, the
  * bias sums (inside matmul_backward's measured rate), logging.
  *
@@ -90,10 +93,11 @@ typedef struct {
     double elem_gbs;                  /* GB/s of the LayerNorm/residual/GELU mix */
     double ce_gbs;                    /* GB/s of the cross-entropy forward + backward */
     double adamw_gbs;                 /* GB/s of AdamW */
-    double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call), bandwidth (W > 1) */
+    double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
+    double reduce_gbs, gather_gbs;    /* MPI_Reduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
     double ms;                        /* how long the measurement took */
-    double share;                     /* the CPU share each thread gets now (measured every start, not cached) */
+    double share;                     /* the share of the calibrated speed this process gets now (every start) */
     int cached;                       /* read from the cache file */
     char key[600];
     char path[4400];
@@ -223,7 +227,8 @@ static void calib_compute(Calibration* cal) {
 
 /* The MPI ping, every rank at once, at every start (not cached: it
  * depends on the load): alpha from 21 allreduces of one float,
- * beta from 5 of 2^18 floats (1 MB); the fastest of each. */
+ * rates from 5 each of MPI_Allreduce, MPI_Reduce and MPI_Allgather of
+ * 2^18 floats (1 MB); the fastest of each. */
 static void calib_network(Calibration* cal, const Dist* d) {
     cal->net_alpha_us = 0.0;
     cal->net_gbs = 0.0;
@@ -247,15 +252,24 @@ static void calib_network(Calibration* cal, const Dist* d) {
     cal->net_alpha_now_us = dist_sum(d, d->rank == 0 ? calls[10] * 1e3 : 0.0);
     size_t n = (size_t)1 << 18;
     float* buf = calib_floats(n, 1.0f);
+    float* all = calib_floats(n, 0.0f);
+    int part = (int)(n / (size_t)d->world);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
     CALIB_TIME3(ms, MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
+    cal->net_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    CALIB_TIME3(ms, MPI_CHECK(MPI_Reduce(d->rank == 0 ? MPI_IN_PLACE : buf, d->rank == 0 ? buf : NULL, (int)n, MPI_FLOAT,
+                                         MPI_SUM, 0, MPI_COMM_WORLD)));
+    cal->reduce_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    CALIB_TIME3(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, MPI_COMM_WORLD)));
+    cal->gather_gbs = 4.0 * part * W / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     free(buf);
-    double wire = 2.0 * (W - 1) / W * 4.0 * (double)n;
+    free(all);
     cal->net_alpha_us = alpha_ms * 1e3;
-    cal->net_gbs = wire / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     /* every rank uses rank 0's figures (it plans) */
     cal->net_alpha_us = dist_sum(d, d->rank == 0 ? cal->net_alpha_us : 0.0);
     cal->net_gbs = dist_sum(d, d->rank == 0 ? cal->net_gbs : 0.0);
+    cal->reduce_gbs = dist_sum(d, d->rank == 0 ? cal->reduce_gbs : 0.0);
+    cal->gather_gbs = dist_sum(d, d->rank == 0 ? cal->gather_gbs : 0.0);
 #else
     (void)d;
 #endif
@@ -395,37 +409,39 @@ static void calibration_print(const Calibration* cal) {
            cal->gemm_fwd[1], cal->gemm_bwd[1], cal->rows[2], cal->gemm_fwd[2], cal->gemm_bwd[2], cal->attn_gflops,
            cal->Tc, cal->elem_gbs, cal->ce_gbs, cal->adamw_gbs);
     if (cal->net_gbs > 0)
-        printf("; MPI allreduce %.1f us (fastest; median now %.1f us) + %.2f GB/s", cal->net_alpha_us,
-               cal->net_alpha_now_us, cal->net_gbs);
+        printf("; MPI latency %.1f us (fastest; median now %.1f us), allreduce %.2f GB/s, reduce %.2f GB/s, "
+               "allgather %.2f GB/s", cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs,
+               cal->gather_gbs);
     double load[3] = {0, 0, 0};
     FILE* f = fopen("/proc/loadavg", "r");
     if (f) {
         if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = 0;
         fclose(f);
     }
-    printf("; CPU share per thread now %.2f (load average %.2f; step times are divided by it)\n", cal->share, load[0]);
+    printf("; speed now %.2f of it (load average %.2f; the computation's time is divided by it)\n", cal->share, load[0]);
 }
 
-/* The share of a core each of this process's threads gets now, on a
- * machine shared with other jobs: 100 ms of busy work on every thread, its
- * CPU time (CLOCK_THREAD_CPUTIME_ID) over the wall time; the least of the
- * threads (a parallel loop waits for its slowest). 1 on an idle machine.
- * Not cached: the load changes from minute to minute. */
-static double calib_share(void) {
-    double share = 1.0;
-#pragma omp parallel reduction(min : share)
-    {
-        struct timespec c0, c1;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-        double w0 = time_ms();
-        volatile double x = 0.0;
-        while (time_ms() - w0 < 100.0)
-            for (int i = 0; i < 1000; i++) x = x + i * 1e-9;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-        double cpu = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) * 1e-6;
-        share = fmin(1.0, cpu / (time_ms() - w0));
+/* How much of the calibrated speed this process gets now, on a machine
+ * shared with other jobs: the middle GEMM of the calibration run for 100 ms
+ * with this run's threads, its rate over the calibrated (fastest) one. It
+ * sees both the share of the cores the other jobs leave and what they
+ * leave of the caches and memory bandwidth. 1 on an idle machine. Not
+ * cached: the load changes from minute to minute. */
+static double calib_share(const Calibration* cal) {
+    int C = cal->C, OC = cal->gemm_oc, N = (int)cal->rows[1];
+    float* inp = calib_floats((size_t)N * C, 1.0f);
+    float* w = calib_floats((size_t)OC * C, 0.02f);
+    float* out = calib_floats((size_t)N * OC, 0.0f);
+    double flops = 0.0, t0 = time_ms();
+    while (time_ms() - t0 < 100.0) {
+        matmul_forward(out, inp, w, NULL, N, C, OC);
+        flops += 2.0 * N * C * OC;
     }
-    return share;
+    double rate = flops / ((time_ms() - t0) * 1e6);
+    free(inp);
+    free(w);
+    free(out);
+    return fmin(1.0, rate / cal->gemm_fwd[1]);
 }
 
 /* The calibration for model c at sequence length T on this machine: from
@@ -450,7 +466,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         if (d->rank == 0) calib_save(cal);
     }
     calib_network(cal, d);
-    cal->share = dist_sum(d, d->rank == 0 ? calib_share() : (calib_share(), 0.0)); /* all at once, rank 0's */
+    cal->share = dist_sum(d, d->rank == 0 ? calib_share(cal) : (calib_share(cal), 0.0)); /* all at once, rank 0's */
 }
 
 /* ---- the model ---------------------------------------------------------- */
@@ -459,7 +475,7 @@ typedef struct {
     double gemm, attention, elementwise, softmax; /* per micro-batch, ms */
     double optimizer, comm;                       /* per step, ms */
     double idle;                                  /* ms, with a whole core per thread */
-    double step;                                  /* ms, with the share of a core each thread gets now */
+    double step;                                  /* ms, at the speed measured now (share) */
 } StepTime;
 
 /* GFLOP/s at N rows: interpolated in log N between the measured points. */
@@ -473,11 +489,12 @@ static double calib_rate(const double* rows, const double* rate, double N) {
     return rate[CALIB_ROWS - 1];
 }
 
-/* alpha + bytes / beta, ms; `now`: the latency measured now (the median
- * call), else the fastest (an idle machine) */
-static double comm_ms(const Calibration* cal, double messages, double bytes, int now) {
-    if (cal->net_gbs <= 0) return 0.0;
-    return messages * (now ? cal->net_alpha_now_us : cal->net_alpha_us) * 1e-3 + bytes / (cal->net_gbs * 1e6);
+/* messages * alpha + bytes / rate, ms, for a collective whose measured
+ * rate (GB/s of the bytes handed in) is gbs; `now`: the latency measured
+ * now (the median call), else the fastest (an idle machine) */
+static double comm_ms(const Calibration* cal, double messages, double bytes, double gbs, int now) {
+    if (gbs <= 0) return 0.0;
+    return messages * (now ? cal->net_alpha_now_us : cal->net_alpha_us) * 1e-3 + bytes / (gbs * 1e6);
 }
 
 static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B, int T, int accum, int world,
@@ -497,18 +514,17 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
     s.optimizer = (OPT_BYTES * updated + (zero ? 4.0 * P : 0.0)) / (cal->adamw_gbs * 1e6);
     double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
     for (int now = 0; now < 2 && world > 1; now++) {
-        double share = (W - 1) / W, layer = P - (Vp + c->max_seq_len + 2) * C; /* the layers' parameters */
-        double slices = 12 * L;
+        double layer = P - (Vp + c->max_seq_len + 2) * C, slices = 12 * L; /* the layers' parameters, their slices */
+        double ar = cal->net_gbs, red = cal->reduce_gbs, ag = cal->gather_gbs;
         if (zero == 0) {
-            comm[now] = overlap ? comm_ms(cal, slices + 2, 2 * share * 4 * P, now) : comm_ms(cal, 1, 2 * share * 4 * P, now);
-        } else if (zero == 1) {
-            comm[now] = (overlap ? comm_ms(cal, slices + 2, share * 4 * P, now) : comm_ms(cal, 1, share * 4 * P, now)) +
-                        comm_ms(cal, 1, share * 4 * P, now); /* + the all-gather */
+            comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
+        } else if (zero == 1) { /* to the owners (a reduce-scatter without overlap), then the all-gather */
+            comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
         } else { /* every micro-batch: the layers' slices to their owners; then the head; the all-gather */
-            comm[now] = accum * comm_ms(cal, slices, share * 4 * layer, now) +
-                        comm_ms(cal, 2, share * 4 * (P - layer), now) + comm_ms(cal, 1, share * 4 * P, now);
+            comm[now] = accum * comm_ms(cal, slices, 4 * layer, red, now) + comm_ms(cal, 2, 4 * (P - layer), red, now) +
+                        comm_ms(cal, 1, 4 * P, ag, now);
         }
-        comm[now] += comm_ms(cal, 2, 0.0, now); /* the loss's and the norm's sums (dist_sum) */
+        comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
     }
     s.comm = comm[1];
     double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax) + s.optimizer;
@@ -525,7 +541,7 @@ static double runtime_snapshot_ms(const Calibration* cal, const GPT2Config* c, i
     double P = (double)parameter_count(c), n = ceil(P / world);
     double bytes = (double)state_bytes((size_t)(zero || world > 1 ? n : P));
     double ms = 2.0 * bytes / (cal->adamw_gbs * 1e6);
-    if (world > 1) ms += comm_ms(cal, 1, bytes, 1);
+    if (world > 1) ms += comm_ms(cal, 1, bytes, cal->reduce_gbs, 1); /* (one message, like a reduce's) */
     return ms;
 }
 

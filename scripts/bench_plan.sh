@@ -36,12 +36,12 @@ launch() { # NP FLAGS...: the trainer, under mpirun when NP > 1
     if [ "$np" -eq 1 ]; then timeout -k 10 600 "$BIN" "$@" < /dev/null; else timeout -k 10 600 $MPIRUN -np "$np" "$MPIBIN" "$@" < /dev/null; fi
 }
 # predicted NP B ZERO FLAGS...: --plan's ms/step for the candidate (B, ZERO):
-# "now idle share" (at the CPU share measured now; with a whole core)
+# "now idle share" (at the speed measured now; on an idle machine; the speed now)
 predicted() {
     local np=$1 b=$2 z=$3
     shift 3
     GPTC_CALIBRATE=1 launch "$np" "$@" -b "$b" --zero "$z" --plan 1 --memory-budget 64G > "$dir/plan.out" 2>&1
-    local share=$(sed -n 's/.*CPU share per thread now \([0-9.]*\).*/\1/p' "$dir/plan.out")
+    local share=$(sed -n "s/.*; speed now \([0-9.]*\) of it.*/\1/p" "$dir/plan.out")
     awk -v b="$b" -v z="$z" -v s="$share" '$1 == b && $3 == z && $5 + 0 > 0 { print $7, $9, s; exit }' "$dir/plan.out"
 }
 # measured NP FLAGS...: "median fastest" of steps 2..STEPS (ms)
@@ -57,7 +57,7 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 
 echo "== 1. predicted vs measured step time (steps 2..$STEPS; 1 thread per rank) =="
 echo "   idle: the model at a whole core per thread vs the fastest measured step (the one least disturbed);"
-echo "   now: the model divided by the CPU share measured at start vs the median step"
+echo "   now: the model at the speed measured at start (share: the GEMM rate now over the calibrated one) vs the median step"
 printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "configuration" "idle" "fastest" "error" "share" "now" "median" "error" "load"
 errs_idle=()
 errs_now=()
