@@ -9,8 +9,8 @@
  *
  * The model of one optimizer step, per rank (B, T, accum micro-batches,
  * W ranks, N = B*T rows):
- *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax)
- *            + t_optimizer + t_comm
+ *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax
+ *                     + t_weights) + t_optimizer + t_comm
  *   t_gemm      = sum over the matmuls of 2*N*C*OC (forward) and 4*N*C*OC
  *                 (backward: dinp and dweight), over the GEMM rate measured
  *                 with matmul_forward / matmul_backward at three row
@@ -27,6 +27,14 @@
  *                 bandwidth those same kernels reach at the model's C.
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
+ *   t_weights   = WEIGHT_BYTES per parameter: every micro-batch, each
+ *                 GEMM packs its weight operand (forward, backward dinp,
+ *                 dweight) and dweight adds into the gradient, a fixed
+ *                 cost per micro-batch whatever B (the calibration's
+ *                 weights sit in cache; a model's, the classifier's
+ *                 Vp x C above all, stream from memory), at AdamW's
+ *                 streaming bandwidth. It is what makes many small
+ *                 micro-batches slower than a few large ones.
  *   t_optimizer = OPT_BYTES per parameter this rank updates (AdamW reads
  *                 p, g, m, v and writes p, m, v; zeroing and the norm read
  *                 the gradients) over AdamW's measured bandwidth; P under
@@ -81,6 +89,8 @@
 #define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
 #define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
 #define OPT_BYTES 36.0   /* per parameter: AdamW 28, zero_grad 4, the norm 4 */
+#define WEIGHT_BYTES 32.0 /* per parameter per micro-batch: each GEMM packs its weights (read 4, write 4) forward,
+                            backward dinp and dweight (24), and dweight reads and writes the gradient (8) */
 #define CALIB_FORMAT "gptc calibration v1"
 
 typedef struct {
@@ -473,6 +483,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
 
 typedef struct {
     double gemm, attention, elementwise, softmax; /* per micro-batch, ms */
+    double weights;                               /* per micro-batch, ms: the weights streamed through the GEMMs */
     double optimizer, comm;                       /* per step, ms */
     double idle;                                  /* ms, with a whole core per thread */
     double step;                                  /* ms, at the speed measured now (share) */
@@ -510,6 +521,7 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
     s.attention = 12.0 * B * (double)T * T * C * L / (cal->attn_gflops * 1e6);
     s.elementwise = ELEM_BYTES * C * N * L / (cal->elem_gbs * 1e6);
     s.softmax = CE_BYTES * N * Vp / (cal->ce_gbs * 1e6);
+    s.weights = WEIGHT_BYTES * P / (cal->adamw_gbs * 1e6);
     double updated = zero ? ceil(P / W) : P;
     s.optimizer = (OPT_BYTES * updated + (zero ? 4.0 * P : 0.0)) / (cal->adamw_gbs * 1e6);
     double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
@@ -527,7 +539,7 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
         comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
     }
     s.comm = comm[1];
-    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax) + s.optimizer;
+    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.weights) + s.optimizer;
     s.idle = compute + comm[0];
     s.step = compute / (cal->share > 0.05 ? cal->share : 0.05) + comm[1]; /* the rates are a whole core's; we get this share now */
     return s;
