@@ -44,7 +44,7 @@
  *                 from a ping of MPI_Allreduce at every start (1 float;
  *                 2^18 floats; alpha the fastest call on an idle machine,
  *                 the median call under the load there is now), and the
- *                 rates of MPI_Allreduce, MPI_Reduce and MPI_Allgather as
+ *                 rates of MPI_Allreduce, MPI_Ireduce and MPI_Allgather as
  *                 measured (bytes handed in per second): plain, an
  *                 allreduce of P; ZeRO-1, reduces to the owners and an
  *                 all-gather; ZeRO-2, every micro-batch
@@ -104,7 +104,7 @@ typedef struct {
     double ce_gbs;                    /* GB/s of the cross-entropy forward + backward */
     double adamw_gbs;                 /* GB/s of AdamW */
     double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
-    double reduce_gbs, gather_gbs;    /* MPI_Reduce to one root, MPI_Allgather: GB/s handed in / gathered */
+    double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
     double ms;                        /* how long the measurement took */
     double share;                     /* the share of the calibrated speed this process gets now (every start) */
@@ -237,7 +237,7 @@ static void calib_compute(Calibration* cal) {
 
 /* The MPI ping, every rank at once, at every start (not cached: it
  * depends on the load): alpha from 21 allreduces of one float,
- * rates from 5 each of MPI_Allreduce, MPI_Reduce and MPI_Allgather of
+ * rates from 5 each of MPI_Allreduce, MPI_Ireduce + MPI_Wait and MPI_Allgather of
  * 2^18 floats (1 MB); the fastest of each. */
 static void calib_network(Calibration* cal, const Dist* d) {
     cal->net_alpha_us = 0.0;
@@ -267,8 +267,12 @@ static void calib_network(Calibration* cal, const Dist* d) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
     CALIB_TIME3(ms, MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
     cal->net_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
-    CALIB_TIME3(ms, MPI_CHECK(MPI_Reduce(d->rank == 0 ? MPI_IN_PLACE : buf, d->rank == 0 ? buf : NULL, (int)n, MPI_FLOAT,
-                                         MPI_SUM, 0, MPI_COMM_WORLD)));
+    MPI_Request req; /* the non-blocking reduce ZeRO's reductions to the owners use (dist_reduce_to_owners) */
+    CALIB_TIME3(ms, {
+        MPI_CHECK(MPI_Ireduce(d->rank == 0 ? MPI_IN_PLACE : buf, d->rank == 0 ? buf : NULL, (int)n, MPI_FLOAT, MPI_SUM,
+                              0, MPI_COMM_WORLD, &req));
+        MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    });
     cal->reduce_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     CALIB_TIME3(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, MPI_COMM_WORLD)));
     cal->gather_gbs = 4.0 * part * W / (fmax(ms - alpha_ms, 1e-3) * 1e6);
