@@ -75,9 +75,17 @@
  * CPU model, threads, ranks, the binary (its size and mtime), and the shape
  * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
  *
- * Included by train_gpt.c in section 8, after gptc/plan.h. Defines:
+ * Measured (make bench-plan, 2026-11-30, 2 shared cores at a load average
+ * of 4.7-6.1, one thread per rank): at the speed measured at start, median
+ * |error| 13.5% over 13 configurations, 4 within 10%, 10 within 17.5%,
+ * worst -55% (ZeRO-2 on 2 ranks); the choice was the fastest measured on 1
+ * rank (ratio 1.000) and 1.33x the fastest on 2 ranks (ZeRO stages: the
+ * model puts them within 2%, measured 1.5x apart). The 10% target is not
+ * met on this machine.
+ *
+ * Included by train_gpt.c in section 8, before gptc/plan.h. Defines:
  * Calibration, StepTime, calibration_get, calibration_print, runtime_step,
- * runtime_snapshot_seconds, young_daly_steps.
+ * runtime_snapshot_ms, young_daly_steps.
  */
 #ifndef GPTC_RUNTIME_H
 #define GPTC_RUNTIME_H
