@@ -31,8 +31,8 @@
 # (1.9 GB, ZeRO-1 with snapshots) of the plan on one process, +8.3% (0.52 GB
 # per rank, 2 ranks: Open MPI's own ~43 MB) under mpirun; 45 passed in 36 s.
 # With the runtime model's checks (calibration, --auto, --snapshot-every
-# auto): 52 passed in 118 s at a load average of 7 on the 2 cores (the new
-# checks ~30 s of it).
+# auto): 52 passed in 68-118 s at load averages of 5-7 on the 2 cores (the new
+# checks 15-30 s of it).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
