@@ -7,7 +7,7 @@
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
-#   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS (~60 s)
+#   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
@@ -16,6 +16,7 @@
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
+#   make bench-plan the runtime model: predicted vs measured step times, the planner's choice vs every candidate
 #   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
@@ -202,6 +203,12 @@ dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
 bench-dp: train_gpt_mpi
 	scripts/bench_dp.sh
+
+# the runtime model (gptc/runtime.h): predicted vs measured step time over a
+# grid, and --plan's choice vs every candidate measured under a memory budget
+# (scripts/bench_plan.sh; a few minutes, not in make test)
+bench-plan: train_gpt train_gpt_mpi
+	scripts/bench_plan.sh ./train_gpt ./train_gpt_mpi
 
 # What snapshots cost per step and what a crash costs: a small GPT in a few
 # minutes; make bench-failover BENCH_FLAGS=--gpt2 for GPT-2 124M (longer: 2 GB a save).
@@ -537,4 +544,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-plan test-failover test-resume test-slurm bench-dp bench-failover test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan check-cxx bench clean

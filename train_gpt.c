@@ -45,6 +45,7 @@
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/saver.h      snapshots, replicas, saves, resume, rollback, heartbeat        (section 8)
+ *   gptc/runtime.h    the runtime model: a step's time, calibrated (--plan, --auto)  (section 8)
  *   gptc/plan.h       the memory plan (--plan) the ledger is checked against        (section 8)
  */
 #ifndef _GNU_SOURCE
@@ -2535,7 +2536,8 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
 
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
                                the loop's tail (train_run_after_step, train_run_boundary, ...) */
-#include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_run (--plan) */
+#include "gptc/runtime.h"   /* defines: Calibration, calibration_get, runtime_step: the step-time model */
+#include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_runtime (--plan, --auto) */
 
 /* What each rank holds, and how the ranks share the work. */
 static void train_memory_print(const GPT2* model, const Dist* dist) {
@@ -2785,7 +2787,8 @@ int main(int argc, char** argv) {
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    rc = o.plan ? plan_run(&o, &dist) : gptc_run(&o, train_cpu, &dist, &dist);
+    if (o.plan || o.auto_plan || o.snapshot_auto) rc = plan_runtime(&o, &dist); /* calibrated; may set B, ZeRO */
+    if (rc == 0 && !o.plan) rc = gptc_run(&o, train_cpu, &dist, &dist);
     dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }

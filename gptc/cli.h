@@ -70,6 +70,10 @@ typedef struct {
     /* the memory plan (gptc/plan.h) */
     int plan, plan_check;
     const char* memory_budget;
+    /* the runtime model (gptc/runtime.h) */
+    int auto_plan;
+    int snapshot_auto;   /* --snapshot-every auto: snapshot_every is set at start (plan_runtime) */
+    double mtbf;
     /* GPU only (train_gpt_cu: train_gpt refuses them, options_cpu_problem) */
     int gelu_fusion, recompute, cuda_graphs;
     const char* init;
@@ -140,7 +144,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--keep-last", NULL, OPT_INT, keep_last, "2", "keep the training states of the last this many saves (and every --keep-every-th); 0 = keep all"),
     OPT("--keep-every", NULL, OPT_INT, keep_every, "0", "also keep the training state of every step that is a multiple of this; 0 = none"),
     OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
-    OPT("--snapshot-every", NULL, OPT_INT, snapshot_every, "0", "copy the training state into memory (--shm-dir, and a replica at the next rank) every this many steps: a crash then costs at most this many; 0 = off"),
+    OPT("--snapshot-every", NULL, OPT_INT, snapshot_every, "0", "copy the training state into memory (--shm-dir, and a replica at the next rank) every this many steps: a crash then costs at most this many; 0 = off; auto = the Young/Daly interval sqrt(2 x snapshot cost x --mtbf), from the calibrated runtime model"),
     OPT("--shm-dir", NULL, OPT_STRING, shm_dir, "/dev/shm", "where memory snapshots live, created if missing (a tmpfs outlives the process, not the host)"),
     OPT("--save-async", NULL, OPT_INT, save_async, "1", "1 = copy snapshots while the next step computes and write them in the background; 0 = all at the step boundary"),
     OPT("--spike-z", NULL, OPT_FLOAT, spike_z, "0", "skip the update when the loss is this many standard deviations above the last 64 steps' mean; 0 = off"),
@@ -151,8 +155,10 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too); on GPUs 1 and 2 also run on one GPU, as one rank of the sharded code"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
-    OPT("--plan", NULL, OPT_INT, plan, "0", "1 = print the memory plan (bytes per rank by component, from the same size functions the allocators use) and a table of micro-batch / ZeRO candidates for --total-batch-size against --memory-budget, then exit without training"),
+    OPT("--plan", NULL, OPT_INT, plan, "0", "1 = print the memory plan (bytes per rank by component, from the same size functions the allocators use) and a table of micro-batch / ZeRO candidates for --total-batch-size with their peak bytes and predicted step time (a calibrated runtime model), and the fastest that fits in 95% of --memory-budget, then exit without training"),
     OPT("--memory-budget", NULL, OPT_STRING, memory_budget, "auto", "bytes per rank --plan checks against (a number, or with a K/M/G suffix: powers of 1024); auto = MemAvailable of /proc/meminfo divided by the ranks on this node"),
+    OPT("--auto", NULL, OPT_INT, auto_plan, "0", "1 = train with --plan's choice: the micro-batch (and so the gradient accumulation) and, with several ranks, the ZeRO stage predicted fastest for --total-batch-size among those that fit in 95% of --memory-budget (says so in one line)"),
+    OPT("--mtbf", NULL, OPT_DOUBLE, mtbf, "86400", "mean time between failures of the job in seconds, for --snapshot-every auto (24 h: one shared node; a 16,384-GPU job saw one every ~3 h, Llama 3 paper sec. 3.3.4)"),
     OPT("--plan-check", NULL, OPT_INT, plan_check, "0", "1 = at the end of training, compare the allocation ledger with the memory plan, byte for byte, and the peak resident memory (VmHWM) with the plan's peak; exit non-zero on a mismatch (scripts/test_plan.sh)"),
     GPU_OPT("--gelu-fusion", OPT_INT, gelu_fusion, "1", "1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels"),
     GPU_OPT("--recompute", OPT_INT, recompute, "0", "activations backward recomputes instead of keeping them from the forward: 0 = none, 1 = GELU's output, 2 = GELU's and the LayerNorms' outputs, 3 = the whole block (keeps each layer's input only); the loss and weights are bitwise the same at every level (the memory plan printed at start says what each keeps)"),
@@ -250,6 +256,11 @@ static int options_parse(Options* o, int argc, char** argv) {
             }
             value = argv[++i];
         }
+        if (!strcmp(spec->name, "--snapshot-every") && !strcmp(value, "auto")) {
+            o->snapshot_auto = 1; /* the interval is set at start (plan_runtime); 1 until then, for the checks */
+            o->snapshot_every = 1;
+            continue;
+        }
         if (option_set(o, spec, value) != 0) return -1;
         if (spec->gpu && !o->gpu_flag) o->gpu_flag = spec->name;
     }
@@ -294,6 +305,8 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->verbose != 0 && o->verbose != 1, "--verbose must be 0 or 1");
     OPTIONS_PROBLEM(o->plan != 0 && o->plan != 1, "--plan must be 0 or 1");
     OPTIONS_PROBLEM(o->plan_check != 0 && o->plan_check != 1, "--plan-check must be 0 or 1");
+    OPTIONS_PROBLEM(o->auto_plan != 0 && o->auto_plan != 1, "--auto must be 0 or 1");
+    OPTIONS_PROBLEM(!(o->mtbf > 0.0), "--mtbf must be a number of seconds > 0");
     OPTIONS_PROBLEM(!(o->lr >= 0.0f), "--lr must be >= 0");
     OPTIONS_PROBLEM(o->warmup_steps < 0, "--warmup-steps must be >= 0");
     OPTIONS_PROBLEM(!(o->final_lr_frac >= 0.0f && o->final_lr_frac <= 1.0f), "--final-lr-frac must be in [0, 1]");

@@ -13,9 +13,10 @@
  * --plan prints the plan for the flags given, checks it against
  * --memory-budget, and lists candidate configurations for the global batch
  * (micro-batch B from the divisors, gradient accumulation making up the
- * rest; ZeRO 0/1/2 with several ranks), then exits. Not built yet: the
- * runtime model (step time per candidate, calibrated), so the choice is a
- * heuristic: the largest micro-batch that fits.
+ * rest; ZeRO 0/1/2 with several ranks) with their peak bytes and their
+ * step time from the runtime model (gptc/runtime.h), chooses the fastest
+ * that fits, then exits; --auto 1 trains with that choice, and
+ * --snapshot-every auto sets the Young/Daly interval (plan_runtime).
  *
  * Bytes are allocated bytes, and they are also resident bytes: every buffer
  * in the plan is written in full at setup (zeroed, copied, or the snapshot
@@ -29,14 +30,16 @@
  * loaders held then). Left out: a resume's transient read buffer (12 bytes
  * per parameter of the rank's slice, gptc/saver.h) and the tokenizer.
  *
- * Included by train_gpt.c in section 8, after gptc/saver.h. Defines:
- * PlanKnobs, CpuMemoryPlan, cpu_memory_plan, plan_after_setup, plan_check, plan_run.
+ * Included by train_gpt.c in section 8, after gptc/saver.h and
+ * gptc/runtime.h. Defines: PlanKnobs, CpuMemoryPlan, cpu_memory_plan,
+ * plan_after_setup, plan_check, PlanChoice, plan_choose, plan_runtime.
  */
 #ifndef GPTC_PLAN_H
 #define GPTC_PLAN_H
 
 #include "util.h"
 #include "ledger.h"
+#include "runtime.h"
 
 /* What the plan depends on, for one rank. */
 typedef struct {
@@ -262,29 +265,52 @@ static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const 
     return bad ? -1 : 0;
 }
 
-/* --plan: the plan for the flags given, the budget, the candidates; no
- * training. Rank 0 plans for every rank and prints. 0, or -1 when nothing
- * fits (or the flags are wrong). */
-static int plan_run(const Options* o, const Dist* d) {
-    if (d->rank != 0) return 0; /* (rank 0 plans for all of them; its failure stops the job) */
-    GPT2Config c;
-    int depth = depth_from_name(o->model);
-    if (depth) {
-        if (config_from_options(&c, o) != 0) return -1;
+/* The model's shape from the flags: --model dN (with the shape flags) or a
+ * model file's header. 0, or -1 after a message. */
+static int plan_config(const Options* o, GPT2Config* c) {
+    if (depth_from_name(o->model)) {
+        if (config_from_options(c, o) != 0) return -1;
     } else { /* a model file: its header is enough */
         FILE* f = file_open_read(o->model, "model file");
         int32_t h[HEADER_INTS];
-        int ok = f && read_exact(f, h, sizeof(h), o->model) == 0 && model_header_check(o->model, h, file_size(f), &c) > 0;
+        int ok = f && read_exact(f, h, sizeof(h), o->model) == 0 && model_header_check(o->model, h, file_size(f), c) > 0;
         if (f) fclose(f);
         if (!ok) return -1;
     }
-    if (o->seq_len > c.max_seq_len) {
-        fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o->seq_len, c.max_seq_len);
+    if (o->seq_len > c->max_seq_len) {
+        fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o->seq_len, c->max_seq_len);
         return -1;
     }
+    return 0;
+}
+
+/* A candidate fits when its predicted peak is within this share of the
+ * budget: the rest is for what the plan does not see (the program, libc,
+ * OpenMP's stacks, Open MPI's buffers: ~43 MB per rank measured). */
+#define PLAN_HEADROOM 0.95
+
+typedef struct {
+    int B, zero;
+    long long accum, total;
+    size_t need;
+    double ms;
+} PlanChoice;
+
+/* --plan (print everything), --auto 1 (choose), and the runtime model's
+ * candidates: rank 0 plans for every rank; the choice goes to all. Each
+ * candidate splits the global batch into micro-batches of B (a divisor of
+ * the sequences per rank) and, with several ranks, takes a ZeRO stage; its
+ * peak bytes come from the memory plan, its step time from the runtime
+ * model (gptc/runtime.h); the fastest that fits wins. 0, or -1 when nothing
+ * fits (or the flags are wrong). */
+static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, const Calibration* cal, int print,
+                       PlanChoice* out) {
+    GPT2Config c = *cp;
+    memset(out, 0, sizeof(*out));
     const char* how = "";
     size_t budget = plan_budget(o->memory_budget, d->world, &how);
     if (!budget) return -1;
+    size_t usable = (size_t)(PLAN_HEADROOM * (double)budget);
     PlanKnobs k = plan_knobs(&c, o, o->batch_size, 0, d->world, o->zero);
     char train[8600], val[8600];
     snprintf(train, sizeof(train), "%s", o->train_data);
@@ -299,31 +325,36 @@ static int plan_run(const Options* o, const Dist* d) {
     plan_shards(val, &k.shards[1], &k.max_tokens[1]);
     k.loaders = k.shards[1] > 0 && o->val_every > 0 ? 2 : 1;
     double mb = 1.0 / (1024.0 * 1024.0);
-    printf("plan: model L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters; B=%d T=%d, %d rank(s), ZeRO %d%s%s\n",
-           c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size, c.padded_vocab_size,
-           parameter_count(&c), k.B, k.T, k.world, k.zero, k.snapshots ? ", memory snapshots" : "",
-           k.saving ? "" : ", no --output-dir (no saver buffers)");
-    if (!k.shards[0])
-        printf("data: no shards match %s (yet): the data loader's shard buffers are not counted\n", train);
-    CpuMemoryPlan p;
-    k.rank = 0;
-    cpu_memory_plan(&p, &k);
-    plan_print(&p, &k);
-    size_t need = plan_peak_over_ranks(k);
-    printf("budget: %zu bytes (%.1f MB) per rank (%s); this configuration needs %zu (%.1f MB, the largest rank's): %s\n",
-           budget, budget * mb, how, need, need * mb, need <= budget ? "fits" : "does NOT fit");
-    /* the candidates for the global batch */
     long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * d->world;
     long long per_rank = (long long)o->seq_len * d->world;
+    if (print) {
+        printf("plan: model L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters; B=%d T=%d, %d rank(s), ZeRO %d%s%s\n",
+               c.num_layers, c.channels, c.num_heads, c.max_seq_len, c.vocab_size, c.padded_vocab_size,
+               parameter_count(&c), k.B, k.T, k.world, k.zero, k.snapshots ? ", memory snapshots" : "",
+               k.saving ? "" : ", no --output-dir (no saver buffers)");
+        if (!k.shards[0])
+            printf("data: no shards match %s (yet): the data loader's shard buffers are not counted\n", train);
+        CpuMemoryPlan p;
+        k.rank = 0;
+        cpu_memory_plan(&p, &k);
+        plan_print(&p, &k);
+        size_t need = plan_peak_over_ranks(k);
+        printf("budget: %zu bytes (%.1f MB) per rank (%s), %.0f%% of it usable (%.1f MB); this configuration needs "
+               "%zu (%.1f MB, the largest rank's): %s\n", budget, budget * mb, how, 100 * PLAN_HEADROOM, usable * mb,
+               need, need * mb, need <= usable ? "fits" : "does NOT fit");
+    }
     if (total % per_rank != 0) {
         fprintf(stderr, "error: --total-batch-size %lld is not a multiple of T x ranks = %lld\n", total, per_rank);
         return -1;
     }
     long long S = total / per_rank; /* sequences per rank per step */
-    printf("candidates for %lld tokens per step (%lld sequences of %d per rank per step), budget %.1f MB:\n", total, S,
-           o->seq_len, budget * mb);
-    printf("  %8s %8s %5s %14s %10s %s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits");
-    int best_B = 0, best_zero = -1, small_B = 0, small_zero = 0;
+    if (print) {
+        printf("candidates for %lld tokens per step (%lld sequences of %d per rank per step), %.1f MB usable per rank; "
+               "step time from the runtime model (gptc/runtime.h), at the speed measured now and on an idle machine:\n", total, S, o->seq_len, usable * mb);
+        printf("  %8s %8s %5s %14s %10s %5s %10s %10s %10s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits", "ms/step",
+               "tok/s", "idle ms");
+    }
+    int small_B = 0, small_zero = 0;
     size_t small_need = 0;
     int zmax = d->world > 1 ? 2 : o->zero, zmin = d->world > 1 ? 0 : o->zero;
     for (long long B = 1; B <= S; B++) {
@@ -333,11 +364,18 @@ static int plan_run(const Options* o, const Dist* d) {
             kc.B = (int)B;
             kc.zero = z;
             size_t n = plan_peak_over_ranks(kc);
-            int fits = n <= budget;
-            printf("  %8lld %8lld %5d %14zu %10.1f %s\n", B, S / B, z, n, n * mb, fits ? "yes" : "no");
-            if (fits && (B > best_B || (B == best_B && best_zero < 0))) {
-                best_B = (int)B;
-                best_zero = z;
+            int fits = n <= usable;
+            StepTime st = runtime_step(cal, &c, (int)B, o->seq_len, (int)(S / B), d->world, z, o->overlap);
+            if (print)
+                printf("  %8lld %8lld %5d %14zu %10.1f %5s %10.1f %10.0f %10.1f\n", B, S / B, z, n, n * mb,
+                       fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle);
+            if (fits && (out->B == 0 || st.step < out->ms)) {
+                out->B = (int)B;
+                out->zero = z;
+                out->accum = S / B;
+                out->total = total;
+                out->need = n;
+                out->ms = st.step;
             }
             if (!small_B || n < small_need) {
                 small_B = (int)B;
@@ -346,20 +384,70 @@ static int plan_run(const Options* o, const Dist* d) {
             }
         }
     }
-    printf("not built yet: the runtime model (a step-time prediction per candidate, calibrated on this machine), so "
-           "there is no fastest choice; the heuristic below takes the largest micro-batch that fits (usually the "
-           "fastest on a CPU), and at that B the lowest ZeRO stage (the least communication)\n");
-    if (best_B == 0) {
-        fprintf(stderr, "error: nothing fits in %zu bytes per rank (%s): the smallest configuration, B=%d with %lld "
-                "micro-batches%s, needs %zu bytes (%.1f MB) per rank; give more memory (--memory-budget), more ranks "
-                "with ZeRO, a shorter --seq-len or a smaller model\n", budget, how, small_B, S / small_B,
+    if (out->B == 0) {
+        fprintf(stderr, "error: nothing fits in %.0f%% of %zu bytes per rank (%s): the smallest configuration, B=%d "
+                "with %lld micro-batches%s, needs %zu bytes (%.1f MB) per rank; give more memory (--memory-budget), "
+                "more ranks with ZeRO, a shorter --seq-len or a smaller model\n", 100 * PLAN_HEADROOM, budget, how,
+                small_B, S / small_B,
                 d->world > 1 ? (small_zero == 2 ? " and ZeRO-2" : small_zero == 1 ? " and ZeRO-1" : "") : "",
                 small_need, small_need * mb);
         return -1;
     }
-    printf("choice: --batch-size %d --total-batch-size %lld%s%s (%lld micro-batches per step)\n", best_B, total,
-           d->world > 1 ? " --zero " : "", d->world > 1 ? (best_zero == 2 ? "2" : best_zero == 1 ? "1" : "0") : "",
-           S / best_B);
+    if (print)
+        printf("choice: --batch-size %d --total-batch-size %lld%s%s (%lld micro-batches per step): predicted %.1f ms "
+               "per step, %.0f tokens/s, peak %.1f MB per rank (the fastest that fits)\n", out->B, total,
+               d->world > 1 ? " --zero " : "", d->world > 1 ? (out->zero == 2 ? "2" : out->zero == 1 ? "1" : "0") : "",
+               out->accum, out->ms, total / (out->ms / 1e3), out->need * mb);
+    return 0;
+}
+
+/* Before anything is built: --plan (print, choose, and the caller exits),
+ * --auto 1 (set B, the total and the ZeRO stage to the choice), and
+ * --snapshot-every auto (the Young/Daly interval). Every rank calls it (the
+ * calibration pings the network); rank 0 chooses, and its choice is
+ * everyone's. 0, or -1 after a message. */
+static int plan_runtime(Options* o, Dist* d) {
+    GPT2Config c;
+    int ok = plan_config(o, &c) == 0;
+    if (dist_sum(d, ok) < d->world - 0.5) return -1; /* (each rank that failed said why) */
+    Calibration cal;
+    calibration_get(&cal, &c, o->seq_len, o->output_dir, d);
+    if (d->rank == 0) calibration_print(&cal);
+    PlanChoice ch;
+    memset(&ch, 0, sizeof(ch));
+    int rc = 0;
+    if (o->plan || o->auto_plan) rc = d->rank == 0 ? plan_choose(o, d, &c, &cal, o->plan, &ch) : 0;
+    if (dist_sum(d, rc) < -0.5) return -1;
+    if (o->plan) return 0;
+    if (o->auto_plan) { /* rank 0's choice, for every rank */
+        ch.B = (int)dist_sum(d, d->rank == 0 ? ch.B : 0);
+        ch.zero = (int)dist_sum(d, d->rank == 0 ? ch.zero : 0);
+        ch.total = (long long)dist_sum(d, d->rank == 0 ? (double)ch.total : 0.0);
+        printf("auto: --batch-size %d --total-batch-size %lld%s%s (%lld micro-batches): predicted %.1f ms per step, "
+               "%.0f tokens/s, peak %.1f MB per rank, the fastest of the candidates that fit in %.0f%% of "
+               "--memory-budget %s (--plan 1 lists them)\n", ch.B, ch.total, d->world > 1 ? " --zero " : "",
+               d->world > 1 ? (ch.zero == 2 ? "2" : ch.zero == 1 ? "1" : "0") : "", ch.accum, ch.ms,
+               ch.total / (ch.ms / 1e3), ch.need / (1024.0 * 1024.0), 100 * PLAN_HEADROOM, o->memory_budget);
+        o->batch_size = ch.B;
+        o->total_batch_size = (int)ch.total;
+        o->zero = d->zero = ch.zero;
+    }
+    if (o->snapshot_auto) {
+        long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * d->world;
+        int accum = (int)(total / ((long long)o->batch_size * o->seq_len * d->world));
+        StepTime st = runtime_step(&cal, &c, o->batch_size, o->seq_len, accum < 1 ? 1 : accum, d->world, o->zero,
+                                   o->overlap);
+        double snap = runtime_snapshot_ms(&cal, &c, d->world, o->zero), interval = 0.0;
+        int every = young_daly_steps(snap, o->mtbf, st.step, &interval);
+        every = (int)dist_sum(d, d->rank == 0 ? every : 0); /* rank 0's figure, for all */
+        o->snapshot_every = every;
+        double period_s = every * st.step / 1e3;
+        printf("snapshots: --snapshot-every auto = %d steps (%.1f s): Young/Daly sqrt(2 C MTBF) with a snapshot cost C "
+               "= %.3g ms (predicted: the state's bytes over the calibrated bandwidth) and --mtbf %.0f s, at %.1f ms "
+               "per step (predicted); expected loss per failure %.1f s of work (half an interval), overhead %.3g%% "
+               "(snapshots) + %.3g%% (lost work)\n", every, period_s, snap, o->mtbf, st.step, period_s / 2,
+               100.0 * snap / 1e3 / period_s, 100.0 * period_s / 2 / o->mtbf);
+    }
     return 0;
 }
 

@@ -16,7 +16,13 @@
 #   - measured peak RSS (VmHWM) within 3% of the predicted peak (the ledger's
 #     plus the GEMM packing buffers' estimate) on larger models (0.5-1.6 GB);
 #   - an impossible --memory-budget stops with the clear error naming the
-#     smallest configuration; a generous one gives a choice;
+#     smallest configuration; a generous one gives a choice, with its
+#     predicted step time (the runtime model, gptc/runtime.h);
+#   - the calibration: measured (< 1 s) and written to the output dir's
+#     calibration.txt, then reused; another thread count is another key;
+#   - --auto 1 trains with the choice (1 and 2 ranks), whose peak RSS stays
+#     under the budget; an impossible budget stops it with the clear error;
+#   - --snapshot-every auto sets the Young/Daly interval;
 #   - the tester: one byte planted in the plan (GPTC_INJECT_PLAN_ERROR) must
 #     make the check fail.
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
@@ -24,6 +30,9 @@
 # equal to the byte on every rank; peak RSS +0.20% (0.56 GB) and +0.14%
 # (1.9 GB, ZeRO-1 with snapshots) of the plan on one process, +8.3% (0.52 GB
 # per rank, 2 ranks: Open MPI's own ~43 MB) under mpirun; 45 passed in 36 s.
+# With the runtime model's checks (calibration, --auto, --snapshot-every
+# auto): 52 passed in 68-118 s at load averages of 5-7 on the 2 cores (the new
+# checks 15-30 s of it).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
@@ -100,18 +109,77 @@ rss 1 --model d4 --channels 256 --num-heads 4 --max-seq-len 256 -t 128 -b 8
 rss 1 --model d6 --channels 384 --num-heads 6 --max-seq-len 256 -t 64 -b 4 --zero 1 -o "$dir/rss2" --snapshot-every 1 --shm-dir "$dir/shm"
 rss 2 --model d4 --channels 256 --num-heads 4 --max-seq-len 256 -t 128 -b 8 --zero 2
 
-# budgets
-"$BIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --memory-budget 1M > "$dir/plan.out" 2>&1
+# budgets (the calibration cache of these runs lives in $dir/cache)
+export XDG_CACHE_HOME=$dir/cache
+"$BIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --threads 1 --memory-budget 1M > "$dir/plan.out" 2>&1
 rc=$?
-[ $rc -ne 0 ] && grep -q "error: nothing fits in 1048576 bytes per rank.*the smallest configuration, B=1 with 64 micro-batches, needs" "$dir/plan.out" &&
+[ $rc -ne 0 ] && grep -q "error: nothing fits in 95% of 1048576 bytes per rank.*the smallest configuration, B=1 with 64 micro-batches, needs" "$dir/plan.out" &&
     check ok "an impossible --memory-budget: the clear error" "$(grep 'error:' "$dir/plan.out" | cut -c1-150)..." ||
     check FAIL "an impossible --memory-budget" "status $rc: $(tail -2 "$dir/plan.out")"
-"$BIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --memory-budget 12G > "$dir/plan.out" 2>&1
-[ $? -eq 0 ] && grep -q "^choice: --batch-size 4 --total-batch-size 65536" "$dir/plan.out" && grep -q "runtime model.*not built yet\|not built yet: the runtime model" "$dir/plan.out" &&
-    check ok "--memory-budget 12G for d12, T=1024: the largest B that fits (4)" || check FAIL "--plan with 12G" "$(tail -3 "$dir/plan.out")"
-$MPIRUN -np 2 "$MPIBIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --memory-budget 7300M > "$dir/plan.out" 2>&1
-[ $? -eq 0 ] && grep -q "^choice: --batch-size 4 --total-batch-size 65536 --zero 2" "$dir/plan.out" &&
-    check ok "2 ranks, 7300 MB each: only ZeRO-2 makes B=4 fit ($(grep '^choice' "$dir/plan.out" | cut -d: -f2))" || check FAIL "--plan on 2 ranks" "$(tail -3 "$dir/plan.out")"
+"$BIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --threads 1 --memory-budget 12G > "$dir/plan.out" 2>&1
+rc=$?
+choice=$(grep '^choice: ' "$dir/plan.out")
+cb=$(echo "$choice" | sed -n 's/^choice: --batch-size \([0-9]*\) .*/\1/p')
+cmb=$(echo "$choice" | sed -n 's/.*peak \([0-9.]*\) MB per rank.*/\1/p')
+[ $rc -eq 0 ] && [ -n "$cb" ] && [ "$cb" -le 4 ] && awk -v m="$cmb" 'BEGIN { exit !(m > 0 && m <= 0.95 * 12288) }' &&
+    grep -q "predicted .* ms per step, .* tokens/s" <<< "$choice" && grep -q "^ *8 *8 *0 .* no " "$dir/plan.out" &&
+    check ok "--memory-budget 12G for d12, T=1024: B=8 does not fit; the choice fits in 95% and has a predicted time" "$(echo "$choice" | cut -c9-200)" ||
+    check FAIL "--plan with 12G" "status $rc: $(tail -3 "$dir/plan.out")"
+$MPIRUN -np 2 "$MPIBIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --threads 1 --memory-budget 7700M > "$dir/plan.out" 2>&1
+[ $? -eq 0 ] && grep -q "^ *4 *8 *2 .* yes " "$dir/plan.out" && grep -q "^ *4 *8 *1 .* no " "$dir/plan.out" && grep -q "^choice: .* --zero [012] " "$dir/plan.out" &&
+    check ok "2 ranks, 7700 MB each: only ZeRO-2 makes B=4 fit; a choice with its ZeRO stage" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" || check FAIL "--plan on 2 ranks" "$(tail -3 "$dir/plan.out")"
+
+# the calibration: measured and written once, then read from the cache (keyed by CPU, threads, ranks, build, shape)
+CAL="--model d2 $TINY -t 16 -b 2 --sample-every 0 --val-every 0 -o $dir/cal --plan 1 --memory-budget 1G"
+rm -rf "$dir/cal"
+"$BIN" $CAL > "$dir/plan.out" 2>&1
+rc1=$?
+line1=$(grep '^calibration (' "$dir/plan.out")
+"$BIN" $CAL > "$dir/plan2.out" 2>&1
+rc2=$?
+line2=$(grep '^calibration (' "$dir/plan2.out")
+ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p')
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v1" "$dir/cal/calibration.txt" &&
+    [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 1 ] && grep -q "^calibration (cached" <<< "$line2" &&
+    check ok "calibration measured in $ms ms, written to the output dir's calibration.txt, then reused" "$(echo "$line2" | cut -c1-160)..." ||
+    check FAIL "calibration cache" "status $rc1/$rc2: '$line1' then '$line2'"
+"$BIN" $CAL --threads 2 > "$dir/plan.out" 2>&1
+[ $? -eq 0 ] && grep -q "^calibration (measured now" "$dir/plan.out" && [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 2 ] &&
+    check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
+
+# --auto 1: trains with the choice, which fits; its peak resident memory stays under the budget
+AUTO="--model d4 --channels 128 --num-heads 4 --max-seq-len 64 -t 64 -d 1024 -i $dir/big.bin --threads 1 -x 1 --val-every 0 --sample-every 0 --auto 1 --plan-check 1"
+run 1 $AUTO --memory-budget 220M
+rc=$?
+autoline=$(grep '^auto: ' "$dir/run.out")
+ab=$(echo "$autoline" | sed -n 's/^auto: --batch-size \([0-9]*\) .*/\1/p')
+hwm=$(sed -n 's/.*peak RSS (VmHWM) \([0-9]*\),.*/\1/p' "$dir/run.out" | head -1)
+[ $rc -eq 0 ] && [ -n "$ab" ] && [ "$ab" -lt 16 ] && grep -q "^batch: B=$ab T=64" "$dir/run.out" && grep -q "rank 0: ledger == plan" "$dir/run.out" &&
+    [ -n "$hwm" ] && [ "$hwm" -le $((220 * 1048576)) ] &&
+    check ok "--auto 1 under 220 MB: trains with B=$ab (B=16 would not fit), peak RSS $((hwm / 1048576)) MB <= the budget" "$(echo "$autoline" | cut -c1-140)..." ||
+    check FAIL "--auto 1 under 220 MB" "status $rc, B '$ab', VmHWM '$hwm': $(grep -E 'error|auto' "$dir/run.out" | head -3)"
+run 2 $AUTO --memory-budget 200M
+rc=$?
+autoline=$(grep '^auto: ' "$dir/run.out")
+[ $rc -eq 0 ] && grep -q "^auto: --batch-size [0-9]* --total-batch-size 1024 --zero [012] " <<< "$autoline" && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 2 ] &&
+    check ok "--auto 1 on 2 ranks under 200 MB each: B and ZeRO chosen, both ranks train with them" "$(echo "$autoline" | cut -c7-90)..." ||
+    check FAIL "--auto 1 on 2 ranks" "status $rc: $(grep -E 'error|auto|plan check' "$dir/run.out" | head -3)"
+run 1 $AUTO --memory-budget 50M
+rc=$?
+[ $rc -ne 0 ] && grep -q "error: nothing fits in 95% of 52428800 bytes per rank" "$dir/run.out" && ! grep -q "^step" "$dir/run.out" &&
+    check ok "--auto 1 with an impossible budget: the clear error, no training" || check FAIL "--auto 1, impossible budget" "status $rc"
+
+# --snapshot-every auto: the Young/Daly interval from the predicted snapshot cost and --mtbf
+run 1 --model d2 $TINY -t 16 -b 2 --sample-every 0 --val-every 0 -x 4 -o "$dir/snap" --shm-dir "$dir/shm" --snapshot-every auto --mtbf 2
+rc=$?
+snapline=$(grep '^snapshots: --snapshot-every auto' "$dir/run.out")
+every=$(echo "$snapline" | sed -n 's/.*auto = \([0-9]*\) steps.*/\1/p')
+[ $rc -eq 0 ] && [ -n "$every" ] && [ "$every" -ge 1 ] && grep -q "expected loss per failure .* overhead" <<< "$snapline" &&
+    check ok "--snapshot-every auto --mtbf 2: every $every step(s)" "$(echo "$snapline" | cut -c40-250)..." ||
+    check FAIL "--snapshot-every auto" "status $rc: $(tail -2 "$dir/run.out")"
+"$BIN" --model d2 $TINY --snapshot-every auto > "$dir/run.out" 2>&1
+[ $? -ne 0 ] && grep -q "snapshot-every needs --output-dir" "$dir/run.out" && check ok "--snapshot-every auto without --output-dir: refused" ||
+    check FAIL "--snapshot-every auto without -o" "$(tail -1 "$dir/run.out")"
 "$BIN" --plan 1 --model d12 --memory-budget lots > "$dir/plan.out" 2>&1
 [ $? -ne 0 ] && grep -q "memory-budget expects auto or a number" "$dir/plan.out" && check ok "--memory-budget lots is refused" ||
     check FAIL "--memory-budget lots" "$(tail -2 "$dir/plan.out")"

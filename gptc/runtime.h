@@ -1,0 +1,583 @@
+/*
+ * gptc/runtime.h — the CPU trainer's runtime model: a step's time predicted
+ * from its work (FLOPs of the GEMMs and attention, bytes of the
+ * memory-bound kernels and of AdamW, bytes of the collectives) over rates
+ * measured on this machine at start (a calibration well under a second,
+ * cached per machine), so --plan can rank its candidates by speed, --auto 1
+ * can train with the fastest that fits, and --snapshot-every auto can set
+ * the Young/Daly interval.
+ *
+ * The model of one optimizer step, per rank (B, T, accum micro-batches,
+ * W ranks, N = B*T rows):
+ *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax
+ *                     + t_weights) + t_optimizer + t_comm
+ *   t_gemm      = sum over the matmuls of 2*N*C*OC (forward) and 4*N*C*OC
+ *                 (backward: dinp and dweight), over the GEMM rate measured
+ *                 with matmul_forward / matmul_backward at three row
+ *                 counts, interpolated in log N (a GEMM of few rows packs
+ *                 the same weights for less work: its rate falls with N).
+ *                 Per layer OC = 3C, C, 4C, C (qkv, attproj, fc, fcproj);
+ *                 the classifier OC = Vp.
+ *   t_attention = 12*B*T^2*C FLOPs per layer (four T x T x hs GEMMs per
+ *                 head forward, eight backward: attention_forward computes
+ *                 the full square, masked afterwards) over the rate of
+ *                 attention_forward + attention_backward at (1, Tc, C, NH).
+ *   t_elementwise = ELEM_BYTES*C bytes per token per layer (two LayerNorms,
+ *                 two residual adds, GELU, forward and backward) over the
+ *                 bandwidth those same kernels reach at the model's C.
+ *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
+ *                 passes forward and backward) over its measured bandwidth.
+ *   t_weights   = WEIGHT_BYTES per parameter: every micro-batch, each
+ *                 GEMM packs its weight operand (forward, backward dinp,
+ *                 dweight) and dweight adds into the gradient, a fixed
+ *                 cost per micro-batch whatever B (the calibration's
+ *                 weights sit in cache; a model's, the classifier's
+ *                 Vp x C above all, stream from memory), at AdamW's
+ *                 streaming bandwidth. It is what makes many small
+ *                 micro-batches slower than a few large ones.
+ *   t_optimizer = OPT_BYTES per parameter this rank updates (AdamW reads
+ *                 p, g, m, v and writes p, m, v; zeroing and the norm read
+ *                 the gradients) over AdamW's measured bandwidth; P under
+ *                 plain data parallelism, P / W under ZeRO.
+ *   t_comm      = the collectives of the dist_* code (section 6 of
+ *                 train_gpt.c), each alpha + bytes/beta with alpha, beta
+ *                 from a ping of MPI_Allreduce at every start (1 float;
+ *                 2^18 floats; alpha the fastest call on an idle machine,
+ *                 the median call under the load there is now), and the
+ *                 rates of MPI_Allreduce, MPI_Ireduce and MPI_Allgather as
+ *                 measured (bytes handed in per second): plain, an
+ *                 allreduce of P; ZeRO-1, reduces to the owners and an
+ *                 all-gather; ZeRO-2, every micro-batch
+ *                 reduces each layer's 12 slices to their owners, then an
+ *                 all-gather. With --overlap the layers' collectives are
+ *                 issued during backward, one per slice (12 L messages:
+ *                 12 L alphas).
+ * What --overlap hides: nothing, in this model. On a CPU the MPI transport
+ * (shared memory within a node, the sums of the reductions) runs on the
+ * same cores as backward, and Open MPI moves non-blocking collectives only
+ * inside MPI calls (dist_progress), so the transfer's time is spent either
+ * way; overlap changes when, not how much. (A node whose NIC moves the
+ * bytes would hide up to the backward's length: not modelled.)
+ * On a shared machine the rates are a whole core's (the fastest of five
+ * runs: another job only slows a run down), and the step's computation is
+ * divided by the share of that speed the process gets now (calib_share:
+ * the calibration's middle GEMM for 100 ms, its rate now over the cached
+ * one; measured at every start, not cached).
+ * Not counted: the embedding's forward and backward, the data loader, the
+ * bias sums (inside matmul_backward's measured rate), logging.
+ *
+ * Calibration runs in a child process (fork, before the parent starts any
+ * OpenMP thread), so its buffers never count in the parent's peak memory
+ * (the memory plan's VmHWM check); the MPI ping runs in every rank at once.
+ * It is cached in a text file (the first line names the format, "gptc
+ * calibration v1"): <--output-dir>/calibration.txt when there is one, else
+ * $XDG_CACHE_HOME/gptc/calibration.txt (~/.cache/...), one line per key:
+ * CPU model, threads, ranks, the binary (its size and mtime), and the shape
+ * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
+ *
+ * Measured (make bench-plan, 2026-11-30, 2 shared cores at a load average
+ * of 4.7-6.1, one thread per rank): at the speed measured at start, median
+ * |error| 13.5% over 13 configurations, 4 within 10%, 10 within 17.5%,
+ * worst -55% (ZeRO-2 on 2 ranks); the choice was the fastest measured on 1
+ * rank (ratio 1.000) and 1.33x the fastest on 2 ranks (ZeRO stages: the
+ * model puts them within 2%, measured 1.5x apart). The 10% target is not
+ * met on this machine.
+ *
+ * Included by train_gpt.c in section 8, before gptc/plan.h. Defines:
+ * Calibration, StepTime, calibration_get, calibration_print, runtime_step,
+ * runtime_snapshot_ms, young_daly_steps.
+ */
+#ifndef GPTC_RUNTIME_H
+#define GPTC_RUNTIME_H
+
+#include <sys/wait.h>
+#include "util.h"
+
+#define CALIB_ROWS 3
+#define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
+#define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
+#define OPT_BYTES 36.0   /* per parameter: AdamW 28, zero_grad 4, the norm 4 */
+#define WEIGHT_BYTES 32.0 /* per parameter per micro-batch: each GEMM packs its weights (read 4, write 4) forward,
+                            backward dinp and dweight (24), and dweight reads and writes the gradient (8) */
+#define CALIB_FORMAT "gptc calibration v1"
+
+typedef struct {
+    int C, NH, Vp, Tc;                /* the shape it was measured at */
+    double rows[CALIB_ROWS];          /* GEMM row counts N */
+    double gemm_fwd[CALIB_ROWS];      /* GFLOP/s of matmul_forward (N, C) x (C, OC) */
+    double gemm_bwd[CALIB_ROWS];      /* GFLOP/s of matmul_backward, same shape */
+    int gemm_oc;
+    double attn_gflops;               /* attention_forward + backward at (1, Tc, C, NH) */
+    double elem_gbs;                  /* GB/s of the LayerNorm/residual/GELU mix */
+    double ce_gbs;                    /* GB/s of the cross-entropy forward + backward */
+    double adamw_gbs;                 /* GB/s of AdamW */
+    double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
+    double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
+    double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
+    double ms;                        /* how long the measurement took */
+    double share;                     /* the share of the calibrated speed this process gets now (every start) */
+    int cached;                       /* read from the cache file */
+    char key[600];
+    char path[4400];
+} Calibration;
+
+/* ---- measuring ---------------------------------------------------------- */
+
+/* The fastest of five runs of `body` (ms): the machine is shared, and a
+ * run that meets another job is slower, never faster, than the kernel. */
+#define CALIB_TIME3(out_ms, body)                                    \
+    do {                                                             \
+        (out_ms) = 1e30;                                             \
+        for (int r_ = 0; r_ < 5; r_++) {                             \
+            double t0_ = time_ms();                                  \
+            body;                                                    \
+            double t_ = time_ms() - t0_;                             \
+            if (t_ < (out_ms)) (out_ms) = t_;                        \
+        }                                                            \
+    } while (0)
+
+static float* calib_floats(size_t n, float value) {
+    float* p = xmalloc_floats(n);
+    for (size_t i = 0; i < n; i++) p[i] = value * (float)((i * 2654435761u) % 1000) / 1000.0f;
+    return p;
+}
+
+/* The compute rates, measured with the trainer's own kernels at the shape. */
+static void calib_compute(Calibration* cal) {
+    double t0 = time_ms(), ms;
+    int C = cal->C, NH = cal->NH, Vp = cal->Vp, T = cal->Tc;
+    /* GEMMs (N, C) x (C, OC), OC = 4C (fc, the layer's largest) for small C;
+     * above, C x C keeps the largest under ~1.5 GFLOP (a few tens of ms) */
+    int OC = C <= 256 ? 4 * C : C;
+    double top = 0.4e9 / (6.0 * C * OC);
+    int Nmax = top >= 512 ? 512 : top < 64 ? 64 : (int)top;
+    cal->gemm_oc = OC;
+    cal->rows[0] = 16;
+    cal->rows[1] = sqrt(16.0 * Nmax) < 32 ? 32 : (int)sqrt(16.0 * Nmax);
+    cal->rows[2] = Nmax;
+    float* inp = calib_floats((size_t)Nmax * C, 1.0f);
+    float* w = calib_floats((size_t)OC * C, 0.02f);
+    float* bias = calib_floats((size_t)OC, 0.1f);
+    float* out = calib_floats((size_t)Nmax * OC, 0.0f);
+    float* dinp = calib_floats((size_t)Nmax * C, 0.0f);
+    float* dw = calib_floats((size_t)OC * C, 0.0f);
+    float* db = calib_floats((size_t)OC, 0.0f);
+    matmul_forward(out, inp, w, bias, (int)cal->rows[0], C, OC); /* warm-up: threads started, pages touched */
+    for (int i = 0; i < CALIB_ROWS; i++) {
+        int N = (int)cal->rows[i];
+        CALIB_TIME3(ms, matmul_forward(out, inp, w, bias, N, C, OC));
+        cal->gemm_fwd[i] = 2.0 * N * C * OC / (ms * 1e6);
+        CALIB_TIME3(ms, matmul_backward(dinp, dw, db, out, inp, w, N, C, OC, 0));
+        cal->gemm_bwd[i] = 4.0 * N * C * OC / (ms * 1e6);
+    }
+    for (int i = 1; i < CALIB_ROWS; i++) { /* more rows amortise the same packing: a rate that falls is noise */
+        cal->gemm_fwd[i] = fmax(cal->gemm_fwd[i], cal->gemm_fwd[i - 1]);
+        cal->gemm_bwd[i] = fmax(cal->gemm_bwd[i], cal->gemm_bwd[i - 1]);
+    }
+    free(inp); free(w); free(bias); free(out); free(dinp); free(dw); free(db);
+    /* attention at one sequence of Tc tokens */
+    float* qkv = calib_floats((size_t)T * 3 * C, 0.5f);
+    float* att = calib_floats((size_t)NH * T * T, 0.0f);
+    float* datt = calib_floats((size_t)NH * T * T, 0.0f);
+    float* y = calib_floats((size_t)T * C, 0.0f);
+    float* dqkv = calib_floats((size_t)T * 3 * C, 0.0f);
+    CALIB_TIME3(ms, { attention_forward(y, att, qkv, 1, T, C, NH); attention_backward(dqkv, datt, y, qkv, att, 1, T, C, NH); });
+    cal->attn_gflops = 12.0 * T * T * C / (ms * 1e6);
+    free(qkv); free(att); free(datt); free(y); free(dqkv);
+    /* the memory-bound mix of one layer at N rows */
+    size_t N = 256, NC = N * (size_t)C;
+    float* x = calib_floats(NC, 1.0f);
+    float* ln = calib_floats(NC, 0.0f);
+    float* r = calib_floats(NC, 0.0f);
+    float* d = calib_floats(NC, 0.1f);
+    float* h = calib_floats(4 * NC, 1.0f);
+    float* hg = calib_floats(4 * NC, 0.0f);
+    float* lw = calib_floats((size_t)C, 1.0f);
+    float* lb = calib_floats((size_t)C, 0.0f);
+    float* dlw = calib_floats((size_t)C, 0.0f);
+    float* dlb = calib_floats((size_t)C, 0.0f);
+    float* mean = calib_floats(N, 0.0f);
+    float* rstd = calib_floats(N, 0.0f);
+    CALIB_TIME3(ms, {
+        for (int k = 0; k < 2; k++) {
+            layernorm_forward(ln, mean, rstd, x, lw, lb, (int)N, C);
+            residual_forward(r, x, ln, NC);
+        }
+        gelu_forward(hg, h, 4 * NC);
+        gelu_backward(hg, h, hg, 4 * NC);
+        for (int k = 0; k < 2; k++) layernorm_backward(d, dlw, dlb, ln, x, lw, mean, rstd, (int)N, C);
+    });
+    cal->elem_gbs = ELEM_BYTES * C * N / (ms * 1e6);
+    free(x); free(ln); free(r); free(d); free(h); free(hg); free(lw); free(lb); free(dlw); free(dlb); free(mean); free(rstd);
+    /* the cross-entropy over 16 rows of Vp logits */
+    int rowsce = 16;
+    float* logits = calib_floats((size_t)rowsce * Vp, 1.0f);
+    float* losses = calib_floats((size_t)rowsce, 0.0f);
+    int* targets = (int*)xmalloc(sizeof(int) * (size_t)rowsce);
+    for (int i = 0; i < rowsce; i++) targets[i] = (i * 37) % Vp;
+    CALIB_TIME3(ms, {
+        crossentropy_softmax_forward(logits, losses, targets, rowsce, Vp, Vp);
+        crossentropy_softmax_backward(logits, targets, rowsce, Vp, 1.0f / rowsce);
+    });
+    cal->ce_gbs = CE_BYTES * rowsce * Vp / (ms * 1e6);
+    free(logits); free(losses); free(targets);
+    /* AdamW over 2^21 parameters (32 MB of p, g, m, v: past the caches) */
+    size_t P = (size_t)1 << 21;
+    GPT2 model;
+    memset(&model, 0, sizeof(model));
+    model.param_sizes[0] = P;
+    model.num_parameters = P;
+    model.params_memory = calib_floats(P, 0.02f);
+    float* g = calib_floats(P, 0.01f);
+    float* m = calib_floats(P, 0.0f);
+    float* v = calib_floats(P, 0.0f);
+    AdamWConfig opt;
+    memset(&opt, 0, sizeof(opt));
+    opt.beta1 = 0.9f;
+    opt.beta2 = 0.95f;
+    opt.eps = 1e-8f;
+    adamw_update_range(&model, &opt, 1e-4f, 1, 0, P, g, m, v); /* pages touched */
+    CALIB_TIME3(ms, adamw_update_range(&model, &opt, 1e-4f, 2, 0, P, g, m, v));
+    cal->adamw_gbs = 28.0 * P / (ms * 1e6);
+    free(model.params_memory); free(g); free(m); free(v);
+    cal->ms = time_ms() - t0;
+}
+
+/* The MPI ping, every rank at once, at every start (not cached: it
+ * depends on the load): alpha from 21 allreduces of one float,
+ * rates from 5 each of MPI_Allreduce, MPI_Ireduce + MPI_Wait and MPI_Allgather of
+ * 2^18 floats (1 MB); the fastest of each. */
+static void calib_network(Calibration* cal, const Dist* d) {
+    cal->net_alpha_us = 0.0;
+    cal->net_gbs = 0.0;
+#ifdef USE_MPI
+    if (d->world <= 1) return;
+    double W = d->world, alpha_ms = 1e30, ms = 1e30, calls[21];
+    float one = 1.0f;
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    for (int i = 0; i < 21; i++) { /* the fastest call: the ranks met at once; the median: as they meet now */
+        double t0 = time_ms();
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        calls[i] = time_ms() - t0;
+        alpha_ms = fmin(alpha_ms, calls[i]);
+    }
+    for (int i = 1; i < 21; i++) /* (insertion sort, for the median) */
+        for (int j = i; j > 0 && calls[j] < calls[j - 1]; j--) {
+            double t = calls[j];
+            calls[j] = calls[j - 1];
+            calls[j - 1] = t;
+        }
+    cal->net_alpha_now_us = dist_sum(d, d->rank == 0 ? calls[10] * 1e3 : 0.0);
+    size_t n = (size_t)1 << 18;
+    float* buf = calib_floats(n, 1.0f);
+    float* all = calib_floats(n, 0.0f);
+    int part = (int)(n / (size_t)d->world);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
+    CALIB_TIME3(ms, MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
+    cal->net_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    MPI_Request req; /* the non-blocking reduce ZeRO's reductions to the owners use (dist_reduce_to_owners) */
+    CALIB_TIME3(ms, {
+        MPI_CHECK(MPI_Ireduce(d->rank == 0 ? MPI_IN_PLACE : buf, d->rank == 0 ? buf : NULL, (int)n, MPI_FLOAT, MPI_SUM,
+                              0, MPI_COMM_WORLD, &req));
+        MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    });
+    cal->reduce_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    CALIB_TIME3(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, MPI_COMM_WORLD)));
+    cal->gather_gbs = 4.0 * part * W / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    free(buf);
+    free(all);
+    cal->net_alpha_us = alpha_ms * 1e3;
+    /* every rank uses rank 0's figures (it plans) */
+    cal->net_alpha_us = dist_sum(d, d->rank == 0 ? cal->net_alpha_us : 0.0);
+    cal->net_gbs = dist_sum(d, d->rank == 0 ? cal->net_gbs : 0.0);
+    cal->reduce_gbs = dist_sum(d, d->rank == 0 ? cal->reduce_gbs : 0.0);
+    cal->gather_gbs = dist_sum(d, d->rank == 0 ? cal->gather_gbs : 0.0);
+#else
+    (void)d;
+#endif
+}
+
+/* calib_compute in a child process: its buffers and threads stay out of
+ * this process's peak memory. 0, or -1 (then measured here instead). */
+static int calib_compute_forked(Calibration* cal) {
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        calib_compute(cal);
+        ssize_t w = write(fd[1], cal, sizeof(*cal));
+        _exit(w == (ssize_t)sizeof(*cal) ? 0 : 1);
+    }
+    close(fd[1]);
+    Calibration got;
+    size_t have = 0;
+    while (have < sizeof(got)) {
+        ssize_t r = read(fd[0], (char*)&got + have, sizeof(got) - have);
+        if (r <= 0) break;
+        have += (size_t)r;
+    }
+    close(fd[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || have != sizeof(got))
+        return -1;
+    *cal = got;
+    return 0;
+}
+
+/* ---- the cache ---------------------------------------------------------- */
+
+/* Key: CPU model, threads, ranks, the binary's size and mtime, the shape. */
+static void calib_key(Calibration* cal, int threads, int world) {
+    char cpu[256] = "unknown";
+    FILE* f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof(line), f))
+            if (!strncmp(line, "model name", 10)) {
+                char* colon = strchr(line, ':');
+                if (colon) snprintf(cpu, sizeof(cpu), "%s", colon + 2);
+                cpu[strcspn(cpu, "\n")] = '\0';
+                break;
+            }
+        fclose(f);
+    }
+    for (char* p = cpu; *p; p++)
+        if (*p == ' ' || *p == '\t') *p = '_';
+    struct stat st;
+    long long size = 0, mtime = 0;
+    if (stat("/proc/self/exe", &st) == 0) {
+        size = (long long)st.st_size;
+        mtime = (long long)st.st_mtime;
+    }
+    snprintf(cal->key, sizeof(cal->key), "cpu=%s threads=%d ranks=%d build=%lld.%lld C=%d NH=%d Vp=%d Tc=%d", cpu,
+             threads, world, size, mtime, cal->C, cal->NH, cal->Vp, cal->Tc);
+}
+
+static void calib_path(Calibration* cal, const char* output_dir) {
+    const char* xdg = getenv("XDG_CACHE_HOME");
+    const char* home = getenv("HOME");
+    if (output_dir && output_dir[0]) snprintf(cal->path, sizeof(cal->path), "%s/calibration.txt", output_dir);
+    else if (xdg && xdg[0]) snprintf(cal->path, sizeof(cal->path), "%s/gptc/calibration.txt", xdg);
+    else snprintf(cal->path, sizeof(cal->path), "%s/.cache/gptc/calibration.txt", home && home[0] ? home : "/tmp");
+}
+
+#define CALIB_FIELDS "%lf %lf %lf %lf %lf %lf %lf %lf %lf %d %lf %lf %lf %lf %lf %lf %lf"
+/* The line of `cal->key` in the cache: 1 when found (and read), else 0. */
+static int calib_load(Calibration* cal) {
+    FILE* f = fopen(cal->path, "r");
+    if (!f) return 0;
+    char line[2048];
+    int found = 0;
+    if (fgets(line, sizeof(line), f) && !strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT))) {
+        size_t k = strlen(cal->key);
+        while (!found && fgets(line, sizeof(line), f)) {
+            if (strncmp(line, cal->key, k) || line[k] != '|') continue;
+            Calibration c = *cal;
+            found = sscanf(line + k + 1, CALIB_FIELDS, &c.rows[0], &c.rows[1], &c.rows[2], &c.gemm_fwd[0],
+                           &c.gemm_fwd[1], &c.gemm_fwd[2], &c.gemm_bwd[0], &c.gemm_bwd[1], &c.gemm_bwd[2], &c.gemm_oc,
+                           &c.attn_gflops, &c.elem_gbs, &c.ce_gbs, &c.adamw_gbs, &c.net_alpha_us, &c.net_gbs,
+                           &c.ms) == 17;
+            if (found) *cal = c;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Append this calibration (a file that is not ours is left alone). */
+static void calib_save(const Calibration* cal) {
+    char dir[4400];
+    snprintf(dir, sizeof(dir), "%s", cal->path);
+    char* slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+        if (mkdir_p(dir) != 0) return;
+    }
+    FILE* f = fopen(cal->path, "r");
+    int fresh = !f;
+    if (f) {
+        char line[64] = "";
+        int ours = fgets(line, sizeof(line), f) && !strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT));
+        fclose(f);
+        if (!ours) {
+            fprintf(stderr, "warning: %s is not a gptc calibration file: not written\n", cal->path);
+            return;
+        }
+    }
+    if (!(f = fopen(cal->path, "a"))) {
+        fprintf(stderr, "warning: cannot write the calibration cache %s: %s\n", cal->path, strerror(errno));
+        return;
+    }
+    if (fresh) fprintf(f, "%s: key|rows(3) gemm_fwd(3) gemm_bwd(3) GFLOP/s oc attn GFLOP/s elem ce adamw GB/s "
+                       "mpi_alpha_us mpi_GB/s ms\n", CALIB_FORMAT);
+    fprintf(f, "%s|%.0f %.0f %.0f %.3f %.3f %.3f %.3f %.3f %.3f %d %.3f %.3f %.3f %.3f %.3f %.3f %.1f\n", cal->key,
+            cal->rows[0], cal->rows[1], cal->rows[2], cal->gemm_fwd[0], cal->gemm_fwd[1], cal->gemm_fwd[2],
+            cal->gemm_bwd[0], cal->gemm_bwd[1], cal->gemm_bwd[2], cal->gemm_oc, cal->attn_gflops, cal->elem_gbs,
+            cal->ce_gbs, cal->adamw_gbs, cal->net_alpha_us, cal->net_gbs, cal->ms);
+    fclose(f);
+}
+
+static void calibration_print(const Calibration* cal) {
+    printf("calibration (%s, %.0f ms, %s): GEMM (N x %d) x (%d x %d) GFLOP/s fwd/bwd at N=%.0f %.1f/%.1f, N=%.0f "
+           "%.1f/%.1f, N=%.0f %.1f/%.1f; attention %.1f GFLOP/s (T=%d); LayerNorm/GELU/residual %.1f GB/s; "
+           "cross-entropy %.1f GB/s; AdamW %.1f GB/s", cal->cached ? "cached" : "measured now", cal->ms, cal->path,
+           cal->C, cal->C, cal->gemm_oc, cal->rows[0], cal->gemm_fwd[0], cal->gemm_bwd[0], cal->rows[1],
+           cal->gemm_fwd[1], cal->gemm_bwd[1], cal->rows[2], cal->gemm_fwd[2], cal->gemm_bwd[2], cal->attn_gflops,
+           cal->Tc, cal->elem_gbs, cal->ce_gbs, cal->adamw_gbs);
+    if (cal->net_gbs > 0)
+        printf("; MPI latency %.1f us (fastest; median now %.1f us), allreduce %.2f GB/s, reduce %.2f GB/s, "
+               "allgather %.2f GB/s", cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs,
+               cal->gather_gbs);
+    double load[3] = {0, 0, 0};
+    FILE* f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = 0;
+        fclose(f);
+    }
+    printf("; speed now %.2f of it (load average %.2f; the computation's time is divided by it)\n", cal->share, load[0]);
+}
+
+/* How much of the calibrated speed this process gets now, on a machine
+ * shared with other jobs: the middle GEMM of the calibration run for 100 ms
+ * with this run's threads, its rate over the calibrated (fastest) one. It
+ * sees both the share of the cores the other jobs leave and what they
+ * leave of the caches and memory bandwidth. 1 on an idle machine. Not
+ * cached: the load changes from minute to minute. */
+static double calib_share(const Calibration* cal) {
+    int C = cal->C, OC = cal->gemm_oc, N = (int)cal->rows[1];
+    float* inp = calib_floats((size_t)N * C, 1.0f);
+    float* w = calib_floats((size_t)OC * C, 0.02f);
+    float* out = calib_floats((size_t)N * OC, 0.0f);
+    double flops = 0.0, t0 = time_ms();
+    while (time_ms() - t0 < 100.0) {
+        matmul_forward(out, inp, w, NULL, N, C, OC);
+        flops += 2.0 * N * C * OC;
+    }
+    double rate = flops / ((time_ms() - t0) * 1e6);
+    free(inp);
+    free(w);
+    free(out);
+    return fmin(1.0, rate / cal->gemm_fwd[1]);
+}
+
+/* The calibration for model c at sequence length T on this machine: from
+ * the cache, or measured (every rank takes part: the ping, and the compute
+ * measured on every rank at once, as the ranks will run). Rank 0's figures
+ * are the ones that count (it plans). */
+static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const char* output_dir, const Dist* d) {
+    memset(cal, 0, sizeof(*cal));
+    cal->C = c->channels;
+    cal->NH = c->num_heads;
+    cal->Vp = c->padded_vocab_size;
+    cal->Tc = T < 128 ? T : 128;
+    calib_key(cal, num_threads(), d->world);
+    calib_path(cal, output_dir);
+    const char* again = getenv("GPTC_CALIBRATE");
+    int hit = d->rank == 0 && !(again && atoi(again) == 1) && calib_load(cal);
+    hit = dist_sum(d, hit) > 0.5; /* rank 0's answer, for all */
+    if (hit) {
+        cal->cached = 1;
+    } else {
+        if (calib_compute_forked(cal) != 0) calib_compute(cal); /* (forked before this process's first OpenMP team) */
+        if (d->rank == 0) calib_save(cal);
+    }
+    calib_network(cal, d);
+    cal->share = dist_sum(d, d->rank == 0 ? calib_share(cal) : (calib_share(cal), 0.0)); /* all at once, rank 0's */
+}
+
+/* ---- the model ---------------------------------------------------------- */
+
+typedef struct {
+    double gemm, attention, elementwise, softmax; /* per micro-batch, ms */
+    double weights;                               /* per micro-batch, ms: the weights streamed through the GEMMs */
+    double optimizer, comm;                       /* per step, ms */
+    double idle;                                  /* ms, with a whole core per thread */
+    double step;                                  /* ms, at the speed measured now (share) */
+} StepTime;
+
+/* GFLOP/s at N rows: interpolated in log N between the measured points. */
+static double calib_rate(const double* rows, const double* rate, double N) {
+    if (N <= rows[0]) return rate[0];
+    for (int i = 1; i < CALIB_ROWS; i++)
+        if (N <= rows[i]) {
+            double f = log(N / rows[i - 1]) / log(rows[i] / rows[i - 1]);
+            return rate[i - 1] + f * (rate[i] - rate[i - 1]);
+        }
+    return rate[CALIB_ROWS - 1];
+}
+
+/* messages * alpha + bytes / rate, ms, for a collective whose measured
+ * rate (GB/s of the bytes handed in) is gbs; `now`: the latency measured
+ * now (the median call), else the fastest (an idle machine) */
+static double comm_ms(const Calibration* cal, double messages, double bytes, double gbs, int now) {
+    if (gbs <= 0) return 0.0;
+    return messages * (now ? cal->net_alpha_now_us : cal->net_alpha_us) * 1e-3 + bytes / (gbs * 1e6);
+}
+
+static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B, int T, int accum, int world,
+                             int zero, int overlap) {
+    StepTime s;
+    memset(&s, 0, sizeof(s));
+    double N = (double)B * T, C = c->channels, L = c->num_layers, Vp = c->padded_vocab_size;
+    double P = (double)parameter_count(c), W = world;
+    double fwd = calib_rate(cal->rows, cal->gemm_fwd, N), bwd = calib_rate(cal->rows, cal->gemm_bwd, N);
+    double layer_oc = 3 * C + C + 4 * C + C; /* qkv, attproj, fc, fcproj */
+    double flops_fwd = 2 * N * C * (L * layer_oc + Vp), flops_bwd = 2 * flops_fwd;
+    s.gemm = flops_fwd / (fwd * 1e6) + flops_bwd / (bwd * 1e6);
+    s.attention = 12.0 * B * (double)T * T * C * L / (cal->attn_gflops * 1e6);
+    s.elementwise = ELEM_BYTES * C * N * L / (cal->elem_gbs * 1e6);
+    s.softmax = CE_BYTES * N * Vp / (cal->ce_gbs * 1e6);
+    s.weights = WEIGHT_BYTES * P / (cal->adamw_gbs * 1e6);
+    double updated = zero ? ceil(P / W) : P;
+    s.optimizer = (OPT_BYTES * updated + (zero ? 4.0 * P : 0.0)) / (cal->adamw_gbs * 1e6);
+    double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
+    for (int now = 0; now < 2 && world > 1; now++) {
+        double layer = P - (Vp + c->max_seq_len + 2) * C, slices = 12 * L; /* the layers' parameters, their slices */
+        double ar = cal->net_gbs, red = cal->reduce_gbs, ag = cal->gather_gbs;
+        if (zero == 0) {
+            comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
+        } else if (zero == 1) { /* to the owners (a reduce-scatter without overlap), then the all-gather */
+            comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
+        } else { /* every micro-batch: the layers' slices to their owners; then the head; the all-gather */
+            comm[now] = accum * comm_ms(cal, slices, 4 * layer, red, now) + comm_ms(cal, 2, 4 * (P - layer), red, now) +
+                        comm_ms(cal, 1, 4 * P, ag, now);
+        }
+        comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
+    }
+    s.comm = comm[1];
+    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.weights) + s.optimizer;
+    s.idle = compute + comm[0];
+    s.step = compute / (cal->share > 0.05 ? cal->share : 0.05) + comm[1]; /* the rates are a whole core's; we get this share now */
+    return s;
+}
+/* ---- snapshots ---------------------------------------------------------- */
+
+/* The cost of one memory snapshot (ms): this rank's slice of weights, m and
+ * v (state_bytes) copied into its slot (read + write, at AdamW's streaming
+ * bandwidth), and with several ranks sent to the next rank as a replica. */
+static double runtime_snapshot_ms(const Calibration* cal, const GPT2Config* c, int world, int zero) {
+    double P = (double)parameter_count(c), n = ceil(P / world);
+    double bytes = (double)state_bytes((size_t)(zero || world > 1 ? n : P));
+    double ms = 2.0 * bytes / (cal->adamw_gbs * 1e6);
+    if (world > 1) ms += comm_ms(cal, 1, bytes, cal->reduce_gbs, 1); /* (one message, like a reduce's) */
+    return ms;
+}
+
+/* Young/Daly: the checkpoint interval that minimises the expected time
+ * lost, about sqrt(2 C MTBF) for a checkpoint cost C much smaller than the
+ * mean time between failures (Young 1974, "A first order approximation to
+ * the optimum checkpoint interval", CACM 17(9); Daly 2006, FGCS 22(3)).
+ * In steps of step_ms, at least 1. */
+static int young_daly_steps(double snapshot_ms, double mtbf_s, double step_ms, double* interval_s) {
+    *interval_s = sqrt(2.0 * snapshot_ms / 1e3 * mtbf_s);
+    double steps = *interval_s / (step_ms / 1e3);
+    return steps < 1 ? 1 : steps > 1e9 ? 1000000000 : (int)(steps + 0.5);
+}
+
+#endif /* GPTC_RUNTIME_H */

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# bench_plan.sh — the runtime model (gptc/runtime.h) against measured step
+# times, and the planner's choice against every candidate measured.
+#
+#   scripts/bench_plan.sh [./train_gpt] [./train_gpt_mpi]      (make bench-plan; a few minutes)
+#
+# 1. A grid of configurations (depths 2..12, small widths, B, T, 1-2 ranks,
+#    ZeRO 0/1/2, gradient accumulation): the step time --plan predicts for
+#    the configuration (its candidate row) beside the median of the measured
+#    steps 2..STEPS (step 1 touches the memory), and the error.
+# 2. Memory-constrained scenarios (GPT-2 350M's shape scaled to this
+#    machine: L=6 C=256 NH=4, V=50257, T=64, under a budget below what the
+#    default and the largest micro-batch need), on 1 and 2 ranks: every
+#    candidate that fits is trained and timed (the referee: exhaustive
+#    search); the planner's choice against the fastest measured, and against
+#    the default flags (-b 4, ZeRO 0) when they fit.
+# One thread per rank (the machine has 2 cores, shared: the load average is
+# printed with every row). Each configuration is calibrated afresh
+# (GPTC_CALIBRATE=1) just before it is measured, in a cache under a
+# temporary folder.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${1:-./train_gpt}
+MPIBIN=${2:-./train_gpt_mpi}
+PY=${PYTHON:-/usr/bin/python3}
+STEPS=${STEPS:-6}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+dir=$(mktemp -d /tmp/gptc_bench_plan.XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+export XDG_CACHE_HOME=$dir/cache
+$PY scripts/toy_shard.py "$dir/small.bin" 200000 4096 0 >/dev/null && $PY scripts/toy_shard.py "$dir/big.bin" 200000 50257 0 >/dev/null || exit 1
+
+launch() { # NP FLAGS...: the trainer, under mpirun when NP > 1
+    local np=$1
+    shift
+    if [ "$np" -eq 1 ]; then timeout -k 10 600 "$BIN" "$@" < /dev/null; else timeout -k 10 600 $MPIRUN -np "$np" "$MPIBIN" "$@" < /dev/null; fi
+}
+# predicted NP B ZERO FLAGS...: --plan's ms/step for the candidate (B, ZERO):
+# "now idle share" (at the speed measured now; on an idle machine; the speed now)
+predicted() {
+    local np=$1 b=$2 z=$3
+    shift 3
+    GPTC_CALIBRATE=1 launch "$np" "$@" -b "$b" --zero "$z" --plan 1 --memory-budget 64G > "$dir/plan.out" 2>&1
+    local share=$(sed -n "s/.*; speed now \([0-9.]*\) of it.*/\1/p" "$dir/plan.out")
+    awk -v b="$b" -v z="$z" -v s="$share" '$1 == b && $3 == z && $5 + 0 > 0 { print $7, $9, s; exit }' "$dir/plan.out"
+}
+# measured NP FLAGS...: "median fastest" of steps 2..STEPS (ms)
+measured() {
+    local np=$1
+    shift
+    launch "$np" "$@" -x "$STEPS" --val-every 0 --sample-every 0 > "$dir/run.out" 2>&1
+    sed -n 's/^step *\([0-9]*\)\/.*| \([0-9.]*\) ms |.*/\1 \2/p' "$dir/run.out" | awk '$1 > 1 { print $2 }' | sort -g |
+        awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), a[1] }'
+}
+err() { awk -v p="$1" -v m="$2" 'BEGIN { if (p > 0 && m > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }'; }
+load() { cut -d' ' -f1 /proc/loadavg; }
+
+echo "== 1. predicted vs measured step time (steps 2..$STEPS; 1 thread per rank) =="
+echo "   idle: the model at a whole core per thread vs the fastest measured step (the one least disturbed);"
+echo "   now: the model at the speed measured at start (share: the GEMM rate now over the calibrated one) vs the median step"
+printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "configuration" "idle" "fastest" "error" "share" "now" "median" "error" "load"
+errs_idle=()
+errs_now=()
+grid=(
+    "1 0 --model d2 --channels 64 --num-heads 2 -t 64 -b 4"
+    "1 0 --model d2 --channels 128 --num-heads 4 -t 128 -b 2"
+    "1 0 --model d4 --channels 64 --num-heads 2 -t 32 -b 8 -d 1024"
+    "1 0 --model d4 --channels 128 --num-heads 4 -t 64 -b 4"
+    "1 0 --model d6 --channels 128 --num-heads 4 -t 128 -b 1 -d 512"
+    "1 0 --model d8 --channels 96 --num-heads 3 -t 64 -b 2"
+    "1 0 --model d12 --channels 64 --num-heads 4 -t 64 -b 4"
+    "1 0 --model d12 --channels 128 --num-heads 4 -t 32 -b 4 -d 512"
+    "2 0 --model d2 --channels 128 --num-heads 4 -t 64 -b 4"
+    "2 1 --model d4 --channels 128 --num-heads 4 -t 64 -b 2"
+    "2 2 --model d4 --channels 64 --num-heads 2 -t 64 -b 4"
+    "2 2 --model d6 --channels 128 --num-heads 4 -t 32 -b 2 -d 512"
+    "2 1 --model d8 --channels 64 --num-heads 2 -t 64 -b 2 --overlap 0"
+)
+for g in "${grid[@]}"; do
+    set -- $g
+    np=$1 z=$2
+    shift 2
+    flags="$* --max-seq-len 128 --vocab-size 4096 -i $dir/small.bin --threads 1"
+    b=$(echo "$flags" | sed -n 's/.*-b \([0-9]*\).*/\1/p')
+    read -r pnow pidle share <<< "$(predicted "$np" "$b" "$z" $flags --zero "$z")"
+    read -r mmed mmin <<< "$(measured "$np" $flags --zero "$z")"
+    ei=$(err "$pidle" "$mmin")
+    en=$(err "$pnow" "$mmed")
+    errs_idle+=("$ei")
+    errs_now+=("$en")
+    printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "np $np zero $z $*" "$pidle" "$mmin" "$ei" "$share" "$pnow" "$mmed" "$en" "$(load)"
+done
+summary() { # NAME ERRORS...
+    local name=$1
+    shift
+    printf "%s\n" "$@" | tr -d '%+-' | sort -g | awk -v n="$name" '{ a[NR] = $1; if ($1 <= 10) k++ } END { if (NR) printf "%s: |error| median %.1f%%, worst %.1f%%; within 10%%: %d of %d\n", n, a[int((NR + 1) / 2)], a[NR], k, NR }'
+}
+summary "idle model vs fastest step" "${errs_idle[@]}"
+summary "model at the measured share vs median step" "${errs_now[@]}"
+
+echo
+echo "== 2. memory-constrained scenarios: the planner's choice vs every candidate measured =="
+SCEN="--model d6 --channels 256 --num-heads 4 --max-seq-len 64 -t 64 -d 512 -i $dir/big.bin --threads 1"
+scenario() { # NP BUDGET
+    local np=$1 budget=$2
+    launch "$np" $SCEN --plan 1 --memory-budget "$budget" > "$dir/plan.out" 2>&1
+    local choice=$(sed -n 's/^choice: --batch-size \([0-9]*\) .*--zero \([0-9]\).*/\1 \2/p; s/^choice: --batch-size \([0-9]*\) --total-batch-size [0-9]* (.*/\1 0/p' "$dir/plan.out" | head -1)
+    echo "-- $np rank(s), --memory-budget $budget: choice (B ZeRO) = $choice; load $(load)"
+    awk '$6 == "yes" || $6 == "no" { print $1, $3, $6, $5, $7 }' "$dir/plan.out" > "$dir/cands"
+    printf "   %4s %5s %5s %10s %10s %10s %10s\n" B ZeRO fits MB predicted median fastest
+    local best="" bestms=0 chosenms=0 defms=""
+    while read -r b z fits mbs pred; do
+        local m="-" mmin="-"
+        if [ "$fits" = yes ]; then
+            read -r m mmin <<< "$(measured "$np" $SCEN -b "$b" --zero "$z")"
+            if [ -z "$best" ] || awk -v a="$m" -v b="$bestms" 'BEGIN { exit !(a < b) }'; then best="$b $z"; bestms=$m; fi
+            [ "$b $z" = "$choice" ] && chosenms=$m
+            [ "$b" = 4 ] && [ "$z" = 0 ] && defms=$m
+        fi
+        printf "   %4s %5s %5s %10s %10s %10s %10s\n" "$b" "$z" "$fits" "$mbs" "$pred" "$m" "$mmin"
+    done < "$dir/cands"
+    echo "   fastest measured: B ZeRO = $best ($bestms ms); the choice: $choice ($chosenms ms): $(awk -v c="$chosenms" -v b="$bestms" 'BEGIN { if (c > 0) printf "%.3f x the best (%.1f%% slower)", c / b, 100 * (c - b) / b; else print "?" }')"
+    if [ -n "$defms" ]; then echo "   default flags (-b 4, ZeRO 0): $defms ms: the choice is $(awk -v c="$chosenms" -v d="$defms" 'BEGIN { printf "%.2f x as fast", d / c }')"
+    else echo "   default flags (-b 4, ZeRO 0): do not fit in the budget (out of memory, or over it)"; fi
+}
+scenario 1 420M
+scenario 2 330M
