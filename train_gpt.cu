@@ -4015,6 +4015,8 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->plan || o->plan_check) /* (gptc/plan.h plans train_gpt's host memory; the device's plan is printed at start) */
         return "--plan and --plan-check are train_gpt's (the CPU trainer's memory plan); the GPU trainer's planner is "
                "not built yet: drop them (train_gpt_cu prints its device memory plan at start)";
+    if (o->standby[0]) /* (the standby's wait sits in train_gpt.c's train_setup; the GPU trainer has its own set-up) */
+        return "--standby is train_gpt's (the CPU trainer's hot spare); the GPU trainer has none yet: drop it";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */

@@ -875,6 +875,24 @@ typedef struct {
     double z;
 } StepOutcome;
 
+/* The start-up, from the process start to the first step done, split
+ * (gptc/ledger.h's StartupClock): what the fast start (issue 17) measures. */
+static void startup_print(const Dist* d) {
+    if (d->rank != 0) return;
+    double total = unix_ms() - d->t_start, first = time_ms() - startup.loaded_ms, rest = total - first;
+    char line[1024];
+    int n = snprintf(line, sizeof(line), "start-up: %.0f ms from process start to the first step done: allocate + "
+                     "first touch %.0f ms (%.2f GB, huge pages: %s)", total, startup.alloc_ms, startup.alloc_bytes / 1e9,
+                     huge_pages_mode());
+    rest -= startup.alloc_ms;
+    for (int k = 0; k < SU_PHASES; k++) {
+        if (k != SU_WAIT || startup.phase_ms[k] > 0)
+            n += snprintf(line + n, sizeof(line) - (size_t)n, ", %s %.0f ms", SU_NAMES[k], startup.phase_ms[k]);
+        rest -= startup.phase_ms[k];
+    }
+    printf("%s, first step %.0f ms, other %.0f ms\n", line, first, rest);
+}
+
 /* After step `step`'s update (0-based; the run started at `start`): say a
  * spike, the first step's time and the heartbeat; take a good loss into the
  * spike window, or count a bad step, which after --rollback-after in a row
@@ -884,7 +902,10 @@ static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* mod
                                 int start, const StepOutcome* s, int can_restore) {
     if (s->spike)
         printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, s->loss, s->z, o->spike_z);
-    if (step == start) timing_print(d, "first step done", unix_ms());
+    if (step == start) {
+        timing_print(d, "first step done", unix_ms());
+        startup_print(d);
+    }
     heartbeat_write(o, r->rank, step + 1);
     if (s->finite && !s->spike) {
         losswatch_accept(&r->watch, (float)s->loss);
