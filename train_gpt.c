@@ -2365,6 +2365,13 @@ static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
  * cannot be read (said). (One process only: an MPI job's ranks cannot be
  * replaced one by one — see README, "A hot spare".) */
 static int standby_wait(const Options* o) {
+    const char* delay = getenv("GPTC_STANDBY_SETUP_MS"); /* a test hook: a spare still setting up (test_failover.sh) */
+    if (delay && atoi(delay) > 0) {
+        printf("standby: test hook GPTC_STANDBY_SETUP_MS: %d ms more set-up\n", atoi(delay));
+        fflush(stdout);
+        struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     printf("standby: ready; waiting for 'go' on %s (no lock taken, nothing written)\n", o->standby);
     fflush(stdout);
     int fd = open(o->standby, O_RDONLY | O_CLOEXEC); /* blocks until a writer opens it (supervise: already) */
