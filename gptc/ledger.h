@@ -80,9 +80,10 @@ static Ledger ledger;
  *     each whole aligned 2 MB inside it with one huge page and the tail
  *     with small ones, so resident bytes stay the ledger's (gptc/plan.h's
  *     RSS check) within 4 KB a buffer;
- *   - madvise(MADV_HUGEPAGE)'d, which transparent huge pages honour in the
- *     "madvise" and "always" modes (/sys/kernel/mm/transparent_hugepage/
- *     enabled; "never": small pages, same code): 512x fewer faults;
+ *   - with GPTC_HUGE_PAGES=1, madvise(MADV_HUGEPAGE)'d, which transparent
+ *     huge pages honour in the "madvise" and "always" modes (/sys/kernel/
+ *     mm/transparent_hugepage/enabled; "never": small pages, same code):
+ *     512x fewer faults, but slower here (huge_pages_wanted says why);
  *   - first-touched by the OpenMP threads, page by page, each thread the
  *     pages of its static share: the kernel's page clearing runs on every
  *     core, and on a NUMA host each page lands on the node of a thread that
@@ -94,6 +95,8 @@ static Ledger ledger;
 
 /* The transparent huge page mode, as the kernel says it ("always",
  * "madvise", "never"; "unknown" where the file is missing). */
+static int huge_pages_wanted(void);
+
 static const char* huge_pages_mode(void) {
     static char mode[16] = "";
     if (mode[0]) return mode;
@@ -111,6 +114,17 @@ static const char* huge_pages_mode(void) {
     }
     fclose(f);
     return mode;
+}
+
+/* GPTC_HUGE_PAGES=1 in the environment: ask for huge pages (above); else
+ * small pages. (Measured here, 2026-11-30, a loaded 2-core VM: the huge
+ * pages came (AnonHugePages = the whole buffer) but the first touch of
+ * 1 GiB took a median 9.3 s against 3.2 s with small pages: in the
+ * "madvise" defrag mode a fault in such a region compacts memory directly,
+ * which costs more than it saves on a busy host. Hence opt-in.) */
+static int huge_pages_wanted(void) {
+    const char* v = getenv("GPTC_HUGE_PAGES");
+    return v && atoi(v) == 1;
 }
 
 /* Touch one byte of every 4 KB page of p[0, bytes), the pages split among
@@ -165,7 +179,7 @@ static void* big_alloc(size_t bytes, size_t* mapped) {
     if (head) CHECK(munmap(raw, head) == 0, "munmap: %s", strerror(errno));
     if (over - head > len) CHECK(munmap(p + len, over - head - len) == 0, "munmap: %s", strerror(errno));
 #ifdef MADV_HUGEPAGE
-    if (len >= HUGE_PAGE_BYTES) (void)madvise(p, len, MADV_HUGEPAGE); /* advice: refused where THP is off */
+    if (len >= HUGE_PAGE_BYTES && huge_pages_wanted()) (void)madvise(p, len, MADV_HUGEPAGE); /* refused where THP is off */
 #endif
     big_touch(p, len, 1);
     *mapped = len;

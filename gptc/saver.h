@@ -882,8 +882,9 @@ static void startup_print(const Dist* d) {
     double total = unix_ms() - d->t_start, first = time_ms() - startup.loaded_ms, rest = total - first;
     char line[1024];
     int n = snprintf(line, sizeof(line), "start-up: %.0f ms from process start to the first step done: allocate + "
-                     "first touch %.0f ms (%.2f GB, huge pages: %s)", total, startup.alloc_ms, startup.alloc_bytes / 1e9,
-                     huge_pages_mode());
+                     "first touch %.0f ms (%.2f GB, %d threads; huge pages %s, transparent huge pages: %s)", total,
+                     startup.alloc_ms, startup.alloc_bytes / 1e9, num_threads(),
+                     huge_pages_wanted() ? "asked" : "not asked (GPTC_HUGE_PAGES=1 asks)", huge_pages_mode());
     rest -= startup.alloc_ms;
     for (int k = 0; k < SU_PHASES; k++) {
         if (k != SU_WAIT || startup.phase_ms[k] > 0)
