@@ -1494,7 +1494,7 @@ static void test_trainer_binary(void) {
     write_shard(shard, 4000, 50, 1, SHARD_MAGIC, 1, 4000);
     const char* out_dir = tmp_path("cli_out/nested");
     const char* log_path = tmp_path("cli_log.jsonl");
-    char cmd[1600], out[8192];
+    char cmd[1600], out[16384];
     snprintf(cmd, sizeof(cmd),
              "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -j %s "
              "-b 4 -t 16 -x 30 --lr 3e-3 --warmup-steps 3 -o %s --log-file %s --val-every 10 --val-batches 2 "
