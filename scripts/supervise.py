@@ -2,7 +2,7 @@
 """supervise.py — run a training job and restart it after a crash or a hang.
 
     scripts/supervise.py [--retries N] [--stale-s S] [--startup-s S] [--heartbeat FILE]
-                         [--recovery-log FILE.jsonl] -- CMD ARGS...
+                         [--recovery-log FILE.jsonl] [--spare 0|1] -- CMD ARGS...
 
     scripts/supervise.py --recovery-log out/d12/recovery.jsonl -- \\
         ./train_gpt --model d12 ... --output-dir out/d12 --save-every 200
