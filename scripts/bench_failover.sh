@@ -76,7 +76,8 @@ PY=${PYTHON:-/usr/bin/python3}
 dir=$(mktemp -d /tmp/gptc_benchfo.XXXXXX)
 shm=$(mktemp -d /dev/shm/gptc_benchfo.XXXXXX)
 live="" # the trainer (or mpirun) running now, killed on the way out
-trap '[ -n "$live" ] && kill -KILL $live 2>/dev/null; [ -n "${spare:-}" ] && kill -KILL $spare 2>/dev/null; wait 2>/dev/null; rm -rf "$dir" "$shm"' EXIT
+spare="" # a hot spare waiting (part 2), killed on the way out too
+trap '[ -n "$live" ] && kill -KILL $live 2>/dev/null; [ -n "$spare" ] && { kill -KILL $spare 2>/dev/null || true; }; wait 2>/dev/null; rm -rf "$dir" "$shm"' EXIT
 now_ms() { date +%s%3N; }
 $PY scripts/toy_shard.py "$dir/train.bin" 400000 50257 0 >/dev/null
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%F)"
@@ -209,6 +210,7 @@ for from in $sources; do
             start=$(now_ms) # (its process started long before: "launch" is kill -> go)
             exec 8>&-
             live=$spare
+            spare=""
         else
             launch --resume 1
         fi
