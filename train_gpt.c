@@ -2330,7 +2330,7 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
 }
 
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
-                               the loop's tail (train_run_after_step, train_run_boundary, ...) */
+                               standby_wait, the loop's tail (train_run_after_step, train_run_boundary, ...) */
 #include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_run (--plan) */
 
 /* What each rank holds, and how the ranks share the work. */
@@ -2356,42 +2356,6 @@ static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
            dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
 }
 
-/* A hot spare (--standby FIFO, issue 17): its set-up is done (model, the
- * training memory faulted in, tokenizer and data open, the snapshot slots
- * mapped: read, never written), and it holds no lock: it waits here for a
- * line on the FIFO, which scripts/supervise.py writes when the trainer it
- * stands behind has died. Returns 1 for "go", 0 for anything else or the
- * FIFO's end (the supervisor went away, or wants it gone), -1 when the FIFO
- * cannot be read (said). (One process only: an MPI job's ranks cannot be
- * replaced one by one — see README, "A hot spare".) */
-static int standby_wait(const Options* o) {
-    const char* delay = getenv("GPTC_STANDBY_SETUP_MS"); /* a test hook: a spare still setting up (test_failover.sh) */
-    if (delay && atoi(delay) > 0) {
-        printf("standby: test hook GPTC_STANDBY_SETUP_MS: %d ms more set-up\n", atoi(delay));
-        fflush(stdout);
-        struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    printf("standby: ready; waiting for 'go' on %s (no lock taken, nothing written)\n", o->standby);
-    fflush(stdout);
-    int fd = open(o->standby, O_RDONLY | O_CLOEXEC); /* blocks until a writer opens it (supervise: already) */
-    if (fd < 0) {
-        FILE_ERROR(o->standby, "cannot open the standby FIFO: %s", strerror(errno));
-        return -1;
-    }
-    char line[64];
-    size_t n = 0;
-    while (n + 1 < sizeof(line)) {
-        ssize_t got = read(fd, line + n, 1);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0 || line[n] == '\n') break;
-        n++;
-    }
-    close(fd);
-    line[n] = '\0';
-    return strcmp(line, "go") == 0;
-}
-
 /* Before the first step: the ranks agree, the training memory, the Saver,
  * and the state to resume from (or the random init put off until now); a
  * standby waits between the last two. Returns the step to start from, -1
@@ -2414,7 +2378,8 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
     if (o->standby[0]) {
-        timing_print(dist, "standby ready", unix_ms());
+        test_hook_standby_setup();
+        timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
         mark = startup_begin();
         int go = standby_wait(o);
         startup_end(SU_WAIT, mark);
