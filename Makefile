@@ -8,7 +8,7 @@
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
-#   make test-failover  runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
+#   make test-failover  runs killed and hung under scripts/supervise.py (also with a hot spare) end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
 #   make test-eval  the multiple-choice eval (--eval-file, HellaSwag) against PyTorch float64, 1 and 2 ranks (~37 s of CPU)
@@ -17,7 +17,7 @@
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
 #   make bench-plan the runtime model: predicted vs measured step times, the planner's choice vs every candidate
-#   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
+#   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk, a hot spare (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)

@@ -856,7 +856,7 @@ static void gpt2_fill_random(GPT2* model, uint64_t seed) {
 }
 
 static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t seed) {
-    float* params = xmalloc_floats(parameter_count(config));
+    float* params = ledger_floats(MEM_PARAMETERS, parameter_count(config)); /* (huge pages: gptc/ledger.h) */
     gpt2_init_with(model, config, params);
     gpt2_fill_random(model, seed);
 }
@@ -894,14 +894,11 @@ static void gpt2_alloc_training(GPT2* model, int B, int T) {
                                           &model->num_scratch);
     if (model->grads_memory) return; /* ZeRO's, sharded (section 6) */
     size_t n = model->num_parameters;
-    /* zeroed now, so every page is committed from the start: the memory
-     * plan's bytes are resident bytes (gptc/plan.h) */
+    /* zero and every page committed from the start (ledger_floats): the
+     * memory plan's bytes are resident bytes (gptc/plan.h) */
     model->grads_memory = ledger_floats(MEM_GRADIENTS, n);
     model->m_memory = ledger_floats(MEM_ADAMW, n);
     model->v_memory = ledger_floats(MEM_ADAMW, n);
-    memset(model->m_memory, 0, n * sizeof(float));
-    memset(model->v_memory, 0, n * sizeof(float));
-    memset(model->grads_memory, 0, n * sizeof(float));
     model->num_grads = n;
     parameters_point(&model->grads, model->grads_memory, &model->config);
 }
@@ -1676,15 +1673,13 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     d->model = model;
     if (!d->zero) return;
     size_t padded = d->param_floats;
-    float* params = ledger_floats(MEM_PARAMETERS, padded);
+    float* params = ledger_floats(MEM_PARAMETERS, padded); /* zero: the padding stays so */
     memcpy(params, model->params_memory, P * sizeof(float));
-    memset(params + P, 0, (padded - P) * sizeof(float));
     ledger_free(model->params_memory);
     model->params_memory = params;
     parameters_point(&model->params, params, &model->config);
     ledger_free(model->grads_memory);
     model->grads_memory = ledger_floats(MEM_GRADIENTS, d->grad_alloc);
-    memset(model->grads_memory, 0, d->grad_alloc * sizeof(float));
     if (d->zero == 1) {
         parameters_point(&model->grads, model->grads_memory, &model->config);
     } else {
@@ -1703,10 +1698,7 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     ledger_free(model->v_memory);
     model->m_memory = ledger_floats(MEM_ADAMW, d->moment_floats);
     model->v_memory = ledger_floats(MEM_ADAMW, d->moment_floats);
-    memset(model->m_memory, 0, d->shard * sizeof(float));
-    memset(model->v_memory, 0, d->shard * sizeof(float));
     d->grad_shard = ledger_floats(MEM_ZERO, d->shard);
-    memset(d->grad_shard, 0, d->shard * sizeof(float));
 }
 
 /* Wait until every rank gets here. */
@@ -2400,10 +2392,23 @@ typedef struct {
     double mfu;       /* the last step's model FLOPs utilisation in %, for the log (the CUDA twin's); 0 = none */
 } TrainRun;
 
+/* The run is this process's now: its locks (one trainer per run directory:
+ * refused here, before anything is written, the log included), then its
+ * log. 0, or -1 after a message. */
+static int train_run_claim(TrainRun* r, const Options* o) {
+    if (run_lock(&r->lock, o->output_dir, o->snapshot_every > 0 ? o->shm_dir : NULL, r->rank) != 0) return -1;
+    if (o->log_file[0] && r->rank == 0 && !(r->log = fopen(o->log_file, o->resume ? "a" : "w"))) {
+        FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* rank/world: this process's place among the data-parallel ranks (0, 1 alone). */
 static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, const char* train_pattern,
                           const char* val_pattern, int rank, int world) {
     memset(r, 0, sizeof(*r));
+    r->lock.dir.fd = r->lock.shm.fd = -1; /* (not held yet: a standby takes it later) */
     r->rank = rank;
     r->world = world;
     r->B = o->batch_size;
@@ -2417,6 +2422,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
     r->grad_accum = r->total / (r->B * r->T * world);
     printf("batch: B=%d T=%d on %d rank(s), %d tokens per step (%d micro-batches)\n", r->B, r->T, world, r->total,
            r->grad_accum);
+    double mark = startup_begin();
     if (dataloader_init(&r->train, train_pattern, r->B, r->T, rank, world, c->vocab_size, o->shuffle,
                         (uint64_t)o->seed) != 0)
         return -1;
@@ -2437,6 +2443,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
     if (r->use_val)
         printf("val data: unigram entropy %.3f nats (a model that ignores context can do no better)\n",
                dataloader_unigram_entropy(&r->val));
+    startup_end(SU_DATA, mark);
     r->steps = o->steps;
     if (r->steps < 0) r->steps = (int)(dataloader_batches_per_epoch(&r->train) / r->grad_accum);
     if (r->steps < 1) r->steps = 1;
@@ -2450,12 +2457,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
         FILE_ERROR(o->shm_dir, "cannot create the --shm-dir folder for memory snapshots: %s", strerror(errno));
         return -1;
     }
-    /* one trainer per run directory: refused here, before anything is written (the log included) */
-    if (run_lock(&r->lock, o->output_dir, o->snapshot_every > 0 ? o->shm_dir : NULL, rank) != 0) return -1;
-    if (o->log_file[0] && rank == 0 && !(r->log = fopen(o->log_file, o->resume ? "a" : "w"))) {
-        FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
-        return -1;
-    }
+    if (!o->standby[0] && train_run_claim(r, o) != 0) return -1; /* (a standby: once promoted, train_setup) */
     ALWAYS(schedule_parse(o->lr_schedule, &r->sched.kind) == 0);
     r->sched.max_lr = o->lr;
     r->sched.warmup_steps = o->warmup_steps;
@@ -2535,7 +2537,7 @@ static void train_run_log_step(TrainRun* r, int step, double loss, float lr, dou
 }
 
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
-                               the loop's tail (train_run_after_step, train_run_boundary, ...) */
+                               standby_wait, the loop's tail (train_run_after_step, train_run_boundary, ...) */
 #include "gptc/runtime.h"   /* defines: Calibration, calibration_get, runtime_step: the step-time model */
 #include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_runtime (--plan, --auto) */
 
@@ -2563,23 +2565,50 @@ static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
 }
 
 /* Before the first step: the ranks agree, the training memory, the Saver,
- * and the state to resume from (or the random init put off until now).
- * Returns the step to start from, or -1 after a message. */
+ * and the state to resume from (or the random init put off until now); a
+ * standby waits between the last two. Returns the step to start from, -1
+ * after a message, or STANDBY_DISMISSED. */
+#define STANDBY_DISMISSED (-2)
 static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
+    if (o->standby[0] && dist->world > 1) {
+        fprintf(stderr, "error: --standby runs on one process: Open MPI cannot put a new process in a dead rank's "
+                "place, so with several ranks relaunch the whole job (README, \"A hot spare\")\n");
+        return -1;
+    }
     if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
     dist_setup_model(dist, model); /* first: under ZeRO it makes the sharded gradients and moments */
     gpt2_alloc_training(model, r->B, r->T);
     train_memory_print(model, dist);
     test_hooks_print(1);
     timing_print(dist, "communicator ready", dist->t_comm);
+    double mark = startup_begin();
     if (saver_init(saver, dist, model, o) != 0) return -1;
+    startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
+    if (o->standby[0]) {
+        test_hook_standby_setup();
+        timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
+        mark = startup_begin();
+        int go = standby_wait(o);
+        startup_end(SU_WAIT, mark);
+        if (go <= 0) {
+            if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);
+            return go == 0 ? STANDBY_DISMISSED : -1;
+        }
+        printf("standby: promoted: taking the run over\n");
+        if (train_run_claim(r, o) != 0) return -1;
+    }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
+    mark = startup_begin();
     int start = train_run_resume(r, saver, dist, model, o);
     if (start < 0) return -1;
+    startup_end(SU_LOAD, mark);
+    mark = startup_begin();
     if (start == 0 && model->init_deferred) gpt2_fill_random(model, model->init_seed); /* no state: the init after all */
     model->init_deferred = 0;
+    startup_end(SU_MODEL, mark);
     timing_print(dist, "state loaded", unix_ms());
+    startup.loaded_ms = time_ms();
     heartbeat_write(o, r->rank, start);
     return start;
 }
@@ -2606,6 +2635,7 @@ static int train_finish(TrainRun* r, Saver* saver, GPT2* model, const Options* o
 static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o, const Tokenizer* tok, Dist* dist,
                        int* remove_memory) {
     int start = train_setup(r, saver, model, o, dist);
+    if (start == STANDBY_DISMISSED) return 0; /* a spare not needed: nothing was written, the memory stays */
     if (start < 0) return -1;
     for (int step = start; step <= r->steps; step++) {
         /* at the boundary before step `step`: validation and a sample */
@@ -2707,7 +2737,9 @@ static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const 
  * Returns 0 or -1. */
 static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* dist) {
     GPT2 model;
+    double mark = startup_begin();
     if (model_from_options(&model, o) != 0) return -1;
+    startup_end(SU_MODEL, mark);
     const GPT2Config* c = &model.config;
     printf("model: L=%d C=%d NH=%d maxT=%d V=%d Vp=%d, %zu parameters (%s)\n", c->num_layers, c->channels,
            c->num_heads, c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters,
@@ -2741,9 +2773,10 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* d
     if (!o->prompt[0] && o->seq_len > c->max_seq_len) {
         fprintf(stderr, "error: --seq-len %d exceeds the model's max_seq_len %d\n", o->seq_len, c->max_seq_len);
         rc = -1;
-    } else if (tokenizer_setup(&tok, o, c->vocab_size) != 0) {
+    } else if ((mark = startup_begin(), tokenizer_setup(&tok, o, c->vocab_size)) != 0) {
         rc = -1;
     } else {
+        startup_end(SU_DATA, mark);
         if (o->prompt[0]) {
             rc = generate_from_prompt(&model, &tok, o);
         } else {

@@ -4021,6 +4021,8 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
         return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
                "yet: give --batch-size, --zero and --snapshot-every N";
+    if (o->standby[0]) /* (the standby's wait sits in train_gpt.c's train_setup; the GPU trainer has its own set-up) */
+        return "--standby is train_gpt's (the CPU trainer's hot spare); the GPU trainer has none yet: drop it";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */

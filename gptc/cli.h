@@ -65,6 +65,7 @@ typedef struct {
     int resume, stop_at, keep_last, keep_every;
     int snapshot_every, save_async, rollback_after;
     const char* shm_dir;
+    const char* standby; /* a hot spare's FIFO (scripts/supervise.py --spare 1) */
     float spike_z;
     int verbose;
     /* the memory plan (gptc/plan.h) */
@@ -146,6 +147,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--stop-at", NULL, OPT_INT, stop_at, "0", "stop after this step, saving the state, without changing the schedule (for time-limited jobs); 0 = run all --steps"),
     OPT("--snapshot-every", NULL, OPT_INT, snapshot_every, "0", "copy the training state into memory (--shm-dir, and a replica at the next rank) every this many steps: a crash then costs at most this many; 0 = off; auto = the Young/Daly interval sqrt(2 x snapshot cost x --mtbf), from the calibrated runtime model"),
     OPT("--shm-dir", NULL, OPT_STRING, shm_dir, "/dev/shm", "where memory snapshots live, created if missing (a tmpfs outlives the process, not the host)"),
+    OPT("--standby", NULL, OPT_STRING, standby, "", "a hot spare (scripts/supervise.py --spare 1): do all the set-up (model, memory, data, snapshot slots), then wait, taking no lock and writing nothing, until the line 'go' arrives on this FIFO; then take the run's locks, resume and train. Another line or its end: exit 0. One process only (with --resume 1, --output-dir); empty = none"),
     OPT("--save-async", NULL, OPT_INT, save_async, "1", "1 = copy snapshots while the next step computes and write them in the background; 0 = all at the step boundary"),
     OPT("--spike-z", NULL, OPT_FLOAT, spike_z, "0", "skip the update when the loss is this many standard deviations above the last 64 steps' mean; 0 = off"),
     OPT("--rollback-after", NULL, OPT_INT, rollback_after, "3", "after this many bad steps in a row (non-finite or spike), go back to the last memory snapshot, skipping the batches since; 0 = never"),
@@ -304,6 +306,8 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->eval_file[0] && o->seq_len < 2, "--eval-file needs --seq-len >= 2 (a context token and an ending token)");
     OPTIONS_PROBLEM(o->verbose != 0 && o->verbose != 1, "--verbose must be 0 or 1");
     OPTIONS_PROBLEM(o->plan != 0 && o->plan != 1, "--plan must be 0 or 1");
+    OPTIONS_PROBLEM(o->standby[0] && (!o->resume || !o->output_dir[0]),
+                    "--standby waits to take over a run: it needs --resume 1 and the run's --output-dir");
     OPTIONS_PROBLEM(o->plan_check != 0 && o->plan_check != 1, "--plan-check must be 0 or 1");
     OPTIONS_PROBLEM(o->auto_plan != 0 && o->auto_plan != 1, "--auto must be 0 or 1");
     OPTIONS_PROBLEM(!(o->mtbf > 0.0), "--mtbf must be a number of seconds > 0");
@@ -400,8 +404,7 @@ static int model_from_options(GPT2* model, const Options* o) {
         /* resuming a run that exists: its state will replace the weights, so
          * the random init (seconds for GPT-2 124M) waits until train() knows
          * whether there is one; zeros meanwhile, the same on every rank */
-        float* params = xmalloc_floats(parameter_count(&c));
-        memset(params, 0, parameter_count(&c) * sizeof(float));
+        float* params = ledger_floats(MEM_PARAMETERS, parameter_count(&c)); /* zero, on huge pages */
         gpt2_init_with(model, &c, params);
         model->init_deferred = 1;
         model->init_seed = (uint64_t)o->seed;

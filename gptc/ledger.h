@@ -9,7 +9,8 @@
  * ledger_free; the snapshot slots, mapped in gptc/state.h, ledger_record and
  * ledger_release). Defines: MemComponent, MEM_NAMES, Ledger, ledger,
  * ledger_record, ledger_release, ledger_floats, ledger_malloc, ledger_free,
- * ledger_mark_setup, ledger_print.
+ * ledger_mark_setup, ledger_print; big_alloc, big_touch, huge_pages_mode
+ * (the fast start: big buffers on huge pages, first-touched in parallel).
  *
  * What it counts: the bytes asked of the allocator (n floats = 4n bytes;
  * xmalloc_floats's rounding to 64 bytes and malloc's own headers are left
@@ -25,6 +26,7 @@
 #define GPTC_LEDGER_H
 
 #include "util.h"
+#include <sys/mman.h> /* mmap, madvise: big_alloc */
 
 typedef enum {
     MEM_PARAMETERS,  /* the weights: P floats, padded to W x shard under ZeRO */
@@ -51,6 +53,7 @@ typedef struct {
     const void* p;
     size_t bytes;
     int component;
+    size_t mapped; /* big_alloc's mapping (munmap'd by ledger_free); 0: malloc's */
 } LedgerEntry;
 
 typedef struct {
@@ -64,6 +67,132 @@ typedef struct {
 } Ledger;
 
 static Ledger ledger;
+
+/* ---- The fast start: big buffers (measured, issue 17) ----
+ * A trainer's start-up on these VMs is page faults, not work: the first
+ * touch of fresh memory runs at ~0.35 GB/s, a second pass at ~20 GB/s, and
+ * GPT-2 124M's weights, gradients, moments and activations are ~2.5 GB. So
+ * every buffer of BIG_ALLOC_MIN bytes or more (each one the ledger counts
+ * for the weights, gradients, moments, ZeRO buffers, activations, scratch,
+ * the saver's model copy) is:
+ *   - mmap'd on its own, its start 2 MB-aligned (over-mapped, then the
+ *     excess unmapped), its length rounded to 4 KB only: the kernel backs
+ *     each whole aligned 2 MB inside it with one huge page and the tail
+ *     with small ones, so resident bytes stay the ledger's (gptc/plan.h's
+ *     RSS check) within 4 KB a buffer;
+ *   - with GPTC_HUGE_PAGES=1, madvise(MADV_HUGEPAGE)'d, which transparent
+ *     huge pages honour in the "madvise" and "always" modes (/sys/kernel/
+ *     mm/transparent_hugepage/enabled; "never": small pages, same code):
+ *     512x fewer faults, but slower here (huge_pages_wanted says why);
+ *   - first-touched by the OpenMP threads, page by page, each thread the
+ *     pages of its static share: the kernel's page clearing runs on every
+ *     core, and on a NUMA host each page lands on the node of a thread that
+ *     then uses it (the layers' loops split the same rows statically);
+ *   - zero (fresh anonymous memory is), so callers never memset it.
+ * Smaller buffers keep malloc: their faults are noise. */
+#define BIG_ALLOC_MIN ((size_t)2 << 20)
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+
+/* The transparent huge page mode, as the kernel says it ("always",
+ * "madvise", "never"; "unknown" where the file is missing). */
+static int huge_pages_wanted(void);
+
+static const char* huge_pages_mode(void) {
+    static char mode[16] = "";
+    if (mode[0]) return mode;
+    snprintf(mode, sizeof(mode), "unknown");
+    FILE* f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return mode;
+    char line[128] = "";
+    if (fgets(line, sizeof(line), f)) {
+        char* a = strchr(line, '[');
+        char* b = a ? strchr(a, ']') : NULL;
+        if (a && b && b - a - 1 < (long)sizeof(mode)) {
+            memcpy(mode, a + 1, (size_t)(b - a - 1));
+            mode[b - a - 1] = '\0';
+        }
+    }
+    fclose(f);
+    return mode;
+}
+
+/* GPTC_HUGE_PAGES=1 in the environment: ask for huge pages (above); else
+ * small pages. (Measured here, 2026-11-30, a loaded 2-core VM: the huge
+ * pages came (AnonHugePages = the whole buffer) but the first touch of
+ * 1 GiB took a median 9.3 s against 3.2 s with small pages: in the
+ * "madvise" defrag mode a fault in such a region compacts memory directly,
+ * which costs more than it saves on a busy host. Hence opt-in.) */
+static int huge_pages_wanted(void) {
+    const char* v = getenv("GPTC_HUGE_PAGES");
+    return v && atoi(v) == 1;
+}
+
+/* Touch one byte of every 4 KB page of p[0, bytes), the pages split among
+ * the OpenMP threads statically; `write`: fault them in writable (fresh
+ * memory), else read them (a shared mapping another process writes: a
+ * write of what was read could undo its write). */
+static void big_touch(void* p, size_t bytes, int write) {
+    const long pages = (long)((bytes + 4095) / 4096);
+    volatile unsigned char* base = (volatile unsigned char*)p;
+    unsigned sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (long i = 0; i < pages; i++) {
+        if (write) base[(size_t)i * 4096] = 0;
+        else sum += base[(size_t)i * 4096];
+    }
+    (void)sum;
+}
+
+/* Where the start-up's time went, printed after the first step
+ * (gptc/saver.h's startup_print): big_alloc's own time and bytes, and each
+ * phase's time without the allocations inside it (startup_begin/_end). */
+enum { SU_MODEL, SU_DATA, SU_SLOTS, SU_WAIT, SU_LOAD, SU_PHASES };
+static const char* const SU_NAMES[SU_PHASES] = {"model init/load", "tokenizer + data", "snapshot slots",
+                                               "standby wait", "state load"};
+typedef struct {
+    double alloc_ms;   /* in big_alloc: mmap, madvise, the first touch */
+    size_t alloc_bytes;
+    double phase_ms[SU_PHASES];
+    double loaded_ms;  /* time_ms() when the state was loaded (the first step starts) */
+} StartupClock;
+
+static StartupClock startup;
+
+/* A phase begins: its mark (now, less the allocations so far). */
+static double startup_begin(void) { return time_ms() - startup.alloc_ms; }
+
+/* ...and ends: its time, less the allocations inside it. */
+static void startup_end(int phase, double mark) { startup.phase_ms[phase] += time_ms() - startup.alloc_ms - mark; }
+
+/* `bytes` of zeroed memory, 2 MB-aligned, on huge pages where the kernel
+ * offers them, first-touched in parallel (above). *mapped: the length to
+ * munmap. */
+static void* big_alloc(size_t bytes, size_t* mapped) {
+    double t0 = time_ms();
+    size_t len = (bytes + 4095) & ~(size_t)4095;
+    size_t over = len + HUGE_PAGE_BYTES;
+    unsigned char* raw = (unsigned char*)mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(raw != (unsigned char*)MAP_FAILED, "out of memory mapping %zu bytes: %s", bytes, strerror(errno));
+    /* trim to the 2 MB boundary at or after raw, and to len after it */
+    size_t head = (HUGE_PAGE_BYTES - ((uintptr_t)raw & (HUGE_PAGE_BYTES - 1))) & (HUGE_PAGE_BYTES - 1);
+    unsigned char* p = raw + head;
+    if (head) CHECK(munmap(raw, head) == 0, "munmap: %s", strerror(errno));
+    if (over - head > len) CHECK(munmap(p + len, over - head - len) == 0, "munmap: %s", strerror(errno));
+#ifdef MADV_HUGEPAGE
+    if (len >= HUGE_PAGE_BYTES && huge_pages_wanted()) (void)madvise(p, len, MADV_HUGEPAGE); /* refused where THP is off */
+#endif
+    big_touch(p, len, 1);
+    *mapped = len;
+    startup.alloc_ms += time_ms() - t0;
+    startup.alloc_bytes += len;
+    return p;
+}
+
+static LedgerEntry* ledger_find(const void* p) {
+    for (int i = 0; p && i < ledger.num_live; i++)
+        if (ledger.live[i].p == p) return &ledger.live[i];
+    return NULL;
+}
 
 /* Forget p: the bytes it held (0 when it was not recorded). */
 static size_t ledger_release(const void* p) {
@@ -85,20 +214,32 @@ static size_t ledger_release(const void* p) {
  * without the ledger (a test swapping buffers) is replaced, not doubled. */
 static void ledger_record(MemComponent c, const void* p, size_t bytes) {
     if (!p) return;
+    LedgerEntry* old = ledger_find(p);
+    size_t mapped = old ? old->mapped : 0; /* re-recorded (gpt2_init_with): still big_alloc's */
     ledger_release(p);
     CHECK(ledger.num_live < LEDGER_ENTRIES, "the allocation ledger is full (%d live buffers): raise LEDGER_ENTRIES",
           LEDGER_ENTRIES);
-    LedgerEntry e = {p, bytes, (int)c};
+    LedgerEntry e = {p, bytes, (int)c, mapped};
     ledger.live[ledger.num_live++] = e;
     ledger.now[c] += bytes;
     ledger.total += bytes;
     if (ledger.total > ledger.peak) ledger.peak = ledger.total;
 }
 
-/* n floats, 64-byte aligned (xmalloc_floats), recorded as 4n bytes. */
+/* n zeroed floats, recorded as 4n bytes: 64-byte aligned (xmalloc_floats,
+ * then memset: small), or from BIG_ALLOC_MIN bytes on big_alloc's (huge
+ * pages, touched in parallel, zero without a memset). */
 static float* ledger_floats(MemComponent c, size_t n) {
-    float* p = xmalloc_floats(n);
-    ledger_record(c, p, n * sizeof(float));
+    size_t bytes = n * sizeof(float), mapped = 0;
+    float* p;
+    if (bytes >= BIG_ALLOC_MIN) {
+        p = (float*)big_alloc(bytes, &mapped);
+    } else {
+        p = xmalloc_floats(n);
+        memset(p, 0, bytes);
+    }
+    ledger_record(c, p, bytes);
+    ledger_find(p)->mapped = mapped;
     return p;
 }
 
@@ -109,8 +250,11 @@ static void* ledger_malloc(MemComponent c, size_t bytes) {
 }
 
 static void ledger_free(void* p) {
+    LedgerEntry* e = ledger_find(p);
+    size_t mapped = e ? e->mapped : 0;
     ledger_release(p);
-    free(p);
+    if (mapped) CHECK(munmap(p, mapped) == 0, "munmap: %s", strerror(errno));
+    else free(p);
 }
 
 /* Training is set up: keep what each component holds now (the plan's

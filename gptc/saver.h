@@ -14,7 +14,7 @@
  * state_memory_gather, state_candidates, state_source_of, state_disk_check,
  * state_replica_exchange, state_load_from, state_resume_none,
  * state_sources_print); heartbeat_write,
- * plumbing_wanted, timing_print; inject_at, test_hook_nan, test_hook_spike,
+ * plumbing_wanted, timing_print; standby_wait (a hot spare's wait, --standby); startup_print; inject_at, test_hook_nan, test_hook_spike,
  * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
  * train() and gpu_train() share: train_run_resume, StepOutcome,
  * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
@@ -875,6 +875,65 @@ typedef struct {
     double z;
 } StepOutcome;
 
+/* A hot spare (--standby FIFO, issue 17): its set-up is done (model, the
+ * training memory faulted in, tokenizer and data open, the snapshot slots
+ * mapped: read, never written), and it holds no lock: it waits here for a
+ * line on the FIFO, which scripts/supervise.py writes when the trainer it
+ * stands behind has died. Returns 1 for "go", 0 for anything else or the
+ * FIFO's end (the supervisor went away, or wants it gone), -1 when the FIFO
+ * cannot be read (said). (One process only: an MPI job's ranks cannot be
+ * replaced one by one — see README, "A hot spare".) */
+static int standby_wait(const Options* o) {
+    printf("standby: ready; waiting for 'go' on %s (no lock taken, nothing written)\n", o->standby);
+    fflush(stdout);
+    int fd = open(o->standby, O_RDONLY | O_CLOEXEC); /* blocks until a writer opens it (supervise: already) */
+    if (fd < 0) {
+        FILE_ERROR(o->standby, "cannot open the standby FIFO: %s", strerror(errno));
+        return -1;
+    }
+    char line[64];
+    size_t n = 0;
+    while (n + 1 < sizeof(line)) {
+        ssize_t got = read(fd, line + n, 1);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0 || line[n] == '\n') break;
+        n++;
+    }
+    close(fd);
+    line[n] = '\0';
+    return strcmp(line, "go") == 0;
+}
+
+/* A test hook: GPTC_STANDBY_SETUP_MS=N makes a standby's set-up N ms
+ * longer (test_failover.sh: a spare still setting up when it is needed). */
+static void test_hook_standby_setup(void) {
+    const char* delay = getenv("GPTC_STANDBY_SETUP_MS");
+    if (!delay || atoi(delay) <= 0) return;
+    printf("standby: test hook GPTC_STANDBY_SETUP_MS: %d ms more set-up\n", atoi(delay));
+    fflush(stdout);
+    struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The start-up, from the process start to the first step done, split
+ * (gptc/ledger.h's StartupClock): what the fast start (issue 17) measures. */
+static void startup_print(const Dist* d) {
+    if (d->rank != 0) return;
+    double total = unix_ms() - d->t_start, first = time_ms() - startup.loaded_ms, rest = total - first;
+    char line[1024];
+    int n = snprintf(line, sizeof(line), "start-up: %.0f ms from process start to the first step done: allocate + "
+                     "first touch %.0f ms (%.2f GB, %d threads; huge pages %s, transparent huge pages: %s)", total,
+                     startup.alloc_ms, startup.alloc_bytes / 1e9, num_threads(),
+                     huge_pages_wanted() ? "asked" : "not asked (GPTC_HUGE_PAGES=1 asks)", huge_pages_mode());
+    rest -= startup.alloc_ms;
+    for (int k = 0; k < SU_PHASES; k++) {
+        if (k != SU_WAIT || startup.phase_ms[k] > 0)
+            n += snprintf(line + n, sizeof(line) - (size_t)n, ", %s %.0f ms", SU_NAMES[k], startup.phase_ms[k]);
+        rest -= startup.phase_ms[k];
+    }
+    printf("%s, first step %.0f ms, other %.0f ms\n", line, first, rest);
+}
+
 /* After step `step`'s update (0-based; the run started at `start`): say a
  * spike, the first step's time and the heartbeat; take a good loss into the
  * spike window, or count a bad step, which after --rollback-after in a row
@@ -884,7 +943,10 @@ static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* mod
                                 int start, const StepOutcome* s, int can_restore) {
     if (s->spike)
         printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, s->loss, s->z, o->spike_z);
-    if (step == start) timing_print(d, "first step done", unix_ms());
+    if (step == start) {
+        timing_print(d, "first step done", unix_ms());
+        startup_print(d);
+    }
     heartbeat_write(o, r->rank, step + 1);
     if (s->finite && !s->spike) {
         losswatch_accept(&r->watch, (float)s->loss);

@@ -2,7 +2,7 @@
 """supervise.py — run a training job and restart it after a crash or a hang.
 
     scripts/supervise.py [--retries N] [--stale-s S] [--startup-s S] [--heartbeat FILE]
-                         [--recovery-log FILE.jsonl] -- CMD ARGS...
+                         [--recovery-log FILE.jsonl] [--spare 0|1] -- CMD ARGS...
 
     scripts/supervise.py --recovery-log out/d12/recovery.jsonl -- \\
         ./train_gpt --model d12 ... --output-dir out/d12 --save-every 200
@@ -63,6 +63,28 @@ the same record (event "start", from spawn) for comparison. An attempt that
 fails again before its first step has a record with the phases it reached
 (outcome "failed before its first step"). The times are wall clocks of this
 machine and of rank 0's: across machines, clock skew enters "launch".
+
+A hot spare (--spare 1; issue 17). Once an attempt has done its first
+step, the supervisor starts one more trainer, the same command with
+`--standby FIFO` (a FIFO of its own in a temporary folder): it builds the
+model, faults in its memory, opens the tokenizer and data, maps the
+snapshot slots (reading them only), prints `standby: ready`, and waits on
+the FIFO without taking the run's locks. When the active attempt fails and
+the spare is ready, the supervisor ends what is left of the failed attempt
+(so its locks are free), writes `go` into the FIFO, and watches the spare as
+the next attempt: it takes the locks, loads the newest snapshot from memory
+(or disk, or starts at step 0 when there is none: the trainer's usual
+rules) and continues bit for bit; its recovery record splits the time into
+promote (detected -> `go` written), wake (-> the locks taken: "model
+ready"), state load and first step. A new spare starts once the promoted
+one has done its first step. A spare that is not ready yet when the active
+attempt fails (two failures closer together than a spare's set-up) is
+killed and the command relaunched cold, as without --spare; a spare that
+dies while it waits is replaced (after 3 such deaths in a row the
+supervisor stops making spares and says so). At the end the spare is
+dismissed (its FIFO closed: it exits 0, having written nothing). Spares
+are for one process: with several MPI ranks the realistic form is a
+pre-warmed relaunch of the whole job (README, "A hot spare"), not built.
 
 Left out on purpose: backoff between restarts, e-mail/alerts, replacing a
 dead node (under Slurm that is the job's business: see
@@ -138,6 +160,9 @@ def options_parse(argv):
     parser.add_argument("--heartbeat", default="", metavar="FILE",
                         help="heartbeat file passed to the trainer; it must be visible here (rank 0 writes it); "
                              "[a file in a temporary directory, removed at exit]")
+    parser.add_argument("--spare", type=int, default=0, metavar="N",
+                        help="keep N standby trainers (0 or 1) set up and waiting (`--standby FIFO`), promoted at "
+                             "once when the active trainer fails (one process only, not under mpirun/srun) [0]")
     parser.add_argument("--recovery-log", default="", metavar="FILE.jsonl",
                         help="append one JSON record per (re)start, and one at the end; empty = none [\"\"]")
     split = argv.index("--") if "--" in argv else len(argv)
@@ -146,9 +171,14 @@ def options_parse(argv):
     if not args.command:
         parser.error("no command: put it after `--`, e.g. scripts/supervise.py -- ./train_gpt "
                      "--output-dir out/run --save-every 100")
+    if args.spare not in (0, 1):
+        parser.error("--spare must be 0 or 1")
+    if args.spare and os.path.basename(args.command[0]) in ("mpirun", "mpiexec", "srun", "orterun"):
+        parser.error("--spare is for one trainer process: with several ranks Open MPI cannot put a new process in a "
+                     "dead rank's place (see README, \"A hot spare\"); leave --spare out")
     if args.retries < 0 or args.stale_s <= 0 or args.startup_s <= 0:
         parser.error("--retries must be >= 0, --stale-s and --startup-s > 0")
-    for flag in ("--heartbeat", "--resume"):
+    for flag in ("--heartbeat", "--resume", "--standby"):
         if flag in args.command:
             parser.error(f"the command has {flag}: leave it out, the supervisor appends --resume 1 --heartbeat FILE")
     if not any(a in ("--output-dir", "-o") for a in args.command):
@@ -262,7 +292,7 @@ def output_pump(stream, sink, attempt, parse):
     stdout, note the timing and resume lines in `attempt`."""
     for raw in iter(stream.readline, b""):
         with _print_lock:
-            sink.write(raw)
+            sink.write(b"[spare] " + raw if attempt.standby else raw)  # a waiting spare's lines, told apart
             sink.flush()
         line = raw.decode("utf-8", "replace").rstrip("\n")
         if re.search(r"[A-Za-z0-9]", line):  # not blank, not one of mpirun's ---- rules
@@ -273,7 +303,8 @@ def output_pump(stream, sink, attempt, parse):
         if m:
             attempt.at.setdefault("process_start", float(m.group(3)))
             attempt.at.setdefault({"communicator ready": "comm_ready", "model ready": "model_ready",
-                                   "state loaded": "state_loaded", "first step done": "first_step"}.get(m.group(1), m.group(1)),
+                                   "state loaded": "state_loaded", "first step done": "first_step",
+                                   "standby ready": "standby_ready"}.get(m.group(1), m.group(1)),
                                   float(m.group(2)))
         m = STEP_RE.match(line)
         if m:
@@ -325,6 +356,11 @@ class Attempt:
         self.reason = ""           # how it failed, in words
         self.detected = None       # unix ms the failure was seen
         self.signal = None         # for "stopped": the signal that stopped us
+        self.standby = False       # a spare still waiting (its lines are prefixed "[spare] ")
+        self.spare = False         # started as a spare (promoted or not)
+        self.fifo = None           # a spare's FIFO: (path, our descriptor)
+        self.proc = None
+        self.pumps = []
         self.lock = threading.Lock()
 
     def step_seen(self, step, heartbeat):
@@ -354,35 +390,152 @@ def on_signal(signum, frame):
     _signal_received.append(signum)
 
 
-def attempt_run(args, n, run_id, previous, log):
-    """Launch the command once and watch it until it ends; emit the (re)start
-    record when its first step is done (or when it ends without one)."""
-    a = Attempt(n, run_id)
-    if previous is not None:
-        a.step_before = previous.last_known()
-    env = dict(os.environ, GPTC_RUN_ID=run_id, GPTC_ATTEMPT=str(n))
-    try:
-        os.remove(args.heartbeat)  # so "no heartbeat yet" means this attempt has not started
-    except FileNotFoundError:
-        pass
+def attempt_spawn(args, a, extra):
+    """Start the command for attempt `a` (with `extra` flags after ours) and
+    its output pumps. False (a.reason set) when it cannot start."""
+    env = dict(os.environ, GPTC_RUN_ID=a.run_id, GPTC_ATTEMPT=str(a.n))
     a.at["spawned"] = wall_ms()
     try:
-        proc = subprocess.Popen(args.command + ["--resume", "1", "--heartbeat", args.heartbeat], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        a.proc = subprocess.Popen(args.command + ["--resume", "1", "--heartbeat", args.heartbeat] + extra, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=True)
     except OSError as e:
         a.status, a.reason, a.detected = "failed", f"cannot start {args.command[0]}: {e}", wall_ms()
-        record_emit(log, a, previous, "failed before its first step")
-        return a
-    pumps = [threading.Thread(target=output_pump, args=(proc.stdout, sys.stdout.buffer, a, True), daemon=True),
-             threading.Thread(target=output_pump, args=(proc.stderr, sys.stderr.buffer, a, False), daemon=True)]
-    for t in pumps:
+        return False
+    a.pumps = [threading.Thread(target=output_pump, args=(a.proc.stdout, sys.stdout.buffer, a, True), daemon=True),
+               threading.Thread(target=output_pump, args=(a.proc.stderr, sys.stderr.buffer, a, False), daemon=True)]
+    for t in a.pumps:
         t.start()
+    return True
+
+
+class Spares:
+    """The hot spare (--spare 1): at most one standby trainer, started in
+    the background once the active attempt has done its first step."""
+    MAX_DEATHS = 3  # spares that died waiting, in a row, before we stop making them
+
+    def __init__(self, args, base):
+        self.args, self.base = args, base
+        self.spare = None   # the Attempt of the waiting spare
+        self.count = 0      # spares started so far
+        self.deaths = 0     # died while waiting, in a row
+        self.dir = tempfile.mkdtemp(prefix="gptc_spare.") if args.spare else None
+
+    def tick(self, active):
+        """While `active` runs: replace a spare that died, start one when
+        none waits and the active attempt has done its first step."""
+        if not self.args.spare:
+            return
+        sp = self.spare
+        if sp is not None and sp.proc.poll() is not None:
+            rc = sp.proc.returncode
+            how = f"killed by signal {-rc} ({signal_name(-rc)})" if rc < 0 else f"exit status {rc}"
+            self.deaths += 1
+            say(f"spare {sp.run_id} died while waiting ({how}); the run goes on"
+                + ("; starting another" if self.deaths < self.MAX_DEATHS else
+                   f"; {self.deaths} spares died in a row: no more spares (cold restarts only)"))
+            self.discard(sp, "spare leftovers")
+        if self.spare is None and self.deaths < self.MAX_DEATHS and "first_step" in active.at:
+            self.start(active.n + 1)
+
+    def start(self, n):
+        self.count += 1
+        sp = Attempt(n, f"{self.base}-spare{self.count}")
+        sp.standby = sp.spare = True
+        path = os.path.join(self.dir, f"go{self.count}")
+        os.mkfifo(path, 0o600)
+        # opened read-write by us first: the spare's open never blocks, and it
+        # reads the end of the FIFO (exits) only if we go away
+        sp.fifo = (path, os.open(path, os.O_RDWR | os.O_NONBLOCK))
+        if not attempt_spawn(self.args, sp, ["--standby", path]):
+            say(f"cannot start a spare: {sp.reason}")
+            self.deaths = self.MAX_DEATHS
+            self.fifo_close(sp)
+            return
+        say(f"spare {sp.run_id} starting (pid {sp.proc.pid}): it sets up, then waits for a failure")
+        self.spare = sp
+
+    @staticmethod
+    def fifo_close(sp):
+        if sp.fifo is not None:
+            os.close(sp.fifo[1])
+            try:
+                os.remove(sp.fifo[0])
+            except OSError:
+                pass
+            sp.fifo = None
+
+    def discard(self, sp, why):
+        """End a spare: a waiting one is dismissed (its FIFO closed, it exits
+        0 having written nothing), one still setting up is killed."""
+        if "standby_ready" in sp.at and sp.proc.poll() is None:
+            self.fifo_close(sp)
+            try:
+                sp.proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        session_kill(sp.proc, why)
+        self.fifo_close(sp)
+        for t in sp.pumps:
+            t.join(READER_JOIN_S)
+        if self.spare is sp:
+            self.spare = None
+
+    def promote(self, n, previous):
+        """The active attempt failed: the ready spare as attempt n, told to
+        go; None (after killing one not ready) when there is none."""
+        sp, self.spare = self.spare, None
+        if sp is None:
+            return None
+        if sp.proc.poll() is not None or "standby_ready" not in sp.at:
+            say(f"spare {sp.run_id} is not ready (still setting up): killing it, cold restart")
+            self.discard(sp, "spare not ready")
+            return None
+        sp.n = n
+        sp.step_before = previous.last_known()
+        try:
+            os.remove(self.args.heartbeat)  # so "no heartbeat yet" means it has not resumed
+        except FileNotFoundError:
+            pass
+        sp.standby = False  # its lines from now on are the run's
+        sp.at["promoted"] = wall_ms()
+        os.write(sp.fifo[1], b"go\n")
+        self.deaths = 0
+        say(f"promoting spare {sp.run_id} (pid {sp.proc.pid}) to attempt {n}")
+        return sp
+
+    def close(self):
+        if self.spare is not None:
+            self.discard(self.spare, "spare at the end")
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def attempt_run(args, n, run_id, previous, log, spares=None, promoted=None):
+    """Launch the command once (or take the promoted spare) and watch it
+    until it ends; emit the (re)start record when its first step is done
+    (or when it ends without one). The spares are looked after meanwhile."""
+    if promoted is not None:
+        a = promoted
+    else:
+        a = Attempt(n, run_id)
+        if previous is not None:
+            a.step_before = previous.last_known()
+        try:
+            os.remove(args.heartbeat)  # so "no heartbeat yet" means this attempt has not started
+        except FileNotFoundError:
+            pass
+        if not attempt_spawn(args, a, []):
+            record_emit(log, a, previous, "failed before its first step")
+            return a
+    proc, pumps = a.proc, a.pumps
     waiter = ExitWaiter(proc)
     signature, changed = None, time.monotonic()
     recorded = False
     while True:
         rc = waiter.wait(POLL_S)
+        if spares is not None and rc is None:
+            spares.tick(a)
         sig, step = heartbeat_read(args.heartbeat)
         if sig is not None and sig != signature:
             signature, changed = sig, time.monotonic()
@@ -419,6 +572,8 @@ def attempt_run(args, n, run_id, previous, log):
             say(f"attempt {n} hangs: {a.reason}, last at step {a.last_known()}")
             break
     waiter.close()
+    if promoted is not None:
+        Spares.fifo_close(a)
     session_kill(proc, f"attempt {n} {'leftovers' if a.status in ('ok', 'failed') else 'ends'}")
     for t in pumps:
         t.join(READER_JOIN_S)
@@ -441,19 +596,26 @@ PHASES = [("relaunch", "detected", "spawned"), ("launch", "spawned", "process_st
           ("first_step", "state_loaded", "first_step")]
 
 
+# a promoted spare: its launch and set-up happened before the failure
+SPARE_PHASES = [("promote", "detected", "promoted"), ("wake", "promoted", "model_ready"),
+                ("state_load", "model_ready", "state_loaded"), ("first_step", "state_loaded", "first_step")]
+
+
 def record_emit(log, a, previous, outcome):
     """The (re)start record of attempt `a`; `previous` is the failed attempt
     it recovers from (None for the first launch)."""
     at = {"detected": previous.detected} if previous is not None else {}
     at.update(a.at)
     ms = {}
-    for name, begin, end in PHASES:
+    phases = SPARE_PHASES if "promoted" in at else PHASES
+    for name, begin, end in phases:
         if begin in at and end in at:
             ms[name] = round(at[end] - at[begin])
     origin = "detected" if previous is not None else "spawned"
     if "first_step" in at:
         ms["total"] = round(at["first_step"] - at[origin])
     rec = {"event": "recovery" if previous is not None else "start", "attempt": a.n, "run_id": a.run_id,
+           "hot_spare": "promoted" in at,
            "outcome": outcome, "at": {k: round(v) for k, v in at.items()}, "ms": ms,
            "resumed_from": a.resumed_from, "resumed_how": a.resumed_how}
     if previous is not None:
@@ -467,12 +629,13 @@ def record_emit(log, a, previous, outcome):
     def show(key):
         return f"{ms[key]} ms" if key in ms else "?"
 
-    split = " + ".join(f"{name.replace('_', ' ')} {show(name)}" for name, _, _ in PHASES[previous is None:])
+    split = " + ".join(f"{name.replace('_', ' ')} {show(name)}" for name, _, _ in phases[previous is None:])
     if previous is None:
         head = f"start of attempt {a.n}: "
         tail = f" = {show('total')} from spawn to first step"
     else:
-        head = (f"recovery: attempt {a.n} after attempt {previous.n} ({previous.reason}, last step done "
+        head = (f"recovery: attempt {a.n}{' (hot spare)' if 'promoted' in at else ''} after attempt {previous.n} "
+                f"({previous.reason}, last step done "
                 f"{previous.last_known()}): ")
         tail = f" = {show('total')} from failure detected to first step"
     resumed = "?" if a.resumed_from is None else a.resumed_from
@@ -507,10 +670,12 @@ def main():
     no_progress = 0  # consecutive failed attempts that did not get past it
     previous = None
     n = 0
+    spares = Spares(args, base)
     try:
         while True:
             n += 1
-            a = attempt_run(args, n, f"{base}-{n}", previous, log)
+            promoted = spares.promote(n, previous) if previous is not None else None
+            a = attempt_run(args, n, f"{base}-{n}", previous, log, spares, promoted)
             if a.status == "ok":
                 say(f"attempt {n} finished (exit status 0) after {n - 1} restart(s)")
                 log_write(log, {"event": "finished", "attempt": n, "restarts": n - 1, "at": round(wall_ms())})
@@ -537,6 +702,7 @@ def main():
                 f"({no_progress} of {args.retries} failure(s) in a row without progress)")
             previous = a
     finally:
+        spares.close()
         if log is not None:
             log.close()
         if tmpdir is not None:

@@ -48,6 +48,17 @@
 #     writes a heartbeat (--startup-s 1): the supervisor gives up with its
 #     message and exit status 1, and leaves no process behind;
 #   - SIGTERM to the supervisor: passed on to the job, no restart, exit 143;
+#   - a hot spare (supervise.py --spare 1, one process, memory snapshots):
+#     the trainer SIGKILLed twice, each time once a spare is ready (the
+#     trainer is SIGSTOPped until then, so the kill's moment does not depend
+#     on this machine's speed): each spare is promoted, the final model
+#     cmp-identical, the recovery times (failure detected -> first resumed
+#     step) printed; a spare SIGKILLed while it waits is replaced and the
+#     run goes on with no restart; two failures closer together than a
+#     spare's set-up (GPTC_STANDBY_SETUP_MS: 2 s more) fall back to a cold
+#     restart, still cmp-identical; a spare promoted where there is no state
+#     at all (no snapshot yet, nothing on disk) says so and starts from step
+#     0, cmp-identical. Each under `timeout`, every wait bounded;
 #   - the checker: a log with one planted wrong loss must be rejected.
 # Each run is under `timeout -k`. The last line is "N passed, N failed"; the
 # exit status is non-zero on failure.
@@ -393,5 +404,115 @@ rc=$?
     ! grep -q "attempt 2" "$dir/$run.out" &&
     check ok "SIGTERM to the supervisor: passed to the trainer, no restart, exit 143" ||
     check FAIL "SIGTERM to the supervisor: passed to the trainer, no restart, exit 143" "exit $rc: $(tail -2 "$dir/$run.out")"
+
+# A hot spare (supervise.py --spare 1). Helpers: the lines of FILE that
+# match PATTERN, counted, waited for (at most 60 s); a process by a word of
+# its command line, among the supervisor's descendants.
+wait_count() { # wait_count FILE PATTERN N
+    local i
+    for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done
+    return 1
+}
+job_with() { # job_with ROOT WORD [NOT]: a train_gpt process below ROOT whose command line has WORD (and not NOT)
+    local p c
+    for p in $(descendants "$1"); do
+        [ "$(cat /proc/$p/comm 2>/dev/null)" = train_gpt ] || continue
+        c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null)
+        [[ "$c" == *"$2"* ]] && { [ -z "${3:-}" ] || [[ "$c" != *"$3"* ]]; } && echo $p && return
+    done
+}
+lock_holder() { sed -n 's/^pid \([0-9]*\) .*/\1/p' "$dir/$run/.lock" 2>/dev/null; } # the active trainer (a promoted spare too)
+wait_hb() { local i; for ((i = 0; i < 1200; i++)); do [ "$(hb_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+spare_run() { # spare_run NAME [FLAGS]: the supervised one-mem run, in the background ($sup)
+    run=spare-$1
+    timeout -k 10 120 $SUP --spare 1 --heartbeat "$dir/$run.hb" --recovery-log "$dir/$run.rec.jsonl" -- \
+        ${CMD[one-mem]} ${2:-} -o "$dir/$run" --log-file "$dir/$run.jsonl" > "$dir/$run.out" 2>&1 &
+    sup=$!
+}
+# the active trainer (not a spare) stopped at heartbeat step $1 until spare number $2 is ready, then SIGKILLed
+kill_when_spare_ready() {
+    wait_hb "$dir/$run.hb" "$1" || return 1
+    local t
+    t=$(lock_holder)
+    [ -n "$t" ] || return 1
+    kill -STOP "$t"
+    wait_count "$dir/$run.out" '^\[spare\] standby: ready' "$2" || { kill -CONT "$t"; return 1; }
+    kill -KILL "$t"
+}
+spare_ms() { # the hot-spare recoveries' totals, and their split
+    $PY - "$dir/$run.rec.jsonl" <<'PYEOF'
+import json, sys
+for r in (json.loads(l) for l in open(sys.argv[1])):
+    if r["event"] == "recovery":
+        print(f"attempt {r['attempt']} {'hot spare' if r.get('hot_spare') else 'cold'}: {r['ms'].get('total', '?')} ms "
+              f"(" + ", ".join(f"{k} {v}" for k, v in r["ms"].items() if k != "total") + f"; {r['resumed_how']})")
+PYEOF
+}
+
+# two failures, a ready spare each time: promoted twice, bit for bit
+spare_run killed
+kill_when_spare_ready 3 1 && wait_count "$dir/$run.out" "recovery: attempt 2 (hot spare)" 1 && kill_when_spare_ready 20 2
+wait $sup
+rc=$?
+rec=$(spare_ms)
+[ $rc -eq 0 ] && cmp -s "$dir/one.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/one.ref.jsonl" "$dir/$run.jsonl" &&
+    [ "$(echo "$rec" | grep -c 'hot spare')" -eq 2 ] && grep -q "after 2 restart(s)" "$dir/$run.out" &&
+    check ok "hot spare: trainer SIGKILLed twice with a spare ready: promoted both times, final model cmp-identical" \
+        "$(echo "$rec" | tr '\n' ';' | sed 's/;$//')" ||
+    check FAIL "hot spare: two kills with a spare ready, promoted, cmp-identical" "exit $rc: $rec $(tail -2 "$dir/$run.out")"
+
+# a spare killed while it waits: replaced, the run untouched
+spare_run spare-killed
+ok=0
+if wait_hb "$dir/$run.hb" 3; then
+    t=$(lock_holder)
+    kill -STOP "$t"
+    if wait_count "$dir/$run.out" '^\[spare\] standby: ready' 1; then
+        kill -KILL "$(job_with $sup "--standby")"
+        wait_count "$dir/$run.out" "died while waiting" 1 && wait_count "$dir/$run.out" '^\[spare\] standby: ready' 2 && ok=1
+    fi
+    kill -CONT "$t"
+fi
+wait $sup
+rc=$?
+[ $ok -eq 1 ] && [ $rc -eq 0 ] && cmp -s "$dir/one.ref/$FINAL" "$dir/$run/$FINAL" && grep -q "after 0 restart(s)" "$dir/$run.out" &&
+    check ok "hot spare: a spare SIGKILLed while waiting is replaced (a second one ready), no restart, final model cmp-identical" ||
+    check FAIL "hot spare: a spare killed while waiting is replaced" "exit $rc, ok $ok: $(grep supervisor "$dir/$run.out" | tail -3)"
+
+# two failures faster than a spare's set-up (each spare takes 2 s more to
+# set up here: GPTC_STANDBY_SETUP_MS): the second spare is not ready yet
+# when its trainer is killed: a cold restart
+export GPTC_STANDBY_SETUP_MS=2000
+spare_run twice
+unset GPTC_STANDBY_SETUP_MS
+ok=0
+if kill_when_spare_ready 3 1 && wait_count "$dir/$run.out" "spare.*spare2 starting" 1; then
+    t=$(lock_holder)
+    ! grep -q '^\[spare\] standby: ready.*go2' "$dir/$run.out" && [ -n "$t" ] && kill -KILL "$t" && ok=1
+fi
+wait $sup
+rc=$?
+rec=$(spare_ms)
+[ $ok -eq 1 ] && [ $rc -eq 0 ] && cmp -s "$dir/one.ref/$FINAL" "$dir/$run/$FINAL" && same_steps "$dir/one.ref.jsonl" "$dir/$run.jsonl" &&
+    grep -q "is not ready (still setting up): killing it, cold restart" "$dir/$run.out" &&
+    [ "$(echo "$rec" | grep -c 'hot spare')" -eq 1 ] && [ "$(echo "$rec" | grep -c ' cold')" -eq 1 ] &&
+    check ok "hot spare: a second failure before the next spare is ready: cold restart, final model cmp-identical" \
+        "$(echo "$rec" | tr '\n' ';' | sed 's/;$//')" ||
+    check FAIL "hot spare: two failures faster than a spare: cold restart, cmp-identical" "exit $rc, ok $ok: $rec"
+
+# a spare promoted where there is no state at all (no snapshot yet, nothing on disk): step 0, a fresh start
+spare_run no-state "--snapshot-every 1000 --save-every 1000"
+kill_when_spare_ready 3 1
+wait $sup
+rc=$?
+[ $rc -eq 0 ] && cmp -s "$dir/one.ref/$FINAL" "$dir/$run/$FINAL" &&
+    grep -q "^resume: no training state in .* or in memory: starting from step 0" "$dir/$run.out" &&
+    [ "$(spare_ms | grep -c 'hot spare')" -eq 1 ] &&
+    check ok "hot spare: promoted with no snapshot and no state on disk: says so, starts from step 0, final model cmp-identical" ||
+    check FAIL "hot spare with no state: starts over, cmp-identical" "exit $rc: $(grep -E 'resume|supervisor' "$dir/$run.out" | tail -3)"
+[ -z "$(pgrep -f -- "-o $dir/spare-" 2>/dev/null)" ] &&
+    check ok "hot spare: no trainer or spare left behind" ||
+    check FAIL "hot spare: no trainer or spare left behind" "$(pgrep -af -- "-o $dir/spare-")"
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
