@@ -416,7 +416,8 @@ CPU_LAB += $(CPU_BUILD)/dev/cuda/gelu
 CPU_LAB += $(CPU_BUILD)/dev/cuda/matmul
 
 # the layer's planted-bug tests share their driver
-$(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma: dev/cuda/cpu/test_cases.h
+$(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma: dev/cuda/cpu/test_cases.h dev/cuda/cpu/ck.h
+$(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl: dev/cuda/cpu/ck.h
 
 # the lab's attention once more with -DATTN_MMA_SCALAR: flash attention's tile
 # products as plain fp32 FMAs instead of WMMA (train_gpt.cu's attn_mma16), so

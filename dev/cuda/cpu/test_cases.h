@@ -4,9 +4,9 @@
 //
 // Included by: dev/cuda/cpu/test_layer.cu, dev/cuda/cpu/test_wmma.cu (as
 // "dev/cuda/cpu/test_cases.h", from the repository root).
-// Defines: Case, cases_main(argc, argv, cases, n, on_gpu), and CK(call): a
-// CUDA call checked, exit(CK_EXIT) with the error when it fails (each test
-// defines CK_EXIT first: the status its table reads as "a call failed").
+// Defines: Case, cases_main(argc, argv, cases, n, on_gpu); and through
+// ck.h, CK(call) (each test defines CK_EXIT first: the status its table reads
+// as "a call failed").
 //
 //   PROGRAM          every case, each in a child process; "N passed, N failed" last
 //   PROGRAM CASE     one case, in this process (to see its report)
@@ -22,18 +22,7 @@
 #include <cstring>     // strcmp
 #include <string>      // a child's stderr
 
-#ifndef CK_EXIT
-#error "define CK_EXIT (CK's exit status) before including test_cases.h"
-#endif
-#define CK(call)                                                                                        \
-    do {                                                                                                \
-        cudaError_t e_ = (call);                                                                        \
-        if (e_ != cudaSuccess) {                                                                        \
-            fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e_, cudaGetErrorString(e_), __FILE__, \
-                    __LINE__, #call);                                                                   \
-            exit(CK_EXIT);                                                                              \
-        }                                                                                               \
-    } while (0)
+#include "dev/cuda/cpu/ck.h"  // CK(call), exiting with CK_EXIT
 
 struct Case {
     const char* name;

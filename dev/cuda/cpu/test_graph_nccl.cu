@@ -18,15 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(call)                                                                                                 \
-    do {                                                                                                         \
-        cudaError_t e_ = (call);                                                                                 \
-        if (e_ != cudaSuccess) {                                                                                 \
-            fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e_, cudaGetErrorString(e_), __FILE__,    \
-                    __LINE__, #call);                                                                            \
-            exit(1);                                                                                             \
-        }                                                                                                        \
-    } while (0)
+#define CK_EXIT 1
+#include "dev/cuda/cpu/ck.h"  // CK(call)
 #define NCK(call)                                                                                                \
     do {                                                                                                         \
         ncclResult_t r_ = (call);                                                                                \
