@@ -4,7 +4,7 @@
 # sources by g++ against the CPU execution layer (dev/cuda/cpu/README.md).
 # make test-cuda-on-cpu builds everything and runs this; make test runs that.
 #
-#   scripts/test_cuda_on_cpu.sh          # about 5 minutes on 2 cores (195 s measured before 5b's ~90 s)
+#   scripts/test_cuda_on_cpu.sh          # about 7 minutes on 2 cores (421 s in make test on 2026-12-01, test_gpt_cu beside the rest)
 #
 # What runs, each a check line (details in $LOG/*.log):
 #   1. the layer's own tests: planted bugs it must catch (test_layer), tensor
