@@ -83,8 +83,8 @@ mutant no_barrier_block_sum 0 's|^    __syncthreads(); /\* every warp.s partial 
     "block_sum reads the warps' partials without waiting until they are written"
 mutant no_barrier_column_sums 0 's|^    __syncthreads(); /\* all 8 row-lanes. sums are in shared memory \*/|    /* mutant */|' \
     "the bias-gradient column sums add up shared partials before all are written"
-mutant no_barrier_classifier 0 's|^    __syncthreads(); /\* every warp.s (m, s) is in shared memory \*/|    /* mutant */|' \
-    "the classifier reads the warps' (m, s) before they are written"
+mutant no_barrier_classifier 0 's|^    __syncthreads(); /\* every warp.s (m, s) is in shared memory; every thread has read x\[target\] \*/|    /* mutant */|' \
+    "the classifier (the 16-byte production kernel) reads the warps' (m, s) before they are written"
 mutant off_by_one_float_to_bf16 0 's|^    if (i < n) out\[i\] = __float2bfloat16_rn(in\[i\]);|    if (i <= n) out[i] = __float2bfloat16_rn(in[i]);|' \
     "float_to_bf16_kernel writes one element past the end"
 mutant grid_too_small 0 's|^    encoder_forward_kernel<<<ceil_div(n, 256), 256, 0, s>>>|    encoder_forward_kernel<<<n / 256, 256, 0, s>>>|' \
