@@ -126,7 +126,7 @@ test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
-test: check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+test: check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
