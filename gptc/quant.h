@@ -97,16 +97,16 @@
  * across nodes on one shard per peer, with the slices ordered so that the
  * result lands on the shard's owner (the paper's tensor slice reordering).
  * Bytes sent per rank at level i:  (P_i - 1) * R_i * slot(shard) (the same
- * formula as qwZ's; the network carries (N - 1) slots, about shard/2 bytes
- * in INT4 where a fp32 ring reduce-scatter sends 4(W-1)/W of the buffer).
+ * formula as qwZ's; the network carries (N - 1) slots of about shard/2
+ * bytes in INT4, where an fp32 ring reduce-scatter over all W ranks sends
+ * (W - 1) * 4 * shard bytes).
  * Error, per element of the result, bounded hop by hop (dev/quant/
  * test_quant.c computes this from the inputs alone and checks it): each
  * hop adds, for each of the W / (P_0...P_{i-1}) partial sums it quantises,
  * that block's s*(1/2 + qmax*2^-24), where s <= (M/qmax)(1 + 2^-22) +
- * 2^-149 and M
- * bounds the block's |partial sum| (the inputs' block maxima plus the
- * errors so far); the fp32 sums add at most (P_i - 1)*2^-24 of the sum of
- * the magnitudes they add.
+ * 2^-149 and M bounds the block's |partial sum| (the inputs' block maxima
+ * plus the errors so far); the fp32 sums add at most (P_i - 1)*2^-24 of the
+ * sum of the magnitudes they add.
  * Error feedback (residual != NULL): at hop i the rank adds its residual
  * to the values it quantises and keeps what the quantisation lost
  * (v - deq(q(v))) for the next call. Over K calls the results then sum to
@@ -126,6 +126,17 @@
  * first gather), and hpz_allgather rebuilds the full weights for the
  * backward from the node only.
  * Bytes sent per rank: node level (L - 1) * N * shard * 4, other levels 0.
+ *
+ * Plugging it in (the shard layout is the trainer's ZeRO one: a bucket of
+ * W*shard floats, padded, shard s owned by the rank whose index is s):
+ *   QuantTopo t; MPI_Comm lv[2] = {node, across};   // across: same node rank, one per node
+ *   quant_topo_from_comms(&t, 2, lv); ALWAYS(t.index == world_rank);
+ *   qwz_allgather(&t, my_shard, shard, 8, block, bucket);            // forward
+ *   hpz_secondary_from_full(node, bucket, shard, W, secondary);       // once per update
+ *   hpz_allgather(node, secondary, shard, W, bucket, &t.sent[0]);     // backward
+ *   qgz_reduce_scatter(&t, grads, shard, 4, block, residual, grad_shard);
+ * The calls allocate their buffers (about 2x the bucket) each time, and
+ * block: no overlap with compute is offered yet.
  *
  * All communication is MPI_Sendrecv between pairs (a ring for all-gathers,
  * a pairwise exchange for all-to-all), so the byte counters count what this

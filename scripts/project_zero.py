@@ -216,8 +216,9 @@ def main():
             cells.append(f"{o['t']:7.2f} {o['tflops']:6.1f} {o['tflops'] / base['tflops']:5.2f} {o['cross'] / 1e9:6.2f} {mem(s, W) / 1e9:6.1f}")
         print(f"{W:>5} | " + " | ".join(cells))
     print("(step s: seconds per step; TF/GCD: model TFLOP/s per GCD; eff: TF/GCD over that at "
-          f"{ranks[0]} GCDs; net GB: bytes each GCD sends across nodes per step; mem GB: model states per GCD, "
-          "16 Psi / W, + 2 Psi / 8 for the hpZ secondary copy; activations not counted)")
+          f"{ranks[0]} GCDs; net GB: bytes each GCD sends per step in collectives that span nodes (the ZeRO++ "
+          "paper's accounting: a flat ring's whole volume, a hierarchical collective's network level only); "
+          "mem GB: model states per GCD, 16 Psi / W, + 2 Psi / 8 for the hpZ secondary copy; activations not counted)")
     Wmax = ranks[-1]
     r3 = out["3-level", Wmax]["tflops"] / out["ZeRO++", Wmax]["tflops"]
     eff = out["3-level", Wmax]["tflops"] / out["3-level", ranks[0]]["tflops"]
@@ -227,6 +228,8 @@ def main():
     print(f"  3-level scaling efficiency         {eff:8.2f}    {PAPER_EFFICIENCY_384:5.2f}   (from {ranks[0]} GCDs here)")
     print(f"  ZeRO++ over ZeRO-3 (TFLOPS/GCD)    {out['ZeRO++', Wmax]['tflops'] / out['ZeRO-3', Wmax]['tflops']:8.2f}x")
     print(f"  ZeRO-3 / ZeRO++ cross-node bytes   {vol:8.2f}x   {PAPER_ZEROPP_VOLUME:5.2f}x  (arXiv 2306.10209: 3 Psi -> 0.75 Psi)")
+    print("  (the paper's 0.75 Psi reads as 0.5 qwZ + 0 hpZ + 0.25 qgZ, the whole INT4 gradient; here qgZ's network"
+          " hop carries only the node-reduced 1/8 of it, hence more than 4x)")
 
     # what the 3-level / ZeRO++ ratio depends on: one input changed at a time
     print(f"\nsensitivity of the {Wmax}-GCD ratios (one input changed at a time):")
