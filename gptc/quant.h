@@ -31,10 +31,11 @@
  *   deq = (float)q * s, one fp32 rounding.
  * What it guarantees, per element, with s the stored scale:
  *   |x - q*s| <= s/2 exactly (q*s the real number): x/s in double is off
- *       by at most 128 * 2^-53 = 2^-46, while a quotient of two floats
- *       that is not a half-integer (and is above 1/4) is at least 2^-28
- *       away from one, so the rounding picks the integer nearest the true
- *       x/s;
+ *       the true x/s by at most 128 * 2^-53 = 2^-46, while a quotient of
+ *       two floats that is not a half-integer (and is above 1/4) is at
+ *       least 2^-28 away from one, so the rounding picks the integer
+ *       nearest the true x/s (an exact half is exact in double too: ties
+ *       go to even, as a multiplication by 1/s would not promise);
  *   |x - deq| <= s * (1/2 + qmax * 2^-24) (quant_error_bound): the fp32
  *       product adds at most half an ulp of |q*s| <= qmax*s (nothing when
  *       q*s is subnormal).
@@ -186,22 +187,16 @@ static float quant_scale_of(float m, int nonfinite, int qmax) {
     if (nonfinite) return NAN;
     if (m == 0.0f) return 0.0f;
     float s = m / (float)qmax;
-    if (s < FLT_MIN) {
-        if (s < FLT_TRUE_MIN) s = FLT_TRUE_MIN;
-        while ((double)s * qmax < (double)m) s = nextafterf(s, INFINITY); /* coarse denormals: a few steps */
-    }
+    if (s < FLT_MIN) /* subnormal, or 0 (underflow): up to the first s with qmax*s >= m, a few steps */
+        while ((double)s * qmax < (double)m) s = nextafterf(s, INFINITY);
     while (isinf((float)qmax * s)) s = nextafterf(s, 0.0f); /* m near FLT_MAX: one step */
     return s;
 }
 
-/* one code: x/s rounded to nearest, ties to even (s > 0, finite) */
-static inline int quant_code(float x, float s) { return (int)nearbyint((double)x / (double)s); }
-
 /* the code of element i of a payload */
 static inline int quant_get(const uint8_t* payload, size_t i, int bits) {
     if (bits == 8) return (int)(int8_t)payload[i];
-    int nib = (payload[i >> 1] >> ((i & 1) * 4)) & 0xF;
-    return nib >= 8 ? nib - 16 : nib;
+    return (((payload[i >> 1] >> ((i & 1) * 4)) & 0xF) ^ 8) - 8; /* the nibble, sign-extended */
 }
 
 /* Quantise x (n floats) in blocks: scales (ceil(n/block)) and payload
@@ -225,15 +220,33 @@ static void quant_encode(const float* x, float* residual, size_t n, int bits, in
         }
         float s = quant_scale_of(m, nonfinite, qmax);
         scales[b] = s;
-        int usable = s > 0.0f; /* false for 0 and NaN: every code 0 */
-        for (size_t i = lo; i < hi; i++) {
-            float v = residual ? x[i] + residual[i] : x[i];
-            int q = usable ? quant_code(v, s) : 0;
-            ALWAYS(q >= -qmax && q <= qmax); /* m/s < qmax + 1/2: never clamped */
-            if (bits == 8) payload[i] = (uint8_t)(int8_t)q;
-            else if (i & 1) payload[i >> 1] = (uint8_t)(payload[i >> 1] | ((q & 0xF) << 4));
-            else payload[i >> 1] = (uint8_t)(q & 0xF); /* the low nibble first (blocks are even): clears the high */
-            if (residual) residual[i] = usable ? v - (float)q * s : 0.0f;
+        if (!(s > 0.0f)) { /* 0 or NaN: every code 0; the residual 0 (v was all zeros, or not finite) */
+            if (bits == 8) memset(payload + lo, 0, hi - lo);
+            else memset(payload + lo / 2, 0, (hi - lo + 1) / 2);
+            if (residual) memset(residual + lo, 0, (hi - lo) * sizeof(float));
+            continue;
+        }
+        ALWAYS((double)m / s < qmax + 0.5); /* so no code is ever clamped */
+        double sd = (double)s; /* x / sd in double: within 2^-46 of x / s, the same nearest integer */
+        if (bits == 8) {
+            for (size_t i = lo; i < hi; i++) {
+                float v = residual ? x[i] + residual[i] : x[i];
+                int q = (int)nearbyint((double)v / sd);
+                payload[i] = (uint8_t)(int8_t)q;
+                if (residual) residual[i] = v - (float)q * s;
+            }
+        } else {
+            for (size_t i = lo; i < hi; i += 2) { /* two codes a byte, the low nibble first (blocks are even) */
+                int odd = i + 1 < hi;
+                float v0 = residual ? x[i] + residual[i] : x[i];
+                float v1 = odd ? (residual ? x[i + 1] + residual[i + 1] : x[i + 1]) : 0.0f;
+                int q0 = (int)nearbyint((double)v0 / sd), q1 = (int)nearbyint((double)v1 / sd);
+                payload[i >> 1] = (uint8_t)((q0 & 0xF) | ((q1 & 0xF) << 4));
+                if (residual) {
+                    residual[i] = v0 - (float)q0 * s;
+                    if (odd) residual[i + 1] = v1 - (float)q1 * s;
+                }
+            }
         }
     }
 }
@@ -246,10 +259,22 @@ static void quant_decode_impl(const float* scales, const uint8_t* payload, size_
 #pragma omp parallel for schedule(static) if (nb > 16)
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * (size_t)block, hi = lo + (size_t)block < n ? lo + (size_t)block : n;
-        float s = scales[b];
-        for (size_t i = lo; i < hi; i++) {
-            float d = (float)quant_get(payload, i, bits) * s; /* 0 * NaN = NaN: a non-finite block stays so */
-            out[i] = add ? out[i] + d : d;
+        float s = scales[b]; /* 0 * NaN = NaN: a non-finite block stays so */
+        if (bits == 8) {
+            for (size_t i = lo; i < hi; i++) {
+                float d = (float)(int8_t)payload[i] * s;
+                out[i] = add ? out[i] + d : d;
+            }
+        } else {
+            for (size_t i = lo; i < hi; i += 2) {
+                int byte = payload[i >> 1];
+                float d0 = (float)(((byte & 0xF) ^ 8) - 8) * s; /* sign-extend the nibble */
+                out[i] = add ? out[i] + d0 : d0;
+                if (i + 1 < hi) {
+                    float d1 = (float)(((byte >> 4) ^ 8) - 8) * s;
+                    out[i + 1] = add ? out[i + 1] + d1 : d1;
+                }
+            }
         }
     }
 }

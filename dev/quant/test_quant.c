@@ -5,6 +5,7 @@
  *
  *   make test-quant                                   (scripts/test_quant.sh: -np 1, 2 and 4)
  *   mpirun --allow-run-as-root --oversubscribe -np 4 dev/quant/test_quant
+ *   dev/quant/test_quant --bench      encode/decode GB/s, 1 thread and all (not a test)
  *
  * What is checked, against references written here, not the header's:
  *   - quantisation (rank 0): every element within the stated bounds
@@ -517,10 +518,56 @@ static void test_collectives(const int* sizes, int levels) {
     quant_topo_free(&t);
 }
 
+/* --bench: quant_encode + quant_decode rates on 2^24 floats, 1 thread and
+ * all threads (is the OpenMP worth it?), with the load average */
+static void bench(void) {
+    size_t n = (size_t)1 << 24;
+    float* x = (float*)xmalloc(n * sizeof(float));
+    float* y = (float*)xmalloc(n * sizeof(float));
+    float* sc = (float*)xmalloc(n / 64 * sizeof(float) + 64);
+    uint8_t* pl = (uint8_t*)xmalloc(n);
+    fill(x, n, 3, 2048, DATA_NORMAL, 8);
+    double load[3] = {0, 0, 0};
+    CHECK(getloadavg(load, 3) == 3, "getloadavg failed");
+    printf("load average %.2f; %zu floats, blocks of 2048; GB/s of fp32 in (encode) and out (decode), best of 5\n", load[0], n);
+#ifdef _OPENMP
+    int all = omp_get_max_threads();
+#else
+    int all = 1;
+#endif
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (int th = 1; th <= all; th = th == all ? all + 1 : all) {
+#ifdef _OPENMP
+            omp_set_num_threads(th);
+#endif
+            double best_e = 1e30, best_d = 1e30;
+            for (int r = 0; r < 5; r++) {
+                double t0 = MPI_Wtime();
+                quant_encode(x, NULL, n, bits, 2048, sc, pl);
+                double t1 = MPI_Wtime();
+                quant_decode(sc, pl, n, bits, 2048, y);
+                double t2 = MPI_Wtime();
+                best_e = fmin(best_e, t1 - t0);
+                best_d = fmin(best_d, t2 - t1);
+            }
+            printf("INT%d, %d thread%s: encode %.2f GB/s, decode %.2f GB/s\n", bits, th, th > 1 ? "s" : "",
+                   n * 4.0 / best_e / 1e9, n * 4.0 / best_d / 1e9);
+        }
+    free(x);
+    free(y);
+    free(sc);
+    free(pl);
+}
+
 int main(int argc, char** argv) {
     MPI_CHECK(MPI_Init(&argc, &argv));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_world));
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        if (g_rank == 0) bench();
+        MPI_CHECK(MPI_Finalize());
+        return 0;
+    }
     double t0 = MPI_Wtime();
     if (g_rank == 0) test_quantise_local();
     int layouts[][4] = {{1, 0, 0, 0}, {2, 0, 0, 0}, {1, 2, 0, 0}, {4, 0, 0, 0}, {2, 2, 0, 0}, {2, 1, 2, 0}};
