@@ -1649,7 +1649,7 @@ static size_t dist_moments_at(const Dist* d) { return d->zero ? 0 : d->save_lo; 
 /* After each rank loaded only its slice of a state: the weights, and under
  * plain data parallel (every rank holds them all) the moments, gathered. */
 static void dist_allgather_state(const Dist* d, GPT2* model) {
-    dist_allgather_slices(d, model->params_memory, model->num_parameters);
+    if (d->zero != 3) dist_allgather_slices(d, model->params_memory, model->num_parameters); /* ZeRO-3: a slice */
     if (!d->zero) {
         dist_allgather_slices(d, model->m_memory, model->num_parameters);
         dist_allgather_slices(d, model->v_memory, model->num_parameters);

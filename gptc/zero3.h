@@ -453,6 +453,40 @@ static void dist_fill_random(const Dist* d, GPT2* model, uint64_t seed) {
     else gpt2_fill_random(model, seed);
 }
 
+/* The weights for the saver (gptc/saver.h) to write as a model file: every
+ * rank's shard onto rank 0's dst (P floats). Collective. */
+static void zero3_gather_model(const Dist* d, const GPT2* model, float* dst) {
+    size_t n = d->hi - d->lo;
+#ifdef USE_MPI
+    if (d->world > 1) {
+        int W = d->world, *cd = (int*)xmalloc(sizeof(int) * 2 * (size_t)W);
+        for (int q = 0; q < W; q++) {
+            cd[q] = (int)levels_piece(0, model->num_parameters, d->shard, q);
+            cd[W + q] = cd[q] ? (int)((size_t)q * d->shard) : 0;
+        }
+        MPI_CHECK(MPI_Gatherv(model->params_memory, (int)n, MPI_FLOAT, dst, cd, cd + W, MPI_FLOAT, 0, MPI_COMM_WORLD));
+        free(cd);
+        return;
+    }
+#endif
+    memcpy(dst, model->params_memory, n * sizeof(float));
+}
+
+/* Where a state's weights are loaded (gptc/saver.h): the weights, or under
+ * ZeRO-3 a temporary of P floats (outside the memory plan, like the read
+ * buffer), whose slice [lo, hi) dist_params_keep then takes. */
+static float* dist_params_full(const Dist* d, GPT2* model) {
+    if (d->zero != 3) return model->params_memory;
+    float* full = xmalloc_floats(model->num_parameters);
+    memset(full, 0, model->num_parameters * sizeof(float));
+    return full;
+}
+static void dist_params_keep(const Dist* d, GPT2* model, float* full) {
+    if (full == model->params_memory) return;
+    memcpy(model->params_memory, full + d->lo, (d->hi - d->lo) * sizeof(float));
+    free(full);
+}
+
 /* Under ZeRO-3 (dist_setup_model, after the shard is made): the gathered
  * buffers, the model's weight pointers at the head's, and the hook. */
 static void zero3_setup(Dist* d, GPT2* model) {

@@ -25,6 +25,10 @@
 #   - ZeRO-3's memory per rank (weights, gradients, AdamW, gathered) against
 #     its formula, and the memory plan equal to the allocation ledger byte for
 #     byte (--plan-check 1) on np 1, 2, 3;
+#   - ZeRO-3 states: the saved final weights equal 1 process's; stopped and
+#     resumed from disk and from the memory snapshots, bit for bit; resharded
+#     onto 3 ranks --zero 3, 1 process --zero 0, 4 ranks --zero 1, and a
+#     --zero 2 state onto 3 ranks --zero 3 (to 1e-4 of the update);
 #   - bad --topology, and --zero 3 with what needs whole weights, refused.
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
@@ -131,6 +135,52 @@ for np in 1 2 3; do
         "$(grep -m1 'rank 0: ledger == plan' "$dir/plan$np.out" | sed 's/.*after setup/after setup/; s/; peak RSS.*//')" ||
         check FAIL "np $np --zero 3 --plan-check 1" "status $rc, $n of $np: $(grep -E 'plan check|error' "$dir/plan$np.out" | head -3)"
 done
+
+# states: save, stop and resume (bit for bit), from disk and from the memory
+# snapshots, and resharded onto other rank counts and stages (to 1e-4 of
+# the last steps' update, as scripts/test_dp.sh)
+RS="$COMMON -d 192 --shuffle 1 --save-every 4"
+timeout -k 10 120 "$ONE" $RS -b 12 -x 0 -o "$dir/init" > "$dir/init.out" 2>&1
+timeout -k 10 120 "$ONE" $RS -b 12 -o "$dir/rs1" > "$dir/rs1.out" 2>&1
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 --zero 3 -o "$dir/rsA" > "$dir/rsA.out" 2>&1
+cmp=$($PY scripts/compare_models.py "$dir/rsA/model_00000008.bin" "$dir/rs1/model_00000008.bin" "$dir/init/model_00000000.bin" 1e-4)
+[ $? -eq 0 ] && check ok "np 2 --zero 3: the saved final weights equal 1 process's" "||error||/||update|| $cmp (tol 1e-4)" ||
+    check FAIL "np 2 --zero 3: the saved final weights equal 1 process's" "$cmp $(tail -2 "$dir/rsA.out")"
+for src in disk memory; do
+    SN=$([ $src = memory ] && echo "--snapshot-every 2 --shm-dir $dir/shm" || echo "")
+    rm -rf "$dir/rsB" "$dir/shm"
+    timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 --zero 3 $SN -o "$dir/rsB" --stop-at 6 > "$dir/rsB1.out" 2>&1
+    [ $src = disk ] && for r in C D E; do rm -rf "$dir/rs$r"; cp -r "$dir/rsB" "$dir/rs$r"; done
+    timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 --zero 3 $SN -o "$dir/rsB" --resume 1 > "$dir/rsB2.out" 2>&1
+    rc=$?
+    want=$([ $src = memory ] && echo "rank 0 from its own snapshot in memory" || echo "rank 0 from disk")
+    [ $rc -eq 0 ] && grep -q "continuing after step 6; $want" "$dir/rsB2.out" &&
+        cmp -s "$dir/rsA/model_00000008.bin" "$dir/rsB/model_00000008.bin" &&
+        check ok "np 2 --zero 3: stopped at 6, resumed from $src, final weights bit for bit the uninterrupted run's" ||
+        check FAIL "np 2 --zero 3: resumed from $src" "$(grep -E 'resume|error' "$dir/rsB2.out" | head -3)"
+done
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 --zero 2 -o "$dir/rsF" --stop-at 6 > "$dir/rsF.out" 2>&1
+# name np zero B from
+reshard() {
+    timeout -k 10 120 $MPIRUN -np $2 "$BIN" $RS -b $4 --zero $3 -o "$dir/$1" --resume 1 > "$dir/$1.out" 2>&1
+    local cmp=$($PY scripts/compare_models.py "$dir/$1/model_00000008.bin" "$dir/rsA/model_00000008.bin" \
+                "$dir/init/model_00000000.bin" 1e-4 2>&1)
+    [ $? -eq 0 ] && grep -q "resume: resharding" "$dir/$1.out" &&
+        check ok "$5 resumed on $2 rank(s) --zero $3 (resharded)" "||error||/||update|| $cmp (tol 1e-4)" ||
+        check FAIL "$5 resumed on $2 rank(s) --zero $3" "$cmp $(grep -E 'resume|error' "$dir/$1.out" | head -2)"
+}
+reshard rsC 3 3 4 "a 2-rank --zero 3 state"
+reshard rsD 1 0 12 "a 2-rank --zero 3 state"
+reshard rsE 4 1 3 "a 2-rank --zero 3 state"
+rm -rf "$dir/rsG"; cp -r "$dir/rsF" "$dir/rsG"
+reshard rsG 3 3 4 "a 2-rank --zero 2 state"
+# the plan with the saver's slots and memory snapshots under ZeRO-3
+rm -rf "$dir/shm"
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 -x 3 --zero 3 --snapshot-every 1 --shm-dir "$dir/shm" -o "$dir/pl" \
+    --plan-check 1 > "$dir/pl.out" 2>&1
+[ $? -eq 0 ] && [ "$(grep -c 'ledger == plan' "$dir/pl.out")" -eq 2 ] &&
+    check ok "np 2 --zero 3 with snapshots and saves: ledger == plan on both ranks" ||
+    check FAIL "np 2 --zero 3 with snapshots: plan check" "$(grep -E 'plan check|error' "$dir/pl.out" | head -3)"
 
 # refusals
 timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 6 --topology 3x1 > "$dir/bad.out" 2>&1
