@@ -42,6 +42,7 @@
  *   gptc/eval_data.h  multiple-choice eval sets (HellaSwag) in llm.c's format (scored in section 8)
  *   gptc/safetensors.h  Hugging Face GPT-2 checkpoints in and out (section 2)
  *   gptc/cli.h        the flag table, parsing, usage, checks; what the flags build (section 8)
+ *   gptc/zero3.h      ZeRO-3's gathers, nodes (--topology), bytes per level, hierarchical reduction (section 6)
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/saver.h      snapshots, replicas, saves, resume, rollback, heartbeat        (section 8)

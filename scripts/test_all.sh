@@ -49,6 +49,10 @@ echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain, ZeRO-1 
 stage test_dp scripts/test_dp.sh ./train_gpt_mpi
 tail -n 1 "$LOGS/test_dp.log"
 
+echo "== ZeRO-3, --topology 2x2, hierarchical reduction: np 1-4 against 1 process, bytes per level = the formulas, states"
+stage test_zero3 scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
+tail -n 1 "$LOGS/test_zero3.log"
+
 echo "== the memory plan: --plan == the allocation ledger over 33 configurations (1-3 ranks, ZeRO 0/1/2), peak RSS within 3%"
 stage test_plan scripts/test_plan.sh ./train_gpt ./train_gpt_mpi
 tail -n 1 "$LOGS/test_plan.log"

@@ -28,7 +28,8 @@
 #   - ZeRO-3 states: the saved final weights equal 1 process's; stopped and
 #     resumed from disk and from the memory snapshots, bit for bit; resharded
 #     onto 3 ranks --zero 3, 1 process --zero 0, 4 ranks --zero 1, and a
-#     --zero 2 state onto 3 ranks --zero 3 (to 1e-4 of the update);
+#     --zero 2 state onto 3 ranks --zero 3 (to 1e-4 of the update); a
+#     rollback to a memory snapshot ends bit for bit where --zero 2's does;
 #   - bad --topology, and --zero 3 with what needs whole weights, refused.
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
@@ -174,6 +175,16 @@ reshard rsD 1 0 12 "a 2-rank --zero 3 state"
 reshard rsE 4 1 3 "a 2-rank --zero 3 state"
 rm -rf "$dir/rsG"; cp -r "$dir/rsF" "$dir/rsG"
 reshard rsG 3 3 4 "a 2-rank --zero 2 state"
+# a rollback (a NaN gradient planted at step 5: back to the memory snapshot of
+# step 4): --zero 3 ends bit for bit where --zero 2 does (the same sums)
+for z in 2 3; do
+    rm -rf "$dir/shm"
+    timeout -k 10 120 $MPIRUN -np 2 -x GPTC_INJECT_NAN=5 "$BIN" $RS -b 6 --zero $z --snapshot-every 2 --shm-dir "$dir/shm" \
+        --rollback-after 1 -o "$dir/rb$z" > "$dir/rb$z.out" 2>&1
+done
+grep -q "rollback: 1 bad steps" "$dir/rb3.out" && cmp -s "$dir/rb2/model_00000008.bin" "$dir/rb3/model_00000008.bin" &&
+    check ok "np 2 --zero 3: a NaN at step 5 rolled back to step 4's snapshot; final weights bit for bit --zero 2's" ||
+    check FAIL "np 2 --zero 3 rollback" "$(grep -E 'rollback|error' "$dir/rb3.out" | head -3)"
 # the plan with the saver's slots and memory snapshots under ZeRO-3
 rm -rf "$dir/shm"
 timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 -x 3 --zero 3 --snapshot-every 1 --shm-dir "$dir/shm" -o "$dir/pl" \
