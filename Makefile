@@ -7,6 +7,7 @@
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
+#   make test-zero3 ZeRO-3, --topology levels, hierarchical reduction, bytes per level: np 1-4 against 1 process (~35 s)
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py (also with a hot spare) end bit for bit as uninterrupted ones
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
@@ -18,6 +19,7 @@
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
+#   make bench-zero bytes per level per step and memory per rank, every ZeRO stage, np 2 and 4 (--topology 2x2), against the formulas (~1 min)
 #   make bench-plan the runtime model: predicted vs measured step times, the planner's choice vs every candidate
 #   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk, a hot spare (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
@@ -200,6 +202,10 @@ project-zero:
 test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 	scripts/test_dp.sh ./train_gpt_mpi
 
+# ZeRO-3, the levels (--topology) and hierarchical reduction against 1 process (scripts/test_zero3.sh)
+test-zero3: train_gpt_mpi train_gpt
+	scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
+
 # the memory plan (gptc/plan.h) == the allocation ledger, byte for byte, over a
 # grid of 33 configurations; peak RSS within 3% (scripts/test_plan.sh)
 test-plan: train_gpt train_gpt_mpi
@@ -228,6 +234,10 @@ dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
 bench-dp: train_gpt_mpi
 	scripts/bench_dp.sh
+
+# bytes per level per step and model-state bytes per rank of every stage, against the formulas
+bench-zero: train_gpt_mpi
+	scripts/bench_zero.sh ./train_gpt_mpi
 
 # the runtime model (gptc/runtime.h): predicted vs measured step time over a
 # grid, and --plan's choice vs every candidate measured under a memory budget
@@ -570,4 +580,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean

@@ -43,6 +43,7 @@
  *   gptc/eval.h       scoring them with the model: acc, acc_norm, the split over ranks (section 8)
  *   gptc/safetensors.h  Hugging Face GPT-2 checkpoints in and out (section 2)
  *   gptc/cli.h        the flag table, parsing, usage, checks; what the flags build (section 8)
+ *   gptc/zero3.h      ZeRO-3's gathers, nodes (--topology), bytes per level, hierarchical reduction (section 6)
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/run.h        the training run's data, schedule, log and locks (TrainRun)        (section 8)
@@ -806,6 +807,9 @@ typedef struct {
     /* optional: where backward writes layer l's parameter gradients (NULL:
      * the flat buffer); ZeRO-2 hands out a zeroed one-layer bucket */
     float* (*layer_grad_bucket)(void* ctx, int layer);
+    /* optional: where forward/backward read layer l's weights (NULL: the
+     * flat buffer); ZeRO-3 gathers them (layer -1: the head, before forward) */
+    float* (*layer_weights)(void* ctx, int layer, int backward);
     void* on_layer_grads_ctx;
     /* a random init put off (model_from_options) until train() knows no
      * training state will replace it; the weights are zero meanwhile */
@@ -833,28 +837,28 @@ static void gpt2_init_with(GPT2* model, const GPT2Config* config, float* params)
  * code): weights N(0, 0.02); the two projections that write into the
  * residual stream (attprojw, fcprojw) scaled by 1/sqrt(2L); biases 0;
  * LayerNorm weights 1, biases 0. The pad rows of wte are zero, so the pad
- * logits are exactly 0 and never matter. Deterministic for a given seed. */
-static void gpt2_fill_random(GPT2* model, uint64_t seed) {
+ * logits are exactly 0 and never matter. Deterministic for a given seed.
+ * Writes the flat range [lo, hi) to dst (ZeRO-3: a rank's shard), drawing
+ * the same numbers whatever the range. */
+static void gpt2_fill_random_range(const GPT2* model, uint64_t seed, float* dst, size_t lo, size_t hi) {
     const GPT2Config* config = &model->config;
     Rng rng;
     rng_init(&rng, seed);
-    float** ptrs = (float**)&model->params;
     double residual_std = 0.02 / sqrt(2.0 * config->num_layers);
+    size_t at = 0, pad_from = (size_t)config->vocab_size * config->channels; /* wte's pad rows: zero */
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        float* p = ptrs[i];
         size_t n = model->param_sizes[i];
         const char* name = PARAMETER_NAMES[i];
         int is_ln_weight = !strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw");
-        if (PARAMETER_IS_MATRIX[i]) {
-            double std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? residual_std : 0.02;
-            for (size_t j = 0; j < n; j++) p[j] = (float)(std * rng_normal(&rng));
-        } else {
-            for (size_t j = 0; j < n; j++) p[j] = is_ln_weight ? 1.0f : 0.0f;
+        double std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? residual_std : 0.02;
+        for (size_t j = 0; j < n; j++, at++) {
+            float x = PARAMETER_IS_MATRIX[i] ? (float)(std * rng_normal(&rng)) : is_ln_weight ? 1.0f : 0.0f;
+            if (at >= lo && at < hi) dst[at - lo] = i == 0 && j >= pad_from ? 0.0f : x;
         }
     }
-    size_t C = config->channels;
-    memset(model->params.wte + (size_t)config->vocab_size * C, 0,
-           sizeof(float) * (size_t)(config->padded_vocab_size - config->vocab_size) * C);
+}
+static void gpt2_fill_random(GPT2* model, uint64_t seed) {
+    gpt2_fill_random_range(model, seed, model->params_memory, 0, model->num_parameters);
 }
 
 static void gpt2_init_random(GPT2* model, const GPT2Config* config, uint64_t seed) {
@@ -930,6 +934,30 @@ static ActivationTensors layer_acts(const GPT2* model, int l, int B, int T) {
     return a;
 }
 
+/* Layer l's parameter gradients (or weights): a ParameterTensors whose
+ * per-layer tensors point at layer l's slice, in the flat buffer or, when
+ * the data parallel hook hands one out (ZeRO-2's gradients, ZeRO-3's
+ * gathered weights: section 6), in a one-layer bucket holding the 12 slices
+ * back to back in file order. */
+static ParameterTensors layer_slices(const GPT2* model, ParameterTensors g, float* bucket, int l) {
+    float** gp = (float**)&g;
+    size_t L = (size_t)model->config.num_layers, at = 0;
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
+        size_t per_layer = model->param_sizes[k] / L;
+        gp[k] = bucket ? bucket + at : gp[k] + (size_t)l * per_layer;
+        at += per_layer;
+    }
+    return g;
+}
+static ParameterTensors layer_grads(GPT2* model, int l) {
+    float* bucket = model->layer_grad_bucket ? model->layer_grad_bucket(model->on_layer_grads_ctx, l) : NULL;
+    return layer_slices(model, model->grads, bucket, l);
+}
+static ParameterTensors layer_params(GPT2* model, int l, int backward) {
+    float* bucket = model->layer_weights ? model->layer_weights(model->on_layer_grads_ctx, l, backward) : NULL;
+    return layer_slices(model, model->params, bucket, l);
+}
+
 /* Forward pass over inputs (B, T) with B, T no larger than allocated. With
  * targets, returns the mean loss and leaves probabilities in acts.logits;
  * without (targets == NULL), leaves the raw logits and returns -1. The
@@ -945,6 +973,7 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
         if (targets)
             CHECK(targets[i] >= 0 && targets[i] < V, "target token %d at %d out of range [0, %d)", targets[i], i, V);
     }
+    if (model->layer_weights) model->layer_weights(model->on_layer_grads_ctx, -1, 0); /* ZeRO-3: the head */
     ParameterTensors p = model->params;
     ActivationTensors a = model->acts;
     size_t BT = (size_t)B * T;
@@ -952,17 +981,18 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     for (int l = 0; l < L; l++) {
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
         ActivationTensors al = layer_acts(model, l, B, T); /* layer l's slices */
-        layernorm_forward(al.ln1, al.ln1_mean, al.ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, BT, C);
-        matmul_forward(al.qkv, al.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
+        ParameterTensors lp = layer_params(model, l, 0);
+        layernorm_forward(al.ln1, al.ln1_mean, al.ln1_rstd, residual, lp.ln1w, lp.ln1b, BT, C);
+        matmul_forward(al.qkv, al.ln1, lp.qkvw, lp.qkvb, BT, C, 3 * C);
         attention_forward(al.atty, al.att, al.qkv, B, T, C, NH);
         /* residual2 = residual + atty . attprojw^T + attprojb */
-        matmul_forward(al.residual2, al.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, BT, C, C);
+        matmul_forward(al.residual2, al.atty, lp.attprojw, lp.attprojb, BT, C, C);
         residual_forward(al.residual2, al.residual2, residual, BT * C);
-        layernorm_forward(al.ln2, al.ln2_mean, al.ln2_rstd, al.residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
-        matmul_forward(al.fch, al.ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
+        layernorm_forward(al.ln2, al.ln2_mean, al.ln2_rstd, al.residual2, lp.ln2w, lp.ln2b, BT, C);
+        matmul_forward(al.fch, al.ln2, lp.fcw, lp.fcb, BT, C, 4 * C);
         gelu_forward(al.fch_gelu, al.fch, BT * 4 * C);
         /* residual3 = residual2 + fch_gelu . fcprojw^T + fcprojb */
-        matmul_forward(al.residual3, al.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, BT, 4 * C, C);
+        matmul_forward(al.residual3, al.fch_gelu, lp.fcprojw, lp.fcprojb, BT, 4 * C, C);
         residual_forward(al.residual3, al.residual3, al.residual2, BT * C);
     }
     const float* last = a.residual3 + (L - 1) * BT * C;
@@ -988,22 +1018,6 @@ static void gpt2_zero_grad(GPT2* model) {
     memset(model->grads_memory, 0, model->num_grads * sizeof(float));
 }
 
-/* Layer l's parameter gradients: a ParameterTensors whose per-layer tensors
- * point at layer l's slice, in the flat gradient buffer or, when the data
- * parallel hook hands one out (ZeRO-2, section 6), in a one-layer bucket
- * holding the 12 slices back to back in file order. */
-static ParameterTensors layer_grads(GPT2* model, int l) {
-    ParameterTensors g = model->grads;
-    float** gp = (float**)&g;
-    float* bucket = model->layer_grad_bucket ? model->layer_grad_bucket(model->on_layer_grads_ctx, l) : NULL;
-    size_t L = (size_t)model->config.num_layers, at = 0;
-    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
-        size_t per_layer = model->param_sizes[k] / L;
-        gp[k] = bucket ? bucket + at : gp[k] + (size_t)l * per_layer;
-        at += per_layer;
-    }
-    return g;
-}
 
 /* Backward pass of the last forward (which must have had targets): adds
  * d(loss_scale * mean loss)/d(params) into the gradients. loss_scale is
@@ -1028,23 +1042,23 @@ static void gpt2_backward(GPT2* model, float loss_scale) {
     for (int l = L - 1; l >= 0; l--) {
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
         ActivationTensors al = layer_acts(model, l, B, T); /* layer l's slices */
-        ParameterTensors lg = layer_grads(model, l);
+        ParameterTensors lg = layer_grads(model, l), lp = layer_params(model, l, 1);
         /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
         matmul_backward(s.dfch, lg.fcprojw, lg.fcprojb, s.dresidual,
-                        al.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, BT, 4 * C, C, 0);
+                        al.fch_gelu, lp.fcprojw, BT, 4 * C, C, 0);
         gelu_backward(s.dfch, al.fch, s.dfch, BT * 4 * C);
         matmul_backward(s.dbt_c, lg.fcw, lg.fcb, s.dfch, al.ln2,
-                        p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C, 0);
+                        lp.fcw, BT, C, 4 * C, 0);
         layernorm_backward(s.dresidual, lg.ln2w, lg.ln2b, s.dbt_c, al.residual2,
-                           p.ln2w + l * C, al.ln2_mean, al.ln2_rstd, BT, C);
+                           lp.ln2w, al.ln2_mean, al.ln2_rstd, BT, C);
         /* attention: residual2 = residual + attproj(attn(ln1(residual))) */
         matmul_backward(s.dbt_c, lg.attprojw, lg.attprojb, s.dresidual, al.atty,
-                        p.attprojw + (size_t)l * C * C, BT, C, C, 0);
+                        lp.attprojw, BT, C, C, 0);
         attention_backward(s.dqkv, s.datt, s.dbt_c, al.qkv, al.att, B, T, C, NH);
         matmul_backward(s.dbt_c, lg.qkvw, lg.qkvb, s.dqkv, al.ln1,
-                        p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C, 0);
+                        lp.qkvw, BT, C, 3 * C, 0);
         layernorm_backward(s.dresidual, lg.ln1w, lg.ln1b, s.dbt_c, residual,
-                           p.ln1w + l * C, al.ln1_mean, al.ln1_rstd, BT, C);
+                           lp.ln1w, al.ln1_mean, al.ln1_rstd, BT, C);
         if (model->on_layer_grads) model->on_layer_grads(model->on_layer_grads_ctx, l);
     }
     encoder_backward(g.wte, g.wpe, s.dresidual, model->last_inputs, B, T, C);
@@ -1109,12 +1123,12 @@ typedef struct {
  *   p -= lr * wd * p                      (decoupled weight decay)
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
- * over the parameters [lo, hi) of the flat buffer; g, m, v hold exactly that
- * range (g[0] is parameter lo's gradient). One process updates everything;
- * under ZeRO-1 each rank updates its shard. Weight decay follows the tensor
- * each parameter belongs to. */
-static void adamw_update_range(GPT2* model, const AdamWConfig* opt, float lr, int t, size_t lo, size_t hi,
-                               const float* grads, float* m_mem, float* v_mem) {
+ * over the parameters [lo, hi) of the flat buffer; params, g, m, v hold
+ * exactly that range (g[0] is parameter lo's gradient). One process updates
+ * everything; under ZeRO each rank updates its shard. Weight decay follows
+ * the tensor each parameter belongs to. */
+static void adamw_update_slice(GPT2* model, const AdamWConfig* opt, float lr, int t, size_t lo, size_t hi,
+                               float* params, const float* grads, float* m_mem, float* v_mem) {
     float bc1 = 1.0f - (float)pow(opt->beta1, t);
     float bc2 = 1.0f - (float)pow(opt->beta2, t);
     float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
@@ -1124,7 +1138,7 @@ static void adamw_update_range(GPT2* model, const AdamWConfig* opt, float lr, in
         size_t i0 = start > lo ? start : lo, i1 = end < hi ? end : hi; /* this tensor's part of the range */
         float wd = (opt->decay_all || PARAMETER_IS_MATRIX[k]) ? opt->weight_decay : 0.0f;
         if (i0 < i1) {
-            float* RESTRICT p = model->params_memory + i0;
+            float* RESTRICT p = params + (i0 - lo);
             const float* RESTRICT g = grads + (i0 - lo);
             float* RESTRICT m = m_mem + (i0 - lo);
             float* RESTRICT v = v_mem + (i0 - lo);
@@ -1142,6 +1156,11 @@ static void adamw_update_range(GPT2* model, const AdamWConfig* opt, float lr, in
         }
         start = end;
     }
+}
+
+static void adamw_update_range(GPT2* model, const AdamWConfig* opt, float lr, int t, size_t lo, size_t hi,
+                               const float* grads, float* m_mem, float* v_mem) {
+    adamw_update_slice(model, opt, lr, t, lo, hi, model->params_memory + lo, grads, m_mem, v_mem);
 }
 
 static void adamw_update(GPT2* model, const AdamWConfig* opt, float lr, int t) {
@@ -1480,6 +1499,10 @@ static long long dataloader_batches_per_epoch(const DataLoader* d) {
  *             while backward goes on (every micro-batch); the owner adds its
  *             part into its shard. Only the embedding and final-LayerNorm
  *             gradients stay whole (backward writes wte's at both its ends).
+ *   --zero 3  ZeRO-3 (sec. 5.3): as ZeRO-2, and each rank keeps only its
+ *             shard of the weights; each layer's are gathered before its
+ *             forward and its backward (gptc/zero3.h, with the levels of
+ *             the machine, bytes per level and hierarchical reduction).
  * With --overlap 1 (the default; ZeRO-2 always) each layer's gradients are
  * sent as soon as backward has finished that layer (non-blocking: an
  * allreduce per tensor slice, or under ZeRO a reduce of each slice to the
@@ -1511,7 +1534,7 @@ static long long dataloader_batches_per_epoch(const DataLoader* d) {
 
 typedef struct {
     int rank, world;
-    int zero;            /* 0: plain data parallel, 1: ZeRO-1, 2: ZeRO-2 */
+    int zero;            /* 0: plain data parallel, 1: ZeRO-1, 2: ZeRO-2, 3: ZeRO-3 */
     int overlap;         /* reduce each layer's gradients as backward finishes them */
     size_t shard;        /* parameters per rank: ceil(P / W) */
     size_t lo, hi;       /* the moments this rank holds: [lo, hi) of the real parameters (all under plain) */
@@ -1529,6 +1552,7 @@ typedef struct {
     double exposed_ms;   /* of which after backward, not hidden behind it */
     GPT2* model;         /* whose layer gradients the backward hooks reduce */
     double t_start, t_comm; /* unix_ms() at process start and when the communicator was ready */
+    struct Levels* lv;   /* nodes, bytes per level, hierarchical reduction, ZeRO-3's gathers (gptc/zero3.h) */
 #ifdef USE_MPI
     MPI_Request* requests; /* collectives in flight */
     float** owned;         /* per request: ZeRO-2, this rank's summed part to add into grad_shard (or NULL) */
@@ -1538,6 +1562,7 @@ typedef struct {
     int num_requests, cap_requests;
 #endif
 } Dist;
+#include "gptc/zero3.h" /* defines: Levels, levels_init, levels_allreduce, levels_reduce_to, zero3_setup, ... */
 
 /* Start MPI (when built with it) and learn rank and world size. */
 static void dist_init(Dist* d, int* argc, char*** argv) {
@@ -1559,6 +1584,7 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 /* End MPI. After a failure with several ranks, abort the whole job: the
  * other ranks may be waiting in a collective this rank will never join. */
 static void dist_finish(Dist* d, int failed) {
+    levels_free(d);
     ledger_free(d->grad_shard);
     ledger_free(d->buckets[0]);
     ledger_free(d->buckets[1]);
@@ -1626,7 +1652,7 @@ static size_t dist_moments_at(const Dist* d) { return d->zero ? 0 : d->save_lo; 
 /* After each rank loaded only its slice of a state: the weights, and under
  * plain data parallel (every rank holds them all) the moments, gathered. */
 static void dist_allgather_state(const Dist* d, GPT2* model) {
-    dist_allgather_slices(d, model->params_memory, model->num_parameters);
+    if (d->zero != 3) dist_allgather_slices(d, model->params_memory, model->num_parameters); /* ZeRO-3: a slice */
     if (!d->zero) {
         dist_allgather_slices(d, model->m_memory, model->num_parameters);
         dist_allgather_slices(d, model->v_memory, model->num_parameters);
@@ -1658,8 +1684,8 @@ static void dist_geometry(Dist* d, const GPT2Config* c) {
     d->hi = d->zero ? (d->lo + d->shard < P ? d->lo + d->shard : P) : P;
     if (d->lo > P) d->lo = P;
     dist_slice(d, P, d->rank, &d->save_lo, &d->save_hi);
-    d->param_floats = d->zero ? d->shard * W : P;
-    d->grad_alloc = d->zero == 2 ? d->head_floats : d->param_floats;
+    d->param_floats = d->zero == 3 ? d->shard : d->zero ? d->shard * W : P;
+    d->grad_alloc = d->zero >= 2 ? d->head_floats : d->param_floats;
     d->moment_floats = d->zero ? d->shard : P;
     d->grad_floats = d->zero == 0 ? P : d->zero == 1 ? d->param_floats + d->shard
                                                      : d->head_floats + 2 * d->layer_floats + d->shard;
@@ -1674,12 +1700,13 @@ static void dist_setup_model(Dist* d, GPT2* model) {
     dist_geometry(d, &model->config);
     d->model = model;
     if (!d->zero) return;
-    size_t padded = d->param_floats;
-    float* params = ledger_floats(MEM_PARAMETERS, padded); /* zero: the padding stays so */
-    memcpy(params, model->params_memory, P * sizeof(float));
+    size_t from = d->zero == 3 ? d->lo : 0, n = d->zero == 3 ? d->hi - d->lo : P; /* ZeRO-3: the shard only */
+    float* params = ledger_floats(MEM_PARAMETERS, d->param_floats); /* zero: the padding stays so */
+    memcpy(params, model->params_memory + from, n * sizeof(float));
     ledger_free(model->params_memory);
     model->params_memory = params;
-    parameters_point(&model->params, params, &model->config);
+    if (d->zero == 3) zero3_setup(d, model); /* the weights point into the gathered buffers */
+    else parameters_point(&model->params, params, &model->config);
     ledger_free(model->grads_memory);
     model->grads_memory = ledger_floats(MEM_GRADIENTS, d->grad_alloc);
     if (d->zero == 1) {
@@ -1770,17 +1797,19 @@ static int dist_request(Dist* d, int group) {
  * when the request completes (dist_wait); `group` says which bucket src is. */
 static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int group) {
     d->reduced += (double)n;
+    if (!d->lv || !d->lv->hierarchical) levels_count(d, at, n, d->shard, 1, 0);
     for (size_t a = at, end = at + n; a < end;) {
         int owner = (int)(a / d->shard);
         size_t b = (size_t)(owner + 1) * d->shard < end ? (size_t)(owner + 1) * d->shard : end;
         float* part = src + (a - at);
         int mine = owner == d->rank;
 #ifdef USE_MPI
-        if (d->world > 1) {
+        if (d->world > 1 && d->lv->hierarchical) levels_reduce_to(d, part, b - a, owner); /* blocking */
+        else if (d->world > 1) {
             int i = dist_request(d, group);
             MPI_CHECK(MPI_Ireduce(mine ? MPI_IN_PLACE : part, mine ? part : NULL, (int)(b - a), MPI_FLOAT, MPI_SUM,
                                   owner, MPI_COMM_WORLD, &d->requests[i]));
-            d->owned[i] = mine && d->zero == 2 ? part : NULL;
+            d->owned[i] = mine && d->zero >= 2 ? part : NULL;
             d->owned_at[i] = a - d->lo;
             d->owned_count[i] = (int)(b - a);
             a = b;
@@ -1788,7 +1817,7 @@ static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int 
         }
 #endif
         (void)group;
-        if (mine && d->zero == 2) dist_add_to_shard(d, part, a - d->lo, b - a); /* one rank: the sum is its own */
+        if (mine && d->zero >= 2) dist_add_to_shard(d, part, a - d->lo, b - a); /* one rank: the sum is its own */
         a = b;
     }
 }
@@ -1849,13 +1878,14 @@ static void dist_layer_grads(void* ctx, int layer) {
     if (d->zero == 1) dist_wait(d, layer % 2);
     for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
         size_t per_layer = model->param_sizes[k] / L, flat = d->offsets[k] + (size_t)layer * per_layer;
-        if (d->zero == 2) {
+        if (d->zero >= 2) {
             dist_reduce_to_owners(d, d->buckets[layer % 2] + at, flat, per_layer, layer % 2);
         } else if (d->zero == 1) {
             dist_reduce_to_owners(d, model->grads_memory + flat, flat, per_layer, layer % 2);
         } else {
             d->reduced += (double)per_layer;
             d->gathered += (double)per_layer;
+            levels_count(d, 0, per_layer, (per_layer + d->world - 1) / d->world, 1, 1);
 #ifdef USE_MPI
             int i = dist_request(d, 2);
             float** g = (float**)&model->grads;
@@ -1885,13 +1915,10 @@ static float* dist_layer_bucket(void* ctx, int layer) {
  * micro-batches); plain and ZeRO-1 only the last one's, when the
  * accumulated gradients are final. */
 static void dist_backward_begin(Dist* d, GPT2* model, int micro, int last_micro_batch) {
-    if (micro == 0) {
-        d->reduced = d->gathered = 0.0;
-        if (d->zero) memset(d->grad_shard, 0, d->shard * sizeof(float));
-    }
-    int on = d->zero == 2 || (d->world > 1 && d->overlap && last_micro_batch);
+    (void)micro; /* (the step's counts and grad_shard were zeroed by dist_step_begin) */
+    int on = d->zero >= 2 || (d->world > 1 && d->overlap && last_micro_batch && (d->zero || !d->lv->hierarchical));
     model->on_layer_grads = on ? dist_layer_grads : NULL;
-    model->layer_grad_bucket = d->zero == 2 ? dist_layer_bucket : NULL;
+    model->layer_grad_bucket = d->zero >= 2 ? dist_layer_bucket : NULL;
     model->on_layer_grads_ctx = d;
     d->model = model;
 }
@@ -1906,17 +1933,10 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
     size_t P = model->num_parameters, C = (size_t)model->config.channels;
     size_t embed = model->param_sizes[0] + model->param_sizes[1]; /* wte, wpe: [0, embed) */
     if (!d->zero) {
-        size_t rest = d->world > 1 && d->overlap ? embed : P; /* the layers' slices are in flight already */
-        d->reduced += (double)(rest + (rest < P ? 2 * C : 0));
-        d->gathered += (double)(rest + (rest < P ? 2 * C : 0));
-#ifdef USE_MPI
-        if (d->world > 1) {
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads_memory, (int)rest, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-            if (rest < P)
-                MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, model->grads.lnfw, (int)(2 * C), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-            dist_wait(d, -1);
-        }
-#endif
+        size_t rest = d->world > 1 && d->overlap && !d->lv->hierarchical ? embed : P; /* the layers' are in flight */
+        levels_allreduce(d, model->grads_memory, rest);
+        if (rest < P) levels_allreduce(d, model->grads.lnfw, 2 * C);
+        dist_wait(d, -1);
         d->exposed_ms += time_ms() - t0;
         d->comm_ms += time_ms() - t0;
         norm = gradients_clip(model, max_norm);
@@ -1925,13 +1945,17 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
         return norm;
     }
     /* ZeRO: the sums of this rank's shard into grad_shard */
-    if (d->zero == 2 || (d->world > 1 && d->overlap)) {
+    if (d->zero >= 2 || (d->world > 1 && d->overlap)) {
         dist_reduce_to_owners(d, model->grads.wte, 0, embed, 2);          /* wte, wpe */
         dist_reduce_to_owners(d, model->grads.lnfw, P - 2 * C, 2 * C, 2); /* lnfw, lnfb */
         dist_wait(d, -1);
         if (d->zero == 1) memcpy(d->grad_shard, model->grads_memory + d->lo, (d->hi - d->lo) * sizeof(float));
+    } else if (d->world > 1 && d->lv->hierarchical) { /* ZeRO-1 after backward, by level */
+        dist_reduce_to_owners(d, model->grads_memory, 0, d->shard * d->world, 2);
+        memcpy(d->grad_shard, model->grads_memory + d->lo, d->shard * sizeof(float));
     } else { /* ZeRO-1 after backward: one reduce-scatter of the padded buffer */
         d->reduced = (double)(d->shard * d->world);
+        levels_count(d, 0, d->shard * d->world, d->shard, 1, 0);
 #ifdef USE_MPI
         MPI_CHECK(MPI_Reduce_scatter_block(model->grads_memory, d->grad_shard, (int)d->shard, MPI_FLOAT, MPI_SUM,
                                            MPI_COMM_WORLD));
@@ -1945,14 +1969,11 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
     norm = sqrt(dist_sum(d, sum_squares(d->grad_shard, n)));
     gradients_clip_to(d->grad_shard, n, norm, max_norm);
     *finite = isfinite(loss) && isfinite(norm);
-    if (*finite && !spike) adamw_update_range(model, opt, lr, t, d->lo, d->hi, d->grad_shard, model->m_memory, model->v_memory);
+    if (*finite && !spike)
+        adamw_update_slice(model, opt, lr, t, d->lo, d->hi, model->params_memory + (d->zero == 3 ? 0 : d->lo),
+                           d->grad_shard, model->m_memory, model->v_memory);
     t0 = time_ms();
-    d->gathered = (double)(d->shard * d->world);
-#ifdef USE_MPI
-    if (d->world > 1)
-        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model->params_memory, (int)d->shard, MPI_FLOAT,
-                                MPI_COMM_WORLD));
-#endif
+    levels_allgather_params(d, model); /* ZeRO-3: none (gathered layer by layer at the next forward) */
     d->comm_ms += time_ms() - t0;
     d->exposed_ms += time_ms() - t0;
     return norm;
@@ -2225,14 +2246,16 @@ static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const O
 /* What each rank holds, and how the ranks share the work. */
 static void train_memory_print(const GPT2* model, const Dist* dist) {
     double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
-    double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P;
-    static const char* const modes[3] = {"allreduce", "ZeRO-1: AdamW state sharded", "ZeRO-2: AdamW state and gradients sharded"};
+    double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P, W = dist->zero == 3 ? (double)dist->shard : P;
+    static const char* const modes[4] = {"allreduce", "ZeRO-1: AdamW state sharded", "ZeRO-2: AdamW state and gradients sharded",
+                                         "ZeRO-3: AdamW state, gradients and weights sharded"};
     printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, "
-           "backward scratch %.0f MB\n", P * 4 * mb, dist->grad_floats * 4 * mb, opt_floats * 4 * mb,
+           "backward scratch %.0f MB\n", W * 4 * mb, dist->grad_floats * 4 * mb, opt_floats * 4 * mb,
            model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
     if (plumbing_wanted(dist) || dist->zero) printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
-           "gradients %zu floats\n", dist->world, modes[dist->zero], dist->shard, dist->shard * dist->world, opt_floats,
-           dist->grad_floats);
+           "gradients %zu floats, weights %zu floats (%zu gathered)\n", dist->world, modes[dist->zero], dist->shard,
+           dist->shard * dist->world, opt_floats, dist->grad_floats, dist->param_floats,
+           dist->zero == 3 ? dist->head_floats + 2 * dist->layer_floats : 0);
 }
 
 /* What the collectives cost per step, over the run (several ranks only). */
@@ -2285,7 +2308,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     if (start < 0) return -1;
     startup_end(SU_LOAD, mark);
     mark = startup_begin();
-    if (start == 0 && model->init_deferred) gpt2_fill_random(model, model->init_seed); /* no state: the init after all */
+    if (start == 0 && model->init_deferred) dist_fill_random(dist, model, model->init_seed); /* no state: the init after all */
     model->init_deferred = 0;
     startup_end(SU_MODEL, mark);
     timing_print(dist, "state loaded", unix_ms());
@@ -2305,6 +2328,7 @@ static int train_spike(TrainRun* r, GPT2* model, const Options* o, int step, dou
  * 0, or -1 when they could not be written. */
 static int train_finish(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
     train_comm_print(model, dist, r->steps);
+    levels_print(dist);
     train_run_report(r, saver);
     if (!o->output_dir[0]) return 0;
     saver_snapshot(saver, r, dist, model, o, r->steps, 1); /* the final state and model */
@@ -2329,7 +2353,7 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         if (step == r->steps) break;
         /* the step: gradients of grad_accum micro-batches, summed over the ranks; then AdamW */
         double t0 = time_ms();
-        gpt2_zero_grad(model);
+        dist_step_begin(dist, model); /* zero the gradients (and the step's traffic counts) */
         StepOutcome s = {0.0, 0, 0, 0.0};
         for (int micro = 0; micro < r->grad_accum; micro++) {
             if (dataloader_next(&r->train) != 0) return -1;
@@ -2342,6 +2366,7 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         float lr = (float)lr_at(&r->sched, step);
         saver_before_update(saver); /* the last snapshot's copy must be done before the weights change */
         double norm = dist_step(dist, model, &r->opt, o->grad_clip, lr, step + 1, s.loss, s.spike, &s.finite);
+        levels_step_end(dist, step + 1); /* bytes per level (gptc/zero3.h) */
         train_run_log_step(r, step, s.loss, lr, norm, time_ms() - t0, s.finite, "");
         /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
         int back = train_run_after_step(r, saver, dist, model, o, step, start, &s, 1);
@@ -2474,13 +2499,14 @@ int main(int argc, char** argv) {
     }
     dist.zero = o.zero;
     dist.overlap = o.overlap;
+    rc = levels_init(&dist, o.topology, o.hierarchical, o.comm_levels); /* nodes, bytes per level (gptc/zero3.h) */
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
     printf("threads: %d (OpenMP)%s\n", num_threads(), dist.world > 1 ? " per rank" : "");
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    if (o.plan || o.auto_plan || o.snapshot_auto) rc = plan_runtime(&o, &dist); /* calibrated; may set B, ZeRO */
+    if (rc == 0 && (o.plan || o.auto_plan || o.snapshot_auto)) rc = plan_runtime(&o, &dist); /* calibrated; may set B, ZeRO */
     if (rc == 0 && !o.plan) rc = gptc_run(&o, train_cpu, &dist, &dist);
     dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;

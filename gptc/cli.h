@@ -62,6 +62,8 @@ typedef struct {
     /* run */
     int save_every, seed, shuffle, threads;
     int zero, overlap;
+    const char* topology; /* "NxK" nodes x ranks, "" = the shared-memory nodes (gptc/zero3.h) */
+    int hierarchical, comm_levels;
     int resume, stop_at, keep_last, keep_every;
     int snapshot_every, save_async, rollback_after;
     const char* shm_dir;
@@ -154,7 +156,10 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--seed", NULL, OPT_INT, seed, "1337", "seed for the random init, shuffling and sampling"),
     OPT("--shuffle", NULL, OPT_INT, shuffle, "0", "1 = shuffle shards and samples each epoch (seeded)"),
     OPT("--threads", NULL, OPT_INT, threads, "0", "OpenMP threads; 0 = all cores"),
-    OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too); on GPUs 1 and 2 also run on one GPU, as one rank of the sharded code"),
+    OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too), 3 = ZeRO-3 (weights sharded too, gathered layer by layer; CPU only); on GPUs 1 and 2 also run on one GPU, as one rank of the sharded code"),
+    OPT("--topology", NULL, OPT_STRING, topology, "", "data parallel: the ranks as N nodes of K (NxK, e.g. 2x2 for 4 ranks; rank r on node r / K): emulates several nodes on one machine; empty = the nodes MPI sees (ranks sharing memory)"),
+    OPT("--hierarchical", NULL, OPT_INT, hierarchical, "-1", "data parallel: 1 = reduce gradients by level (inside the node, across nodes on 1/K of the data, inside the node again; blocking), 0 = flat, -1 = 1 when there is more than one node"),
+    OPT("--comm-levels", NULL, OPT_INT, comm_levels, "0", "1 = print the bytes each level (intra-node, inter-node) carried, every step (the totals per step are printed at the end anyway)"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
     OPT("--plan", NULL, OPT_INT, plan, "0", "1 = print the memory plan (bytes per rank by component, from the same size functions the allocators use) and a table of micro-batch / ZeRO candidates for --total-batch-size with their peak bytes and predicted step time (a calibrated runtime model), and the fastest that fits in 95% of --memory-budget, then exit without training"),
@@ -341,7 +346,12 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->rollback_after < 0, "--rollback-after must be >= 0");
     OPTIONS_PROBLEM(o->shuffle != 0 && o->shuffle != 1, "--shuffle must be 0 or 1");
     OPTIONS_PROBLEM(o->threads < 0, "--threads must be >= 0");
-    OPTIONS_PROBLEM(o->zero < 0 || o->zero > 2, "--zero must be 0, 1 or 2");
+    OPTIONS_PROBLEM(o->zero < 0 || o->zero > 3, "--zero must be 0, 1, 2 or 3");
+    OPTIONS_PROBLEM(o->hierarchical < -1 || o->hierarchical > 1, "--hierarchical must be -1, 0 or 1");
+    OPTIONS_PROBLEM(o->comm_levels != 0 && o->comm_levels != 1, "--comm-levels must be 0 or 1");
+    OPTIONS_PROBLEM(o->zero == 3 && (o->sample_every || o->eval_file[0]),
+                    "--zero 3 does not sample or run --eval-file yet (the sampler reads the whole weights): give "
+                    "--sample-every 0 (and no --eval-file), or use --zero 2");
     OPTIONS_PROBLEM(o->overlap != 0 && o->overlap != 1, "--overlap must be 0 or 1");
     OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
                     "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");

@@ -78,7 +78,8 @@ static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
     p->setup[MEM_PARAMETERS] = d.param_floats * F;
     p->setup[MEM_GRADIENTS] = d.grad_alloc * F;
     p->setup[MEM_ADAMW] = 2 * d.moment_floats * F;
-    p->setup[MEM_ZERO] = d.zero ? (d.shard + (d.zero == 2 ? 2 * d.layer_floats : 0)) * F : 0;
+    p->setup[MEM_ZERO] = d.zero ? (d.shard + (d.zero >= 2 ? 2 * d.layer_floats : 0)) * F : 0;
+    if (d.zero == 3) p->setup[MEM_ZERO] += (d.head_floats + 2 * d.layer_floats) * F; /* gathered (gptc/zero3.h) */
     size_t sizes[NUM_ACTIVATION_TENSORS > NUM_KVCACHE_TENSORS ? NUM_ACTIVATION_TENSORS : NUM_KVCACHE_TENSORS];
     activation_sizes(sizes, c, k->B, k->T);
     p->setup[MEM_ACTIVATIONS] = tensors_floats(sizes, NUM_ACTIVATION_TENSORS) * F;

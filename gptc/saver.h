@@ -365,10 +365,11 @@ static void saver_snapshot(Saver* sv, const TrainRun* r, const Dist* d, const GP
     sv->fill_save = save;
     sv->info = state_info_of(r, d, model, o, step);
     size_t at = dist_moments_at(d);
-    sv->params = model->params_memory + d->save_lo;
+    sv->params = model->params_memory + (d->zero == 3 ? 0 : d->save_lo); /* (ZeRO-3 holds its slice only) */
     sv->m = model->m_memory + at;
     sv->v = model->v_memory + at;
-    sv->all_params = save && d->rank == 0 ? model->params_memory : NULL;
+    sv->all_params = save && d->rank == 0 && d->zero != 3 ? model->params_memory : NULL;
+    if (save && d->zero == 3) zero3_gather_model(d, model, sv->model_params); /* collective (gptc/zero3.h) */
     saver_stall_close(sv); /* the previous snapshot's stall is all counted by now */
     sv->copied = sv->confirmed = 0;
     sv->t_snap = time_ms();
@@ -389,9 +390,11 @@ static int saver_restore_newest(Saver* sv, TrainRun* r, const Dist* d, GPT2* mod
     saver_poll(sv, d, o, 0);
     StateInfo s;
     size_t at = dist_moments_at(d);
+    float* full = dist_params_full(d, model); /* the weights, or ZeRO-3's temporary */
     int ok = sv->newest >= 0 && state_load_record(sv->own[sv->newest].base, sv->own[sv->newest].bytes,
-                                                  "the newest memory snapshot", &s, model->params_memory,
+                                                  "the newest memory snapshot", &s, full,
                                                   model->m_memory + at, model->v_memory + at) == 0;
+    dist_params_keep(d, model, full);
     if (dist_sum(d, ok) < d->world) return -1; /* (every rank takes its snapshots at the same steps) */
     dist_allgather_state(d, model);
     r->sample_rng.state = s.sample_rng;
@@ -464,7 +467,8 @@ static uint64_t run_nonce(const Dist* d, const Options* o, int create) {
  * holds (all of them under plain data parallel, its shard under ZeRO). So
  * a state saved by another number of ranks, another --zero or another B
  * (the same tokens per step) loads the same way: resharding. */
-static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Options* o, int step, StateInfo* out) {
+static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Options* o, int step, StateInfo* out,
+                           float* params_full) {
     char path[4400];
     int32_t h[HEADER_INTS];
     StateInfo s0, s;
@@ -499,7 +503,7 @@ static int state_load_disk(TrainRun* r, const Dist* d, GPT2* model, const Option
             return -1;
         }
         covered = s.hi;
-        if (state_read_arrays(path, &s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) != 0)
+        if (state_read_arrays(path, &s, h, params_full, model->m_memory, model->v_memory, d->lo, d->hi) != 0)
             return -1;
     }
     if (covered != model->num_parameters) {
@@ -634,29 +638,37 @@ static float* state_replica_exchange(const Dist* d, const Options* o, const int*
 }
 #endif
 
-/* Load `step` from `src` into the model's weights and this rank's slice of
- * the moments, and its record into *s (a replica: `replica`, `floats`
- * long). 1 if it worked. */
-static int state_load_from(StateSource src, TrainRun* r, const Dist* d, GPT2* model, const Options* o,
+/* Load `step` from `src` into `full` (the weights, or ZeRO-3's temporary)
+ * and this rank's slice of the moments, and its record into *s (a replica:
+ * `replica`, `floats` long). 1 if it worked. */
+static int state_load_into(StateSource src, TrainRun* r, const Dist* d, GPT2* model, const Options* o,
                            const Saver* sv, int step, int own_slot, const float* replica, long long floats,
-                           StateInfo* s) {
+                           StateInfo* s, float* full) {
     char path[4400];
     int32_t h[HEADER_INTS];
     float* m_at = model->m_memory + dist_moments_at(d); /* where this rank's slice of the moments goes */
     float* v_at = model->v_memory + dist_moments_at(d);
-    if (src == SOURCE_DISK) return state_load_disk(r, d, model, o, step, s) == 0;
+    if (src == SOURCE_DISK) return state_load_disk(r, d, model, o, step, s, full) == 0;
     if (src == SOURCE_OWN && sv->memory) { /* the slot is mapped already: straight from memory */
         slot_path(path, sizeof(path), o, d->rank, d->rank, own_slot);
-        return state_load_record(sv->own[own_slot].base, sv->own[own_slot].bytes, path, s, model->params_memory, m_at,
+        return state_load_record(sv->own[own_slot].base, sv->own[own_slot].bytes, path, s, full, m_at,
                                  v_at) == 0 && s->step == step;
     }
     if (src == SOURCE_OWN) { /* (this run takes no memory snapshots: read the file) */
         slot_path(path, sizeof(path), o, d->rank, d->rank, own_slot);
         return state_read_header(path, s, h, 0) == 0 && s->step == step &&
-               state_read_arrays(path, s, h, model->params_memory, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
+               state_read_arrays(path, s, h, full, model->m_memory, model->v_memory, d->lo, d->hi) == 0;
     }
     return replica && state_load_record((const unsigned char*)replica, (size_t)floats * 4, "the neighbour's replica", s,
-                                        model->params_memory, m_at, v_at) == 0 && s->step == step;
+                                        full, m_at, v_at) == 0 && s->step == step;
+}
+static int state_load_from(StateSource src, TrainRun* r, const Dist* d, GPT2* model, const Options* o,
+                           const Saver* sv, int step, int own_slot, const float* replica, long long floats,
+                           StateInfo* s) {
+    float* full = dist_params_full(d, model);
+    int ok = state_load_into(src, r, d, model, o, sv, step, own_slot, replica, floats, s, full);
+    dist_params_keep(d, model, full);
+    return ok;
 }
 
 /* No state was loaded (result 0): an error when states exist that are not

@@ -255,7 +255,7 @@ static int state_header_parse(const int32_t* h, long long size, const char* path
     const char* bad = s->step < 1 || s->step >= INT32_MAX - 1     ? "step"
                       : s->world < 1 || s->world > (1 << 20)      ? "world size"
                       : s->rank < 0 || s->rank >= s->world        ? "rank"
-                      : s->zero < 0 || s->zero > 2                ? "ZeRO stage"
+                      : s->zero < 0 || s->zero > 3                ? "ZeRO stage"
                       : s->B < 1 || s->T < 1 || s->T > s->config.max_seq_len ? "batch shape (B, T)"
                       : s->total < 1 || s->total % s->T != 0      ? "tokens per step"
                       : s->shuffle < 0 || s->shuffle > 1          ? "shuffle flag"

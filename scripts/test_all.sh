@@ -50,6 +50,10 @@ echo "== data parallel: mpirun -np 2 and -np 3 against 1 process, plain, ZeRO-1 
 stage test_dp scripts/test_dp.sh ./train_gpt_mpi
 tail -n 1 "$LOGS/test_dp.log"
 
+echo "== ZeRO-3, --topology 2x2, hierarchical reduction: np 1-4 against 1 process, bytes per level = the formulas, states"
+stage test_zero3 scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
+tail -n 1 "$LOGS/test_zero3.log"
+
 echo "== ZeRO++'s quantised collectives (gptc/quant.h): INT8/INT4 blocks, qwZ, qgZ, hpZ on mpirun -np 1, 2, 4 (emulated 2x2 and 2x1x2)"
 stage test_quant scripts/test_quant.sh ./dev/quant/test_quant
 tail -n 1 "$LOGS/test_quant.log"
