@@ -1519,17 +1519,6 @@ static long long dataloader_batches_per_epoch(const DataLoader* d) {
 
 #ifdef USE_MPI
 #include <mpi.h>
-#define MPI_CHECK(call)                                                                 \
-    do {                                                                                \
-        int rc_ = (call);                                                               \
-        if (rc_ != MPI_SUCCESS) {                                                       \
-            char msg_[MPI_MAX_ERROR_STRING];                                            \
-            int len_ = 0;                                                               \
-            MPI_Error_string(rc_, msg_, &len_);                                         \
-            fprintf(stderr, "error: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                               \
-        }                                                                               \
-    } while (0)
 #endif
 
 typedef struct {

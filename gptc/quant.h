@@ -299,19 +299,6 @@ static void quant_slot_decode(const uint8_t* slot, size_t n, int bits, int block
 
 #ifdef USE_MPI
 #include <mpi.h>
-#ifndef MPI_CHECK /* train_gpt.c defines the same before including this */
-#define MPI_CHECK(call)                                                                 \
-    do {                                                                                \
-        int rc_ = (call);                                                               \
-        if (rc_ != MPI_SUCCESS) {                                                       \
-            char msg_[MPI_MAX_ERROR_STRING];                                            \
-            int len_ = 0;                                                               \
-            MPI_Error_string(rc_, msg_, &len_);                                         \
-            fprintf(stderr, "error: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                               \
-        }                                                                               \
-    } while (0)
-#endif
 
 typedef struct {
     int levels;                       /* k, 1..QUANT_MAX_LEVELS */

@@ -55,6 +55,22 @@
         }                                                                       \
     } while (0)
 
+/* An MPI call, checked: on failure the call, file and line and MPI's own
+ * message, then MPI_Abort (a rank that stops alone would hang the others).
+ * Used where mpi.h is included (USE_MPI: train_gpt.c's section 6,
+ * gptc/quant.h, gptc/zero3.h). */
+#define MPI_CHECK(call)                                                                 \
+    do {                                                                                \
+        int rc_ = (call);                                                               \
+        if (rc_ != MPI_SUCCESS) {                                                       \
+            char msg_[MPI_MAX_ERROR_STRING];                                            \
+            int len_ = 0;                                                               \
+            MPI_Error_string(rc_, msg_, &len_);                                         \
+            fprintf(stderr, "error: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, msg_); \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                               \
+        }                                                                               \
+    } while (0)
+
 /* "Cannot happen" conditions, named so a reader knows they are invariants. */
 #define ALWAYS(cond) CHECK(cond, "internal invariant violated")
 
