@@ -235,14 +235,14 @@ static void test_memory_check(void) {
 static void test_memory_plan_attention(void) {
     GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
     int B = 16, T = 1024;
-    MemoryPlan p = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES, 0);
+    MemoryPlan p = gpu_memory_plan(&c, B, T, 0);
     size_t lse = (size_t)12 * B * 12 * T * 4, probs = (size_t)12 * B * 12 * T * T * 2;
     size_t scores = (size_t)B * 12 * T * T * 4;
     char d[240];
     snprintf(d, sizeof(d), "attention %.1f MB, activations %.0f MB (the T x T probabilities were %.0f MB more), "
-             "scratch %.0f MB", p.attention / 1048576.0, p.activations / 1048576.0, (probs - lse) / 1048576.0,
-             p.scratch / 1048576.0);
-    check(p.attention == lse && p.scratch < scores, "memory plan: attention keeps B NH T statistics per layer, "
+             "scratch %.0f MB", p.attention / 1048576.0, p.bytes[GMEM_ACTS] / 1048576.0, (probs - lse) / 1048576.0,
+             p.bytes[GMEM_SCRATCH] / 1048576.0);
+    check(p.attention == lse && p.bytes[GMEM_SCRATCH] < scores, "memory plan: attention keeps B NH T statistics per layer, "
           "nothing T x T", d);
 }
 
@@ -258,23 +258,23 @@ static void test_memory_plan_recompute(void) {
     char d[400];
     int at = 0;
     for (int r = 0; r < RECOMPUTE_LEVELS; r++) {
-        p[r] = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES, r);
+        p[r] = gpu_memory_plan(&c, B, T, r);
         at += snprintf(d + at, sizeof(d) - (size_t)at, "%slevel %d: activations %.0f MB + working set %.0f MB",
-                       r ? "; " : "", r, p[r].activations / 1048576.0, p[r].work / 1048576.0);
+                       r ? "; " : "", r, p[r].bytes[GMEM_ACTS] / 1048576.0, p[r].work / 1048576.0);
     }
     int falls = 1, pays = 1, same = 1;
     for (int r = 1; r < RECOMPUTE_LEVELS; r++) {
-        falls &= p[r].activations < p[r - 1].activations;
-        pays &= p[r].activations + p[r].scratch < p[0].activations + p[0].scratch;
+        falls &= p[r].bytes[GMEM_ACTS] < p[r - 1].bytes[GMEM_ACTS];
+        pays &= p[r].bytes[GMEM_ACTS] + p[r].bytes[GMEM_SCRATCH] < p[0].bytes[GMEM_ACTS] + p[0].bytes[GMEM_SCRATCH];
     }
-    for (int r = 0; r < RECOMPUTE_LEVELS; r++) same &= p[0].activations_at[r] == p[r].activations;
+    for (int r = 0; r < RECOMPUTE_LEVELS; r++) same &= p[0].activations_at[r] == p[r].bytes[GMEM_ACTS];
     check(falls && same, "memory plan: activations strictly decrease from --recompute 0 to 3 (GPT-2 124M, B=16 T=1024)",
           d);
     check(pays, "memory plan: each level's activations + scratch below level 0's", "");
-    size_t stream = (size_t)12 * B * T * 768 * 2, rest = p[3].activations - stream;
+    size_t stream = (size_t)12 * B * T * 768 * 2, rest = p[3].bytes[GMEM_ACTS] - stream;
     snprintf(d, sizeof(d), "level 3: residual stream %.0f MB + encoded, lnf, logits, losses %.0f MB",
              stream / 1048576.0, rest / 1048576.0);
-    check(p[3].activations >= stream && rest < (size_t)B * T * (2 * 768 * 2 + 50304 * 2 + 4 * 4) + 8 * 256,
+    check(p[3].bytes[GMEM_ACTS] >= stream && rest < (size_t)B * T * (2 * 768 * 2 + 50304 * 2 + 4 * 4) + 8 * 256,
           "memory plan: level 3 keeps one residual stream per layer", d);
 }
 
