@@ -1826,7 +1826,7 @@ __device__ __forceinline__ floatX bf16_round_stochastic(float x, uint32_t random
 
 /* Clip coefficient from the global norm: torch.nn.utils.clip_grad_norm_'s
  * rule, as train_gpt.c's gradients_clip_to (max_norm <= 0: no clipping). */
-__device__ __forceinline__ float clip_coef(float norm, float max_norm) {
+__host__ __device__ __forceinline__ float clip_coef(float norm, float max_norm) { /* (the host's too: --offload 1) */
     float coef = 1.0f;
     if (max_norm > 0.0f && isfinite(norm)) {
         float c = max_norm / (norm + 1e-6f);
@@ -2674,6 +2674,14 @@ typedef struct {
     cudaGraphExec_t graph_micro, graph_update;
     MicroBatchShape graph_micro_shape;
     UpdateShape graph_update_shape;
+    /* --offload 1 (G4, the optimizer offload): the fp32 master and the moments are the host model's own
+     * arrays, pinned, updated by train_gpt.c's AdamW; NULL / 0 without it */
+    int offload;
+    GPT2* off_host;          /* params_memory (the master), m_memory, v_memory (P each), cudaHostRegister'ed */
+    float* off_grads;        /* (P) pinned: the gradients' host copy */
+    cudaStream_t off_stream; /* the gradients' device-to-host copies, tensor by tensor */
+    cudaEvent_t off_ready;   /* compute stream: the gradients are final */
+    cudaEvent_t off_copied[NUM_PARAMETER_TENSORS]; /* off_stream: tensor k's gradients are on the host */
     /* the last forward */
     int last_B, last_T, has_targets, micro;
     float* h_loss_mean;    /* pinned (MAX_MICRO_STEPS + 1): the micro-batches' losses, then the norm */
@@ -2893,23 +2901,35 @@ static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, 
                                int update) {
     size_t P = g->num_parameters;
     uint32_t seed = update < 0 ? 0u : gpu_update_seed(run_seed, update);
-    ALWAYS(g->master_memory != NULL);
-    CUDA_CHECK(cudaMemcpyAsync(g->master_memory, params, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
-    if (m) CUDA_CHECK(cudaMemcpyAsync(g->m_memory, m, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
-    if (v) CUDA_CHECK(cudaMemcpyAsync(g->v_memory, v, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    /* --offload 1: the master stays on the host (its arrays take params, m, v), staged on the device in the
+     * gradient buffer (free between steps, zeroed again below) for the rounding */
+    float* master = g->offload ? g->grads_memory : g->master_memory;
+    ALWAYS(master != NULL);
+    if (g->offload) {
+        GPT2* h = g->off_host;
+        gpu_wait(g->stream, NULL); /* (no copy-back in flight from the host arrays) */
+        if (params != h->params_memory) memcpy(h->params_memory, params, P * sizeof(float));
+        if (m && m != h->m_memory) memcpy(h->m_memory, m, P * sizeof(float));
+        if (v && v != h->v_memory) memcpy(h->v_memory, v, P * sizeof(float));
+    } else {
+        if (m) CUDA_CHECK(cudaMemcpyAsync(g->m_memory, m, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+        if (v) CUDA_CHECK(cudaMemcpyAsync(g->v_memory, v, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(master, params, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
     if (update < 0) {
-        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, g->master_memory, P);
+        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, master, P);
         KERNEL_CHECK();
     } else {
         size_t offset = 0; /* tensor by tensor, with adamw_kernel's seeds (gpu_adamw_update) */
         for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
             size_t n = g->param_sizes[k];
             bf16_round_stochastic_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(
-                g->params_memory + offset, g->master_memory + offset, n, seed * 16u + (uint32_t)k);
+                g->params_memory + offset, master + offset, n, seed * 16u + (uint32_t)k);
             KERNEL_CHECK();
             offset += n;
         }
     }
+    if (g->offload) CUDA_CHECK(cudaMemsetAsync(g->grads_memory, 0, P * sizeof(float), g->stream));
     gpu_wait(g->stream, NULL); /* the host arrays may change once this returns */
 }
 
@@ -2918,8 +2938,10 @@ static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, 
  * full_state 0 (ZeRO, G6) the bf16 weights are allocated but not filled, and
  * the rest is left to the data-parallel setup (dp_init): the gradients, and
  * this rank's shard of the master weights and moments. */
+static void gpu_offload_init(GpuGPT2* g, GPT2* host);
+
 static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion, int recompute,
-                                int full_state) {
+                                int full_state, int offload) {
     memset(g, 0, sizeof(*g));
     g->config = host->config;
     memcpy(g->param_sizes, host->param_sizes, sizeof(g->param_sizes));
@@ -2940,16 +2962,19 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     size_t P = g->num_parameters;
     g->params_memory = (floatX*)gpu_alloc(P * sizeof(floatX), GMEM_PARAMS);
     parameters_point_x(&g->params, g->params_memory, c);
+    ALWAYS(!offload || full_state);
     if (full_state) {
-        g->master_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_MASTER);
         g->grads_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_GRADS);
-        g->m_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_ADAMW);
-        g->v_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_ADAMW);
         CUDA_CHECK(cudaMemset(g->grads_memory, 0, P * sizeof(float)));
-        CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
-        CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
         parameters_point(&g->grads, g->grads_memory, c);
-        gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1);
+        if (!offload) { /* (--offload 1: on the host, gpu_offload_init below) */
+            g->master_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_MASTER);
+            g->m_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_ADAMW);
+            g->v_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_ADAMW);
+            CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
+            CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
+            gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1);
+        }
     }
 
     size_t n[32], bytes[32];
@@ -2982,19 +3007,23 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     CUDA_CHECK(cudaEventCreateWithFlags(&g->update_sent, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (offload) gpu_offload_init(g, (GPT2*)host); /* (the host model's arrays become the optimizer's state) */
 }
 
 /* (test_gpt.cu's entries: one GPU, the whole state; --recompute 0, or a level) */
 [[maybe_unused]] static void gpu_model_init_level(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion,
                                                   int recompute) {
-    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1);
+    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1, 0);
 }
 [[maybe_unused]] static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
     gpu_model_init_level(g, host, B, T, gelu_fusion, 0);
 }
 
+static void gpu_offload_free(GpuGPT2* g);
+
 static void gpu_model_free(GpuGPT2* g) {
     gpu_wait(g->stream, NULL);
+    gpu_offload_free(g);
     gpu_release(g->params_memory);
     gpu_release(g->grads_memory);
     gpu_release(g->master_memory);
@@ -3311,6 +3340,111 @@ static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t
     CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
 }
 
+/* ---- Optimizer offload (--offload 1, ZeRO-Offload; issue 14) ------------
+ * Not run on a GPU; checked on the CPU execution layer (scripts/
+ * test_gpu_plan.sh: the same model bytes as the run without it). The fp32
+ * master weights and AdamW's moments stay on the host: they are the host
+ * model's own params_memory, m_memory and v_memory (P floats each, pinned
+ * with cudaHostRegister), so samples, checkpoints and training states read
+ * them where they are. The device keeps the bf16 weights and the fp32
+ * gradients: 12 bytes per parameter less (the memory plan's master and
+ * moments). Each update, tensor by tensor (16 of them, file order):
+ *   1. the gradients are copied to pinned host memory on a stream of their
+ *      own (all 16 queued at once, an event after each);
+ *   2. the host waits for tensor k's, scales it by the clip coefficient
+ *      (clip_coef, the kernel's own float arithmetic), and runs train_gpt.c's
+ *      OpenMP AdamW over it (adamw_update_range: the same expression, in the
+ *      same order, as adamw_element);
+ *   3. tensor k's new master goes back into the device's gradient buffer
+ *      (free: its gradients were copied in step 1) on the compute stream,
+ *      where bf16_round_stochastic_kernel rounds it with adamw_kernel's seed
+ *      (step seed x 16 + k) and element index: the bf16 weights adamw_kernel
+ *      would have written from that master, bit for bit.
+ * Overlapped: the copies of tensors k+1.. to the host, and the copy back and
+ * rounding of tensor k-1, with the host's AdamW of tensor k. Not overlapped:
+ * the next step's forward starts after the last tensor's rounding, on the
+ * compute stream (each layer reads its slice of every stacked tensor, qkvw
+ * (L, 3C, C) and the rest, and layer 0 reads wte, the last tensor to finish
+ * in file order but the first, so a layer-by-layer overlap would need the
+ * update in layer order over the ShardMap buckets: not built). Then the
+ * gradient buffer is zeroed (dp_zero_grad) before the next backward.
+ * Same training: on the CPU execution layer host and kernel are the same
+ * compiler's arithmetic (no FMA contraction without -march), so the model
+ * bytes are equal; on a GPU nvcc contracts a*b+c into FMAs (--fmad=true by
+ * default) and the fp32 master may differ by an ulp or so per step from the
+ * kernel's, which changes a stochastically rounded bf16 weight only where the
+ * master sits within that ulp of a rounding threshold (about 2^-16 of
+ * them per step): expect agreement to within bf16 noise, not bitwise. */
+static void gpu_offload_init(GpuGPT2* g, GPT2* host) {
+    size_t P = g->num_parameters;
+    g->offload = 1;
+    g->off_host = host;
+    if (!host->m_memory) host->m_memory = (float*)calloc(P, sizeof(float)); /* (gpt2_free frees them) */
+    if (!host->v_memory) host->v_memory = (float*)calloc(P, sizeof(float));
+    CHECK(host->m_memory && host->v_memory, "--offload 1: out of host memory for the AdamW moments (%zu floats each)", P);
+    float* arrays[3] = {host->params_memory, host->m_memory, host->v_memory};
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostRegister(arrays[k], P * sizeof(float), cudaHostRegisterDefault));
+    g->off_grads = (float*)gpu_alloc_host(P * sizeof(float), GMEM_HOST_OFFLOAD);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g->off_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g->off_ready, cudaEventDisableTiming));
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&g->off_copied[k], cudaEventDisableTiming));
+    gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1); /* the bf16 weights, rounded to nearest */
+}
+
+static void gpu_offload_free(GpuGPT2* g) {
+    if (!g->offload) return;
+    gpu_wait(g->off_stream, NULL);
+    GPT2* h = g->off_host;
+    float* arrays[3] = {h->params_memory, h->m_memory, h->v_memory};
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
+    gpu_release_host(g->off_grads);
+    CUDA_CHECK(cudaEventDestroy(g->off_ready));
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) CUDA_CHECK(cudaEventDestroy(g->off_copied[k]));
+    CUDA_CHECK(cudaStreamDestroy(g->off_stream));
+    g->offload = 0;
+}
+
+/* Update t on the host (above): `norm` is the gradients' global norm
+ * (gpu_grad_norm: the device's fp32 value), `seed` the step's stochastic
+ * rounding seed. Returns with the copy-back and rounding queued on the
+ * compute stream. */
+static void gpu_offload_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed,
+                               float norm) {
+    GPT2* h = g->off_host;
+    float* hg = g->off_grads;
+    float coef = clip_coef(norm, max_norm);
+    CUDA_CHECK(cudaEventRecord(g->off_ready, g->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(g->off_stream, g->off_ready, 0));
+    size_t offset = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) { /* 1. all the copies to the host, queued */
+        size_t n = g->param_sizes[k];
+        CUDA_CHECK(cudaMemcpyAsync(hg + offset, g->grads_memory + offset, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                   g->off_stream));
+        CUDA_CHECK(cudaEventRecord(g->off_copied[k], g->off_stream));
+        offset += n;
+    }
+    offset = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+        size_t n = g->param_sizes[k];
+        gpu_wait(g->off_stream, g->off_copied[k]); /* 2. tensor k's gradients are here: AdamW on the host */
+        float* gk = hg + offset;
+        if (coef != 1.0f) {
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < n; i++) gk[i] = gk[i] * coef; /* (adamw_kernel: grad[i] * clip_coef) */
+        }
+        adamw_update_range(h, opt, lr, t, offset, offset + n, gk, h->m_memory + offset, h->v_memory + offset);
+        /* 3. back to the device, into the gradient buffer's slot of tensor k (copied out: the event), rounded */
+        CUDA_CHECK(cudaStreamWaitEvent(g->stream, g->off_copied[k], 0));
+        CUDA_CHECK(cudaMemcpyAsync(g->grads_memory + offset, h->params_memory + offset, n * sizeof(float),
+                                   cudaMemcpyHostToDevice, g->stream));
+        bf16_round_stochastic_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(
+            g->params_memory + offset, g->grads_memory + offset, n, seed * 16u + (uint32_t)k);
+        KERNEL_CHECK();
+        offset += n;
+    }
+}
+
 /* ---- CUDA graphs ----------------------------------------------------------
  * A step of GPT-2 124M launches about 400 kernels and GEMMs; launched one
  * by one, each costs the host a few microseconds and the GPU a gap. A CUDA
@@ -3396,6 +3530,11 @@ static double gpu_update_gated(GpuGPT2* g, const AdamWConfig* opt, float lr, int
 /* The fp32 master weights into the host model (for samples and checkpoints). */
 static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
     gpu_wait(g->stream, NULL);
+    if (g->offload) { /* the master is on the host already */
+        if (host->params_memory != g->off_host->params_memory)
+            memcpy(host->params_memory, g->off_host->params_memory, g->num_parameters * sizeof(float));
+        return;
+    }
     CUDA_CHECK(cudaMemcpy(host->params_memory, g->master_memory, g->num_parameters * sizeof(float),
                           cudaMemcpyDeviceToHost));
 }
@@ -4010,7 +4149,7 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
     GpuGPT2* g = dp->g;
     double W = dp->world, norm;
     if (dp->active) CUDA_CHECK(cudaStreamWaitEvent(g->stream, dp->reduced, 0));
-    if (!dp->active && dp->zero == 0 && !(gate && gate->z_max > 0.0)) {
+    if (!dp->active && dp->zero == 0 && !(gate && gate->z_max > 0.0) && !g->offload) {
         /* one GPU and no spike rule: the device decides, the host waits once, at the end */
         norm = gpu_update_gated(g, opt, lr, t, max_norm, seed, micro_batches, loss);
         *finite = isfinite(*loss) && isfinite(norm); /* = what update_gate_kernel decided */
@@ -4024,7 +4163,8 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
         *loss /= W;
         *finite = isfinite(*loss) && isfinite(norm);
         int spike = spike_gate_test(gate, *loss);
-        if (*finite && !spike) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
+        if (*finite && !spike && g->offload) gpu_offload_update(g, opt, lr, t, max_norm, seed, (float)norm);
+        else if (*finite && !spike) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
         if (dp->active) CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
         return norm;
     }
@@ -4242,11 +4382,12 @@ typedef struct {
     float* m;            /* (P) */
     float* v;            /* (P) */
     size_t P;
+    int registered;      /* this pinned the arrays (else gpu_offload_init did) */
 } GpuSnapshots;
 
 /* Give the host model its AdamW moments (as gpt2_alloc_training does; zeros,
  * so gpt2_free frees them) and pin the three arrays. */
-static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host) {
+static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host, int pinned) {
     memset(gs, 0, sizeof(*gs));
     gs->P = host->num_parameters;
     if (!host->m_memory) host->m_memory = (float*)calloc(gs->P, sizeof(float));
@@ -4256,7 +4397,9 @@ static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host) {
     gs->m = host->m_memory;
     gs->v = host->v_memory;
     float* arrays[3] = {gs->params, gs->m, gs->v};
-    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostRegister(arrays[k], gs->P * sizeof(float), cudaHostRegisterDefault));
+    gs->registered = !pinned; /* (--offload 1 pinned them already: gpu_offload_init) */
+    for (int k = 0; k < 3 && gs->registered; k++)
+        CUDA_CHECK(cudaHostRegister(arrays[k], gs->P * sizeof(float), cudaHostRegisterDefault));
     CUDA_CHECK(cudaStreamCreateWithFlags(&gs->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&gs->updated, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming));
@@ -4269,7 +4412,7 @@ static void gpu_snapshots_free(GpuSnapshots* gs) {
     CUDA_CHECK(cudaEventDestroy(gs->copied));
     CUDA_CHECK(cudaStreamDestroy(gs->stream));
     float* arrays[3] = {gs->params, gs->m, gs->v};
-    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
+    for (int k = 0; k < 3 && gs->registered; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
     memset(gs, 0, sizeof(*gs));
 }
 
@@ -4285,6 +4428,8 @@ static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, GpuDataParallel* dp,
     saver_before_update(sv); /* the Saver's thread has copied the last snapshot out of the host arrays */
     if (dp->zero > 0) {
         dp_state_to_host(dp, gs->params, gs->m, gs->v);
+    } else if (g->offload) { /* the host arrays are the state (the update ran on the host): nothing to copy */
+        ALWAYS(gs->params == g->off_host->params_memory && gs->m == g->off_host->m_memory);
     } else {
         CUDA_CHECK(cudaEventRecord(gs->updated, g->stream));
         CUDA_CHECK(cudaStreamWaitEvent(gs->stream, gs->updated, 0));
@@ -4535,6 +4680,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
     printf("%6s %6s %4s %4s %7s | %9s %9s %9s %9s %9s %9s %9s | %10s %5s | %s\n", "B", "accum", "zero", "rcmp",
            "offload", "weights", "master", "grads", "moments", "acts", "scratch", "other", "total MB", "fits",
            "step ms");
+    printf("(MB of device memory by component; step ms n/a: the GPU's runtime model is not calibrated, no GPU here)\n");
     int found = 0;
     GpuPlanKnobs best = mine;
     size_t best_need = 0, least = 0;
@@ -4554,7 +4700,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
                     int fits = need + allowance <= budget;
                     printf("%6lld %6lld %4d %4d %7d |", B, seqs / B, zero, r, offload);
                     for (int i = 0; i < 7; i++) printf(" %9.1f", show[i] * mb);
-                    printf(" | %10.1f %5s | n/a (GPU runtime model not calibrated: no GPU)\n", need * mb,
+                    printf(" | %10.1f %5s | n/a\n", need * mb,
                            fits ? "yes" : "no");
                     if (fits && !found) {
                         found = 1;
@@ -4597,7 +4743,7 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         return -1;
     }
     printf("%s\n", verdict);
-    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active);
+    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active, o->offload);
     st->have_model = 1;
     dp_init(&st->dp, &st->g, host);
     st->have_dp = 1;
@@ -4644,7 +4790,7 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
 #endif
         dist->zero = 0;
         dist_setup_model(dist, host); /* each rank's slice of the state: [save_lo, save_hi) */
-        gpu_snapshots_init(&st->gs, host);
+        gpu_snapshots_init(&st->gs, host, st->g.offload);
         if (saver_init(&st->saver, dist, host, o) != 0) return -1;
         st->have_saver = 1;
     }
