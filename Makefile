@@ -432,6 +432,12 @@ test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cu
 		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout $(CPU_LAB)
 	scripts/test_cuda_on_cpu.sh
 
+# The GPU trainer's memory plan == its device allocation over a grid of 23 configurations (1 and 2 emulated
+# GPUs, ZeRO 0/1/2, --recompute 0-3, --offload), --offload 1 == --offload 0 bytes, --plan's choice under a
+# budget (scripts/test_gpu_plan.sh; issue 14; ~4 min, not in make test)
+test-gpu-plan: train_gpt_cu_cpu
+	scripts/test_gpu_plan.sh
+
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh

@@ -4634,6 +4634,11 @@ static int gpu_plan_check(const MemoryPlan* p, const GpuComm* comm, const char* 
                 "%zu: an allocation bypassed gpu_alloc\n", comm->rank, when, taken, l->device);
         bad = 1;
     }
+    char parts[1024];
+    size_t at = 0;
+    for (int i = 0; i < GMEM_COMPONENTS && at < sizeof(parts); i++)
+        at += (size_t)snprintf(parts + at, sizeof(parts) - at, "%s%s=%zu", i ? "; " : "", GMEM_NAMES[i], l->now[i]);
+    printf("plan-check: rank %d, %s: ledger by component: %s\n", comm->rank, when, parts);
     printf("plan-check: rank %d, %s: plan %zu device bytes + %zu pinned, ledger %zu + %zu (peak %zu), "
            "cudaMemGetInfo taken %lld (%s): %s\n", comm->rank, when, total, memory_plan_pinned(p), l->device,
            l->now[GMEM_HOST_STEP_INPUTS] + l->now[GMEM_HOST_LOSSES] + l->now[GMEM_HOST_COMM] + l->now[GMEM_HOST_OFFLOAD],
