@@ -27,8 +27,10 @@
 #   4. --plan prints the candidates and a choice; with the emulated GPU's
 #      memory set to the budget (CUDA_CPU_MEMORY_MB) the default flags fail
 #      the memory check, and the choice trains with plan == allocation;
-#      a budget nothing fits gives the error naming the smallest.
-# About 3-4 minutes on two shared cores. Last line "gpu plan: N passed, N
+#      a budget nothing fits gives the error naming the smallest;
+#   5. the check fails on two bugs planted in copies of train_gpt.cu: a plan
+#      that forgets a buffer, and a cudaMalloc past the ledger.
+# About 5 minutes on two shared cores. Last line "gpu plan: N passed, N
 # failed"; exit status non-zero on failure.
 cd "$(dirname "$0")/.." || exit 1
 LOG=${1:-$(mktemp -d /tmp/gptc_gpu_plan.XXXXXX)}
@@ -191,6 +193,29 @@ rc=$?
 ok=$([ $rc -ne 0 ] && grep -q "nothing fits in 300.0 MB.*the smallest is B=1 .*--offload 1, which needs" "$LOG/plan_none.log" && echo ok || echo FAIL)
 check $ok "--plan with a budget nothing fits: an error naming the smallest configuration and its need" \
     "$(grep -o 'nothing fits.*' "$LOG/plan_none.log" | cut -c1-150)"
+
+# ---- 5. the check can fail: two bugs planted in copies of train_gpt.cu ------------------------
+FLAGS=$(make -s --no-print-directory print-cpu-app-flags)
+LIBS=$(make -s --no-print-directory print-cpu-app-libs)
+LAYER=$(make -s --no-print-directory print-cpu-layer)
+# mutant NAME SED_EXPR WANT_REGEX WHAT
+mutant() {
+    sed "$2" train_gpt.cu > "$LOG/$1.cu"
+    if cmp -s train_gpt.cu "$LOG/$1.cu"; then check FAIL "mutant $1: the sed changed nothing (update this script)"; return; fi
+    if ! { $PY dev/cuda/cpu/translate.py "$LOG/$1.cu" "$LOG/$1.t.cu" && g++ $FLAGS -c -o "$LOG/$1.o" "$LOG/$1.t.cu" &&
+           g++ -o "$LOG/$1" "$LOG/$1.o" $LAYER $LIBS; } > "$LOG/$1.build" 2>&1; then
+        check FAIL "mutant $1 builds" "$(tail -n 3 "$LOG/$1.build")"
+        return
+    fi
+    $CLEAN_ENV timeout 300 "$LOG/$1" $BASE --plan-check 1 --model d2 -b 2 -t 32 --steps 1 > "$LOG/$1.log" 2>&1 < /dev/null
+    local rc=$?
+    check $([ $rc -ne 0 ] && grep -q "$3" "$LOG/$1.log" && echo ok || echo FAIL) "mutant $1 caught: $4" \
+        "rc=$rc: $(grep -m 1 -o "plan-check: rank 0, after setup: [^:]*: .*" "$LOG/$1.log" | cut -c1-120)"
+}
+mutant plan_forgets_bias 's/p.bytes\[GMEM_CUBLASLT\] = LT_WORKSPACE_BYTES + LT_BIAS_COPY_ELEMS(c) \* sizeof(floatX);/p.bytes[GMEM_CUBLASLT] = LT_WORKSPACE_BYTES;/' \
+    "cuBLASLt: the plan says" "the plan leaves out cuBLASLt's bias copy (8C bytes)"
+mutant stray_cudamalloc 's/^    void\* dmem = gpu_alloc(tbytes, GMEM_STEP_INPUTS);/&\n    { void* stray; CUDA_CHECK(cudaMalloc(\&stray, 4096)); }/' \
+    "an allocation bypassed gpu_alloc" "4 KB cudaMalloc'd past the ledger (cudaMemGetInfo sees it)"
 
 echo "gpu plan: $passed passed, $failed failed"
 [ $failed -eq 0 ]
