@@ -278,6 +278,38 @@ static void test_memory_plan_recompute(void) {
           "memory plan: level 3 keeps one residual stream per layer", d);
 }
 
+/* The memory plan's model state against DESIGN.md's bytes per parameter
+ * (GPT-2 124M, P = 124,475,904): one GPU 18 P (bf16 weights, fp32 master,
+ * gradients, m, v); --offload 1 moves the master and the moments (12 P) to
+ * the host and pins 4 P of gradients there, the rest unchanged; ZeRO-1 on 4
+ * ranks: the whole bf16 weights 2 P, the gradient buckets 4 P' (P' = W S,
+ * P' - P under (L + 1) W 64 elements of pad), and per shard of S: 4 S
+ * summed gradient, 4 S master, 8 S moments, 2 S bf16 (+ the shard map). */
+static void test_memory_plan_state(void) {
+    GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
+    size_t P = 124475904;
+    GpuPlanKnobs k = {16, 1024, 0, 0, 0, 1, 0, 0};
+    MemoryPlan one = gpu_memory_plan_for(&c, &k);
+    k.offload = 1;
+    MemoryPlan off = gpu_memory_plan_for(&c, &k);
+    GpuPlanKnobs z = {16, 1024, 0, 1, 3, 4, 1, 0};
+    MemoryPlan zero = gpu_memory_plan_for(&c, &z);
+    size_t state1 = one.bytes[GMEM_PARAMS] + one.bytes[GMEM_MASTER] + one.bytes[GMEM_GRADS] + one.bytes[GMEM_ADAMW];
+    size_t Pp = zero.bytes[GMEM_GRADS] / 4 * 4 / 5; /* grads = 4 (W S + S), W = 4: 4 W S = 4/5 of it */
+    size_t S = Pp / 4;
+    char d[300];
+    snprintf(d, sizeof(d), "one GPU %zu bytes of state = %.2f P; offload %.0f MB less on the device, %.0f MB more "
+             "pinned; ZeRO-1 x4: S = %zu, pad %zu", state1, (double)state1 / (double)P,
+             ((double)memory_plan_total(&one) - (double)memory_plan_total(&off)) / 1048576.0,
+             ((double)memory_plan_pinned(&off) - (double)memory_plan_pinned(&one)) / 1048576.0, S, Pp - P);
+    check(state1 == 18 * P && memory_plan_total(&one) - memory_plan_total(&off) == 12 * P &&
+              memory_plan_pinned(&off) - memory_plan_pinned(&one) == 4 * P && off.offloaded == 12 * P &&
+              zero.bytes[GMEM_MASTER] == 4 * S && zero.bytes[GMEM_ADAMW] == 8 * S &&
+              zero.bytes[GMEM_ZERO] == 2 * S + sizeof(ShardMap) && zero.bytes[GMEM_PARAMS] == 2 * P && Pp >= P &&
+              Pp - P < (size_t)13 * 4 * 64 && zero.bytes[GMEM_COMM] == (16 + 3 * 4) * 8,
+          "memory plan: model state 18 P on one GPU, --offload 1 moves 12 P to the host, ZeRO-1 shards it", d);
+}
+
 /* ---- GPU checks --------------------------------------------------------- */
 
 /* h (n) rounded to bf16 in place; returns the device copy (bf16). */
@@ -1119,6 +1151,7 @@ int main(int argc, char** argv) {
     test_memory_check();
     test_memory_plan_attention();
     test_memory_plan_recompute();
+    test_memory_plan_state();
     if (host_only) { /* (make check-cuda: no GPU needed) */
         printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed ? 1 : 0;

@@ -2777,7 +2777,7 @@ static MemoryPlan gpu_memory_plan_for(const GPT2Config* c, const GpuPlanKnobs* k
 }
 
 /* One GPU, --zero 0 (test_gpt.cu's plans). */
-static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, int recompute) {
+[[maybe_unused]] static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, int recompute) {
     GpuPlanKnobs k = {B, T, recompute, 0, 0, 1, 0, 0};
     return gpu_memory_plan_for(c, &k);
 }

@@ -27,7 +27,8 @@
 #   4. --plan prints the candidates and a choice; with the emulated GPU's
 #      memory set to the budget (CUDA_CPU_MEMORY_MB) the default flags fail
 #      the memory check, and the choice trains with plan == allocation;
-#      a budget nothing fits gives the error naming the smallest;
+#      a budget only --offload 1 fits makes it the choice; a budget nothing
+#      fits gives the error naming the smallest;
 #   5. the check fails on two bugs planted in copies of train_gpt.cu: a plan
 #      that forgets a buffer, and a cudaMalloc past the ledger.
 # About 5 minutes on two shared cores. Last line "gpu plan: N passed, N
@@ -188,6 +189,18 @@ check $ok "a budget of $budget_mb MB (the emulated GPU's memory too): -b 16 --re
 CUDA_CPU_MEMORY_MB=$budget_mb $CLEAN_ENV timeout 300 $BIN $BASE --plan-check 1 --model d2 -t 64 --total-batch-size 1024 --steps 1 $choice \
     > "$LOG/plan_choice_budget.log" 2>&1
 check $([ $? -eq 0 ] && echo ok || echo FAIL) "the choice also trains on an emulated GPU of just $budget_mb MB"
+# a budget only --offload 1 fits (between the least needs with and without it, + the allowance): the choice offloads
+budget_b=$($PY - "$LOG/plan_auto.log" <<'EOF'
+import re, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.rstrip().endswith("| n/a")]
+least = {o: min(float(r[r.index("|", 6) + 1]) for r in rows if int(r[4]) == o) for o in (0, 1)}
+print(int((384 + (least[0] + least[1]) / 2) * 1048576))
+EOF
+)
+$CLEAN_ENV $BIN $BASE $PLAN --plan 1 --memory-budget "$budget_b" > "$LOG/plan_offload.log" 2>&1
+ok=$([ $? -eq 0 ] && grep -q "^plan: choice.*--offload 1," "$LOG/plan_offload.log" && echo ok || echo FAIL)
+check $ok "a budget only an offloaded configuration fits ($budget_b bytes): --plan chooses --offload 1" \
+    "$(grep -o 'choice.*' "$LOG/plan_offload.log" | cut -c1-140)"
 $CLEAN_ENV $BIN $BASE $PLAN --plan 1 --memory-budget 300M > "$LOG/plan_none.log" 2>&1
 rc=$?
 ok=$([ $rc -ne 0 ] && grep -q "nothing fits in 300.0 MB.*the smallest is B=1 .*--offload 1, which needs" "$LOG/plan_none.log" && echo ok || echo FAIL)
