@@ -20,6 +20,7 @@
 #   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk, a hot spare (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
+#   make test-gpu-plan     the GPU memory plan == its device allocation, --offload, on the CPU layer (~5 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -448,7 +449,7 @@ print-cpu-app-libs:
 print-cpu-layer:
 	@echo $(CPU_LAYER)
 
-.PHONY: test-cuda-on-cpu test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
+.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
 
 # NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
 # emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2
