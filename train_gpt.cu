@@ -60,13 +60,21 @@
  * rank counts, --zero modes and the CPU trainer. STATUS: run on 1-3 emulated
  * GPUs (scripts/test_zero_states.sh, test_gpt.cu), not yet on a GPU.
  *
+ * Memory (issue 14; not run on a GPU; checked on the CPU execution layer):
+ * every cudaMalloc / cudaMallocHost goes through one ledger by component
+ * (G1), gpu_memory_plan_for (G4) predicts the same from the allocators' size
+ * functions, --plan-check 1 compares them byte for byte and --plan lists the
+ * candidates against a budget (G7); --offload 1 keeps the fp32 master and
+ * AdamW's moments on the host, updated by train_gpt.c's AdamW (G4).
+ *
  * Banners:
- *   G1. Checked calls, host waits, device helpers
+ *   G1. Checked calls, host waits, device helpers, the device-memory ledger
  *   G2. Kernels: encoder, layernorm, flash attention, GELU, classifier,
  *       column sums (bias and LayerNorm parameter gradients), norm, AdamW,
  *       the data-parallel layout (shard map, packing)
  *   G3. Matmul through cuBLASLt
- *   G4. The model on the GPU: memory, forward, backward, update
+ *   G4. The model on the GPU: memory and its plan, forward, backward,
+ *       update, the optimizer offload
  *   G5. Throughput and MFU
  *   G6. Data parallel: start-up (MPI or rendezvous), NCCL, buckets and shards
  *   G7. Training loop and main: training states (snapshots, resume), the loop
@@ -2697,6 +2705,17 @@ typedef struct {
 
 #define DP_SCALARS 16 /* the communicator's 8-byte slots for sums; 3 W more for the fingerprints */
 static size_t gpu_comm_slots(int world) { return DP_SCALARS + 3 * (size_t)world; }
+
+/* What the plan holds and what it leaves out. In: every buffer of ours (G1's
+ * components). Zero by construction: snapshots (the host model's arrays,
+ * cudaHostRegister'ed, and under ZeRO the gradient buckets as staging, free
+ * between steps), --gelu-fusion (its epilogue's aux output is fch, an
+ * activation), --cuda-graphs (no buffers of ours; the graphs' own memory is
+ * the driver's). Out, beside the plan in the start-up check's headroom:
+ * NCCL's channel buffers and cuBLASLt's and the CUDA context's own memory,
+ * which we do not allocate (memory_headroom_print says what is measured and
+ * what is an allowance); the offloaded master and moments are host memory
+ * (`offloaded`, the host model's arrays, pinned). */
 
 /* What the device memory depends on, for one rank (the model aside). */
 typedef struct {
