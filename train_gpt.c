@@ -1573,7 +1573,7 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 /* End MPI. After a failure with several ranks, abort the whole job: the
  * other ranks may be waiting in a collective this rank will never join. */
 static void dist_finish(Dist* d, int failed) {
-    levels_free(d);
+    levels_free(d, failed);
     ledger_free(d->grad_shard);
     ledger_free(d->buckets[0]);
     ledger_free(d->buckets[1]);
@@ -1793,7 +1793,7 @@ static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int 
         float* part = src + (a - at);
         int mine = owner == d->rank;
 #ifdef USE_MPI
-        if (d->world > 1 && d->lv->hierarchical) levels_reduce_to(d, part, b - a, owner); /* blocking */
+        if (d->world > 1 && (d->lv->hierarchical || d->lv->hooks.reduce)) levels_reduce_to(d, part, b - a, owner);
         else if (d->world > 1) {
             int i = dist_request(d, group);
             MPI_CHECK(MPI_Ireduce(mine ? MPI_IN_PLACE : part, mine ? part : NULL, (int)(b - a), MPI_FLOAT, MPI_SUM,
@@ -2338,7 +2338,11 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         if (train_run_eval_due(r, o, step) && (step > start || start == 0) &&
             eval_log(&r->eval, model, o, dist, r->log, step) != 0)
             return -1;
-        if (train_run_sample_due(r, o, step) && r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
+        if (train_run_sample_due(r, o, step)) {
+            float* whole = zero3_sample_begin(dist, model); /* ZeRO-3: the weights on rank 0 meanwhile */
+            if (r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
+            zero3_sample_end(dist, model, whole);
+        }
         if (step == r->steps) break;
         /* the step: gradients of grad_accum micro-batches, summed over the ranks; then AdamW */
         double t0 = time_ms();

@@ -13,7 +13,8 @@
  * --plan prints the plan for the flags given, checks it against
  * --memory-budget, and lists candidate configurations for the global batch
  * (micro-batch B from the divisors, gradient accumulation making up the
- * rest; ZeRO 0/1/2 with several ranks) with their peak bytes and their
+ * rest; ZeRO 0/1/2 with several ranks; --zero 3 is planned, not yet a
+ * candidate) with their peak bytes and their
  * step time from the runtime model (gptc/runtime.h), chooses the fastest
  * that fits, then exits; --auto 1 trains with that choice, and
  * --snapshot-every auto sets the Young/Daly interval (plan_runtime).
@@ -103,6 +104,7 @@ static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
         kvcache_sizes(sizes, c);
         p->sampler = sizeof(int) * (size_t)k->sample_length + tensors_floats(sizes, NUM_KVCACHE_TENSORS) * F +
                      sizeof(ScoredToken) * (size_t)c->vocab_size;
+        if (k->zero == 3) p->sampler += P * F; /* the weights gathered while it samples (gptc/zero3.h) */
     }
     if (d.zero) p->repad = P * F + d.param_floats * F + p->setup[MEM_DATA]; /* dist_setup_model, first in train_setup */
     p->peak = p->setup_total + p->sampler > p->repad ? p->setup_total + p->sampler : p->repad;
