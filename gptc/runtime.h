@@ -122,7 +122,7 @@ typedef struct {
     double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
     double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
-    double sync_ms;                   /* a meeting of the ranks between compute segments, beyond the latency (load) */
+    double sync_ms;                   /* a meeting of the ranks amid compute, beyond the transfer, now (calib_sync) */
     double ms;                        /* how long the measurement took */
     double share;                     /* the share of the calibrated speed this process gets now (every start) */
     int cached;                       /* read from the cache file */
@@ -316,18 +316,23 @@ static float calib_spin(float* x, long reps) {
     return acc;
 }
 
-/* What a meeting of the ranks costs beyond the message, now: the ranks
- * compute segments of equal work (about 2 ms), alternately alone and each
- * followed by an allreduce of one float; on a machine shared with other
- * jobs each rank is slowed at different moments, and at a meeting the
- * faster one waits for the slower (and, spinning in MPI, holds its core).
- * sync_ms: the mean over the ranks of (time with the meetings - time
- * alone) per meeting, less the latency. Every ZeRO-1 layer (its hook waits
- * for the layer two behind) and every ZeRO-2 bucket is such a meeting. */
-static double calib_sync(const Dist* d, double alpha_ms) {
-    float x[1024], one = 1.0f;
+/* What one ZeRO layer costs the ranks now, as the trainer's hooks do it:
+ * a layer's gradients (12 C^2 + 13 C floats, at most 2^20) handed to
+ * MPI_Ireduce, a compute segment of about 2 ms while
+ * the reduction is in flight (Open MPI moves it along only inside MPI
+ * calls), then MPI_Wait; against the same segments alone. On a machine
+ * shared with other jobs the two ranks are slowed at different moments, the
+ * faster one waits at every such meeting (spinning in MPI, holding its
+ * core), and the reduction's rounds each need both ranks on a core. The
+ * mean over the ranks of (time with - time alone) per layer, less the
+ * transfer at the measured reduce rate: the cost of a meeting, ms, now. */
+static double calib_sync(const Dist* d, int C, double reduce_gbs) {
+    float x[1024];
     volatile float sink = 0.0f; /* (the segments' result is kept: their work is not optimised away) */
     for (int i = 0; i < 1024; i++) x[i] = (float)i / 1024.0f;
+    double layer = 12.0 * C * C + 13.0 * C, cap = (double)(1 << 20);
+    int n = (int)(layer < cap ? layer : cap);
+    float* buf = calib_floats((size_t)n, 1.0f);
     double t0 = time_ms();
     long reps = 16;
     sink += calib_spin(x, reps);
@@ -335,16 +340,21 @@ static double calib_sync(const Dist* d, double alpha_ms) {
     reps = (long)dist_sum(d, d->rank == 0 ? fmax(1.0, 2.0 / per) : 0.0); /* rank 0's count: the same work everywhere */
     double alone = 0.0, with = 0.0;
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-    for (int k = 0; k < 12; k++) {
+    for (int k = 0; k < 8; k++) {
         t0 = time_ms();
         sink += calib_spin(x, reps);
         alone += time_ms() - t0;
+        int root = k % d->world;
+        MPI_Request req;
         t0 = time_ms();
+        MPI_CHECK(MPI_Ireduce(d->rank == root ? MPI_IN_PLACE : buf, d->rank == root ? buf : NULL, n, MPI_FLOAT,
+                              MPI_SUM, root, MPI_COMM_WORLD, &req));
         sink += calib_spin(x, reps);
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
         with += time_ms() - t0;
     }
-    double mine = fmax(0.0, (with - alone) / 12 - alpha_ms);
+    free(buf);
+    double mine = fmax(0.0, (with - alone) / 8 - 4.0 * n / (reduce_gbs * 1e6)); /* less the transfer itself */
     return dist_sum(d, mine) / d->world;
 }
 #endif
@@ -393,7 +403,7 @@ static void calib_network(Calibration* cal, const Dist* d) {
     free(buf);
     free(all);
     cal->net_alpha_us = alpha_ms * 1e3;
-    cal->sync_ms = calib_sync(d, alpha_ms);
+    cal->sync_ms = calib_sync(d, cal->C, cal->reduce_gbs);
     /* every rank uses rank 0's figures (it plans) */
     cal->net_alpha_us = dist_sum(d, d->rank == 0 ? cal->net_alpha_us : 0.0);
     cal->net_gbs = dist_sum(d, d->rank == 0 ? cal->net_gbs : 0.0);
@@ -578,7 +588,7 @@ static void calibration_print(const Calibration* cal) {
            cal->zero_ns, cal->norm_ns, cal->adamw_ns);
     if (cal->net_gbs > 0)
         printf("; MPI latency %.1f us (fastest; median now %.1f us), allreduce %.2f GB/s, reduce %.2f GB/s, "
-               "allgather %.2f GB/s, a meeting of the ranks now %.2f ms", cal->net_alpha_us, cal->net_alpha_now_us,
+               "allgather %.2f GB/s, a meeting of the ranks amid compute now %.2f ms", cal->net_alpha_us, cal->net_alpha_now_us,
                cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms);
     double load[3] = {0, 0, 0};
     FILE* f = fopen("/proc/loadavg", "r");
@@ -602,7 +612,7 @@ static double calib_share(const Calibration* cal) {
     float* bias = calib_floats((size_t)OC, 0.1f);
     float* out = calib_floats((size_t)N * OC, 0.0f);
     double flops = 0.0, t0 = time_ms();
-    while (time_ms() - t0 < 100.0) {
+    while (time_ms() - t0 < 200.0) {
         matmul_forward(out, inp, w, bias, N, C, OC);
         flops += 2.0 * N * C * OC;
     }
@@ -636,10 +646,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         if (d->rank == 0) calib_save(cal);
     }
     calib_network(cal, d);
-    cal->share = calib_share(cal); /* all at once; the slowest rank's (it sets the pace of a step) */
-#ifdef USE_MPI
-    if (d->world > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &cal->share, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
-#endif
+    cal->share = dist_sum(d, calib_share(cal)) / d->world; /* all at once; their mean */
 }
 
 /* ---- the model ---------------------------------------------------------- */
@@ -696,20 +703,22 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
                    (zero == 1 ? 2.0 * n * cal->zero_ns : 0.0)) * 1e-6;
     double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
     for (int now = 0; now < 2 && world > 1; now++) {
-        double layer = P - (Vp + c->max_seq_len + 2) * C, slices = 12 * L; /* the layers' parameters, their slices */
+        double layer = (double)d.layer_floats, head = (double)d.head_floats, slices = 12 * L;
         double ar = cal->net_gbs, red = cal->reduce_gbs, ag = cal->gather_gbs;
         if (zero == 0) {
             comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
-        } else if (zero == 1) { /* to the owners (a reduce-scatter without overlap), then the all-gather */
-            comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
-        } else { /* every micro-batch: the layers' slices to their owners; then the head; the all-gather */
-            comm[now] = accum * comm_ms(cal, slices, 4 * layer, red, now) + comm_ms(cal, 2, 4 * (P - layer), red, now) +
-                        comm_ms(cal, 1, 4 * P, ag, now);
+        } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward, then the all-gather */
+            comm[now] = comm_ms(cal, 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
+        } else { /* each layer's 12 slices (13 messages: one is split between two owners), then the head's; the
+                  * all-gather. ZeRO-1 with overlap reduces the layers once a step, ZeRO-2 every micro-batch */
+            comm[now] = (zero == 2 ? accum : 1) * comm_ms(cal, 13 * L, 4 * layer * L, red, now) +
+                        comm_ms(cal, 2, 4 * head, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
         }
         comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
-        /* the meetings with compute between them, each costing what calib_sync measured now (the skew of ranks
-         * slowed at different moments): the step's end; ZeRO-1 with overlap, a wait in every layer's hook of
-         * the last micro-batch; ZeRO-2, a wait for every layer's bucket in every micro-batch */
+        /* the meetings with compute between them, each costing what calib_sync measured now (ranks slowed at
+         * different moments wait for each other): every step's end (the loss's sum); ZeRO-1 with overlap, a
+         * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch. None on an
+         * idle machine. */
         double meetings = 1.0 + (zero == 1 && overlap ? L : 0.0) + (zero == 2 ? accum * L : 0.0);
         if (now) comm[now] += meetings * cal->sync_ms;
     }

@@ -48,7 +48,7 @@ predicted() {
 measured() {
     local np=$1
     shift
-    launch "$np" "$@" -x "$STEPS" --val-every 0 --sample-every 0 > "$dir/run.out" 2>&1
+    launch "$np" "$@" -x "${STEPS_NOW:-$STEPS}" --val-every 0 --sample-every 0 > "$dir/run.out" 2>&1
     sed -n 's/^step *\([0-9]*\)\/.*| \([0-9.]*\) ms |.*/\1 \2/p' "$dir/run.out" | awk '$1 > 1 { print $2 }' | sort -g |
         awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), a[1] }'
 }
@@ -100,14 +100,15 @@ summary "model at the measured share vs median step" "${errs_now[@]}"
 
 echo
 echo "== 2. memory-constrained scenarios: the planner's choice vs every candidate measured =="
-SCEN="--model d6 --channels 256 --num-heads 4 --max-seq-len 64 -t 64 -d 512 -i $dir/big.bin --threads 1"
-scenario() { # NP BUDGET
-    local np=$1 budget=$2
-    launch "$np" $SCEN --plan 1 --memory-budget "$budget" > "$dir/plan.out" 2>&1
+SCEN="--model d6 --channels 256 --num-heads 4 --max-seq-len 64 -t 64 -i $dir/big.bin --threads 1"
+SCEN_STEPS=${SCEN_STEPS:-6}
+scenario() { # NP BUDGET TOKENS
+    local np=$1 budget=$2 tokens=$3
+    launch "$np" $SCEN -d "$tokens" --plan 1 --memory-budget "$budget" > "$dir/plan.out" 2>&1
     local choice=$(sed -n 's/^choice: --batch-size \([0-9]*\) .*--zero \([0-9]\).*/\1 \2/p; s/^choice: --batch-size \([0-9]*\) --total-batch-size [0-9]* (.*/\1 0/p' "$dir/plan.out" | head -1)
-    echo "-- $np rank(s), --memory-budget $budget: choice (B ZeRO) = $choice; load $(load)"
-    grep '^calibration' "$dir/plan.out" | sed 's/.*; speed now/   speed now/'
-    awk '$6 == "yes" || $6 == "no" { print $1, $3, $6, $5, $7, $10 }' "$dir/plan.out" > "$dir/cands"
+    echo "-- $np rank(s), -d $tokens, --memory-budget $budget: choice (B ZeRO) = $choice; load $(load)"
+    grep '^calibration' "$dir/plan.out" | sed 's/.*; MPI latency/   MPI latency/; s/.*; speed now/   speed now/'
+    awk '$6 == "yes" || $6 == "no" { print $1, $3, $6, $5, $7, $9 }' "$dir/plan.out" > "$dir/cands"
     # the obvious hand choice: the least sharding that fits anything (ZeRO 0, else 1, else 2), and in it the
     # largest micro-batch that fits (the least gradient accumulation)
     local hand=$(awk '$3 == "yes" { if (z == "" || $2 < z || ($2 == z && $1 + 0 > b + 0)) { z = $2; b = $1 } } END { print b, z }' "$dir/cands")
@@ -116,7 +117,7 @@ scenario() { # NP BUDGET
     while read -r b z fits mbs pred idle; do
         local m="-" mmin="-"
         if [ "$fits" = yes ]; then
-            read -r m mmin <<< "$(measured "$np" $SCEN -b "$b" --zero "$z")"
+            read -r m mmin <<< "$(STEPS_NOW=$SCEN_STEPS measured "$np" $SCEN -b "$b" --zero "$z" -d "$tokens")"
             if [ -z "$best" ] || awk -v a="$m" -v b="$bestms" 'BEGIN { exit !(a < b) }'; then best="$b $z"; bestms=$m; fi
             if [ -z "$bestmin" ] || awk -v a="$mmin" -v b="$bestminms" 'BEGIN { exit !(a < b) }'; then bestmin="$b $z"; bestminms=$mmin; fi
             [ "$b $z" = "$choice" ] && chosenms=$m && chosenmin=$mmin
@@ -131,5 +132,5 @@ scenario() { # NP BUDGET
     if [ -n "$defms" ]; then echo "   default flags (-b 4, ZeRO 0): $defms ms: the choice is $(awk -v c="$chosenms" -v d="$defms" 'BEGIN { printf "%.2f x as fast", d / c }')"
     else echo "   default flags (-b 4, ZeRO 0): do not fit in the budget (out of memory, or over it): the choice runs, they do not"; fi
 }
-scenario 1 420M
-scenario 2 330M
+scenario 1 480M 1024
+scenario 2 330M 512
