@@ -153,7 +153,7 @@ ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p'
 # replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward; attention per sequence;
 # the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float), then each candidate's idle ms/step
 # (1 rank: accum x (GEMMs + attention + elementwise + cross-entropy) + the optimizer) must be the formula's
-NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.5 0.25 1.1 2.3 5.7 9 30 12"
+NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 12"
 sed -i "s/^\(cpu=.* threads=1 .*|\).*/\1$NUMS/" "$dir/cal/calibration.txt"
 "$BIN" $CAL > "$dir/plan.out" 2>&1
 rc=$?
