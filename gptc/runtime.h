@@ -10,35 +10,36 @@
  * The model of one optimizer step, per rank (B, T, accum micro-batches,
  * W ranks, N = B*T rows):
  *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax
- *                     + t_weights) + t_optimizer + t_comm
- *   t_gemm      = sum over the matmuls of 2*N*C*OC (forward) and 4*N*C*OC
- *                 (backward: dinp and dweight), over the GEMM rate measured
- *                 with matmul_forward / matmul_backward at three row
- *                 counts, interpolated in log N (a GEMM of few rows packs
- *                 the same weights for less work: its rate falls with N).
- *                 Per layer OC = 3C, C, 4C, C (qkv, attproj, fc, fcproj);
- *                 the classifier OC = Vp.
- *   t_attention = 12*B*T^2*C FLOPs per layer (four T x T x hs GEMMs per
- *                 head forward, eight backward: attention_forward computes
- *                 the full square, masked afterwards) over the rate of
- *                 attention_forward + attention_backward at (1, Tc, C, NH).
+ *                     + t_zero2) + t_optimizer + t_comm
+ *   t_gemm      = sum over the five weight shapes (K, OC) of the layers'
+ *                 qkv (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C),
+ *                 L calls each, and the classifier (C, Vp), once, of
+ *                 fixed + per_row * N, forward (matmul_forward) and
+ *                 backward (matmul_backward: dinp, dweight, the bias sums),
+ *                 each shape measured at two row counts (16 and up to 512,
+ *                 as many as keep one pass near 0.6 GFLOP): the time is
+ *                 affine in N, the weight packed (and its gradient
+ *                 accumulated) once a call, each row the same work after.
+ *                 The fixed part is what makes many small micro-batches
+ *                 slower than a few large ones (the classifier's Vp x C
+ *                 above all). (v1 measured one shape, fc, at three N and
+ *                 used its rate for all: the layers' GEMMs came out 27-31%
+ *                 under the replayed step, dev/cpu/profile_plan.)
+ *   t_attention = B * L * the time of attention_forward + backward per
+ *                 sequence, measured at (2, Tc = min(T, 128), C, NH),
+ *                 times (T / Tc)^2 beyond 128.
  *   t_elementwise = ELEM_BYTES*C bytes per token per layer (two LayerNorms,
  *                 two residual adds, GELU, forward and backward) over the
  *                 bandwidth those same kernels reach at the model's C.
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
- *   t_weights   = WEIGHT_BYTES per parameter: every micro-batch, each
- *                 GEMM packs its weight operand (forward, backward dinp,
- *                 dweight) and dweight adds into the gradient, a fixed
- *                 cost per micro-batch whatever B (the calibration's
- *                 weights sit in cache; a model's, the classifier's
- *                 Vp x C above all, stream from memory), at AdamW's
- *                 streaming bandwidth. It is what makes many small
- *                 micro-batches slower than a few large ones.
- *   t_optimizer = OPT_BYTES per parameter this rank updates (AdamW reads
- *                 p, g, m, v and writes p, m, v; zeroing and the norm read
- *                 the gradients) over AdamW's measured bandwidth; P under
- *                 plain data parallelism, P / W under ZeRO.
+ *   t_zero2     = ZeRO-2: each layer's bucket zeroed before backward
+ *                 writes it, the owned part added into the shard.
+ *   t_optimizer = per float, measured alone over 2^21 floats (past the
+ *                 caches): zeroing the gradient buffer (gpt2_zero_grad),
+ *                 the shard (ZeRO), the norm and the clip's scaling over
+ *                 the n parameters this rank updates, AdamW over them (n =
+ *                 P under plain data parallelism, P / W under ZeRO).
  *   t_comm      = the collectives of the dist_* code (section 6 of
  *                 train_gpt.c), each alpha + bytes/beta with alpha, beta
  *                 from a ping of MPI_Allreduce at every start (1 float;
@@ -51,37 +52,46 @@
  *                 reduces each layer's 12 slices to their owners, then an
  *                 all-gather. With --overlap the layers' collectives are
  *                 issued during backward, one per slice (12 L messages:
- *                 12 L alphas).
+ *                 12 L alphas). At the speed now (not on an idle machine)
+ *                 add the ranks' meetings, each what calib_sync measured
+ *                 at this start (a layer's MPI_Ireduce amid 2 ms of
+ *                 compute, then MPI_Wait, against the compute alone, less
+ *                 the transfer): one a step (the loss's sum), ZeRO-1 with
+ *                 overlap L more (each layer's hook waits for the layer
+ *                 two behind), ZeRO-2 accum * L more (a bucket's wait).
+ *                 On a shared machine the faster rank waits for the slower
+ *                 one there, spinning on its core; measured 0-300 ms a
+ *                 meeting at load averages of 6-13 on 2 cores.
  * What --overlap hides: nothing, in this model. On a CPU the MPI transport
  * (shared memory within a node, the sums of the reductions) runs on the
  * same cores as backward, and Open MPI moves non-blocking collectives only
  * inside MPI calls (dist_progress), so the transfer's time is spent either
  * way; overlap changes when, not how much. (A node whose NIC moves the
  * bytes would hide up to the backward's length: not modelled.)
- * On a shared machine the rates are a whole core's (the fastest of five
+ * On a shared machine the rates are a whole core's (the fastest of 3-5
  * runs: another job only slows a run down), and the step's computation is
  * divided by the share of that speed the process gets now (calib_share:
- * the calibration's middle GEMM for 100 ms, its rate now over the cached
- * one; measured at every start, not cached).
- * Not counted: the embedding's forward and backward, the data loader, the
- * bias sums (inside matmul_backward's measured rate), logging.
+ * the calibration's fc GEMM for 200 ms on every rank at once, its rate now
+ * over the cached one, the ranks' mean; measured at every start, not
+ * cached).
+ * Not counted: the embedding's forward and backward, the data loader,
+ * logging.
  *
  * Calibration runs in a child process (fork, before the parent starts any
  * OpenMP thread), so its buffers never count in the parent's peak memory
  * (the memory plan's VmHWM check); the MPI ping runs in every rank at once.
  * It is cached in a text file (the first line names the format, "gptc
- * calibration v1"): <--output-dir>/calibration.txt when there is one, else
+ * calibration v2"): <--output-dir>/calibration.txt when there is one, else
  * $XDG_CACHE_HOME/gptc/calibration.txt (~/.cache/...), one line per key:
  * CPU model, threads, ranks, the binary (its size and mtime), and the shape
  * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
  *
- * Measured (make bench-plan, 2026-11-30, 2 shared cores at a load average
- * of 4.7-6.1, one thread per rank): at the speed measured at start, median
- * |error| 13.5% over 13 configurations, 4 within 10%, 10 within 17.5%,
- * worst -55% (ZeRO-2 on 2 ranks); the choice was the fastest measured on 1
- * rank (ratio 1.000) and 1.33x the fastest on 2 ranks (ZeRO stages: the
- * model puts them within 2%, measured 1.5x apart). The 10% target is not
- * met on this machine.
+ * Measured: see README, "How fast": on the 2 shared cores at load
+ * averages of 6-14 neither time target is met (the machine gives a run
+ * between 0.15 and 1 of a core from one minute to the next); phase by
+ * phase against one step replayed (dev/cpu/profile_plan, the fastest of 9,
+ * load 3) the GEMMs, the classifier, the elementwise kernels and the
+ * cross-entropy were within 7.5% for L=4 C=128.
  *
  * Included by train_gpt.c in section 8, before gptc/plan.h. Defines:
  * Calibration, StepTime, calibration_get, calibration_print, runtime_step,
