@@ -9,11 +9,14 @@
 #    the configuration (its candidate row) beside the median of the measured
 #    steps 2..STEPS (step 1 touches the memory), and the error.
 # 2. Memory-constrained scenarios (GPT-2 350M's shape scaled to this
-#    machine: L=6 C=256 NH=4, V=50257, T=64, under a budget below what the
-#    default and the largest micro-batch need), on 1 and 2 ranks: every
-#    candidate that fits is trained and timed (the referee: exhaustive
-#    search); the planner's choice against the fastest measured, and against
-#    the default flags (-b 4, ZeRO 0) when they fit.
+#    machine: L=6 C=256 NH=4, V=50257, T=64; 1 rank: 1024 tokens a step under
+#    480 MB, where B=16 does not fit; 2 ranks: 512 tokens under 330 MB each,
+#    where the default flags do not fit): every candidate that fits is
+#    trained and timed (SCEN_STEPS steps; the referee: exhaustive search);
+#    the planner's choice against the fastest measured (median step, and
+#    fastest step), against the obvious hand choice (the least ZeRO stage
+#    that fits anything, and in it the largest micro-batch) and against the
+#    default flags (-b 4, ZeRO 0) when they fit, as ratios.
 # One thread per rank (the machine has 2 cores, shared: the load average is
 # printed with every row). Each configuration is calibrated afresh
 # (GPTC_CALIBRATE=1) just before it is measured, in a cache under a

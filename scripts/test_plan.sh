@@ -34,7 +34,8 @@
 # per rank, 2 ranks: Open MPI's own ~43 MB) under mpirun; 45 passed in 36 s.
 # With the runtime model's checks (calibration, --auto, --snapshot-every
 # auto): 52 passed in 68-118 s at load averages of 5-7 on the 2 cores (the new
-# checks 15-30 s of it).
+# checks 15-30 s of it). With the closed-form check of the runtime model
+# (2026-12-01): 53 passed, at a load average of 10 (under nice 19).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
