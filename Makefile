@@ -232,6 +232,11 @@ test-slurm: train_gpt_mpi
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
 	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/bench_train.c $(LDLIBS)
 
+# the runtime model phase by phase: one step replayed kernel by kernel, each
+# phase's time beside gptc/runtime.h's prediction (dev/cpu/profile_plan L C NH V B T)
+dev/cpu/profile_plan: dev/cpu/profile_plan.c train_gpt.c $(GPTC_H)
+	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/profile_plan.c $(LDLIBS)
+
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
 bench-dp: train_gpt_mpi
 	scripts/bench_dp.sh
@@ -584,7 +589,7 @@ gpu-check:
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
-	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak dev/quant/test_quant \
+	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
 .PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean

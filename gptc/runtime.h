@@ -10,35 +10,36 @@
  * The model of one optimizer step, per rank (B, T, accum micro-batches,
  * W ranks, N = B*T rows):
  *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax
- *                     + t_weights) + t_optimizer + t_comm
- *   t_gemm      = sum over the matmuls of 2*N*C*OC (forward) and 4*N*C*OC
- *                 (backward: dinp and dweight), over the GEMM rate measured
- *                 with matmul_forward / matmul_backward at three row
- *                 counts, interpolated in log N (a GEMM of few rows packs
- *                 the same weights for less work: its rate falls with N).
- *                 Per layer OC = 3C, C, 4C, C (qkv, attproj, fc, fcproj);
- *                 the classifier OC = Vp.
- *   t_attention = 12*B*T^2*C FLOPs per layer (four T x T x hs GEMMs per
- *                 head forward, eight backward: attention_forward computes
- *                 the full square, masked afterwards) over the rate of
- *                 attention_forward + attention_backward at (1, Tc, C, NH).
+ *                     + t_zero2) + t_optimizer + t_comm
+ *   t_gemm      = sum over the five weight shapes (K, OC) of the layers'
+ *                 qkv (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C),
+ *                 L calls each, and the classifier (C, Vp), once, of
+ *                 fixed + per_row * N, forward (matmul_forward) and
+ *                 backward (matmul_backward: dinp, dweight, the bias sums),
+ *                 each shape measured at two row counts (16 and up to 512,
+ *                 as many as keep one pass near 0.6 GFLOP): the time is
+ *                 affine in N, the weight packed (and its gradient
+ *                 accumulated) once a call, each row the same work after.
+ *                 The fixed part is what makes many small micro-batches
+ *                 slower than a few large ones (the classifier's Vp x C
+ *                 above all). (v1 measured one shape, fc, at three N and
+ *                 used its rate for all: the layers' GEMMs came out 27-31%
+ *                 under the replayed step, dev/cpu/profile_plan.)
+ *   t_attention = B * L * the time of attention_forward + backward per
+ *                 sequence, measured at (2, Tc = min(T, 128), C, NH),
+ *                 times (T / Tc)^2 beyond 128.
  *   t_elementwise = ELEM_BYTES*C bytes per token per layer (two LayerNorms,
  *                 two residual adds, GELU, forward and backward) over the
  *                 bandwidth those same kernels reach at the model's C.
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
- *   t_weights   = WEIGHT_BYTES per parameter: every micro-batch, each
- *                 GEMM packs its weight operand (forward, backward dinp,
- *                 dweight) and dweight adds into the gradient, a fixed
- *                 cost per micro-batch whatever B (the calibration's
- *                 weights sit in cache; a model's, the classifier's
- *                 Vp x C above all, stream from memory), at AdamW's
- *                 streaming bandwidth. It is what makes many small
- *                 micro-batches slower than a few large ones.
- *   t_optimizer = OPT_BYTES per parameter this rank updates (AdamW reads
- *                 p, g, m, v and writes p, m, v; zeroing and the norm read
- *                 the gradients) over AdamW's measured bandwidth; P under
- *                 plain data parallelism, P / W under ZeRO.
+ *   t_zero2     = ZeRO-2: each layer's bucket zeroed before backward
+ *                 writes it, the owned part added into the shard.
+ *   t_optimizer = per float, measured alone over 2^21 floats (past the
+ *                 caches): zeroing the gradient buffer (gpt2_zero_grad),
+ *                 the shard (ZeRO), the norm and the clip's scaling over
+ *                 the n parameters this rank updates, AdamW over them (n =
+ *                 P under plain data parallelism, P / W under ZeRO).
  *   t_comm      = the collectives of the dist_* code (section 6 of
  *                 train_gpt.c), each alpha + bytes/beta with alpha, beta
  *                 from a ping of MPI_Allreduce at every start (1 float;
@@ -51,37 +52,46 @@
  *                 reduces each layer's 12 slices to their owners, then an
  *                 all-gather. With --overlap the layers' collectives are
  *                 issued during backward, one per slice (12 L messages:
- *                 12 L alphas).
+ *                 12 L alphas). At the speed now (not on an idle machine)
+ *                 add the ranks' meetings, each what calib_sync measured
+ *                 at this start (a layer's MPI_Ireduce amid 2 ms of
+ *                 compute, then MPI_Wait, against the compute alone, less
+ *                 the transfer): one a step (the loss's sum), ZeRO-1 with
+ *                 overlap L more (each layer's hook waits for the layer
+ *                 two behind), ZeRO-2 accum * L more (a bucket's wait).
+ *                 On a shared machine the faster rank waits for the slower
+ *                 one there, spinning on its core; measured 0-300 ms a
+ *                 meeting at load averages of 6-13 on 2 cores.
  * What --overlap hides: nothing, in this model. On a CPU the MPI transport
  * (shared memory within a node, the sums of the reductions) runs on the
  * same cores as backward, and Open MPI moves non-blocking collectives only
  * inside MPI calls (dist_progress), so the transfer's time is spent either
  * way; overlap changes when, not how much. (A node whose NIC moves the
  * bytes would hide up to the backward's length: not modelled.)
- * On a shared machine the rates are a whole core's (the fastest of five
+ * On a shared machine the rates are a whole core's (the fastest of 3-5
  * runs: another job only slows a run down), and the step's computation is
  * divided by the share of that speed the process gets now (calib_share:
- * the calibration's middle GEMM for 100 ms, its rate now over the cached
- * one; measured at every start, not cached).
- * Not counted: the embedding's forward and backward, the data loader, the
- * bias sums (inside matmul_backward's measured rate), logging.
+ * the calibration's fc GEMM in five windows of 40 ms on every rank at
+ * once, the median window's rate now over the cached one, the ranks' mean;
+ * measured at every start, not cached).
+ * Not counted: the embedding's forward and backward, the data loader,
+ * logging.
  *
  * Calibration runs in a child process (fork, before the parent starts any
  * OpenMP thread), so its buffers never count in the parent's peak memory
  * (the memory plan's VmHWM check); the MPI ping runs in every rank at once.
  * It is cached in a text file (the first line names the format, "gptc
- * calibration v1"): <--output-dir>/calibration.txt when there is one, else
+ * calibration v2"): <--output-dir>/calibration.txt when there is one, else
  * $XDG_CACHE_HOME/gptc/calibration.txt (~/.cache/...), one line per key:
  * CPU model, threads, ranks, the binary (its size and mtime), and the shape
  * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
  *
- * Measured (make bench-plan, 2026-11-30, 2 shared cores at a load average
- * of 4.7-6.1, one thread per rank): at the speed measured at start, median
- * |error| 13.5% over 13 configurations, 4 within 10%, 10 within 17.5%,
- * worst -55% (ZeRO-2 on 2 ranks); the choice was the fastest measured on 1
- * rank (ratio 1.000) and 1.33x the fastest on 2 ranks (ZeRO stages: the
- * model puts them within 2%, measured 1.5x apart). The 10% target is not
- * met on this machine.
+ * Measured: see README, "How fast": on the 2 shared cores at load
+ * averages of 6-14 neither time target is met (the machine gives a run
+ * between 0.15 and 1 of a core from one minute to the next); phase by
+ * phase against one step replayed (dev/cpu/profile_plan, the fastest of 9,
+ * load 3) the GEMMs, the classifier, the elementwise kernels and the
+ * cross-entropy were within 7.5% for L=4 C=128.
  *
  * Included by train_gpt.c in section 8, before gptc/plan.h. Defines:
  * Calibration, StepTime, calibration_get, calibration_print, runtime_step,
@@ -93,27 +103,36 @@
 #include <sys/wait.h>
 #include "util.h"
 
-#define CALIB_ROWS 3
 #define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
 #define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
-#define OPT_BYTES 36.0   /* per parameter: AdamW 28, zero_grad 4, the norm 4 */
-#define WEIGHT_BYTES 32.0 /* per parameter per micro-batch: each GEMM packs its weights (read 4, write 4) forward,
-                            backward dinp and dweight (24), and dweight reads and writes the gradient (8) */
-#define CALIB_FORMAT "gptc calibration v1"
+#define CALIB_FORMAT "gptc calibration v2"
+
+/* The five weight shapes of the model's GEMMs, (K, OC): the layers' qkv
+ * (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C), and the classifier
+ * (C, Vp). */
+enum { SHAPE_QKV, SHAPE_ATTPROJ, SHAPE_FC, SHAPE_FCPROJ, SHAPE_HEAD, NUM_SHAPES };
+static void gemm_shape(int C, int Vp, int shape, int* K, int* OC) {
+    static const int k4[NUM_SHAPES] = {1, 1, 1, 4, 1}, oc4[NUM_SHAPES] = {3, 1, 4, 1, 0};
+    *K = k4[shape] * C;
+    *OC = shape == SHAPE_HEAD ? Vp : oc4[shape] * C;
+}
 
 typedef struct {
     int C, NH, Vp, Tc;                /* the shape it was measured at */
-    double rows[CALIB_ROWS];          /* GEMM row counts N */
-    double gemm_fwd[CALIB_ROWS];      /* GFLOP/s of matmul_forward (N, C) x (C, OC) */
-    double gemm_bwd[CALIB_ROWS];      /* GFLOP/s of matmul_backward, same shape */
-    int gemm_oc;
-    double attn_gflops;               /* attention_forward + backward at (1, Tc, C, NH) */
+    double rows[2];                   /* the GEMMs' row counts N measured */
+    /* per weight shape, forward [0] and backward [1] (matmul_forward, matmul_backward as the trainer calls them):
+     * ms = fixed + per_row * N (packing the weight, accumulating its gradient; then every row's work) */
+    double gemm_fixed[2][NUM_SHAPES], gemm_row[2][NUM_SHAPES];
+    double attn_ms;                   /* attention_forward + backward of one (T = Tc) sequence, all heads */
     double elem_gbs;                  /* GB/s of the LayerNorm/residual/GELU mix */
     double ce_gbs;                    /* GB/s of the cross-entropy forward + backward */
-    double adamw_gbs;                 /* GB/s of AdamW */
+    double zero_ns, norm_ns, adamw_ns; /* per float: zeroing the gradients, their squared norm, AdamW */
+    double adamw_gbs;                 /* AdamW's streaming rate (28 bytes a parameter), for the snapshots */
+    double share_gflops;              /* the fc GEMM forward at rows[1], for calib_share */
     double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
     double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
+    double sync_ms;                   /* a meeting of the ranks amid compute, beyond the transfer, now (calib_sync) */
     double ms;                        /* how long the measurement took */
     double share;                     /* the share of the calibrated speed this process gets now (every start) */
     int cached;                       /* read from the cache file */
@@ -124,7 +143,8 @@ typedef struct {
 /* ---- measuring ---------------------------------------------------------- */
 
 /* The fastest of five runs of `body` (ms): the machine is shared, and a
- * run that meets another job is slower, never faster, than the kernel. */
+ * run that meets another job is slower, never faster, than the kernel.
+ * (The same count on every rank: the MPI measurements call collectives.) */
 #define CALIB_TIME3(out_ms, body)                                    \
     do {                                                             \
         (out_ms) = 1e30;                                             \
@@ -135,6 +155,21 @@ typedef struct {
             if (t_ < (out_ms)) (out_ms) = t_;                        \
         }                                                            \
     } while (0)
+/* The same for the compute kernels, within a time budget: at least three
+ * runs, at most five, stopping once 40 ms went to this measurement (the
+ * classifier's GEMMs of a GPT-2 vocabulary are tens of ms each). */
+#define CALIB_TIME(out_ms, body)                                     \
+    do {                                                             \
+        (out_ms) = 1e30;                                             \
+        double spent_ = 0.0;                                         \
+        for (int r_ = 0; r_ < 5 && (r_ < 3 || spent_ < 40.0); r_++) { \
+            double t0_ = time_ms();                                  \
+            body;                                                    \
+            double t_ = time_ms() - t0_;                             \
+            spent_ += t_;                                            \
+            if (t_ < (out_ms)) (out_ms) = t_;                        \
+        }                                                            \
+    } while (0)
 
 static float* calib_floats(size_t n, float value) {
     float* p = xmalloc_floats(n);
@@ -142,47 +177,72 @@ static float* calib_floats(size_t n, float value) {
     return p;
 }
 
+/* The GEMM rows measured: 16, and as many as keep one pass over the five
+ * shapes (forward and backward) near 0.6 GFLOP, 48 to 512, a multiple of 8. */
+static void calib_gemm_rows(int C, int Vp, double rows[2]) {
+    double per_row = 0.0; /* FLOPs of one row through the five shapes, forward (2) and backward (4) */
+    for (int s = 0; s < NUM_SHAPES; s++) {
+        int K, OC;
+        gemm_shape(C, Vp, s, &K, &OC);
+        per_row += 6.0 * K * OC;
+    }
+    double top = 0.6e9 / per_row;
+    rows[0] = 16;
+    rows[1] = top >= 512 ? 512 : top < 48 ? 48 : 8 * floor(top / 8);
+}
+
 /* The compute rates, measured with the trainer's own kernels at the shape. */
 static void calib_compute(Calibration* cal) {
     double t0 = time_ms(), ms;
     int C = cal->C, NH = cal->NH, Vp = cal->Vp, T = cal->Tc;
-    /* GEMMs (N, C) x (C, OC), OC = 4C (fc, the layer's largest) for small C;
-     * above, C x C keeps the largest under ~1.5 GFLOP (a few tens of ms) */
-    int OC = C <= 256 ? 4 * C : C;
-    double top = 0.4e9 / (6.0 * C * OC);
-    int Nmax = top >= 512 ? 512 : top < 64 ? 64 : (int)top;
-    cal->gemm_oc = OC;
-    cal->rows[0] = 16;
-    cal->rows[1] = sqrt(16.0 * Nmax) < 32 ? 32 : (int)sqrt(16.0 * Nmax);
-    cal->rows[2] = Nmax;
-    float* inp = calib_floats((size_t)Nmax * C, 1.0f);
-    float* w = calib_floats((size_t)OC * C, 0.02f);
-    float* bias = calib_floats((size_t)OC, 0.1f);
-    float* out = calib_floats((size_t)Nmax * OC, 0.0f);
-    float* dinp = calib_floats((size_t)Nmax * C, 0.0f);
-    float* dw = calib_floats((size_t)OC * C, 0.0f);
-    float* db = calib_floats((size_t)OC, 0.0f);
-    matmul_forward(out, inp, w, bias, (int)cal->rows[0], C, OC); /* warm-up: threads started, pages touched */
-    for (int i = 0; i < CALIB_ROWS; i++) {
-        int N = (int)cal->rows[i];
-        CALIB_TIME3(ms, matmul_forward(out, inp, w, bias, N, C, OC));
-        cal->gemm_fwd[i] = 2.0 * N * C * OC / (ms * 1e6);
-        CALIB_TIME3(ms, matmul_backward(dinp, dw, db, out, inp, w, N, C, OC, 0));
-        cal->gemm_bwd[i] = 4.0 * N * C * OC / (ms * 1e6);
-    }
-    for (int i = 1; i < CALIB_ROWS; i++) { /* more rows amortise the same packing: a rate that falls is noise */
-        cal->gemm_fwd[i] = fmax(cal->gemm_fwd[i], cal->gemm_fwd[i - 1]);
-        cal->gemm_bwd[i] = fmax(cal->gemm_bwd[i], cal->gemm_bwd[i - 1]);
+    /* every GEMM shape, forward and backward, at two row counts: the time is
+     * affine in the rows (the weight is packed once a call, each row adds the
+     * same work), so two points give its fixed part and its part per row */
+    calib_gemm_rows(C, Vp, cal->rows);
+    int Nmax = (int)cal->rows[1], OCmax = Vp > 4 * C ? Vp : 4 * C;
+    size_t wmax = (size_t)C * OCmax;
+    float* inp = calib_floats((size_t)Nmax * 4 * C, 1.0f);
+    float* w = calib_floats(wmax, 0.02f);
+    float* bias = calib_floats((size_t)OCmax, 0.1f);
+    float* out = calib_floats((size_t)Nmax * OCmax, 0.01f);
+    float* dinp = calib_floats((size_t)Nmax * 4 * C, 0.0f);
+    float* dw = calib_floats(wmax, 0.0f);
+    float* db = calib_floats((size_t)OCmax, 0.0f);
+    matmul_forward(out, inp, w, bias, 16, C, 4 * C); /* warm-up: threads started */
+    for (int s = 0; s < NUM_SHAPES; s++) {
+        int K, OC;
+        gemm_shape(C, Vp, s, &K, &OC);
+        float* b = s == SHAPE_HEAD ? NULL : bias; /* the classifier has none */
+        float* dbias = s == SHAPE_HEAD ? NULL : db;
+        double t[2][2];
+        for (int i = 0; i < 2; i++) {
+            int N = (int)cal->rows[i];
+            CALIB_TIME(t[0][i], matmul_forward(out, inp, w, b, N, K, OC));
+            CALIB_TIME(t[1][i], matmul_backward(dinp, dw, dbias, out, inp, w, N, K, OC, 0));
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            double per_row = (t[pass][1] - t[pass][0]) / (cal->rows[1] - cal->rows[0]);
+            double fixed = t[pass][0] - per_row * cal->rows[0];
+            if (per_row <= 0.0 || fixed < 0.0) { /* noise: all of it per row */
+                fixed = 0.0;
+                per_row = t[pass][1] / cal->rows[1];
+            }
+            cal->gemm_fixed[pass][s] = fixed;
+            cal->gemm_row[pass][s] = per_row;
+        }
+        if (s == SHAPE_FC) cal->share_gflops = 2.0 * Nmax * K * OC / (t[0][1] * 1e6);
     }
     free(inp); free(w); free(bias); free(out); free(dinp); free(dw); free(db);
-    /* attention at one sequence of Tc tokens */
-    float* qkv = calib_floats((size_t)T * 3 * C, 0.5f);
-    float* att = calib_floats((size_t)NH * T * T, 0.0f);
-    float* datt = calib_floats((size_t)NH * T * T, 0.0f);
-    float* y = calib_floats((size_t)T * C, 0.0f);
-    float* dqkv = calib_floats((size_t)T * 3 * C, 0.0f);
-    CALIB_TIME3(ms, { attention_forward(y, att, qkv, 1, T, C, NH); attention_backward(dqkv, datt, y, qkv, att, 1, T, C, NH); });
-    cal->attn_gflops = 12.0 * T * T * C / (ms * 1e6);
+    /* attention over two sequences of Tc tokens (the second one's data
+     * comes from further away, as the batch's do), per sequence */
+    int Ba = 2;
+    float* qkv = calib_floats((size_t)Ba * T * 3 * C, 0.5f);
+    float* att = calib_floats((size_t)Ba * NH * T * T, 0.0f);
+    float* datt = calib_floats((size_t)Ba * NH * T * T, 0.0f);
+    float* y = calib_floats((size_t)Ba * T * C, 0.0f);
+    float* dqkv = calib_floats((size_t)Ba * T * 3 * C, 0.0f);
+    CALIB_TIME(ms, { attention_forward(y, att, qkv, Ba, T, C, NH); attention_backward(dqkv, datt, y, qkv, att, Ba, T, C, NH); });
+    cal->attn_ms = ms / Ba;
     free(qkv); free(att); free(datt); free(y); free(dqkv);
     /* the memory-bound mix of one layer at N rows */
     size_t N = 256, NC = N * (size_t)C;
@@ -198,7 +258,7 @@ static void calib_compute(Calibration* cal) {
     float* dlb = calib_floats((size_t)C, 0.0f);
     float* mean = calib_floats(N, 0.0f);
     float* rstd = calib_floats(N, 0.0f);
-    CALIB_TIME3(ms, {
+    CALIB_TIME(ms, {
         for (int k = 0; k < 2; k++) {
             layernorm_forward(ln, mean, rstd, x, lw, lb, (int)N, C);
             residual_forward(r, x, ln, NC);
@@ -215,13 +275,15 @@ static void calib_compute(Calibration* cal) {
     float* losses = calib_floats((size_t)rowsce, 0.0f);
     int* targets = (int*)xmalloc(sizeof(int) * (size_t)rowsce);
     for (int i = 0; i < rowsce; i++) targets[i] = (i * 37) % Vp;
-    CALIB_TIME3(ms, {
+    CALIB_TIME(ms, {
         crossentropy_softmax_forward(logits, losses, targets, rowsce, Vp, Vp);
         crossentropy_softmax_backward(logits, targets, rowsce, Vp, 1.0f / rowsce);
     });
     cal->ce_gbs = CE_BYTES * rowsce * Vp / (ms * 1e6);
     free(logits); free(losses); free(targets);
-    /* AdamW over 2^21 parameters (32 MB of p, g, m, v: past the caches) */
+    /* the optimizer's three passes over 2^21 parameters (32 MB of p, g, m,
+     * v: past the caches), each alone: zeroing the gradients (memset, as
+     * gpt2_zero_grad), their squared norm (sum_squares), AdamW */
     size_t P = (size_t)1 << 21;
     GPT2 model;
     memset(&model, 0, sizeof(model));
@@ -237,11 +299,75 @@ static void calib_compute(Calibration* cal) {
     opt.beta2 = 0.95f;
     opt.eps = 1e-8f;
     adamw_update_range(&model, &opt, 1e-4f, 1, 0, P, g, m, v); /* pages touched */
-    CALIB_TIME3(ms, adamw_update_range(&model, &opt, 1e-4f, 2, 0, P, g, m, v));
+    CALIB_TIME(ms, adamw_update_range(&model, &opt, 1e-4f, 2, 0, P, g, m, v));
     cal->adamw_gbs = 28.0 * P / (ms * 1e6);
+    cal->adamw_ns = ms * 1e6 / P;
+    double sum = 0.0;
+    CALIB_TIME(ms, sum += sum_squares(g, P));
+    cal->norm_ns = ms * 1e6 / P;
+    (void)sum;
+    CALIB_TIME(ms, memset(g, 0, P * sizeof(float)));
+    cal->zero_ns = ms * 1e6 / P;
     free(model.params_memory); free(g); free(m); free(v);
     cal->ms = time_ms() - t0;
 }
+
+#ifdef USE_MPI
+/* A compute segment of fixed work that stays in the L1 cache (so its
+ * length is the CPU time this rank gets, not memory bandwidth): `reps`
+ * passes of multiply-adds over 1024 floats. */
+static float calib_spin(float* x, long reps) {
+    float acc = 0.0f;
+    for (long r = 0; r < reps; r++)
+        for (int i = 0; i < 1024; i++) {
+            x[i] = x[i] * 0.999f + 0.001f;
+            acc += x[i];
+        }
+    return acc;
+}
+
+/* What one ZeRO layer costs the ranks now, as the trainer's hooks do it:
+ * a layer's gradients (12 C^2 + 13 C floats, at most 2^20) handed to
+ * MPI_Ireduce, a compute segment of about 2 ms while
+ * the reduction is in flight (Open MPI moves it along only inside MPI
+ * calls), then MPI_Wait; against the same segments alone. On a machine
+ * shared with other jobs the two ranks are slowed at different moments, the
+ * faster one waits at every such meeting (spinning in MPI, holding its
+ * core), and the reduction's rounds each need both ranks on a core. The
+ * mean over the ranks of (time with - time alone) per layer, less the
+ * transfer at the measured reduce rate: the cost of a meeting, ms, now. */
+static double calib_sync(const Dist* d, int C, double reduce_gbs) {
+    float x[1024];
+    volatile float sink = 0.0f; /* (the segments' result is kept: their work is not optimised away) */
+    for (int i = 0; i < 1024; i++) x[i] = (float)i / 1024.0f;
+    double layer = 12.0 * C * C + 13.0 * C, cap = (double)(1 << 20);
+    int n = (int)(layer < cap ? layer : cap);
+    float* buf = calib_floats((size_t)n, 1.0f);
+    double t0 = time_ms();
+    long reps = 16;
+    sink += calib_spin(x, reps);
+    double per = fmax(time_ms() - t0, 1e-3) / reps;
+    reps = (long)dist_sum(d, d->rank == 0 ? fmax(1.0, 2.0 / per) : 0.0); /* rank 0's count: the same work everywhere */
+    double alone = 0.0, with = 0.0;
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    for (int k = 0; k < 8; k++) {
+        t0 = time_ms();
+        sink += calib_spin(x, reps);
+        alone += time_ms() - t0;
+        int root = k % d->world;
+        MPI_Request req;
+        t0 = time_ms();
+        MPI_CHECK(MPI_Ireduce(d->rank == root ? MPI_IN_PLACE : buf, d->rank == root ? buf : NULL, n, MPI_FLOAT,
+                              MPI_SUM, root, MPI_COMM_WORLD, &req));
+        sink += calib_spin(x, reps);
+        MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+        with += time_ms() - t0;
+    }
+    free(buf);
+    double mine = fmax(0.0, (with - alone) / 8 - 4.0 * n / (reduce_gbs * 1e6)); /* less the transfer itself */
+    return dist_sum(d, mine) / d->world;
+}
+#endif
 
 /* The MPI ping, every rank at once, at every start (not cached: it
  * depends on the load): alpha from 21 allreduces of one float,
@@ -287,6 +413,7 @@ static void calib_network(Calibration* cal, const Dist* d) {
     free(buf);
     free(all);
     cal->net_alpha_us = alpha_ms * 1e3;
+    cal->sync_ms = calib_sync(d, cal->C, cal->reduce_gbs);
     /* every rank uses rank 0's figures (it plans) */
     cal->net_alpha_us = dist_sum(d, d->rank == 0 ? cal->net_alpha_us : 0.0);
     cal->net_gbs = dist_sum(d, d->rank == 0 ? cal->net_gbs : 0.0);
@@ -367,22 +494,51 @@ static void calib_path(Calibration* cal, const char* output_dir) {
     else snprintf(cal->path, sizeof(cal->path), "%s/.cache/gptc/calibration.txt", home && home[0] ? home : "/tmp");
 }
 
-#define CALIB_FIELDS "%lf %lf %lf %lf %lf %lf %lf %lf %lf %d %lf %lf %lf %lf %lf %lf %lf"
+/* The cached numbers, in the file's order (the header line names them). */
+#define CALIB_NUMBERS (2 + 4 * NUM_SHAPES + 9)
+static void calib_numbers(Calibration* cal, double* v[CALIB_NUMBERS]) {
+    int n = 0;
+    v[n++] = &cal->rows[0];
+    v[n++] = &cal->rows[1];
+    for (int pass = 0; pass < 2; pass++)
+        for (int s = 0; s < NUM_SHAPES; s++) {
+            v[n++] = &cal->gemm_fixed[pass][s];
+            v[n++] = &cal->gemm_row[pass][s];
+        }
+    v[n++] = &cal->attn_ms;
+    v[n++] = &cal->elem_gbs;
+    v[n++] = &cal->ce_gbs;
+    v[n++] = &cal->zero_ns;
+    v[n++] = &cal->norm_ns;
+    v[n++] = &cal->adamw_ns;
+    v[n++] = &cal->adamw_gbs;
+    v[n++] = &cal->share_gflops;
+    v[n++] = &cal->ms;
+    ALWAYS(n == CALIB_NUMBERS);
+}
+
 /* The line of `cal->key` in the cache: 1 when found (and read), else 0. */
 static int calib_load(Calibration* cal) {
     FILE* f = fopen(cal->path, "r");
     if (!f) return 0;
-    char line[2048];
+    char line[4096];
     int found = 0;
     if (fgets(line, sizeof(line), f) && !strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT))) {
         size_t k = strlen(cal->key);
         while (!found && fgets(line, sizeof(line), f)) {
             if (strncmp(line, cal->key, k) || line[k] != '|') continue;
             Calibration c = *cal;
-            found = sscanf(line + k + 1, CALIB_FIELDS, &c.rows[0], &c.rows[1], &c.rows[2], &c.gemm_fwd[0],
-                           &c.gemm_fwd[1], &c.gemm_fwd[2], &c.gemm_bwd[0], &c.gemm_bwd[1], &c.gemm_bwd[2], &c.gemm_oc,
-                           &c.attn_gflops, &c.elem_gbs, &c.ce_gbs, &c.adamw_gbs, &c.net_alpha_us, &c.net_gbs,
-                           &c.ms) == 17;
+            double* v[CALIB_NUMBERS];
+            calib_numbers(&c, v);
+            char* at = line + k + 1;
+            int got = 0;
+            for (; got < CALIB_NUMBERS; got++) {
+                char* end = NULL;
+                *v[got] = strtod(at, &end);
+                if (end == at) break;
+                at = end;
+            }
+            found = got == CALIB_NUMBERS;
             if (found) *cal = c;
         }
     }
@@ -414,26 +570,36 @@ static void calib_save(const Calibration* cal) {
         fprintf(stderr, "warning: cannot write the calibration cache %s: %s\n", cal->path, strerror(errno));
         return;
     }
-    if (fresh) fprintf(f, "%s: key|rows(3) gemm_fwd(3) gemm_bwd(3) GFLOP/s oc attn GFLOP/s elem ce adamw GB/s "
-                       "mpi_alpha_us mpi_GB/s ms\n", CALIB_FORMAT);
-    fprintf(f, "%s|%.0f %.0f %.0f %.3f %.3f %.3f %.3f %.3f %.3f %d %.3f %.3f %.3f %.3f %.3f %.3f %.1f\n", cal->key,
-            cal->rows[0], cal->rows[1], cal->rows[2], cal->gemm_fwd[0], cal->gemm_fwd[1], cal->gemm_fwd[2],
-            cal->gemm_bwd[0], cal->gemm_bwd[1], cal->gemm_bwd[2], cal->gemm_oc, cal->attn_gflops, cal->elem_gbs,
-            cal->ce_gbs, cal->adamw_gbs, cal->net_alpha_us, cal->net_gbs, cal->ms);
+    if (fresh) fprintf(f, "%s: key|rows(2), per GEMM shape (qkv attproj fc fcproj classifier) forward then backward: "
+                       "fixed ms, ms per row; attention ms per sequence, elementwise GB/s, cross-entropy GB/s, "
+                       "zero/norm/AdamW ns per float, AdamW GB/s, fc GFLOP/s, ms\n", CALIB_FORMAT);
+    double* v[CALIB_NUMBERS];
+    calib_numbers((Calibration*)cal, v);
+    fprintf(f, "%s|", cal->key);
+    for (int i = 0; i < CALIB_NUMBERS; i++) fprintf(f, "%s%.6g", i ? " " : "", *v[i]);
+    fprintf(f, "\n");
     fclose(f);
 }
 
 static void calibration_print(const Calibration* cal) {
-    printf("calibration (%s, %.0f ms, %s): GEMM (N x %d) x (%d x %d) GFLOP/s fwd/bwd at N=%.0f %.1f/%.1f, N=%.0f "
-           "%.1f/%.1f, N=%.0f %.1f/%.1f; attention %.1f GFLOP/s (T=%d); LayerNorm/GELU/residual %.1f GB/s; "
-           "cross-entropy %.1f GB/s; AdamW %.1f GB/s", cal->cached ? "cached" : "measured now", cal->ms, cal->path,
-           cal->C, cal->C, cal->gemm_oc, cal->rows[0], cal->gemm_fwd[0], cal->gemm_bwd[0], cal->rows[1],
-           cal->gemm_fwd[1], cal->gemm_bwd[1], cal->rows[2], cal->gemm_fwd[2], cal->gemm_bwd[2], cal->attn_gflops,
-           cal->Tc, cal->elem_gbs, cal->ce_gbs, cal->adamw_gbs);
+    static const char* const names[NUM_SHAPES] = {"qkv", "attproj", "fc", "fcproj", "classifier"};
+    printf("calibration (%s, %.0f ms, %s): GEMM GFLOP/s fwd/bwd at N=%.0f (fixed ms fwd/bwd) for", cal->cached ?
+           "cached" : "measured now", cal->ms, cal->path, cal->rows[1]);
+    for (int s = 0; s < NUM_SHAPES; s++) {
+        int K, OC;
+        gemm_shape(cal->C, cal->Vp, s, &K, &OC);
+        double N = cal->rows[1], f = cal->gemm_fixed[0][s] + cal->gemm_row[0][s] * N;
+        double bw = cal->gemm_fixed[1][s] + cal->gemm_row[1][s] * N;
+        printf("%s %s %dx%d %.1f/%.1f (%.2f/%.2f)", s ? "," : "", names[s], K, OC, 2.0 * N * K * OC / (f * 1e6),
+               4.0 * N * K * OC / (bw * 1e6), cal->gemm_fixed[0][s], cal->gemm_fixed[1][s]);
+    }
+    printf("; attention %.2f ms per sequence (T=%d); LayerNorm/GELU/residual %.1f GB/s; cross-entropy %.1f GB/s; "
+           "zero/norm/AdamW %.2f/%.2f/%.2f ns per float", cal->attn_ms, cal->Tc, cal->elem_gbs, cal->ce_gbs,
+           cal->zero_ns, cal->norm_ns, cal->adamw_ns);
     if (cal->net_gbs > 0)
         printf("; MPI latency %.1f us (fastest; median now %.1f us), allreduce %.2f GB/s, reduce %.2f GB/s, "
-               "allgather %.2f GB/s", cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs,
-               cal->gather_gbs);
+               "allgather %.2f GB/s, a meeting of the ranks amid compute now %.2f ms", cal->net_alpha_us, cal->net_alpha_now_us,
+               cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms);
     double load[3] = {0, 0, 0};
     FILE* f = fopen("/proc/loadavg", "r");
     if (f) {
@@ -444,26 +610,38 @@ static void calibration_print(const Calibration* cal) {
 }
 
 /* How much of the calibrated speed this process gets now, on a machine
- * shared with other jobs: the middle GEMM of the calibration run for 100 ms
- * with this run's threads, its rate over the calibrated (fastest) one. It
+ * shared with other jobs: the calibration's fc GEMM at rows[1] run in five
+ * windows of 40 ms with this run's threads, the median window's rate over
+ * the calibrated (fastest) one. It
  * sees both the share of the cores the other jobs leave and what they
  * leave of the caches and memory bandwidth. 1 on an idle machine. Not
  * cached: the load changes from minute to minute. */
 static double calib_share(const Calibration* cal) {
-    int C = cal->C, OC = cal->gemm_oc, N = (int)cal->rows[1];
+    int C = cal->C, OC = 4 * C, N = (int)cal->rows[1];
     float* inp = calib_floats((size_t)N * C, 1.0f);
     float* w = calib_floats((size_t)OC * C, 0.02f);
+    float* bias = calib_floats((size_t)OC, 0.1f);
     float* out = calib_floats((size_t)N * OC, 0.0f);
-    double flops = 0.0, t0 = time_ms();
-    while (time_ms() - t0 < 100.0) {
-        matmul_forward(out, inp, w, NULL, N, C, OC);
-        flops += 2.0 * N * C * OC;
+    double rates[5]; /* five windows of 40 ms: the median (one window that met a descheduling is not the rule) */
+    for (int k = 0; k < 5; k++) {
+        double flops = 0.0, t0 = time_ms();
+        while (time_ms() - t0 < 40.0) {
+            matmul_forward(out, inp, w, bias, N, C, OC);
+            flops += 2.0 * N * C * OC;
+        }
+        rates[k] = flops / ((time_ms() - t0) * 1e6);
+        for (int j = k; j > 0 && rates[j] < rates[j - 1]; j--) {
+            double t = rates[j];
+            rates[j] = rates[j - 1];
+            rates[j - 1] = t;
+        }
     }
-    double rate = flops / ((time_ms() - t0) * 1e6);
+    double rate = rates[2];
     free(inp);
     free(w);
+    free(bias);
     free(out);
-    return fmin(1.0, rate / cal->gemm_fwd[1]);
+    return fmin(1.0, rate / cal->share_gflops);
 }
 
 /* The calibration for model c at sequence length T on this machine: from
@@ -488,28 +666,23 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         if (d->rank == 0) calib_save(cal);
     }
     calib_network(cal, d);
-    cal->share = dist_sum(d, d->rank == 0 ? calib_share(cal) : (calib_share(cal), 0.0)); /* all at once, rank 0's */
+    cal->share = dist_sum(d, calib_share(cal)) / d->world; /* all at once; their mean */
 }
 
 /* ---- the model ---------------------------------------------------------- */
 
 typedef struct {
     double gemm, attention, elementwise, softmax; /* per micro-batch, ms */
-    double weights;                               /* per micro-batch, ms: the weights streamed through the GEMMs */
+    double weights;                               /* of gemm: the fixed part (packing the weights, their gradients) */
+    double zero_buffers;                          /* per micro-batch, ms: ZeRO-2's bucket zeroing and sums into the shard */
     double optimizer, comm;                       /* per step, ms */
     double idle;                                  /* ms, with a whole core per thread */
     double step;                                  /* ms, at the speed measured now (share) */
 } StepTime;
 
-/* GFLOP/s at N rows: interpolated in log N between the measured points. */
-static double calib_rate(const double* rows, const double* rate, double N) {
-    if (N <= rows[0]) return rate[0];
-    for (int i = 1; i < CALIB_ROWS; i++)
-        if (N <= rows[i]) {
-            double f = log(N / rows[i - 1]) / log(rows[i] / rows[i - 1]);
-            return rate[i - 1] + f * (rate[i] - rate[i - 1]);
-        }
-    return rate[CALIB_ROWS - 1];
+/* ms of matmul_forward (pass 0) or matmul_backward (1) of weight shape s at N rows. */
+static double gemm_ms(const Calibration* cal, int pass, int s, double N) {
+    return cal->gemm_fixed[pass][s] + cal->gemm_row[pass][s] * N;
 }
 
 /* messages * alpha + bytes / rate, ms, for a collective whose measured
@@ -525,33 +698,52 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
     StepTime s;
     memset(&s, 0, sizeof(s));
     double N = (double)B * T, C = c->channels, L = c->num_layers, Vp = c->padded_vocab_size;
-    double P = (double)parameter_count(c), W = world;
-    double fwd = calib_rate(cal->rows, cal->gemm_fwd, N), bwd = calib_rate(cal->rows, cal->gemm_bwd, N);
-    double layer_oc = 3 * C + C + 4 * C + C; /* qkv, attproj, fc, fcproj */
-    double flops_fwd = 2 * N * C * (L * layer_oc + Vp), flops_bwd = 2 * flops_fwd;
-    s.gemm = flops_fwd / (fwd * 1e6) + flops_bwd / (bwd * 1e6);
-    s.attention = 12.0 * B * (double)T * T * C * L / (cal->attn_gflops * 1e6);
+    double P = (double)parameter_count(c);
+    Dist d; /* the buffers this rank holds (rank 0: the first shard) */
+    memset(&d, 0, sizeof(d));
+    d.world = world;
+    d.zero = zero;
+    dist_geometry(&d, c);
+    for (int k = 0; k < NUM_SHAPES; k++) {
+        double calls = k == SHAPE_HEAD ? 1 : L;
+        s.gemm += calls * (gemm_ms(cal, 0, k, N) + gemm_ms(cal, 1, k, N));
+        s.weights += calls * (cal->gemm_fixed[0][k] + cal->gemm_fixed[1][k]);
+    }
+    double Tr = (double)T / cal->Tc; /* (T > 128: the T^2 work of longer sequences) */
+    s.attention = B * L * cal->attn_ms * Tr * Tr;
     s.elementwise = ELEM_BYTES * C * N * L / (cal->elem_gbs * 1e6);
     s.softmax = CE_BYTES * N * Vp / (cal->ce_gbs * 1e6);
-    s.weights = WEIGHT_BYTES * P / (cal->adamw_gbs * 1e6);
-    double updated = zero ? ceil(P / W) : P;
-    s.optimizer = (OPT_BYTES * updated + (zero ? 4.0 * P : 0.0)) / (cal->adamw_gbs * 1e6);
+    double n = (double)(d.hi - d.lo); /* the parameters this rank updates */
+    if (zero == 2) /* each layer's bucket zeroed before backward writes it; the owned half added into the shard */
+        s.zero_buffers = (L * d.layer_floats * cal->zero_ns + 2.0 * n * cal->zero_ns) * 1e-6;
+    /* the optimizer: gpt2_zero_grad over the gradient buffer, the shard's zeroing (ZeRO), the norm, the clip's
+     * scaling (a read and a write), AdamW */
+    s.optimizer = ((double)d.grad_alloc * cal->zero_ns + (zero ? d.shard * cal->zero_ns : 0.0) +
+                   n * (2.0 * cal->norm_ns + cal->zero_ns + cal->adamw_ns) +
+                   (zero == 1 ? 2.0 * n * cal->zero_ns : 0.0)) * 1e-6;
     double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
     for (int now = 0; now < 2 && world > 1; now++) {
-        double layer = P - (Vp + c->max_seq_len + 2) * C, slices = 12 * L; /* the layers' parameters, their slices */
+        double layer = (double)d.layer_floats, head = (double)d.head_floats, slices = 12 * L;
         double ar = cal->net_gbs, red = cal->reduce_gbs, ag = cal->gather_gbs;
         if (zero == 0) {
             comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
-        } else if (zero == 1) { /* to the owners (a reduce-scatter without overlap), then the all-gather */
-            comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
-        } else { /* every micro-batch: the layers' slices to their owners; then the head; the all-gather */
-            comm[now] = accum * comm_ms(cal, slices, 4 * layer, red, now) + comm_ms(cal, 2, 4 * (P - layer), red, now) +
-                        comm_ms(cal, 1, 4 * P, ag, now);
+        } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward, then the all-gather */
+            comm[now] = comm_ms(cal, 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
+        } else { /* each layer's 12 slices (13 messages: one is split between two owners), then the head's; the
+                  * all-gather. ZeRO-1 with overlap reduces the layers once a step, ZeRO-2 every micro-batch */
+            comm[now] = (zero == 2 ? accum : 1) * comm_ms(cal, 13 * L, 4 * layer * L, red, now) +
+                        comm_ms(cal, 2, 4 * head, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
         }
         comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
+        /* the meetings with compute between them, each costing what calib_sync measured now (ranks slowed at
+         * different moments wait for each other): every step's end (the loss's sum); ZeRO-1 with overlap, a
+         * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch. None on an
+         * idle machine. */
+        double meetings = 1.0 + (zero == 1 && overlap ? L : 0.0) + (zero == 2 ? accum * L : 0.0);
+        if (now) comm[now] += meetings * cal->sync_ms;
     }
     s.comm = comm[1];
-    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.weights) + s.optimizer;
+    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.zero_buffers) + s.optimizer;
     s.idle = compute + comm[0];
     s.step = compute / (cal->share > 0.05 ? cal->share : 0.05) + comm[1]; /* the rates are a whole core's; we get this share now */
     return s;

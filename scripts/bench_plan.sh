@@ -9,11 +9,14 @@
 #    the configuration (its candidate row) beside the median of the measured
 #    steps 2..STEPS (step 1 touches the memory), and the error.
 # 2. Memory-constrained scenarios (GPT-2 350M's shape scaled to this
-#    machine: L=6 C=256 NH=4, V=50257, T=64, under a budget below what the
-#    default and the largest micro-batch need), on 1 and 2 ranks: every
-#    candidate that fits is trained and timed (the referee: exhaustive
-#    search); the planner's choice against the fastest measured, and against
-#    the default flags (-b 4, ZeRO 0) when they fit.
+#    machine: L=6 C=256 NH=4, V=50257, T=64; 1 rank: 1024 tokens a step under
+#    480 MB, where B=16 does not fit; 2 ranks: 512 tokens under 330 MB each,
+#    where the default flags do not fit): every candidate that fits is
+#    trained and timed (SCEN_STEPS steps; the referee: exhaustive search);
+#    the planner's choice against the fastest measured (median step, and
+#    fastest step), against the obvious hand choice (the least ZeRO stage
+#    that fits anything, and in it the largest micro-batch) and against the
+#    default flags (-b 4, ZeRO 0) when they fit, as ratios.
 # One thread per rank (the machine has 2 cores, shared: the load average is
 # printed with every row). Each configuration is calibrated afresh
 # (GPTC_CALIBRATE=1) just before it is measured, in a cache under a
@@ -23,7 +26,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
 MPIBIN=${2:-./train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
-STEPS=${STEPS:-6}
+STEPS=${STEPS:-8}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 dir=$(mktemp -d /tmp/gptc_bench_plan.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
@@ -48,7 +51,7 @@ predicted() {
 measured() {
     local np=$1
     shift
-    launch "$np" "$@" -x "$STEPS" --val-every 0 --sample-every 0 > "$dir/run.out" 2>&1
+    launch "$np" "$@" -x "${STEPS_NOW:-$STEPS}" --val-every 0 --sample-every 0 > "$dir/run.out" 2>&1
     sed -n 's/^step *\([0-9]*\)\/.*| \([0-9.]*\) ms |.*/\1 \2/p' "$dir/run.out" | awk '$1 > 1 { print $2 }' | sort -g |
         awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), a[1] }'
 }
@@ -100,28 +103,37 @@ summary "model at the measured share vs median step" "${errs_now[@]}"
 
 echo
 echo "== 2. memory-constrained scenarios: the planner's choice vs every candidate measured =="
-SCEN="--model d6 --channels 256 --num-heads 4 --max-seq-len 64 -t 64 -d 512 -i $dir/big.bin --threads 1"
-scenario() { # NP BUDGET
-    local np=$1 budget=$2
-    launch "$np" $SCEN --plan 1 --memory-budget "$budget" > "$dir/plan.out" 2>&1
+SCEN="--model d6 --channels 256 --num-heads 4 --max-seq-len 64 -t 64 -i $dir/big.bin --threads 1"
+SCEN_STEPS=${SCEN_STEPS:-6}
+scenario() { # NP BUDGET TOKENS
+    local np=$1 budget=$2 tokens=$3
+    launch "$np" $SCEN -d "$tokens" --plan 1 --memory-budget "$budget" > "$dir/plan.out" 2>&1
     local choice=$(sed -n 's/^choice: --batch-size \([0-9]*\) .*--zero \([0-9]\).*/\1 \2/p; s/^choice: --batch-size \([0-9]*\) --total-batch-size [0-9]* (.*/\1 0/p' "$dir/plan.out" | head -1)
-    echo "-- $np rank(s), --memory-budget $budget: choice (B ZeRO) = $choice; load $(load)"
-    awk '$6 == "yes" || $6 == "no" { print $1, $3, $6, $5, $7 }' "$dir/plan.out" > "$dir/cands"
-    printf "   %4s %5s %5s %10s %10s %10s %10s\n" B ZeRO fits MB predicted median fastest
-    local best="" bestms=0 chosenms=0 defms=""
-    while read -r b z fits mbs pred; do
+    echo "-- $np rank(s), -d $tokens, --memory-budget $budget: choice (B ZeRO) = $choice; load $(load)"
+    grep '^calibration' "$dir/plan.out" | sed 's/.*; MPI latency/   MPI latency/; s/.*; speed now/   speed now/'
+    awk '$6 == "yes" || $6 == "no" { print $1, $3, $6, $5, $7, $9 }' "$dir/plan.out" > "$dir/cands"
+    # the obvious hand choice: the least sharding that fits anything (ZeRO 0, else 1, else 2), and in it the
+    # largest micro-batch that fits (the least gradient accumulation)
+    local hand=$(awk '$3 == "yes" { if (z == "" || $2 < z || ($2 == z && $1 + 0 > b + 0)) { z = $2; b = $1 } } END { print b, z }' "$dir/cands")
+    printf "   %4s %5s %5s %8s %10s %10s %10s %10s %6s\n" B ZeRO fits MB "pred now" "pred idle" median fastest load
+    local best="" bestms=0 chosenms=0 defms="" handms=0 bestmin="" bestminms=0 chosenmin=0
+    while read -r b z fits mbs pred idle; do
         local m="-" mmin="-"
         if [ "$fits" = yes ]; then
-            read -r m mmin <<< "$(measured "$np" $SCEN -b "$b" --zero "$z")"
+            read -r m mmin <<< "$(STEPS_NOW=$SCEN_STEPS measured "$np" $SCEN -b "$b" --zero "$z" -d "$tokens")"
             if [ -z "$best" ] || awk -v a="$m" -v b="$bestms" 'BEGIN { exit !(a < b) }'; then best="$b $z"; bestms=$m; fi
-            [ "$b $z" = "$choice" ] && chosenms=$m
+            if [ -z "$bestmin" ] || awk -v a="$mmin" -v b="$bestminms" 'BEGIN { exit !(a < b) }'; then bestmin="$b $z"; bestminms=$mmin; fi
+            [ "$b $z" = "$choice" ] && chosenms=$m && chosenmin=$mmin
+            [ "$b $z" = "$hand" ] && handms=$m
             [ "$b" = 4 ] && [ "$z" = 0 ] && defms=$m
         fi
-        printf "   %4s %5s %5s %10s %10s %10s %10s\n" "$b" "$z" "$fits" "$mbs" "$pred" "$m" "$mmin"
+        printf "   %4s %5s %5s %8s %10s %10s %10s %10s %6s\n" "$b" "$z" "$fits" "$mbs" "$pred" "$idle" "$m" "$mmin" "$(load)"
     done < "$dir/cands"
-    echo "   fastest measured: B ZeRO = $best ($bestms ms); the choice: $choice ($chosenms ms): $(awk -v c="$chosenms" -v b="$bestms" 'BEGIN { if (c > 0) printf "%.3f x the best (%.1f%% slower)", c / b, 100 * (c - b) / b; else print "?" }')"
+    echo "   fastest measured (median step): B ZeRO = $best ($bestms ms); the choice: $choice ($chosenms ms): $(awk -v c="$chosenms" -v b="$bestms" 'BEGIN { if (c > 0) printf "%.3f x the best (%.1f%% slower)", c / b, 100 * (c - b) / b; else print "?" }')"
+    echo "   fastest measured (fastest step): B ZeRO = $bestmin ($bestminms ms); the choice's fastest step $chosenmin ms: $(awk -v c="$chosenmin" -v b="$bestminms" 'BEGIN { if (c > 0) printf "%.3f x the best", c / b; else print "?" }')"
+    echo "   obvious hand choice (least ZeRO that fits, largest B in it): B ZeRO = $hand ($handms ms): the choice is $(awk -v c="$chosenms" -v h="$handms" 'BEGIN { if (c > 0 && h > 0) printf "%.2f x as fast", h / c; else print "?" }')"
     if [ -n "$defms" ]; then echo "   default flags (-b 4, ZeRO 0): $defms ms: the choice is $(awk -v c="$chosenms" -v d="$defms" 'BEGIN { printf "%.2f x as fast", d / c }')"
-    else echo "   default flags (-b 4, ZeRO 0): do not fit in the budget (out of memory, or over it)"; fi
+    else echo "   default flags (-b 4, ZeRO 0): do not fit in the budget (out of memory, or over it): the choice runs, they do not"; fi
 }
-scenario 1 420M
-scenario 2 330M
+scenario 1 480M 1024
+scenario 2 330M 512

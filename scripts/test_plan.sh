@@ -20,6 +20,8 @@
 #     predicted step time (the runtime model, gptc/runtime.h);
 #   - the calibration: measured (< 1 s) and written to the output dir's
 #     calibration.txt, then reused; another thread count is another key;
+#   - the runtime model's step time for every candidate equals its closed
+#     form computed independently in Python from a planted calibration;
 #   - --auto 1 trains with the choice (1 and 2 ranks), whose peak RSS stays
 #     under the budget; an impossible budget stops it with the clear error;
 #   - --snapshot-every auto sets the Young/Daly interval;
@@ -32,7 +34,8 @@
 # per rank, 2 ranks: Open MPI's own ~43 MB) under mpirun; 45 passed in 36 s.
 # With the runtime model's checks (calibration, --auto, --snapshot-every
 # auto): 52 passed in 68-118 s at load averages of 5-7 on the 2 cores (the new
-# checks 15-30 s of it).
+# checks 15-30 s of it). With the closed-form check of the runtime model
+# (2026-12-01): 53 passed, at a load average of 10 (under nice 19).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
@@ -139,13 +142,52 @@ line1=$(grep '^calibration (' "$dir/plan.out")
 rc2=$?
 line2=$(grep '^calibration (' "$dir/plan2.out")
 ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p')
-[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v1" "$dir/cal/calibration.txt" &&
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v2" "$dir/cal/calibration.txt" &&
     [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 1 ] && grep -q "^calibration (cached" <<< "$line2" &&
     check ok "calibration measured in $ms ms, written to the output dir's calibration.txt, then reused" "$(echo "$line2" | cut -c1-160)..." ||
     check FAIL "calibration cache" "status $rc1/$rc2: '$line1' then '$line2'"
 "$BIN" $CAL --threads 2 > "$dir/plan.out" 2>&1
 [ $? -eq 0 ] && grep -q "^calibration (measured now" "$dir/plan.out" && [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 2 ] &&
     check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
+
+# the runtime model against its closed form, computed here independently: the cached calibration's numbers
+# replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward; attention per sequence;
+# the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float), then each candidate's idle ms/step
+# (1 rank: accum x (GEMMs + attention + elementwise + cross-entropy) + the optimizer) must be the formula's
+NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 12"
+sed -i "s/^\(cpu=.* threads=1 .*|\).*/\1$NUMS/" "$dir/cal/calibration.txt"
+"$BIN" $CAL > "$dir/plan.out" 2>&1
+rc=$?
+closed=$($PY - "$dir/plan.out" $NUMS <<'PY'
+import sys
+out, v = sys.argv[1], [float(x) for x in sys.argv[2:]]
+L, C, NH, maxT, V, T, S = 2, 32, 2, 32, 256, 16, 2          # the $CAL run: d2 $TINY -t 16 -b 2 (2 sequences a step)
+Vp = (V + 127) // 128 * 128
+P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+fixed = [[v[2 + 10 * p + 2 * s] for s in range(5)] for p in range(2)]
+row = [[v[3 + 10 * p + 2 * s] for s in range(5)] for p in range(2)]
+attn, elem, ce, zero, norm, adamw = v[22:28]
+Tc = min(T, 128)
+bad, n = 0, 0
+for line in open(out):
+    f = line.split()
+    if len(f) == 9 and f[0].isdigit() and f[5] in ("yes", "no"):
+        B, accum, idle = int(f[0]), int(f[1]), float(f[8])
+        N = B * T
+        gemm = sum((1 if s == 4 else L) * (fixed[p][s] + row[p][s] * N) for s in range(5) for p in range(2))
+        micro = gemm + B * L * attn * (T / Tc) ** 2 + 152.0 * C * N * L / (elem * 1e6) + 28.0 * N * Vp / (ce * 1e6)
+        opt = (P * zero + P * (2 * norm + zero + adamw)) * 1e-6
+        want = accum * micro + opt
+        n += 1
+        if abs(idle - want) > 0.06:
+            bad += 1
+            print("B=%d: --plan says %.1f ms, the closed form %.3f" % (B, idle, want))
+print("candidates %d, wrong %d" % (n, bad))
+PY
+)
+[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 2, wrong 0" <<< "$closed" &&
+    check ok "the runtime model == its closed form (Python) for every candidate, from a planted calibration" "$closed" ||
+    check FAIL "runtime model vs its closed form" "status $rc: $closed"
 
 # --auto 1: trains with the choice, which fits; its peak resident memory stays under the budget
 AUTO="--model d4 --channels 128 --num-heads 4 --max-seq-len 64 -t 64 -d 1024 -i $dir/big.bin --threads 1 -x 1 --val-every 0 --sample-every 0 --auto 1 --plan-check 1"
