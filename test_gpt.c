@@ -787,6 +787,33 @@ static void test_init(void) {
     for (size_t j = (size_t)c.vocab_size * c.channels; j < a.param_sizes[0]; j++) pad_zero &= a.params.wte[j] == 0.0f;
     check(ok, "init: N(0, 0.02), projections 0.02/sqrt(2L), biases 0, LayerNorm weights 1", detail);
     check(pad_zero, "init: padded vocabulary rows are zero", "");
+    /* the parallel init (rng_fill_normal, rng_jump) against draws one by one */
+    int jump_ok = 1;
+    uint64_t jumps[] = {0, 1, 2, 63, 64, 1000, 123457, 2 * 124475904ull + 3};
+    for (size_t k = 0; k < sizeof(jumps) / sizeof(jumps[0]); k++) {
+        Rng one, far;
+        rng_init(&one, 11 + k);
+        far = one;
+        for (uint64_t d = 0; d < jumps[k]; d++) rng_u32(&one);
+        rng_jump(&far, jumps[k]);
+        jump_ok &= one.state == far.state;
+    }
+    check(jump_ok, "rng_jump(k) = k draws one by one (k up to 2.5e8)", "");
+    int fill_ok = 1;
+    for (size_t n = 1; n < 2000; n = n * 3 + 1) {
+        float* seq = xmalloc_floats(n);
+        float* par = xmalloc_floats(n);
+        Rng r1, r2;
+        rng_init(&r1, n);
+        rng_init(&r2, n);
+        rng_u32(&r1); rng_u32(&r2); /* an odd offset */
+        for (size_t j = 0; j < n; j++) seq[j] = (float)(0.02 * rng_normal(&r1));
+        rng_fill_normal(&r2, par, n, 0.02);
+        fill_ok &= memcmp(seq, par, n * sizeof(float)) == 0 && r1.state == r2.state;
+        free(seq);
+        free(par);
+    }
+    check(fill_ok, "rng_fill_normal: bitwise the serial rng_normal loop, and the state after it", "");
     c = config_from_depth(12);
     check(parameter_count(&c) == 124475904ull, "d12 has 124,475,904 parameters (Vp = 50304)", "");
     gpt2_free(&a);

@@ -845,7 +845,7 @@ static void gpt2_fill_random(GPT2* model, uint64_t seed) {
         int is_ln_weight = !strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw");
         if (PARAMETER_IS_MATRIX[i]) {
             double std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? residual_std : 0.02;
-            for (size_t j = 0; j < n; j++) p[j] = (float)(std * rng_normal(&rng));
+            rng_fill_normal(&rng, p, n, std); /* all threads, the same numbers as one (gptc/util.h) */
         } else {
             for (size_t j = 0; j < n; j++) p[j] = is_ln_weight ? 1.0f : 0.0f;
         }
