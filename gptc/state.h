@@ -355,6 +355,37 @@ typedef struct {
     size_t bytes;
 } Slot;
 
+/* Map `bytes` of the file slot `fd` shared at *base and fault every page
+ * in, writable, by all threads, keeping what the file holds. 0; 1 when the
+ * kernel lacks MADV_POPULATE_WRITE (nothing mapped: the caller reserves the
+ * pages another way); -1 (errno set) when the pages cannot be had: a full
+ * /dev/shm is an error now, not a SIGBUS mid-run. */
+static int slot_populate(int fd, size_t bytes, unsigned char** base) {
+#ifdef MADV_POPULATE_WRITE
+    unsigned char* p = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == (unsigned char*)MAP_FAILED) return -1;
+    const size_t chunk = (size_t)32 << 20; /* 32 MiB per madvise, shared out among the threads */
+    long chunks = (long)((bytes + chunk - 1) / chunk);
+    int err = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(max : err)
+    for (long c = 0; c < chunks; c++) {
+        size_t off = (size_t)c * chunk, len = bytes - off < chunk ? bytes - off : chunk;
+        if (madvise(p + off, len, MADV_POPULATE_WRITE) != 0) err = errno;
+    }
+    if (err == 0) {
+        *base = p;
+        return 0;
+    }
+    munmap(p, bytes);
+    if (err == EINVAL) return 1; /* a kernel before 5.14 */
+    errno = err;
+    return -1;
+#else
+    (void)fd; (void)bytes; (void)base;
+    return 1;
+#endif
+}
+
 static int slot_map(Slot* sl, const char* path, size_t bytes) {
     memset(sl, 0, sizeof(*sl));
     sl->bytes = bytes;
@@ -369,7 +400,20 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
         }
         struct stat st;
         int rc = fstat(fd, &st) == 0 && (size_t)st.st_size != bytes ? ftruncate(fd, (off_t)bytes) : 0;
-        if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)bytes);
+        /* a standby maps the slots the active trainer writes, and a file slot
+         * keeps its contents (a snapshot from before a crash must survive
+         * until it is replaced): the pages are reserved and mapped without
+         * writing them. All threads fault them in (MADV_POPULATE_WRITE,
+         * Linux 5.14: as a write would, without writing), which is what
+         * slot set-up costs: on these VMs a fresh page is ~10 us */
+        int pop = rc == 0 ? slot_populate(fd, bytes, &sl->base) : -1;
+        if (pop == 0) {
+            close(fd);
+            ledger_record(MEM_SNAPSHOTS, sl->base, bytes);
+            return 0;
+        }
+        if (pop == 1) rc = posix_fallocate(fd, 0, (off_t)bytes); /* (an older kernel: one thread reserves them) */
+        else if (rc == 0) rc = errno == EFAULT ? ENOSPC : errno; /* (a fault that would have been a SIGBUS: full) */
         if (rc != 0) {
             FILE_ERROR(path, "cannot reserve %.2f GB for a snapshot slot (%s): free space there, point --shm-dir "
                        "elsewhere, or run with --snapshot-every 0", bytes / 1e9, strerror(rc > 0 ? rc : errno));
@@ -377,10 +421,7 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
             remove(path);
             return -1;
         }
-        /* MAP_POPULATE: the kernel maps every page now, in one call (a file
-         * slot keeps its contents: a snapshot from before a crash must
-         * survive until it is replaced; and a standby maps the slots the
-         * active trainer writes, so it must only read them) */
+        /* MAP_POPULATE: the kernel maps every page now, in one call */
         sl->base = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         close(fd);
     }
