@@ -2570,11 +2570,6 @@ static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
  * after a message, or STANDBY_DISMISSED. */
 #define STANDBY_DISMISSED (-2)
 static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
-    if (o->standby[0] && dist->world > 1) {
-        fprintf(stderr, "error: --standby runs on one process: Open MPI cannot put a new process in a dead rank's "
-                "place, so with several ranks relaunch the whole job (README, \"A hot spare\")\n");
-        return -1;
-    }
     if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
     dist_setup_model(dist, model); /* first: under ZeRO it makes the sharded gradients and moments */
     gpt2_alloc_training(model, r->B, r->T);
@@ -2589,7 +2584,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         test_hook_standby_setup();
         timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
         mark = startup_begin();
-        int go = standby_wait(o);
+        int go = standby_wait_ranks(o, dist); /* (several ranks: the whole job stands by) */
         startup_end(SU_WAIT, mark);
         if (go <= 0) {
             if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);

@@ -173,9 +173,9 @@ def options_parse(argv):
                      "--output-dir out/run --save-every 100")
     if args.spare not in (0, 1):
         parser.error("--spare must be 0 or 1")
-    if args.spare and os.path.basename(args.command[0]) in ("mpirun", "mpiexec", "srun", "orterun"):
-        parser.error("--spare is for one trainer process: with several ranks Open MPI cannot put a new process in a "
-                     "dead rank's place (see README, \"A hot spare\"); leave --spare out")
+    if args.spare and os.path.basename(args.command[0]) == "srun":
+        parser.error("--spare under srun is not built (a standby job step would need its own allocation); use mpirun, "
+                     "or leave --spare out")
     if args.retries < 0 or args.stale_s <= 0 or args.startup_s <= 0:
         parser.error("--retries must be >= 0, --stale-s and --startup-s > 0")
     for flag in ("--heartbeat", "--resume", "--standby"):
