@@ -2591,6 +2591,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
             return go == 0 ? STANDBY_DISMISSED : -1;
         }
         printf("standby: promoted: taking the run over\n");
+        r->lock.heir = 1; /* a lock its dying holder's kernel teardown still keeps counts as ours (gptc/state.h) */
         if (train_run_claim(r, o) != 0) return -1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */

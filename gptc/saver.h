@@ -970,6 +970,7 @@ static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* mod
     if (s->spike)
         printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, s->loss, s->z, o->spike_z);
     if (step == start) {
+        run_lock_settle(&r->lock); /* a promoted standby: the locks it inherited, held for real by now */
         timing_print(d, "first step done", unix_ms());
         startup_print(d);
     }

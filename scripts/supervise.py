@@ -106,6 +106,8 @@ import threading
 import time
 
 POLL_S = 0.1        # how often the heartbeat is looked at
+SPARE_POLL_S = 0.02 # how often one trainer with a ready spare is looked at (is it exiting?)
+MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "srun")
 KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL for the processes of a failed attempt
 READER_JOIN_S = 2.0 # wait this long for the child's output to drain after it ended
 
@@ -251,6 +253,30 @@ def session_kill(proc, why):
     proc.wait()
 
 
+def exit_code_if_dying(pid):
+    """A process being torn down after a failure: its exit code (the
+    kernel's: signal in the low 7 bits, else status << 8), read from
+    /proc/PID/stat while PF_EXITING is set and before it is reaped. None
+    while it runs, once it is gone, or when it exits with status 0. The
+    kernel frees a process's memory before it closes its files (drops its
+    locks) and before it becomes a zombie: for a GPT-2 124M trainer that is
+    0.3-1 s here, which a hot spare need not wait for (issue 17)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if len(fields) < 50 or not int(fields[6]) & 0x4:  # flags: PF_EXITING
+        return None
+    code = int(fields[49])  # exit_code (field 52)
+    return code or None
+
+
+def code_words(code):
+    return f"killed by signal {code & 0x7f} ({signal_name(code & 0x7f)})" if code & 0x7f else f"exit status {code >> 8}"
+
+
 class ExitWaiter:
     """Sleep until the child exits or the timeout passes: a pidfd wakes us
     at once on exit (Linux 5.3+); without one, poll."""
@@ -359,6 +385,7 @@ class Attempt:
         self.standby = False       # a spare still waiting (its lines are prefixed "[spare] ")
         self.spare = False         # started as a spare (promoted or not)
         self.fifo = None           # a spare's FIFO: (path, our descriptor)
+        self.next = None           # the spare promoted while this attempt was still exiting
         self.proc = None
         self.pumps = []
         self.lock = threading.Lock()
@@ -481,6 +508,10 @@ class Spares:
         if self.spare is sp:
             self.spare = None
 
+    def ready(self):
+        sp = self.spare
+        return sp is not None and "standby_ready" in sp.at and sp.proc.poll() is None
+
     def promote(self, n, previous):
         """The active attempt failed: the ready spare as attempt n, told to
         go; None (after killing one not ready) when there is none."""
@@ -532,10 +563,21 @@ def attempt_run(args, n, run_id, previous, log, spares=None, promoted=None):
     waiter = ExitWaiter(proc)
     signature, changed = None, time.monotonic()
     recorded = False
+    one_process = os.path.basename(args.command[0]) not in MPI_LAUNCHERS
     while True:
-        rc = waiter.wait(POLL_S)
+        ready = spares is not None and spares.ready()
+        rc = waiter.wait(SPARE_POLL_S if ready and one_process else POLL_S)
         if spares is not None and rc is None:
             spares.tick(a)
+        if rc is None and ready and one_process:
+            code = exit_code_if_dying(proc.pid)
+            if code is not None:  # failed, its memory still being freed: promote now, clean up after
+                a.detected, a.status, a.reason = wall_ms(), "failed", code_words(code) + ", seen exiting"
+                sig, step = heartbeat_read(args.heartbeat)  # (before the spare's heartbeat replaces it)
+                if sig is not None and sig != signature and step is not None:
+                    a.step_seen(step, heartbeat=True)
+                a.next = spares.promote(n + 1, a)
+                break
         sig, step = heartbeat_read(args.heartbeat)
         if sig is not None and sig != signature:
             signature, changed = sig, time.monotonic()
@@ -578,7 +620,7 @@ def attempt_run(args, n, run_id, previous, log, spares=None, promoted=None):
     for t in pumps:
         t.join(READER_JOIN_S)
     sig, step = heartbeat_read(args.heartbeat)  # a last look: the final step it reached
-    if sig is not None and sig != signature and step is not None:
+    if a.next is None and sig is not None and sig != signature and step is not None:
         a.step_seen(step, heartbeat=True)
     if not recorded and a.status != "stopped":  # its first step's line may have come after the exit
         outcome = ("first step done" if "first_step" in a.at else
@@ -674,7 +716,9 @@ def main():
     try:
         while True:
             n += 1
-            promoted = spares.promote(n, previous) if previous is not None else None
+            promoted = None
+            if previous is not None:  # (promoted already when the failed attempt was seen exiting)
+                promoted = previous.next if previous.next is not None else spares.promote(n, previous)
             a = attempt_run(args, n, f"{base}-{n}", previous, log, spares, promoted)
             if a.status == "ok":
                 say(f"attempt {n} finished (exit status 0) after {n - 1} restart(s)")
@@ -697,6 +741,8 @@ def main():
                     "command again: it resumes from the newest complete state")
                 log_write(log, {"event": "gave_up", "attempt": n, "failure": a.reason, "furthest_step": furthest,
                                 "failures_without_progress": no_progress, "at": round(wall_ms())})
+                if a.next is not None:
+                    session_kill(a.next.proc, "the promoted spare (giving up)")
                 return 1
             say(f"attempt {n} failed ({a.reason}) at step {a.last_known()}{last}; restarting "
                 f"({no_progress} of {args.retries} failure(s) in a row without progress)")
