@@ -82,9 +82,18 @@ attempt fails (two failures closer together than a spare's set-up) is
 killed and the command relaunched cold, as without --spare; a spare that
 dies while it waits is replaced (after 3 such deaths in a row the
 supervisor stops making spares and says so). At the end the spare is
-dismissed (its FIFO closed: it exits 0, having written nothing). Spares
-are for one process: with several MPI ranks the realistic form is a
-pre-warmed relaunch of the whole job (README, "A hot spare"), not built.
+dismissed (its FIFO closed: it exits 0, having written nothing).
+One trainer process with a ready spare is looked at every 20 ms: once it is
+seen exiting after a failure (PF_EXITING and a non-zero exit code in
+/proc/PID/stat), the spare is promoted at once, before the kernel has freed
+the dead trainer's memory and dropped its locks (1-2 s for GPT-2 124M here);
+the spare inherits those locks (gptc/state.h's RunLock) and the dead one is
+cleaned up behind it. With an mpirun command the spare is a whole standby
+job, a second `mpirun -np N` with `--standby FIFO` (rank 0 reads the FIFO,
+the other ranks wait for its word): Open MPI cannot put a new process in
+one dead rank's place, so when any rank dies, mpirun ends the rest, and the
+standby job is promoted once mpirun has exited (README, "A hot spare").
+Not under srun (a second job step needs resources of its own).
 
 Left out on purpose: backoff between restarts, e-mail/alerts, replacing a
 dead node (under Slurm that is the job's business: see
