@@ -10,6 +10,7 @@
 #   make test-zero3 ZeRO-3, --topology levels, hierarchical reduction, bytes per level: np 1-4 against 1 process (~35 s)
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py (also with a hot spare) end bit for bit as uninterrupted ones
+#   make test-failover-long  that, and the 2-rank hot spare (a standby mpirun job): killed ranks, a killed spare, two failures, no state
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
 #   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
 #   make test-eval  the multiple-choice eval (--eval-file, HellaSwag) against PyTorch float64, 1 and 2 ranks (~37 s of CPU)
@@ -215,6 +216,11 @@ test-plan: train_gpt train_gpt_mpi
 # SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
 test-failover: train_gpt train_gpt_mpi
 	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+
+# the hot spare of a 2-rank job (a standby mpirun job), all four cases (~40 s; make test runs the first)
+test-failover-long: train_gpt train_gpt_mpi
+	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+	scripts/test_spare_ranks.sh ./train_gpt_mpi
 
 # stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/test_resume.sh)
 test-resume: train_gpt train_gpt_mpi
@@ -592,4 +598,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-failover-long test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean

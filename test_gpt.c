@@ -787,9 +787,96 @@ static void test_init(void) {
     for (size_t j = (size_t)c.vocab_size * c.channels; j < a.param_sizes[0]; j++) pad_zero &= a.params.wte[j] == 0.0f;
     check(ok, "init: N(0, 0.02), projections 0.02/sqrt(2L), biases 0, LayerNorm weights 1", detail);
     check(pad_zero, "init: padded vocabulary rows are zero", "");
+    /* the parallel init (rng_fill_normal, rng_jump) against draws one by one */
+    int jump_ok = 1;
+    uint64_t jumps[] = {0, 1, 2, 63, 64, 1000, 123457, 2 * 124475904ull + 3};
+    for (size_t k = 0; k < sizeof(jumps) / sizeof(jumps[0]); k++) {
+        Rng one, far;
+        rng_init(&one, 11 + k);
+        far = one;
+        for (uint64_t d = 0; d < jumps[k]; d++) rng_u32(&one);
+        rng_jump(&far, jumps[k]);
+        jump_ok &= one.state == far.state;
+    }
+    check(jump_ok, "rng_jump(k) = k draws one by one (k up to 2.5e8)", "");
+    int fill_ok = 1;
+    for (size_t n = 1; n < 2000; n = n * 3 + 1) {
+        float* seq = xmalloc_floats(n);
+        float* par = xmalloc_floats(n);
+        Rng r1, r2;
+        rng_init(&r1, n);
+        rng_init(&r2, n);
+        rng_u32(&r1); rng_u32(&r2); /* an odd offset */
+        for (size_t j = 0; j < n; j++) seq[j] = (float)(0.02 * rng_normal(&r1));
+        rng_fill_normal(&r2, par, n, 0.02);
+        fill_ok &= memcmp(seq, par, n * sizeof(float)) == 0 && r1.state == r2.state;
+        free(seq);
+        free(par);
+    }
+    check(fill_ok, "rng_fill_normal: bitwise the serial rng_normal loop, and the state after it", "");
     c = config_from_depth(12);
     check(parameter_count(&c) == 124475904ull, "d12 has 124,475,904 parameters (Vp = 50304)", "");
     gpt2_free(&a);
+}
+
+/* A promoted standby's locks (gptc/state.h's RunLock.heir): a lock whose
+ * holder on this host is exiting is inherited at once and taken for real
+ * when it comes free; a live holder's is refused, heir or not. The exiting
+ * holder: a child that took the lock, forked a grandchild (which keeps the
+ * lock's open file, so the lock stays held) and exited, unreaped (a zombie). */
+static void test_run_lock_heir(void) {
+    char out[600], shm[600];
+    snprintf(out, sizeof(out), "%s/heir_out", tmpdir);
+    snprintf(shm, sizeof(shm), "%s/heir_shm", tmpdir);
+    CHECK(mkdir(out, 0755) == 0 && mkdir(shm, 0755) == 0, "cannot make %s", out);
+    int ready[2], hold[2];
+    CHECK(pipe(ready) == 0 && pipe(hold) == 0, "pipe: %s", strerror(errno));
+    pid_t child = fork();
+    CHECK(child >= 0, "fork: %s", strerror(errno));
+    if (child == 0) { /* the holder: lock, fork the keeper, exit */
+        close(hold[1]); /* (only the test holds the write end: its close lets the keeper go) */
+        close(ready[0]);
+        RunLock mine;
+        memset(&mine, 0, sizeof(mine));
+        if (run_lock(&mine, out, shm, 0) != 0) _exit(3);
+        pid_t keeper = fork();
+        if (keeper == 0) { /* keeps the locks' open files until the pipe closes */
+            char c;
+            close(ready[1]);
+            if (read(hold[0], &c, 1) < 0) _exit(1); /* (EOF when the test closes its end) */
+            _exit(0);
+        }
+        if (write(ready[1], "k", 1) != 1) _exit(4);
+        _exit(keeper > 0 ? 0 : 5);
+    }
+    close(hold[0]);
+    close(ready[1]);
+    char c;
+    int ok = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    for (int i = 0; i < 2000 && ok && !process_exiting(child); i++) usleep(1000); /* the child exits: a zombie */
+    RunLock plain, heir;
+    memset(&plain, 0, sizeof(plain));
+    memset(&heir, 0, sizeof(heir));
+    printf("(a refusal expected next)\n");
+    int refused = run_lock(&plain, out, shm, 0) != 0;
+    heir.heir = 1;
+    int inherited = run_lock(&heir, out, shm, 0) == 0 && heir.waiting[0] && heir.waiting[1] && heir.dir.fd < 0;
+    close(hold[1]); /* the keeper exits, the kernel drops the locks */
+    run_lock_settle(&heir);
+    int held = heir.dir.fd >= 0 && heir.shm.fd >= 0;
+    int status;
+    waitpid(child, &status, 0);
+    check(ok && process_exiting(child) == 0 && refused && inherited && held,
+          "run lock: a promoted standby inherits the locks of an exiting holder (taken when free); a plain start is refused",
+          "");
+    RunLock again;
+    memset(&again, 0, sizeof(again));
+    again.heir = 1;
+    printf("(a refusal expected next)\n");
+    check(run_lock(&again, out, shm, 0) != 0 && !again.waiting[0] && !again.waiting[1],
+          "run lock: a live holder's locks are refused to a promoted standby too", "");
+    run_unlock(&heir, 1);
 }
 
 static void test_schedules(void) {
@@ -2264,6 +2351,7 @@ int main(int argc, char** argv) {
     test_tokenizer_file();
     test_tokenizer_full_vocab();
     test_init();
+    test_run_lock_heir();
     test_schedules();
     test_cli();
     test_trainer_binary();

@@ -850,11 +850,21 @@ static void gpt2_fill_random_range(const GPT2* model, uint64_t seed, float* dst,
         size_t n = model->param_sizes[i];
         const char* name = PARAMETER_NAMES[i];
         int is_ln_weight = !strcmp(name, "ln1w") || !strcmp(name, "ln2w") || !strcmp(name, "lnfw");
-        double std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? residual_std : 0.02;
-        for (size_t j = 0; j < n; j++, at++) {
-            float x = PARAMETER_IS_MATRIX[i] ? (float)(std * rng_normal(&rng)) : is_ln_weight ? 1.0f : 0.0f;
-            if (at >= lo && at < hi) dst[at - lo] = i == 0 && j >= pad_from ? 0.0f : x;
+        size_t a = at > lo ? at : lo, b = at + n < hi ? at + n : hi; /* this tensor's part of [lo, hi) */
+        if (PARAMETER_IS_MATRIX[i]) {
+            double std = (!strcmp(name, "attprojw") || !strcmp(name, "fcprojw")) ? residual_std : 0.02;
+            if (a < b) {
+                Rng r = rng;
+                rng_jump(&r, 2 * (uint64_t)(a - at)); /* (two draws a normal) */
+                rng_fill_normal(&r, dst + (a - lo), b - a, std); /* all threads, the same numbers as one (gptc/util.h) */
+            }
+            rng_jump(&rng, 2 * (uint64_t)n);
+        } else {
+            for (size_t j = a; j < b; j++) dst[j - lo] = is_ln_weight ? 1.0f : 0.0f;
         }
+        if (i == 0)
+            for (size_t j = a > pad_from ? a : pad_from; j < b; j++) dst[j - lo] = 0.0f;
+        at += n;
     }
 }
 static void gpt2_fill_random(GPT2* model, uint64_t seed) {
@@ -2263,11 +2273,6 @@ static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
  * after a message, or STANDBY_DISMISSED. */
 #define STANDBY_DISMISSED (-2)
 static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o, Dist* dist) {
-    if (o->standby[0] && dist->world > 1) {
-        fprintf(stderr, "error: --standby runs on one process: Open MPI cannot put a new process in a dead rank's "
-                "place, so with several ranks relaunch the whole job (README, \"A hot spare\")\n");
-        return -1;
-    }
     if (dist_check_agreement(dist, model, o, &r->train) != 0) return -1;
     dist_setup_model(dist, model); /* first: under ZeRO it makes the sharded gradients and moments */
     gpt2_alloc_training(model, r->B, r->T);
@@ -2282,13 +2287,14 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         test_hook_standby_setup();
         timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
         mark = startup_begin();
-        int go = standby_wait(o);
+        int go = standby_wait_ranks(o, dist); /* (several ranks: the whole job stands by) */
         startup_end(SU_WAIT, mark);
         if (go <= 0) {
             if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);
             return go == 0 ? STANDBY_DISMISSED : -1;
         }
         printf("standby: promoted: taking the run over\n");
+        r->lock.heir = 1; /* a lock its dying holder's kernel teardown still keeps counts as ours (gptc/state.h) */
         if (train_run_claim(r, o) != 0) return -1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */

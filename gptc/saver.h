@@ -14,7 +14,8 @@
  * state_memory_gather, state_candidates, state_source_of, state_disk_check,
  * state_replica_exchange, state_load_from, state_resume_none,
  * state_sources_print); heartbeat_write,
- * plumbing_wanted, timing_print; standby_wait (a hot spare's wait, --standby); startup_print; inject_at, test_hook_nan, test_hook_spike,
+ * plumbing_wanted, timing_print; standby_wait, standby_wait_ranks (a hot spare's wait, --standby: one
+ * process, or every rank of a standby job); startup_print; inject_at, test_hook_nan, test_hook_spike,
  * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
  * train() and gpu_train() share: train_run_resume, StepOutcome,
  * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
@@ -893,8 +894,7 @@ typedef struct {
  * line on the FIFO, which scripts/supervise.py writes when the trainer it
  * stands behind has died. Returns 1 for "go", 0 for anything else or the
  * FIFO's end (the supervisor went away, or wants it gone), -1 when the FIFO
- * cannot be read (said). (One process only: an MPI job's ranks cannot be
- * replaced one by one — see README, "A hot spare".) */
+ * cannot be read (said). (Several ranks: standby_wait_ranks.) */
 static int standby_wait(const Options* o) {
     printf("standby: ready; waiting for 'go' on %s (no lock taken, nothing written)\n", o->standby);
     fflush(stdout);
@@ -914,6 +914,32 @@ static int standby_wait(const Options* o) {
     close(fd);
     line[n] = '\0';
     return strcmp(line, "go") == 0;
+}
+
+/* A standby JOB (several ranks: supervise.py --spare 1 around mpirun, a
+ * second `mpirun -np N` beside the active one): Open MPI cannot put a new
+ * process in one dead rank's place, so the whole job stands by, and the
+ * whole job is promoted when any rank of the active one dies. Rank 0 waits
+ * on the FIFO (standby_wait); the others wait for its word in a
+ * non-blocking broadcast, tested every 2 ms (a blocking one would spin a
+ * core for as long as the spare waits). Returns standby_wait's verdict on
+ * every rank. Collective. */
+static int standby_wait_ranks(const Options* o, const Dist* d) {
+    int go = d->rank == 0 ? standby_wait(o) : 0;
+#ifdef USE_MPI
+    if (d->world > 1) {
+        MPI_Request req;
+        MPI_CHECK(MPI_Ibcast(&go, 1, MPI_INT, 0, MPI_COMM_WORLD, &req));
+        for (int done = 0; !done;) {
+            MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+            struct timespec ts = {0, 2000000L};
+            if (!done) nanosleep(&ts, NULL);
+        }
+    }
+#else
+    (void)d;
+#endif
+    return go;
 }
 
 /* A test hook: GPTC_STANDBY_SETUP_MS=N makes a standby's set-up N ms
@@ -956,6 +982,7 @@ static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* mod
     if (s->spike)
         printf("step %d: loss %.4f is a spike (z = %.1f > %.1f): update skipped\n", step + 1, s->loss, s->z, o->spike_z);
     if (step == start) {
+        run_lock_settle(&r->lock); /* a promoted standby: the locks it inherited, held for real by now */
         timing_print(d, "first step done", unix_ms());
         startup_print(d);
     }

@@ -11,7 +11,8 @@
  * state_read_header, state_read_arrays, state_load_record; Slot (slot_map,
  * slot_unmap, slot_fill); state_differs; run_id_format, run_id_read;
  * run_tag; RunLock (run_lock, run_lock_path, run_unlock: one trainer per run
- * directory).
+ * directory; run_lock_settle: a promoted standby's locks, inherited from a
+ * process still being torn down; process_exiting).
  */
 #ifndef GPTC_STATE_H
 #define GPTC_STATE_H
@@ -19,6 +20,7 @@
 #include "util.h"
 #include "ledger.h"
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 /* A model file holds the weights only; resuming a run bit for bit needs the
@@ -355,6 +357,37 @@ typedef struct {
     size_t bytes;
 } Slot;
 
+/* Map `bytes` of the file slot `fd` shared at *base and fault every page
+ * in, writable, by all threads, keeping what the file holds. 0; 1 when the
+ * kernel lacks MADV_POPULATE_WRITE (nothing mapped: the caller reserves the
+ * pages another way); -1 (errno set) when the pages cannot be had: a full
+ * /dev/shm is an error now, not a SIGBUS mid-run. */
+static int slot_populate(int fd, size_t bytes, unsigned char** base) {
+#ifdef MADV_POPULATE_WRITE
+    unsigned char* p = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == (unsigned char*)MAP_FAILED) return -1;
+    const size_t chunk = (size_t)32 << 20; /* 32 MiB per madvise, shared out among the threads */
+    long chunks = (long)((bytes + chunk - 1) / chunk);
+    int err = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(max : err)
+    for (long c = 0; c < chunks; c++) {
+        size_t off = (size_t)c * chunk, len = bytes - off < chunk ? bytes - off : chunk;
+        if (madvise(p + off, len, MADV_POPULATE_WRITE) != 0) err = errno;
+    }
+    if (err == 0) {
+        *base = p;
+        return 0;
+    }
+    munmap(p, bytes);
+    if (err == EINVAL) return 1; /* a kernel before 5.14 */
+    errno = err;
+    return -1;
+#else
+    (void)fd; (void)bytes; (void)base;
+    return 1;
+#endif
+}
+
 static int slot_map(Slot* sl, const char* path, size_t bytes) {
     memset(sl, 0, sizeof(*sl));
     sl->bytes = bytes;
@@ -369,7 +402,20 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
         }
         struct stat st;
         int rc = fstat(fd, &st) == 0 && (size_t)st.st_size != bytes ? ftruncate(fd, (off_t)bytes) : 0;
-        if (rc == 0) rc = posix_fallocate(fd, 0, (off_t)bytes);
+        /* a standby maps the slots the active trainer writes, and a file slot
+         * keeps its contents (a snapshot from before a crash must survive
+         * until it is replaced): the pages are reserved and mapped without
+         * writing them. All threads fault them in (MADV_POPULATE_WRITE,
+         * Linux 5.14: as a write would, without writing), which is what
+         * slot set-up costs: on these VMs a fresh page is ~10 us */
+        int pop = rc == 0 ? slot_populate(fd, bytes, &sl->base) : -1;
+        if (pop == 0) {
+            close(fd);
+            ledger_record(MEM_SNAPSHOTS, sl->base, bytes);
+            return 0;
+        }
+        if (pop == 1) rc = posix_fallocate(fd, 0, (off_t)bytes); /* (an older kernel: one thread reserves them) */
+        else if (rc == 0) rc = errno == EFAULT ? ENOSPC : errno; /* (a fault that would have been a SIGBUS: full) */
         if (rc != 0) {
             FILE_ERROR(path, "cannot reserve %.2f GB for a snapshot slot (%s): free space there, point --shm-dir "
                        "elsewhere, or run with --snapshot-every 0", bytes / 1e9, strerror(rc > 0 ? rc : errno));
@@ -377,10 +423,7 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
             remove(path);
             return -1;
         }
-        /* MAP_POPULATE: the kernel maps every page now, in one call (a file
-         * slot keeps its contents: a snapshot from before a crash must
-         * survive until it is replaced; and a standby maps the slots the
-         * active trainer writes, so it must only read them) */
+        /* MAP_POPULATE: the kernel maps every page now, in one call */
         sl->base = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         close(fd);
     }
@@ -510,7 +553,82 @@ static uint64_t run_tag(const char* output_dir) {
  * only when it is promoted: the set-up before train_run_init writes nothing.) */
 typedef struct {
     FileLock dir, shm;
+    /* a promoted standby (--standby) inherits: a lock held by a process on
+     * this host that is already exiting (SIGKILLed: process_exiting) counts
+     * as ours at once, and a thread takes it for real when the kernel drops
+     * it (run_lock_settle). The kernel frees a dead process's memory before
+     * it closes its files, so for a GPT-2 124M trainer the lock comes free
+     * ~0.3-1 s after the kill (gptc/README: failover): time the spare spends
+     * loading the state and taking its first step instead. */
+    int heir;
+    int waiting[2];      /* dir, shm: a thread is waiting for the lock */
+    pthread_t waiter[2];
 } RunLock;
+
+/* Is process `pid` on its way out: exiting (PF_EXITING in /proc/PID/stat's
+ * flags: a fatal signal, or exit) or a zombie? Such a process never runs
+ * its own code again, so nothing it holds can be written by it any more.
+ * 0 for a live process, or one that is gone (then its locks are free, or
+ * held by someone new). */
+static int process_exiting(int pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE* f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char* p = strrchr(buf, ')'); /* after "pid (comm)": the comm may hold anything */
+    char state = '?';
+    int ppid, pgrp, session, tty, tpgid;
+    unsigned flags = 0;
+    if (!p || sscanf(p + 1, " %c %d %d %d %d %d %u", &state, &ppid, &pgrp, &session, &tty, &tpgid, &flags) != 7)
+        return 0;
+    return state == 'Z' || state == 'X' || (flags & 0x4u); /* 0x4: PF_EXITING */
+}
+
+/* The pid in a lock's holder line ("pid N on host H (started ...)", util.h's
+ * file_lock) when H is this host; 0 otherwise. */
+static int lock_holder_local_pid(const char* holder) {
+    int pid = 0;
+    char host[256], me[256];
+    if (sscanf(holder, "pid %d on host %255s", &pid, host) != 2 || gethostname(me, sizeof(me)) != 0) return 0;
+    me[sizeof(me) - 1] = '\0';
+    return strcmp(host, me) == 0 ? pid : 0;
+}
+
+/* A heir's thread: take the lock once the exiting holder's kernel teardown
+ * lets it go (polled every ms, at most 60 s). */
+static void* run_lock_waiter(void* arg) {
+    FileLock* l = (FileLock*)arg;
+    char path[4400], holder[512];
+    snprintf(path, sizeof(path), "%s", l->path);
+    struct timespec ms = {0, 1000000L};
+    for (int i = 0; i < 60000; i++) {
+        FileLock got;
+        if (file_lock(&got, path, holder, sizeof(holder)) == LOCK_TAKEN) {
+            l->fd = got.fd;
+            return NULL;
+        }
+        nanosleep(&ms, NULL);
+    }
+    return NULL;
+}
+
+/* A heir's locks, held for real: wait for its threads (after the first
+ * step: the teardown is long over). A lock still not free then, a minute
+ * after its holder began to exit, is a machine in trouble: say so and exit
+ * (the supervisor restarts the run, which then waits for the lock). */
+static void run_lock_settle(RunLock* l) {
+    for (int which = 0; which < 2; which++) {
+        if (!l->waiting[which]) continue;
+        pthread_join(l->waiter[which], NULL);
+        l->waiting[which] = 0;
+        FileLock* f = which == 0 ? &l->dir : &l->shm;
+        CHECK(f->fd >= 0, "%s is still held a minute after its holder began to exit; this process stops (a restart "
+              "waits for the lock): look at what holds it (cat %s)", f->path, f->path);
+    }
+}
 
 /* The lock file of `which` (0: the output folder's, 1: rank's slots'). */
 static void run_lock_path(char* out, size_t cap, const char* output_dir, const char* shm_dir, int rank, int which) {
@@ -521,6 +639,7 @@ static void run_lock_path(char* out, size_t cap, const char* output_dir, const c
 /* The end of the run: give the locks back (`remove_shm`: the slots are
  * gone, so is their lock file; the output folder's stays, it is tiny). */
 static void run_unlock(RunLock* l, int remove_shm) {
+    run_lock_settle(l);
     file_unlock(&l->shm, remove_shm);
     file_unlock(&l->dir, 0);
 }
@@ -539,7 +658,18 @@ static int run_lock(RunLock* l, const char* output_dir, const char* shm_dir, int
         if ((which == 0 && rank != 0) || (which == 1 && !shm_dir)) continue;
         char path[4400], holder[512];
         run_lock_path(path, sizeof(path), output_dir, shm_dir, rank, which);
-        int rc = file_lock(which == 0 ? &l->dir : &l->shm, path, holder, sizeof(holder));
+        FileLock* f = which == 0 ? &l->dir : &l->shm;
+        int rc = file_lock(f, path, holder, sizeof(holder));
+        int dying = rc == LOCK_HELD && l->heir ? lock_holder_local_pid(holder) : 0;
+        if (dying && process_exiting(dying)) { /* a promoted standby: see RunLock */
+            printf("standby: %s is held by %s, which is exiting: taken over now, the lock follows when the kernel "
+                   "lets it go\n", path, holder);
+            snprintf(f->path, sizeof(f->path), "%s", path);
+            f->fd = -1;
+            CHECK(pthread_create(&l->waiter[which], NULL, run_lock_waiter, f) == 0, "cannot start a thread");
+            l->waiting[which] = 1;
+            continue;
+        }
         if (rc == LOCK_HELD && which == 0)
             fprintf(stderr, "error: --output-dir %s is in use by %s: wait for it, or use another --output-dir\n",
                     output_dir, holder);

@@ -8,7 +8,8 @@
  * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; FileLock
  * (file_lock, file_unlock: one process at a time); HEADER_INTS (the
  * 256-int32 header of every llm.c file); Rng with rng_init, rng_u32,
- * rng_uniform, rng_normal (seeded, one uint64 of state).
+ * rng_uniform, rng_normal (seeded, one uint64 of state), rng_jump, rng_fill_normal
+ * (the same normals, drawn by all threads).
  */
 #ifndef GPTC_UTIL_H
 #define GPTC_UTIL_H
@@ -346,6 +347,65 @@ static double rng_normal(Rng* rng) {
     double u1 = ((rng_u32(rng) >> 8) + 1.0) / 16777217.0; /* (0, 1] */
     double u2 = (rng_u32(rng) >> 8) / 16777216.0;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* Jump ahead: the state `draws` rng_u32 calls later, in about 64 x 64 bit
+ * operations per set bit of `draws`. xorshift64's step (x ^= x >> 12,
+ * x ^= x << 25, x ^= x >> 27) is linear over GF(2), so k steps are one 64x64
+ * bit matrix M^k applied to the state; M^(2^j) are kept (column i: the image
+ * of bit i) and multiplied in for each bit j of `draws`. The same numbers as
+ * drawing them one by one, which test_gpt checks. */
+typedef struct {
+    uint64_t col[64][64]; /* col[j][i]: M^(2^j) applied to 1 << i */
+} RngJumpTable;
+
+static uint64_t rng_matvec(const uint64_t* col, uint64_t x) {
+    uint64_t y = 0;
+    for (int i = 0; x; i++, x >>= 1)
+        if (x & 1) y ^= col[i];
+    return y;
+}
+
+static const RngJumpTable* rng_jump_table(void) {
+    static RngJumpTable t;
+    static int ready = 0;
+#pragma omp critical(gptc_rng_jump_table)
+    if (!ready) {
+        for (int i = 0; i < 64; i++) { /* M: one step of rng_u32's state */
+            uint64_t x = 1ull << i;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            t.col[0][i] = x;
+        }
+        for (int j = 1; j < 64; j++) /* M^(2^j) = M^(2^(j-1)) squared */
+            for (int i = 0; i < 64; i++) t.col[j][i] = rng_matvec(t.col[j - 1], t.col[j - 1][i]);
+        ready = 1;
+    }
+    return &t;
+}
+
+static void rng_jump(Rng* rng, uint64_t draws) {
+    const RngJumpTable* t = rng_jump_table();
+    for (int j = 0; draws; j++, draws >>= 1)
+        if (draws & 1) rng->state = rng_matvec(t->col[j], rng->state);
+}
+
+/* p[0..n) = std * rng_normal, the numbers a loop of rng_normal would give
+ * from `rng` (which ends n normals, 2n draws, further on), computed by all
+ * threads: each jumps to the start of its share. (GPT-2's init: 124M normals
+ * with a log and a cos each are seconds on one core.) */
+static void rng_fill_normal(Rng* rng, float* p, size_t n, double std) {
+    Rng start = *rng;
+#pragma omp parallel
+    {
+        size_t T = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t lo = n / T * t + (t < n % T ? t : n % T), hi = lo + n / T + (t < n % T);
+        Rng r = start;
+        rng_jump(&r, 2 * (uint64_t)lo);
+        for (size_t j = lo; j < hi; j++) p[j] = (float)(std * rng_normal(&r));
+    }
+    rng_jump(rng, 2 * (uint64_t)n);
 }
 
 /* Every llm.c file (model, tokenizer, token shard) and our training state

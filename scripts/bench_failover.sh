@@ -10,6 +10,8 @@
 #                   in the environment picks any other.
 #       --steps N   steps per run in part 1 (default 12)
 #       --kills K   kills per recovery source in part 2 (default 3)
+#       --sources "memory replica disk spare"  part 2's sources (default: all)
+#       --recovery-only  part 2 alone
 #
 # 0. The machine: cores, load, and its first-touch bandwidth: 512 MiB of
 #    fresh memory written once (every page faulted in by the kernel: what a
@@ -59,14 +61,18 @@ set -eu
 cd "$(dirname "$0")/.."
 STEPS=12
 KILLS=3
+SOURCES=""
+RECOVERY_ONLY=0
 MODEL=${MODEL:-"--model d4 --channels 256 --num-heads 4"}
 while [ $# -gt 0 ]; do
     case $1 in
     --gpt2) MODEL="--model d12" ;;
     --steps) STEPS=$2; shift ;;
     --kills) KILLS=$2; shift ;;
+    --sources) SOURCES=$2; shift ;;
+    --recovery-only) RECOVERY_ONLY=1 ;;
     [0-9]*) STEPS=$1 ;; # (the old form: steps per run)
-    *) echo "usage: $0 [--gpt2] [--steps N] [--kills K]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--gpt2] [--steps N] [--kills K] [--sources 'memory replica disk spare'] [--recovery-only]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -99,6 +105,7 @@ COMMON="$MODEL -i $dir/train.bin -b 4 -t 64 --val-every 0 --sample-every 0 --shm
 step_ms() { # the mean wall-clock step time of steps 3..N in a JSONL log (so a save every 5th step counts)
     grep -o '"unix_ms": [0-9]*' "$1" | cut -d' ' -f2 | awk 'NR == 2 { a = $1 } { b = $1; n = NR } END { printf "%.0f", (b - a) / (n - 2) }'
 }
+if [ $RECOVERY_ONLY -eq 0 ]; then
 echo
 echo "1. snapshot cost (B=4, T=64, $STEPS steps)"
 printf "%-46s %8s %9s   %s\n" "configuration" "ms/step" "overhead" "stall per snapshot (trainer's figure)"
@@ -128,6 +135,7 @@ for cfg in "none|" "memory every step, two-phase|--snapshot-every 1" \
 done
 echo "(load now $(cut -d' ' -f1-3 /proc/loadavg): on a shared machine the rows move with the other jobs; compare them"
 echo " with the two baselines)"
+fi
 
 echo
 echo "2. recovery after SIGKILL (memory snapshots every step, disk every 5; median of $KILLS kills per source)"
@@ -168,6 +176,7 @@ MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca odls_base_sigkill_timeo
 sources="memory disk spare"
 if [ -x "$BIN_MPI" ] && command -v mpirun > /dev/null; then sources="memory replica disk spare"
 else echo "(no $BIN_MPI or mpirun: the replica source is left out; make train_gpt_mpi)"; fi
+[ -n "$SOURCES" ] && sources=$SOURCES
 : > "$dir/recovery.txt"
 for from in $sources; do
     run="$dir/rec_$from"
@@ -196,9 +205,20 @@ for from in $sources; do
         done
         if [ $from = replica ]; then kill -KILL "$(rank_pid $live 1)"; else kill -KILL $live; fi
         crash=$(now_ms)
+        last=$(last_step "$run.jsonl") # (before a promoted spare appends to the log)
+        if [ $from = spare ]; then # as supervise.py: promote once the trainer is seen exiting (PF_EXITING), not
+            for ((i = 0; i < 2000; i++)); do # after the kernel has freed its memory (the spare inherits its locks)
+                f=$(sed 's/.*) //' /proc/$live/stat 2>/dev/null | cut -d' ' -f7)
+                [ -z "$f" ] || [ $((f & 4)) -ne 0 ] && break
+                sleep 0.001
+            done
+            echo go >&8
+            start=$(now_ms) # (its process started long before: "launch" is kill -> go)
+            exec 8>&-
+        fi
         wait $live 2>/dev/null || true
+        [ $from = spare ] && echo "$(( $(now_ms) - crash ))" >> "$dir/reaped.txt" # kill -> the old trainer reaped
         live=""
-        last=$(last_step "$run.jsonl")
         if [ $from = replica ]; then rm -f "$shm"/gptc-*-state1-at1-*.bin; fi
         if [ $from = disk ]; then
             rm -f "$shm"/gptc-*
@@ -206,9 +226,6 @@ for from in $sources; do
             fadvise_dontneed "$run"/state_$(printf %08d "$s")_rank*.bin "$run"/model_$(printf %08d "$s").bin
         fi
         if [ $from = spare ]; then
-            echo go >&8
-            start=$(now_ms) # (its process started long before: "launch" is kill -> go)
-            exec 8>&-
             live=$spare
             spare=""
         else
@@ -251,11 +268,13 @@ if "spare" in rows:
     print(f"hot spare: crash -> first resumed step {hot:.0f} ms against state load + one step + 0.5 s = {load:.0f} + "
           f"{first:.0f} + 500 = {load + first + 500:.0f} ms: {'met' if hot <= load + first + 500 else 'NOT met'}")
 EOF
+[ -s "$dir/reaped.txt" ] && echo "(spare: the killed trainer was reaped $(sort -n "$dir/reaped.txt" | tr '\n' ' ')ms after the kill: the kernel freeing its memory, which the promotion no longer waits for)"
 echo "(spare: launch = from the kill to 'go' written, model = the wake (the locks taken); its set-up was done before)"
 echo "(launch: from the kill to main(); with 2 ranks, mpirun's start too. model: building the model (zeros: the random"
 echo " init waits for the verdict), the data, and mapping the snapshot memory, which from disk means allocating it anew,"
 echo " as on a new host; load: finding and reading the state; 1st step: the first step, with its page faults)"
 
+[ $RECOVERY_ONLY -eq 1 ] || [ ! -d "$dir/rec_disk" ] && exit 0
 echo
 echo "3. bytes written per save"
 st=$(ls "$dir"/rec_disk/state_*_rank0.bin | tail -1)

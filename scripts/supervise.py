@@ -82,9 +82,18 @@ attempt fails (two failures closer together than a spare's set-up) is
 killed and the command relaunched cold, as without --spare; a spare that
 dies while it waits is replaced (after 3 such deaths in a row the
 supervisor stops making spares and says so). At the end the spare is
-dismissed (its FIFO closed: it exits 0, having written nothing). Spares
-are for one process: with several MPI ranks the realistic form is a
-pre-warmed relaunch of the whole job (README, "A hot spare"), not built.
+dismissed (its FIFO closed: it exits 0, having written nothing).
+One trainer process with a ready spare is looked at every 20 ms: once it is
+seen exiting after a failure (PF_EXITING and a non-zero exit code in
+/proc/PID/stat), the spare is promoted at once, before the kernel has freed
+the dead trainer's memory and dropped its locks (1-2 s for GPT-2 124M here);
+the spare inherits those locks (gptc/state.h's RunLock) and the dead one is
+cleaned up behind it. With an mpirun command the spare is a whole standby
+job, a second `mpirun -np N` with `--standby FIFO` (rank 0 reads the FIFO,
+the other ranks wait for its word): Open MPI cannot put a new process in
+one dead rank's place, so when any rank dies, mpirun ends the rest, and the
+standby job is promoted once mpirun has exited (README, "A hot spare").
+Not under srun (a second job step needs resources of its own).
 
 Left out on purpose: backoff between restarts, e-mail/alerts, replacing a
 dead node (under Slurm that is the job's business: see
@@ -106,6 +115,8 @@ import threading
 import time
 
 POLL_S = 0.1        # how often the heartbeat is looked at
+SPARE_POLL_S = 0.02 # how often one trainer with a ready spare is looked at (is it exiting?)
+MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "srun")
 KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL for the processes of a failed attempt
 READER_JOIN_S = 2.0 # wait this long for the child's output to drain after it ended
 
@@ -173,9 +184,9 @@ def options_parse(argv):
                      "--output-dir out/run --save-every 100")
     if args.spare not in (0, 1):
         parser.error("--spare must be 0 or 1")
-    if args.spare and os.path.basename(args.command[0]) in ("mpirun", "mpiexec", "srun", "orterun"):
-        parser.error("--spare is for one trainer process: with several ranks Open MPI cannot put a new process in a "
-                     "dead rank's place (see README, \"A hot spare\"); leave --spare out")
+    if args.spare and os.path.basename(args.command[0]) == "srun":
+        parser.error("--spare under srun is not built (a standby job step would need its own allocation); use mpirun, "
+                     "or leave --spare out")
     if args.retries < 0 or args.stale_s <= 0 or args.startup_s <= 0:
         parser.error("--retries must be >= 0, --stale-s and --startup-s > 0")
     for flag in ("--heartbeat", "--resume", "--standby"):
@@ -249,6 +260,30 @@ def session_kill(proc, why):
     say(f"{why}: SIGKILL to {sorted(pids)} (still there {KILL_GRACE_S:.0f} s after SIGTERM)")
     signal_all(pids, signal.SIGKILL)
     proc.wait()
+
+
+def exit_code_if_dying(pid):
+    """A process being torn down after a failure: its exit code (the
+    kernel's: signal in the low 7 bits, else status << 8), read from
+    /proc/PID/stat while PF_EXITING is set and before it is reaped. None
+    while it runs, once it is gone, or when it exits with status 0. The
+    kernel frees a process's memory before it closes its files (drops its
+    locks) and before it becomes a zombie: for a GPT-2 124M trainer that is
+    0.3-1 s here, which a hot spare need not wait for (issue 17)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if len(fields) < 50 or not int(fields[6]) & 0x4:  # flags: PF_EXITING
+        return None
+    code = int(fields[49])  # exit_code (field 52)
+    return code or None
+
+
+def code_words(code):
+    return f"killed by signal {code & 0x7f} ({signal_name(code & 0x7f)})" if code & 0x7f else f"exit status {code >> 8}"
 
 
 class ExitWaiter:
@@ -359,6 +394,7 @@ class Attempt:
         self.standby = False       # a spare still waiting (its lines are prefixed "[spare] ")
         self.spare = False         # started as a spare (promoted or not)
         self.fifo = None           # a spare's FIFO: (path, our descriptor)
+        self.next = None           # the spare promoted while this attempt was still exiting
         self.proc = None
         self.pumps = []
         self.lock = threading.Lock()
@@ -481,6 +517,10 @@ class Spares:
         if self.spare is sp:
             self.spare = None
 
+    def ready(self):
+        sp = self.spare
+        return sp is not None and "standby_ready" in sp.at and sp.proc.poll() is None
+
     def promote(self, n, previous):
         """The active attempt failed: the ready spare as attempt n, told to
         go; None (after killing one not ready) when there is none."""
@@ -532,10 +572,21 @@ def attempt_run(args, n, run_id, previous, log, spares=None, promoted=None):
     waiter = ExitWaiter(proc)
     signature, changed = None, time.monotonic()
     recorded = False
+    one_process = os.path.basename(args.command[0]) not in MPI_LAUNCHERS
     while True:
-        rc = waiter.wait(POLL_S)
+        ready = spares is not None and spares.ready()
+        rc = waiter.wait(SPARE_POLL_S if ready and one_process else POLL_S)
         if spares is not None and rc is None:
             spares.tick(a)
+        if rc is None and ready and one_process:
+            code = exit_code_if_dying(proc.pid)
+            if code is not None:  # failed, its memory still being freed: promote now, clean up after
+                a.detected, a.status, a.reason = wall_ms(), "failed", code_words(code) + ", seen exiting"
+                sig, step = heartbeat_read(args.heartbeat)  # (before the spare's heartbeat replaces it)
+                if sig is not None and sig != signature and step is not None:
+                    a.step_seen(step, heartbeat=True)
+                a.next = spares.promote(n + 1, a)
+                break
         sig, step = heartbeat_read(args.heartbeat)
         if sig is not None and sig != signature:
             signature, changed = sig, time.monotonic()
@@ -578,7 +629,7 @@ def attempt_run(args, n, run_id, previous, log, spares=None, promoted=None):
     for t in pumps:
         t.join(READER_JOIN_S)
     sig, step = heartbeat_read(args.heartbeat)  # a last look: the final step it reached
-    if sig is not None and sig != signature and step is not None:
+    if a.next is None and sig is not None and sig != signature and step is not None:
         a.step_seen(step, heartbeat=True)
     if not recorded and a.status != "stopped":  # its first step's line may have come after the exit
         outcome = ("first step done" if "first_step" in a.at else
@@ -674,7 +725,9 @@ def main():
     try:
         while True:
             n += 1
-            promoted = spares.promote(n, previous) if previous is not None else None
+            promoted = None
+            if previous is not None:  # (promoted already when the failed attempt was seen exiting)
+                promoted = previous.next if previous.next is not None else spares.promote(n, previous)
             a = attempt_run(args, n, f"{base}-{n}", previous, log, spares, promoted)
             if a.status == "ok":
                 say(f"attempt {n} finished (exit status 0) after {n - 1} restart(s)")
@@ -697,6 +750,8 @@ def main():
                     "command again: it resumes from the newest complete state")
                 log_write(log, {"event": "gave_up", "attempt": n, "failure": a.reason, "furthest_step": furthest,
                                 "failures_without_progress": no_progress, "at": round(wall_ms())})
+                if a.next is not None:
+                    session_kill(a.next.proc, "the promoted spare (giving up)")
                 return 1
             say(f"attempt {n} failed ({a.reason}) at step {a.last_known()}{last}; restarting "
                 f"({no_progress} of {args.retries} failure(s) in a row without progress)")

@@ -66,6 +66,10 @@ echo "== failover: runs killed (SIGKILL), hung (SIGSTOP) and host-replaced under
 stage test_failover scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
 tail -n 1 "$LOGS/test_failover.log"
 
+echo "== hot spare for 2 ranks: a standby mpirun job promoted after SIGKILLs of ranks, bit for bit (the rest: make test-failover-long)"
+stage test_spare_ranks scripts/test_spare_ranks.sh --quick ./train_gpt_mpi
+tail -n 1 "$LOGS/test_spare_ranks.log"
+
 echo "== resume: runs stopped and resumed at every step, 1 and 3 shards, shuffled or not, 1 process and 2 ranks, end bit for bit"
 stage test_resume scripts/test_resume.sh ./train_gpt ./train_gpt_mpi
 tail -n 1 "$LOGS/test_resume.log"
