@@ -235,14 +235,14 @@ static void test_memory_check(void) {
 static void test_memory_plan_attention(void) {
     GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
     int B = 16, T = 1024;
-    MemoryPlan p = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES, 0);
+    MemoryPlan p = gpu_memory_plan(&c, B, T, 0);
     size_t lse = (size_t)12 * B * 12 * T * 4, probs = (size_t)12 * B * 12 * T * T * 2;
     size_t scores = (size_t)B * 12 * T * T * 4;
     char d[240];
     snprintf(d, sizeof(d), "attention %.1f MB, activations %.0f MB (the T x T probabilities were %.0f MB more), "
-             "scratch %.0f MB", p.attention / 1048576.0, p.activations / 1048576.0, (probs - lse) / 1048576.0,
-             p.scratch / 1048576.0);
-    check(p.attention == lse && p.scratch < scores, "memory plan: attention keeps B NH T statistics per layer, "
+             "scratch %.0f MB", p.attention / 1048576.0, p.bytes[GMEM_ACTS] / 1048576.0, (probs - lse) / 1048576.0,
+             p.bytes[GMEM_SCRATCH] / 1048576.0);
+    check(p.attention == lse && p.bytes[GMEM_SCRATCH] < scores, "memory plan: attention keeps B NH T statistics per layer, "
           "nothing T x T", d);
 }
 
@@ -258,24 +258,56 @@ static void test_memory_plan_recompute(void) {
     char d[400];
     int at = 0;
     for (int r = 0; r < RECOMPUTE_LEVELS; r++) {
-        p[r] = gpu_memory_plan(&c, B, T, LT_WORKSPACE_BYTES, r);
+        p[r] = gpu_memory_plan(&c, B, T, r);
         at += snprintf(d + at, sizeof(d) - (size_t)at, "%slevel %d: activations %.0f MB + working set %.0f MB",
-                       r ? "; " : "", r, p[r].activations / 1048576.0, p[r].work / 1048576.0);
+                       r ? "; " : "", r, p[r].bytes[GMEM_ACTS] / 1048576.0, p[r].work / 1048576.0);
     }
     int falls = 1, pays = 1, same = 1;
     for (int r = 1; r < RECOMPUTE_LEVELS; r++) {
-        falls &= p[r].activations < p[r - 1].activations;
-        pays &= p[r].activations + p[r].scratch < p[0].activations + p[0].scratch;
+        falls &= p[r].bytes[GMEM_ACTS] < p[r - 1].bytes[GMEM_ACTS];
+        pays &= p[r].bytes[GMEM_ACTS] + p[r].bytes[GMEM_SCRATCH] < p[0].bytes[GMEM_ACTS] + p[0].bytes[GMEM_SCRATCH];
     }
-    for (int r = 0; r < RECOMPUTE_LEVELS; r++) same &= p[0].activations_at[r] == p[r].activations;
+    for (int r = 0; r < RECOMPUTE_LEVELS; r++) same &= p[0].activations_at[r] == p[r].bytes[GMEM_ACTS];
     check(falls && same, "memory plan: activations strictly decrease from --recompute 0 to 3 (GPT-2 124M, B=16 T=1024)",
           d);
     check(pays, "memory plan: each level's activations + scratch below level 0's", "");
-    size_t stream = (size_t)12 * B * T * 768 * 2, rest = p[3].activations - stream;
+    size_t stream = (size_t)12 * B * T * 768 * 2, rest = p[3].bytes[GMEM_ACTS] - stream;
     snprintf(d, sizeof(d), "level 3: residual stream %.0f MB + encoded, lnf, logits, losses %.0f MB",
              stream / 1048576.0, rest / 1048576.0);
-    check(p[3].activations >= stream && rest < (size_t)B * T * (2 * 768 * 2 + 50304 * 2 + 4 * 4) + 8 * 256,
+    check(p[3].bytes[GMEM_ACTS] >= stream && rest < (size_t)B * T * (2 * 768 * 2 + 50304 * 2 + 4 * 4) + 8 * 256,
           "memory plan: level 3 keeps one residual stream per layer", d);
+}
+
+/* The memory plan's model state against DESIGN.md's bytes per parameter
+ * (GPT-2 124M, P = 124,475,904): one GPU 18 P (bf16 weights, fp32 master,
+ * gradients, m, v); --offload 1 moves the master and the moments (12 P) to
+ * the host and pins 4 P of gradients there, the rest unchanged; ZeRO-1 on 4
+ * ranks: the whole bf16 weights 2 P, the gradient buckets 4 P' (P' = W S,
+ * P' - P under (L + 1) W 64 elements of pad), and per shard of S: 4 S
+ * summed gradient, 4 S master, 8 S moments, 2 S bf16 (+ the shard map). */
+static void test_memory_plan_state(void) {
+    GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
+    size_t P = 124475904;
+    GpuPlanKnobs k = {16, 1024, 0, 0, 0, 1, 0, 0};
+    MemoryPlan one = gpu_memory_plan_for(&c, &k);
+    k.offload = 1;
+    MemoryPlan off = gpu_memory_plan_for(&c, &k);
+    GpuPlanKnobs z = {16, 1024, 0, 1, 3, 4, 1, 0};
+    MemoryPlan zero = gpu_memory_plan_for(&c, &z);
+    size_t state1 = one.bytes[GMEM_PARAMS] + one.bytes[GMEM_MASTER] + one.bytes[GMEM_GRADS] + one.bytes[GMEM_ADAMW];
+    size_t Pp = zero.bytes[GMEM_GRADS] / 4 * 4 / 5; /* grads = 4 (W S + S), W = 4: 4 W S = 4/5 of it */
+    size_t S = Pp / 4;
+    char d[300];
+    snprintf(d, sizeof(d), "one GPU %zu bytes of state = %.2f P; offload %.0f MB less on the device, %.0f MB more "
+             "pinned; ZeRO-1 x4: S = %zu, pad %zu", state1, (double)state1 / (double)P,
+             ((double)memory_plan_total(&one) - (double)memory_plan_total(&off)) / 1048576.0,
+             ((double)memory_plan_pinned(&off) - (double)memory_plan_pinned(&one)) / 1048576.0, S, Pp - P);
+    check(state1 == 18 * P && memory_plan_total(&one) - memory_plan_total(&off) == 12 * P &&
+              memory_plan_pinned(&off) - memory_plan_pinned(&one) == 4 * P && off.offloaded == 12 * P &&
+              zero.bytes[GMEM_MASTER] == 4 * S && zero.bytes[GMEM_ADAMW] == 8 * S &&
+              zero.bytes[GMEM_ZERO] == 2 * S + sizeof(ShardMap) && zero.bytes[GMEM_PARAMS] == 2 * P && Pp >= P &&
+              Pp - P < (size_t)13 * 4 * 64 && zero.bytes[GMEM_COMM] == (16 + 3 * 4) * 8,
+          "memory plan: model state 18 P on one GPU, --offload 1 moves 12 P to the host, ZeRO-1 shards it", d);
 }
 
 /* ---- GPU checks --------------------------------------------------------- */
@@ -1119,6 +1151,7 @@ int main(int argc, char** argv) {
     test_memory_check();
     test_memory_plan_attention();
     test_memory_plan_recompute();
+    test_memory_plan_state();
     if (host_only) { /* (make check-cuda: no GPU needed) */
         printf("host-only: %d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed ? 1 : 0;

@@ -60,13 +60,21 @@
  * rank counts, --zero modes and the CPU trainer. STATUS: run on 1-3 emulated
  * GPUs (scripts/test_zero_states.sh, test_gpt.cu), not yet on a GPU.
  *
+ * Memory (issue 14; not run on a GPU; checked on the CPU execution layer):
+ * every cudaMalloc / cudaMallocHost goes through one ledger by component
+ * (G1), gpu_memory_plan_for (G4) predicts the same from the allocators' size
+ * functions, --plan-check 1 compares them byte for byte and --plan lists the
+ * candidates against a budget (G7); --offload 1 keeps the fp32 master and
+ * AdamW's moments on the host, updated by train_gpt.c's AdamW (G4).
+ *
  * Banners:
- *   G1. Checked calls, host waits, device helpers
+ *   G1. Checked calls, host waits, device helpers, the device-memory ledger
  *   G2. Kernels: encoder, layernorm, flash attention, GELU, classifier,
  *       column sums (bias and LayerNorm parameter gradients), norm, AdamW,
  *       the data-parallel layout (shard map, packing)
  *   G3. Matmul through cuBLASLt
- *   G4. The model on the GPU: memory, forward, backward, update
+ *   G4. The model on the GPU: memory and its plan, forward, backward,
+ *       update, the optimizer offload
  *   G5. Throughput and MFU
  *   G6. Data parallel: start-up (MPI or rendezvous), NCCL, buckets and shards
  *   G7. Training loop and main: training states (snapshots, resume), the loop
@@ -167,6 +175,106 @@ static ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, nc
 /* After every launch: catches bad launch configurations at once. (Faults
  * inside a kernel surface at the next synchronising call.) */
 #define KERNEL_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* ---- The device-memory ledger (issue 14; not run on a GPU; checked on the
+ * CPU execution layer) ----
+ * Every cudaMalloc and cudaMallocHost of the trainer goes through gpu_alloc
+ * and gpu_alloc_host, which record the bytes by component; gpu_memory_plan
+ * (G4) predicts the same components from the same size functions the
+ * allocators call, and --plan-check 1 compares the two byte for byte
+ * (gpu_plan_check, G7). Pinned host memory is counted apart from the
+ * device's (it is host RAM). What is left out: NCCL's and cuBLASLt's own
+ * allocations (not ours to see; the memory check's headroom, G4). */
+typedef enum {
+    GMEM_PARAMS,      /* bf16 weights, whole (forward and backward read them): P */
+    GMEM_MASTER,      /* fp32 master weights: P, the ZeRO shard S, none with --offload 1 */
+    GMEM_GRADS,       /* fp32 gradients: P; under ZeRO the buckets and the shard's summed gradient */
+    GMEM_ADAMW,       /* AdamW's m and v: P each, S each under ZeRO, none with --offload 1 */
+    GMEM_ZERO,        /* ZeRO: the shard's updated bf16 weights (S) and the shard map */
+    GMEM_ACTS,        /* the activations kept for backward (gpu_activation_sizes, per --recompute) */
+    GMEM_SCRATCH,     /* one layer's gradients, the classifier's and reductions' partials, the recompute working set */
+    GMEM_CUBLASLT,    /* cuBLASLt's workspace and the bias copy */
+    GMEM_STEP_INPUTS, /* tokens, the encoder's chunk buffers, the update's values (gpu_step_input_sizes) */
+    GMEM_COMM,        /* the communicator's scalar slots (sums, fingerprints) */
+    GMEM_TRANSIENT,   /* freed before the call returns (gpu_bf16_to_host): 0 between calls */
+    GMEM_DEVICE,      /* (the number of device components) */
+    /* pinned host memory (cudaMallocHost) */
+    GMEM_HOST_STEP_INPUTS = GMEM_DEVICE, /* StepInputs' host copy */
+    GMEM_HOST_LOSSES,  /* the micro-batches' losses and the norm */
+    GMEM_HOST_COMM,    /* the communicator's slots' host copy */
+    GMEM_HOST_OFFLOAD, /* --offload 1: the gradients' host copy (P fp32) */
+    GMEM_COMPONENTS
+} GpuMemComponent;
+
+static const char* const GMEM_NAMES[GMEM_COMPONENTS] = {
+    "bf16 weights", "fp32 master", "fp32 gradients", "AdamW moments", "ZeRO shard", "activations", "scratch",
+    "cuBLASLt", "step inputs", "communicator", "transient",
+    "pinned: step inputs", "pinned: losses", "pinned: communicator", "pinned: offload gradients"};
+
+#define GPU_LEDGER_ENTRIES 64 /* live allocations at most (a run holds about 20) */
+typedef struct {
+    struct { const void* p; size_t bytes; int component; } live[GPU_LEDGER_ENTRIES];
+    int num_live;
+    size_t now[GMEM_COMPONENTS]; /* bytes held now, by component */
+    size_t device, device_peak;  /* device bytes held now, and the most ever held at once */
+} GpuLedger;
+
+static GpuLedger gpu_ledger;
+
+static void gpu_ledger_add(const void* p, size_t bytes, int component) {
+    GpuLedger* l = &gpu_ledger;
+    CHECK(l->num_live < GPU_LEDGER_ENTRIES, "gpu_ledger: more than %d live allocations: raise GPU_LEDGER_ENTRIES",
+          GPU_LEDGER_ENTRIES);
+    l->live[l->num_live].p = p;
+    l->live[l->num_live].bytes = bytes;
+    l->live[l->num_live].component = component;
+    l->num_live++;
+    l->now[component] += bytes;
+    if (component < GMEM_DEVICE) {
+        l->device += bytes;
+        if (l->device > l->device_peak) l->device_peak = l->device;
+    }
+}
+
+static void gpu_ledger_drop(const void* p) {
+    GpuLedger* l = &gpu_ledger;
+    for (int i = 0; i < l->num_live; i++) {
+        if (l->live[i].p != p) continue;
+        l->now[l->live[i].component] -= l->live[i].bytes;
+        if (l->live[i].component < GMEM_DEVICE) l->device -= l->live[i].bytes;
+        l->live[i] = l->live[--l->num_live];
+        return;
+    }
+    CHECK(0, "gpu_ledger: %p was not allocated through gpu_alloc / gpu_alloc_host", p);
+}
+
+/* cudaMalloc of `bytes` for `component`, recorded (NULL for 0 bytes). */
+static void* gpu_alloc(size_t bytes, int component) {
+    ALWAYS(component >= 0 && component < GMEM_DEVICE);
+    if (bytes == 0) return NULL;
+    void* p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    gpu_ledger_add(p, bytes, component);
+    return p;
+}
+static void gpu_release(void* p) {
+    if (!p) return;
+    gpu_ledger_drop(p);
+    CUDA_CHECK(cudaFree(p));
+}
+/* cudaMallocHost (pinned host memory), recorded. */
+static void* gpu_alloc_host(size_t bytes, int component) {
+    ALWAYS(component >= GMEM_DEVICE && component < GMEM_COMPONENTS);
+    void* p = NULL;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    gpu_ledger_add(p, bytes, component);
+    return p;
+}
+static void gpu_release_host(void* p) {
+    if (!p) return;
+    gpu_ledger_drop(p);
+    CUDA_CHECK(cudaFreeHost(p));
+}
 
 /* The communicator the host watches while it waits (G6 sets it; NULL with
  * one process), and how long a wait may last. File scope because the exit
@@ -1726,7 +1834,7 @@ __device__ __forceinline__ floatX bf16_round_stochastic(float x, uint32_t random
 
 /* Clip coefficient from the global norm: torch.nn.utils.clip_grad_norm_'s
  * rule, as train_gpt.c's gradients_clip_to (max_norm <= 0: no clipping). */
-__device__ __forceinline__ float clip_coef(float norm, float max_norm) {
+__host__ __device__ __forceinline__ float clip_coef(float norm, float max_norm) { /* (the host's too: --offload 1) */
     float coef = 1.0f;
     if (max_norm > 0.0f && isfinite(norm)) {
         float c = max_norm / (norm + 1e-6f);
@@ -2085,9 +2193,9 @@ static void lt_init(LtContext* lt, size_t workspace_bytes, size_t bias_elems) {
     memset(lt, 0, sizeof(*lt));
     CUBLAS_CHECK(cublasLtCreate(&lt->handle));
     lt->workspace_bytes = workspace_bytes;
-    CUDA_CHECK(cudaMalloc(&lt->workspace, workspace_bytes));
+    lt->workspace = gpu_alloc(workspace_bytes, GMEM_CUBLASLT);
     lt->bias_copy_elems = bias_elems;
-    CUDA_CHECK(cudaMalloc((void**)&lt->bias_copy, bias_elems * sizeof(floatX))); /* cudaMalloc: 256-byte aligned */
+    lt->bias_copy = (floatX*)gpu_alloc(bias_elems * sizeof(floatX), GMEM_CUBLASLT); /* cudaMalloc: 256-byte aligned */
 }
 
 static void lt_slot_free(LtSlot* s) {
@@ -2099,8 +2207,8 @@ static void lt_slot_free(LtSlot* s) {
 static void lt_free(LtContext* lt) {
     for (int i = 0; i < lt->cached; i++) lt_slot_free(&lt->slots[i]);
     CUBLAS_CHECK(cublasLtDestroy(lt->handle));
-    CUDA_CHECK(cudaFree(lt->workspace));
-    CUDA_CHECK(cudaFree(lt->bias_copy));
+    gpu_release(lt->workspace);
+    gpu_release(lt->bias_copy);
     memset(lt, 0, sizeof(*lt));
 }
 
@@ -2574,6 +2682,14 @@ typedef struct {
     cudaGraphExec_t graph_micro, graph_update;
     MicroBatchShape graph_micro_shape;
     UpdateShape graph_update_shape;
+    /* --offload 1 (G4, the optimizer offload): the fp32 master and the moments are the host model's own
+     * arrays, pinned, updated by train_gpt.c's AdamW; NULL / 0 without it */
+    int offload;
+    GPT2* off_host;          /* params_memory (the master), m_memory, v_memory (P each), cudaHostRegister'ed */
+    float* off_grads;        /* (P) pinned: the gradients' host copy */
+    cudaStream_t off_stream; /* the gradients' device-to-host copies, tensor by tensor */
+    cudaEvent_t off_ready;   /* compute stream: the gradients are final */
+    cudaEvent_t off_copied[NUM_PARAMETER_TENSORS]; /* off_stream: tensor k's gradients are on the host */
     /* the last forward */
     int last_B, last_T, has_targets, micro;
     float* h_loss_mean;    /* pinned (MAX_MICRO_STEPS + 1): the micro-batches' losses, then the norm */
@@ -2582,40 +2698,119 @@ typedef struct {
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* Hopper's kernels want up to 32 MB */
 #define LT_BIAS_COPY_ELEMS(c) ((size_t)4 * (c)->channels) /* the longest bias, fcb (4C) */
 
+/* ---- The memory plan (issue 14: the device's bytes by component, computed
+ * with the size functions the allocators call, so plan and allocation cannot
+ * drift; --plan-check 1 proves them equal against the ledger, G1; not run on
+ * a GPU; checked on the CPU execution layer, scripts/test_gpu_plan.sh) ---- */
+
+#define DP_SCALARS 16 /* the communicator's 8-byte slots for sums; 3 W more for the fingerprints */
+static size_t gpu_comm_slots(int world) { return DP_SCALARS + 3 * (size_t)world; }
+
+/* What the plan holds and what it leaves out. In: every buffer of ours (G1's
+ * components). Zero by construction: snapshots (the host model's arrays,
+ * cudaHostRegister'ed, and under ZeRO the gradient buckets as staging, free
+ * between steps), --gelu-fusion (its epilogue's aux output is fch, an
+ * activation), --cuda-graphs (no buffers of ours; the graphs' own memory is
+ * the driver's). Out, beside the plan in the start-up check's headroom:
+ * NCCL's channel buffers and cuBLASLt's and the CUDA context's own memory,
+ * which we do not allocate (memory_headroom_print says what is measured and
+ * what is an allowance); the offloaded master and moments are host memory
+ * (`offloaded`, the host model's arrays, pinned). */
+
+/* What the device memory depends on, for one rank (the model aside). */
+typedef struct {
+    int B, T;
+    int recompute;     /* --recompute 0..3 */
+    int zero;          /* --zero 0/1/2 */
+    int rank, world;
+    int comm;          /* an NCCL communicator: several ranks, or ZeRO even on one (gpu_comm_init) */
+    int offload;       /* --offload 1: master weights and moments in pinned host memory (G8) */
+} GpuPlanKnobs;
+
+/* ZeRO's per-rank sizes (dp_layout's): S, the shard's elements, and the
+ * gradient buckets' floats (ZeRO-1: all L + 1 buckets padded; ZeRO-2 two
+ * layer slots and the rest's bucket; 0 without ZeRO). */
+static void dp_sizes(const GPT2Config* c, int zero, int rank, int world, ShardMap* map, size_t* shard,
+                     size_t* grad_floats) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
+    shard_map_init(map, sizes, c->num_layers, rank, world);
+    *shard = shard_map_elements(map);
+    *grad_floats = zero == 1 ? *shard * (size_t)world
+                 : zero == 2 ? (2 * map->layer.piece + map->rest.piece) * (size_t)world : 0;
+}
+
 /* What the plan says, in bytes, before allocating. */
 typedef struct {
-    size_t params, grads, optimizer, activations, scratch, workspace, tokens;
+    size_t bytes[GMEM_COMPONENTS]; /* by component (G1's names); device ones first, then pinned host */
     size_t attention; /* of the activations: flash attention's log-sum-exp, all it keeps (L, B, NH, T) */
     int recompute;    /* the level planned (--recompute) */
     size_t work;      /* of the scratch: one layer's working set of what that level recomputes */
     size_t activations_at[RECOMPUTE_LEVELS]; /* the activations each level would keep, to compare */
+    size_t offloaded; /* --offload 1: the host's fp32 master and moments (12 P; the host model's own arrays, pinned) */
 } MemoryPlan;
 
-static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, size_t workspace, int recompute) {
+static MemoryPlan gpu_memory_plan_for(const GPT2Config* c, const GpuPlanKnobs* k) {
     MemoryPlan p;
+    memset(&p, 0, sizeof(p));
+    int B = k->B, T = k->T, recompute = k->recompute;
     size_t P = parameter_count(c), n[32], bytes[32];
-    p.params = P * 2;
-    p.grads = P * 4;
-    p.optimizer = P * 12; /* master, m, v */
+    /* the model state (gpu_model_init_with, dp_init): whole on one GPU or under --zero 0, else ZeRO's shard */
+    p.bytes[GMEM_PARAMS] = P * sizeof(floatX);
+    if (k->zero > 0 && k->comm) {
+        ShardMap map;
+        size_t S, grad_floats;
+        dp_sizes(c, k->zero, k->rank, k->world, &map, &S, &grad_floats);
+        p.bytes[GMEM_MASTER] = S * sizeof(float);
+        p.bytes[GMEM_GRADS] = (grad_floats + S) * sizeof(float); /* the buckets, and the shard's sum */
+        p.bytes[GMEM_ADAMW] = 2 * S * sizeof(float);
+        p.bytes[GMEM_ZERO] = S * sizeof(floatX) + sizeof(ShardMap);
+    } else {
+        p.bytes[GMEM_GRADS] = P * sizeof(float);
+        if (k->offload) {
+            p.bytes[GMEM_HOST_OFFLOAD] = P * sizeof(float);
+            p.offloaded = 3 * P * sizeof(float);
+        } else {
+            p.bytes[GMEM_MASTER] = P * sizeof(float);
+            p.bytes[GMEM_ADAMW] = 2 * P * sizeof(float);
+        }
+    }
+    /* activations and scratch (gpu_model_init_with's tables) */
     p.recompute = recompute;
     for (int r = 0; r < RECOMPUTE_LEVELS; r++) {
         gpu_activation_sizes(n, bytes, c, B, T, r);
         p.activations_at[r] = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
     }
     gpu_activation_sizes(n, bytes, c, B, T, recompute);
-    p.activations = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
+    p.bytes[GMEM_ACTS] = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
     p.attention = n[6] * bytes[6]; /* lse (0 at level 3: recomputed with the layer) */
     gpu_scratch_sizes(n, bytes, c, B, T, recompute);
-    p.scratch = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
+    p.bytes[GMEM_SCRATCH] = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
     p.work = n[NUM_GPU_SCRATCH - 1];
-    p.workspace = workspace + ((LT_BIAS_COPY_ELEMS(c) * sizeof(floatX) + 255) & ~(size_t)255); /* + the bias copy */
+    p.bytes[GMEM_CUBLASLT] = LT_WORKSPACE_BYTES + LT_BIAS_COPY_ELEMS(c) * sizeof(floatX); /* (lt_init) */
     gpu_step_input_sizes(n, bytes, B, T, c->vocab_size);
-    p.tokens = carve_bytes(n, bytes, NUM_STEP_INPUTS);
+    p.bytes[GMEM_STEP_INPUTS] = p.bytes[GMEM_HOST_STEP_INPUTS] = carve_bytes(n, bytes, NUM_STEP_INPUTS);
+    p.bytes[GMEM_HOST_LOSSES] = (MAX_MICRO_STEPS + 1) * sizeof(float);
+    if (k->comm) p.bytes[GMEM_COMM] = p.bytes[GMEM_HOST_COMM] = gpu_comm_slots(k->world) * sizeof(uint64_t);
     return p;
 }
 
+/* One GPU, --zero 0 (test_gpt.cu's plans). */
+[[maybe_unused]] static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, int recompute) {
+    GpuPlanKnobs k = {B, T, recompute, 0, 0, 1, 0, 0};
+    return gpu_memory_plan_for(c, &k);
+}
+
+/* Device bytes in the plan (pinned host memory apart). */
 static size_t memory_plan_total(const MemoryPlan* p) {
-    return p->params + p->grads + p->optimizer + p->activations + p->scratch + p->workspace + p->tokens;
+    size_t t = 0;
+    for (int i = 0; i < GMEM_DEVICE; i++) t += p->bytes[i];
+    return t;
+}
+static size_t memory_plan_pinned(const MemoryPlan* p) {
+    size_t t = 0;
+    for (int i = GMEM_DEVICE; i < GMEM_COMPONENTS; i++) t += p->bytes[i];
+    return t;
 }
 
 /* The names of the per-layer activations level r keeps (kept 1) or
@@ -2631,11 +2826,15 @@ static void recompute_names(char* out, size_t cap, int r, int kept) {
 
 static void memory_plan_print(const MemoryPlan* p) {
     double mb = 1.0 / (1024.0 * 1024.0);
-    printf("memory plan: parameters bf16 %.0f MB, gradients fp32 %.0f MB, master+AdamW fp32 %.0f MB, "
-           "activations %.0f MB (attention keeps %.1f MB of row statistics, nothing T x T), scratch %.0f MB, "
-           "cuBLASLt workspace %.0f MB: total %.0f MB\n",
-           p->params * mb, p->grads * mb, p->optimizer * mb, p->activations * mb, p->attention * mb, p->scratch * mb,
-           p->workspace * mb, memory_plan_total(p) * mb);
+    char parts[1024];
+    size_t at = 0;
+    for (int i = 0; i < GMEM_DEVICE; i++)
+        if (p->bytes[i] && at < sizeof(parts))
+            at += (size_t)snprintf(parts + at, sizeof(parts) - at, "%s%s %.1f", at ? ", " : "", GMEM_NAMES[i],
+                                   p->bytes[i] * mb);
+    printf("memory plan (device MB): %s: total %.1f MB (attention keeps %.1f MB of row statistics, nothing T x T); "
+           "pinned host %.1f MB%s\n", parts, memory_plan_total(p) * mb, p->attention * mb, memory_plan_pinned(p) * mb,
+           p->offloaded ? " (+ the host's master weights and moments, pinned: --offload 1)" : "");
     char kept[256], redone[256];
     recompute_names(kept, sizeof(kept), p->recompute, 1);
     recompute_names(redone, sizeof(redone), p->recompute, 0);
@@ -2643,7 +2842,7 @@ static void memory_plan_print(const MemoryPlan* p) {
            "recomputes in backward %s (into one layer's working set of %.0f MB, in the scratch): saves %.0f MB "
            "against level 0 (not yet run on a GPU)\n", p->recompute, p->activations_at[0] * mb,
            p->activations_at[1] * mb, p->activations_at[2] * mb, p->activations_at[3] * mb, p->recompute, kept,
-           redone, p->work * mb, ((double)p->activations_at[0] - (double)p->activations - (double)p->work) * mb);
+           redone, p->work * mb, ((double)p->activations_at[0] - (double)p->bytes[GMEM_ACTS] - (double)p->work) * mb);
 }
 
 /* The start-up memory check. cudaMemGetInfo's free bytes are not all the
@@ -2721,23 +2920,35 @@ static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, 
                                int update) {
     size_t P = g->num_parameters;
     uint32_t seed = update < 0 ? 0u : gpu_update_seed(run_seed, update);
-    ALWAYS(g->master_memory != NULL);
-    CUDA_CHECK(cudaMemcpyAsync(g->master_memory, params, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
-    if (m) CUDA_CHECK(cudaMemcpyAsync(g->m_memory, m, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
-    if (v) CUDA_CHECK(cudaMemcpyAsync(g->v_memory, v, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    /* --offload 1: the master stays on the host (its arrays take params, m, v), staged on the device in the
+     * gradient buffer (free between steps, zeroed again below) for the rounding */
+    float* master = g->offload ? g->grads_memory : g->master_memory;
+    ALWAYS(master != NULL);
+    if (g->offload) {
+        GPT2* h = g->off_host;
+        gpu_wait(g->stream, NULL); /* (no copy-back in flight from the host arrays) */
+        if (params != h->params_memory) memcpy(h->params_memory, params, P * sizeof(float));
+        if (m && m != h->m_memory) memcpy(h->m_memory, m, P * sizeof(float));
+        if (v && v != h->v_memory) memcpy(h->v_memory, v, P * sizeof(float));
+    } else {
+        if (m) CUDA_CHECK(cudaMemcpyAsync(g->m_memory, m, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+        if (v) CUDA_CHECK(cudaMemcpyAsync(g->v_memory, v, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(master, params, P * sizeof(float), cudaMemcpyHostToDevice, g->stream));
     if (update < 0) {
-        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, g->master_memory, P);
+        float_to_bf16_kernel<<<ceil_div((long long)P, 256), 256, 0, g->stream>>>(g->params_memory, master, P);
         KERNEL_CHECK();
     } else {
         size_t offset = 0; /* tensor by tensor, with adamw_kernel's seeds (gpu_adamw_update) */
         for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
             size_t n = g->param_sizes[k];
             bf16_round_stochastic_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(
-                g->params_memory + offset, g->master_memory + offset, n, seed * 16u + (uint32_t)k);
+                g->params_memory + offset, master + offset, n, seed * 16u + (uint32_t)k);
             KERNEL_CHECK();
             offset += n;
         }
     }
+    if (g->offload) CUDA_CHECK(cudaMemsetAsync(g->grads_memory, 0, P * sizeof(float), g->stream));
     gpu_wait(g->stream, NULL); /* the host arrays may change once this returns */
 }
 
@@ -2746,8 +2957,10 @@ static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, 
  * full_state 0 (ZeRO, G6) the bf16 weights are allocated but not filled, and
  * the rest is left to the data-parallel setup (dp_init): the gradients, and
  * this rank's shard of the master weights and moments. */
+static void gpu_offload_init(GpuGPT2* g, GPT2* host);
+
 static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion, int recompute,
-                                int full_state) {
+                                int full_state, int offload) {
     memset(g, 0, sizeof(*g));
     g->config = host->config;
     memcpy(g->param_sizes, host->param_sizes, sizeof(g->param_sizes));
@@ -2766,29 +2979,32 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     lt_init(&g->lt, LT_WORKSPACE_BYTES, LT_BIAS_COPY_ELEMS(c));
     size_t P = g->num_parameters;
-    CUDA_CHECK(cudaMalloc((void**)&g->params_memory, P * sizeof(floatX)));
+    g->params_memory = (floatX*)gpu_alloc(P * sizeof(floatX), GMEM_PARAMS);
     parameters_point_x(&g->params, g->params_memory, c);
+    ALWAYS(!offload || full_state);
     if (full_state) {
-        CUDA_CHECK(cudaMalloc((void**)&g->master_memory, P * sizeof(float)));
-        CUDA_CHECK(cudaMalloc((void**)&g->grads_memory, P * sizeof(float)));
-        CUDA_CHECK(cudaMalloc((void**)&g->m_memory, P * sizeof(float)));
-        CUDA_CHECK(cudaMalloc((void**)&g->v_memory, P * sizeof(float)));
+        g->grads_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_GRADS);
         CUDA_CHECK(cudaMemset(g->grads_memory, 0, P * sizeof(float)));
-        CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
-        CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
         parameters_point(&g->grads, g->grads_memory, c);
-        gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1);
+        if (!offload) { /* (--offload 1: on the host, gpu_offload_init below) */
+            g->master_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_MASTER);
+            g->m_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_ADAMW);
+            g->v_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_ADAMW);
+            CUDA_CHECK(cudaMemset(g->m_memory, 0, P * sizeof(float)));
+            CUDA_CHECK(cudaMemset(g->v_memory, 0, P * sizeof(float)));
+            gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1);
+        }
     }
 
     size_t n[32], bytes[32];
     /* the plan's tables (gpu_memory_plan), allocated as they say */
     gpu_activation_sizes(n, bytes, c, B, T, recompute);
     g->acts_bytes = carve_bytes(n, bytes, NUM_GPU_ACTIVATIONS);
-    CUDA_CHECK(cudaMalloc(&g->acts_memory, g->acts_bytes));
+    g->acts_memory = gpu_alloc(g->acts_bytes, GMEM_ACTS);
     carve((void**)&g->acts, (char*)g->acts_memory, n, bytes, NUM_GPU_ACTIVATIONS);
     gpu_scratch_sizes(n, bytes, c, B, T, recompute);
     g->scratch_bytes = carve_bytes(n, bytes, NUM_GPU_SCRATCH);
-    CUDA_CHECK(cudaMalloc(&g->scratch_memory, g->scratch_bytes));
+    g->scratch_memory = gpu_alloc(g->scratch_bytes, GMEM_SCRATCH);
     carve((void**)&g->scratch, (char*)g->scratch_memory, n, bytes, NUM_GPU_SCRATCH);
     gpu_layer_work_sizes(n, bytes, c, B, T, recompute);
     carve((void**)&g->work, (char*)g->scratch.work, n, bytes, NUM_GPU_ACTIVATIONS);
@@ -2797,13 +3013,11 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     size_t tn[NUM_STEP_INPUTS], tb[NUM_STEP_INPUTS];
     gpu_step_input_sizes(tn, tb, B, T, c->vocab_size);
     size_t tbytes = carve_bytes(tn, tb, NUM_STEP_INPUTS);
-    void* hmem;
-    void* dmem;
-    CUDA_CHECK(cudaMallocHost(&hmem, tbytes));
-    CUDA_CHECK(cudaMalloc(&dmem, tbytes));
+    void* hmem = gpu_alloc_host(tbytes, GMEM_HOST_STEP_INPUTS);
+    void* dmem = gpu_alloc(tbytes, GMEM_STEP_INPUTS);
     carve((void**)&g->host, (char*)hmem, tn, tb, NUM_STEP_INPUTS);
     carve((void**)&g->dev, (char*)dmem, tn, tb, NUM_STEP_INPUTS);
-    CUDA_CHECK(cudaMallocHost((void**)&g->h_loss_mean, (MAX_MICRO_STEPS + 1) * sizeof(float)));
+    g->h_loss_mean = (float*)gpu_alloc_host((MAX_MICRO_STEPS + 1) * sizeof(float), GMEM_HOST_LOSSES);
     g->bucket_count = (int*)xmalloc(sizeof(int) * (size_t)c->vocab_size);
     g->bucket_token = (int*)xmalloc(sizeof(int) * BT);
     g->bucket_start = (int*)xmalloc(sizeof(int) * (BT + 1));
@@ -2812,29 +3026,33 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     CUDA_CHECK(cudaEventCreateWithFlags(&g->update_sent, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (offload) gpu_offload_init(g, (GPT2*)host); /* (the host model's arrays become the optimizer's state) */
 }
 
 /* (test_gpt.cu's entries: one GPU, the whole state; --recompute 0, or a level) */
 [[maybe_unused]] static void gpu_model_init_level(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion,
                                                   int recompute) {
-    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1);
+    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1, 0);
 }
 [[maybe_unused]] static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
     gpu_model_init_level(g, host, B, T, gelu_fusion, 0);
 }
 
+static void gpu_offload_free(GpuGPT2* g);
+
 static void gpu_model_free(GpuGPT2* g) {
     gpu_wait(g->stream, NULL);
-    CUDA_CHECK(cudaFree(g->params_memory));
-    CUDA_CHECK(cudaFree(g->grads_memory));
-    CUDA_CHECK(cudaFree(g->master_memory));
-    CUDA_CHECK(cudaFree(g->m_memory));
-    CUDA_CHECK(cudaFree(g->v_memory));
-    CUDA_CHECK(cudaFree(g->acts_memory));
-    CUDA_CHECK(cudaFree(g->scratch_memory));
-    CUDA_CHECK(cudaFreeHost(g->host.inputs));
-    CUDA_CHECK(cudaFree(g->dev.inputs));
-    CUDA_CHECK(cudaFreeHost(g->h_loss_mean));
+    gpu_offload_free(g);
+    gpu_release(g->params_memory);
+    gpu_release(g->grads_memory);
+    gpu_release(g->master_memory);
+    gpu_release(g->m_memory);
+    gpu_release(g->v_memory);
+    gpu_release(g->acts_memory);
+    gpu_release(g->scratch_memory);
+    gpu_release_host(g->host.inputs);
+    gpu_release(g->dev.inputs);
+    gpu_release_host(g->h_loss_mean);
     CUDA_CHECK(cudaEventDestroy(g->copied));
     CUDA_CHECK(cudaEventDestroy(g->update_sent));
     if (g->graph_micro) CUDA_CHECK(cudaGraphExecDestroy(g->graph_micro));
@@ -3141,6 +3359,111 @@ static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t
     CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
 }
 
+/* ---- Optimizer offload (--offload 1, ZeRO-Offload; issue 14) ------------
+ * Not run on a GPU; checked on the CPU execution layer (scripts/
+ * test_gpu_plan.sh: the same model bytes as the run without it). The fp32
+ * master weights and AdamW's moments stay on the host: they are the host
+ * model's own params_memory, m_memory and v_memory (P floats each, pinned
+ * with cudaHostRegister), so samples, checkpoints and training states read
+ * them where they are. The device keeps the bf16 weights and the fp32
+ * gradients: 12 bytes per parameter less (the memory plan's master and
+ * moments). Each update, tensor by tensor (16 of them, file order):
+ *   1. the gradients are copied to pinned host memory on a stream of their
+ *      own (all 16 queued at once, an event after each);
+ *   2. the host waits for tensor k's, scales it by the clip coefficient
+ *      (clip_coef, the kernel's own float arithmetic), and runs train_gpt.c's
+ *      OpenMP AdamW over it (adamw_update_range: the same expression, in the
+ *      same order, as adamw_element);
+ *   3. tensor k's new master goes back into the device's gradient buffer
+ *      (free: its gradients were copied in step 1) on the compute stream,
+ *      where bf16_round_stochastic_kernel rounds it with adamw_kernel's seed
+ *      (step seed x 16 + k) and element index: the bf16 weights adamw_kernel
+ *      would have written from that master, bit for bit.
+ * Overlapped: the copies of tensors k+1.. to the host, and the copy back and
+ * rounding of tensor k-1, with the host's AdamW of tensor k. Not overlapped:
+ * the next step's forward starts after the last tensor's rounding, on the
+ * compute stream (each layer reads its slice of every stacked tensor, qkvw
+ * (L, 3C, C) and the rest, and layer 0 reads wte, the last tensor to finish
+ * in file order but the first, so a layer-by-layer overlap would need the
+ * update in layer order over the ShardMap buckets: not built). Then the
+ * gradient buffer is zeroed (dp_zero_grad) before the next backward.
+ * Same training: on the CPU execution layer host and kernel are the same
+ * compiler's arithmetic (no FMA contraction without -march), so the model
+ * bytes are equal; on a GPU nvcc contracts a*b+c into FMAs (--fmad=true by
+ * default) and the fp32 master may differ by an ulp or so per step from the
+ * kernel's, which changes a stochastically rounded bf16 weight only where the
+ * master sits within that ulp of a rounding threshold (about 2^-16 of
+ * them per step): expect agreement to within bf16 noise, not bitwise. */
+static void gpu_offload_init(GpuGPT2* g, GPT2* host) {
+    size_t P = g->num_parameters;
+    g->offload = 1;
+    g->off_host = host;
+    if (!host->m_memory) host->m_memory = (float*)calloc(P, sizeof(float)); /* (gpt2_free frees them) */
+    if (!host->v_memory) host->v_memory = (float*)calloc(P, sizeof(float));
+    CHECK(host->m_memory && host->v_memory, "--offload 1: out of host memory for the AdamW moments (%zu floats each)", P);
+    float* arrays[3] = {host->params_memory, host->m_memory, host->v_memory};
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostRegister(arrays[k], P * sizeof(float), cudaHostRegisterDefault));
+    g->off_grads = (float*)gpu_alloc_host(P * sizeof(float), GMEM_HOST_OFFLOAD);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g->off_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g->off_ready, cudaEventDisableTiming));
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&g->off_copied[k], cudaEventDisableTiming));
+    gpu_weights_upload(g, host->params_memory, NULL, NULL, 0, -1); /* the bf16 weights, rounded to nearest */
+}
+
+static void gpu_offload_free(GpuGPT2* g) {
+    if (!g->offload) return;
+    gpu_wait(g->off_stream, NULL);
+    GPT2* h = g->off_host;
+    float* arrays[3] = {h->params_memory, h->m_memory, h->v_memory};
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
+    gpu_release_host(g->off_grads);
+    CUDA_CHECK(cudaEventDestroy(g->off_ready));
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) CUDA_CHECK(cudaEventDestroy(g->off_copied[k]));
+    CUDA_CHECK(cudaStreamDestroy(g->off_stream));
+    g->offload = 0;
+}
+
+/* Update t on the host (above): `norm` is the gradients' global norm
+ * (gpu_grad_norm: the device's fp32 value), `seed` the step's stochastic
+ * rounding seed. Returns with the copy-back and rounding queued on the
+ * compute stream. */
+static void gpu_offload_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed,
+                               float norm) {
+    GPT2* h = g->off_host;
+    float* hg = g->off_grads;
+    float coef = clip_coef(norm, max_norm);
+    CUDA_CHECK(cudaEventRecord(g->off_ready, g->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(g->off_stream, g->off_ready, 0));
+    size_t offset = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) { /* 1. all the copies to the host, queued */
+        size_t n = g->param_sizes[k];
+        CUDA_CHECK(cudaMemcpyAsync(hg + offset, g->grads_memory + offset, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                   g->off_stream));
+        CUDA_CHECK(cudaEventRecord(g->off_copied[k], g->off_stream));
+        offset += n;
+    }
+    offset = 0;
+    for (int k = 0; k < NUM_PARAMETER_TENSORS; k++) {
+        size_t n = g->param_sizes[k];
+        gpu_wait(g->off_stream, g->off_copied[k]); /* 2. tensor k's gradients are here: AdamW on the host */
+        float* gk = hg + offset;
+        if (coef != 1.0f) {
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < n; i++) gk[i] = gk[i] * coef; /* (adamw_kernel: grad[i] * clip_coef) */
+        }
+        adamw_update_range(h, opt, lr, t, offset, offset + n, gk, h->m_memory + offset, h->v_memory + offset);
+        /* 3. back to the device, into the gradient buffer's slot of tensor k (copied out: the event), rounded */
+        CUDA_CHECK(cudaStreamWaitEvent(g->stream, g->off_copied[k], 0));
+        CUDA_CHECK(cudaMemcpyAsync(g->grads_memory + offset, h->params_memory + offset, n * sizeof(float),
+                                   cudaMemcpyHostToDevice, g->stream));
+        bf16_round_stochastic_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(
+            g->params_memory + offset, g->grads_memory + offset, n, seed * 16u + (uint32_t)k);
+        KERNEL_CHECK();
+        offset += n;
+    }
+}
+
 /* ---- CUDA graphs ----------------------------------------------------------
  * A step of GPT-2 124M launches about 400 kernels and GEMMs; launched one
  * by one, each costs the host a few microseconds and the GPU a gap. A CUDA
@@ -3226,19 +3549,23 @@ static double gpu_update_gated(GpuGPT2* g, const AdamWConfig* opt, float lr, int
 /* The fp32 master weights into the host model (for samples and checkpoints). */
 static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
     gpu_wait(g->stream, NULL);
+    if (g->offload) { /* the master is on the host already */
+        if (host->params_memory != g->off_host->params_memory)
+            memcpy(host->params_memory, g->off_host->params_memory, g->num_parameters * sizeof(float));
+        return;
+    }
     CUDA_CHECK(cudaMemcpy(host->params_memory, g->master_memory, g->num_parameters * sizeof(float),
                           cudaMemcpyDeviceToHost));
 }
 
 /* n bf16 device values -> host floats (waits for the GPU). */
 [[maybe_unused]] static void gpu_bf16_to_host(GpuGPT2* g, float* host, const floatX* dev, size_t n) {
-    float* tmp;
-    CUDA_CHECK(cudaMalloc((void**)&tmp, n * sizeof(float)));
+    float* tmp = (float*)gpu_alloc(n * sizeof(float), GMEM_TRANSIENT);
     bf16_to_float_kernel<<<ceil_div((long long)n, 256), 256, 0, g->stream>>>(tmp, dev, n);
     KERNEL_CHECK();
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaMemcpy(host, tmp, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(tmp));
+    gpu_release(tmp);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -3321,8 +3648,6 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
  * under MPI), and ranks waiting on the host poll NCCL for errors instead of
  * blocking (gpu_wait), so one rank's death ends the job instead of hanging
  * it. */
-
-#define DP_SCALARS 16 /* 8-byte slots for sums; 3 W more for the fingerprints */
 
 typedef struct {
     int rank, world, local_rank, device;
@@ -3483,9 +3808,9 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     int least = 0, greatest = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&cm->stream, cudaStreamNonBlocking, greatest));
-    size_t slots = DP_SCALARS + 3 * (size_t)cm->world;
-    CUDA_CHECK(cudaMalloc((void**)&cm->d_slots, slots * sizeof(uint64_t)));
-    CUDA_CHECK(cudaMallocHost((void**)&cm->h_slots, slots * sizeof(uint64_t)));
+    size_t slots = gpu_comm_slots(cm->world);
+    cm->d_slots = (uint64_t*)gpu_alloc(slots * sizeof(uint64_t), GMEM_COMM);
+    cm->h_slots = (uint64_t*)gpu_alloc_host(slots * sizeof(uint64_t), GMEM_HOST_COMM);
     cm->dist.t_comm = unix_ms();
     return 0;
 }
@@ -3501,8 +3826,8 @@ static void gpu_comm_free(GpuComm* cm, int failed) {
             CUDA_CHECK(cudaStreamSynchronize(cm->stream));
             NCCL_CHECK(ncclCommDestroy(cm->nccl));
             CUDA_CHECK(cudaStreamDestroy(cm->stream));
-            CUDA_CHECK(cudaFree(cm->d_slots));
-            CUDA_CHECK(cudaFreeHost(cm->h_slots));
+            gpu_release(cm->d_slots);
+            gpu_release_host(cm->h_slots);
         }
         cm->nccl = NULL;
     }
@@ -3591,26 +3916,12 @@ static void dp_layout(GpuDataParallel* dp, GpuComm* comm, const GPT2Config* c, i
     dp->L = c->num_layers;
     dp->active = comm->nccl != NULL;
     dp->overlap = overlap || zero == 2;
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    parameter_sizes(sizes, c);
-    shard_map_init(&dp->map, sizes, c->num_layers, comm->rank, comm->world);
-    dp->shard = shard_map_elements(&dp->map);
-    if (zero == 1) dp->grad_floats = dp->shard * (size_t)dp->world;
-    if (zero == 2) dp->grad_floats = (2 * dp->map.layer.piece + dp->map.rest.piece) * (size_t)dp->world;
+    dp_sizes(c, zero, comm->rank, comm->world, &dp->map, &dp->shard, &dp->grad_floats); /* (the plan's too) */
 }
 
 /* Bucket b's padded length (W pieces). */
 static size_t dp_bucket_floats(const GpuDataParallel* dp, int b) {
     return shard_map_bucket(&dp->map, b)->piece * (size_t)dp->world;
-}
-
-/* The per-rank model state under this layout, into the plan. */
-static void dp_memory_plan(const GpuDataParallel* dp, MemoryPlan* p, size_t P) {
-    if (dp->zero == 0) return;
-    size_t S = dp->shard;
-    p->params = 2 * P + 2 * S;
-    p->grads = 4 * dp->grad_floats + 4 * S;
-    p->optimizer = 12 * S;
 }
 
 /* The backward hooks (GpuGPT2's grads_begin / grads_end). */
@@ -3691,15 +4002,16 @@ static void dp_init(GpuDataParallel* dp, GpuGPT2* g, const GPT2* host) {
 
     size_t S = dp->shard, W = (size_t)dp->world;
     int L = dp->L;
-    CUDA_CHECK(cudaMalloc((void**)&dp->map_dev, sizeof(ShardMap)));
+    dp->map_dev = (ShardMap*)gpu_alloc(sizeof(ShardMap), GMEM_ZERO);
     CUDA_CHECK(cudaMemcpy(dp->map_dev, &dp->map, sizeof(ShardMap), cudaMemcpyHostToDevice));
     float** f32[] = {&dp->grad_shard, &dp->master, &dp->m, &dp->v};
+    int component[] = {GMEM_GRADS, GMEM_MASTER, GMEM_ADAMW, GMEM_ADAMW};
     for (int i = 0; i < 4; i++) {
-        CUDA_CHECK(cudaMalloc((void**)f32[i], S * sizeof(float)));
+        *f32[i] = (float*)gpu_alloc(S * sizeof(float), component[i]);
         CUDA_CHECK(cudaMemset(*f32[i], 0, S * sizeof(float)));
     }
-    CUDA_CHECK(cudaMalloc((void**)&dp->param_shard, S * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&dp->grad_memory, dp->grad_floats * sizeof(float)));
+    dp->param_shard = (floatX*)gpu_alloc(S * sizeof(floatX), GMEM_ZERO);
+    dp->grad_memory = (float*)gpu_alloc(dp->grad_floats * sizeof(float), GMEM_GRADS);
     dp->bucket = (float**)xmalloc(sizeof(float*) * (size_t)(L + 1));
     for (int b = 0; b <= L; b++) {
         size_t at = dp->zero == 1 ? W * shard_map_offset(&dp->map, b)            /* every bucket its own */
@@ -3738,7 +4050,7 @@ static void dp_free(GpuDataParallel* dp) {
                         dp->slot_free[2], dp->t_backward, dp->t_reduced, dp->t_gather0, dp->t_gather1};
     for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     void* mem[] = {dp->map_dev, dp->grad_shard, dp->master, dp->m, dp->v, dp->param_shard, dp->grad_memory};
-    for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) CUDA_CHECK(cudaFree(mem[i]));
+    for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) gpu_release(mem[i]);
     free(dp->bucket);
     if (dp->g) {
         dp->g->grads_begin = dp->g->grads_end = NULL;
@@ -3856,7 +4168,7 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
     GpuGPT2* g = dp->g;
     double W = dp->world, norm;
     if (dp->active) CUDA_CHECK(cudaStreamWaitEvent(g->stream, dp->reduced, 0));
-    if (!dp->active && dp->zero == 0 && !(gate && gate->z_max > 0.0)) {
+    if (!dp->active && dp->zero == 0 && !(gate && gate->z_max > 0.0) && !g->offload) {
         /* one GPU and no spike rule: the device decides, the host waits once, at the end */
         norm = gpu_update_gated(g, opt, lr, t, max_norm, seed, micro_batches, loss);
         *finite = isfinite(*loss) && isfinite(norm); /* = what update_gate_kernel decided */
@@ -3870,7 +4182,8 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
         *loss /= W;
         *finite = isfinite(*loss) && isfinite(norm);
         int spike = spike_gate_test(gate, *loss);
-        if (*finite && !spike) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
+        if (*finite && !spike && g->offload) gpu_offload_update(g, opt, lr, t, max_norm, seed, (float)norm);
+        else if (*finite && !spike) gpu_adamw_update(g, opt, lr, t, max_norm, seed);
         if (dp->active) CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
         return norm;
     }
@@ -4012,9 +4325,9 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
-    if (o->plan || o->plan_check) /* (gptc/plan.h plans train_gpt's host memory; the device's plan is printed at start) */
-        return "--plan and --plan-check are train_gpt's (the CPU trainer's memory plan); the GPU trainer's planner is "
-               "not built yet: drop them (train_gpt_cu prints its device memory plan at start)";
+    if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
+        return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
+               "parallel), or drop it and shard the state across GPUs with --zero 1|2";
     if (o->eval_file[0]) /* (the eval's scoring is train_gpt.c's eval_choices, on the CPU model) */
         return "--eval-file is scored by train_gpt (the CPU trainer) only, for now: drop it here, and score a saved "
                "checkpoint with ./train_gpt --model out/model_NNNNNNNN.bin --eval-file F --steps 0 (add -b, -t)";
@@ -4088,11 +4401,12 @@ typedef struct {
     float* m;            /* (P) */
     float* v;            /* (P) */
     size_t P;
+    int registered;      /* this pinned the arrays (else gpu_offload_init did) */
 } GpuSnapshots;
 
 /* Give the host model its AdamW moments (as gpt2_alloc_training does; zeros,
  * so gpt2_free frees them) and pin the three arrays. */
-static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host) {
+static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host, int pinned) {
     memset(gs, 0, sizeof(*gs));
     gs->P = host->num_parameters;
     if (!host->m_memory) host->m_memory = (float*)calloc(gs->P, sizeof(float));
@@ -4102,7 +4416,9 @@ static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host) {
     gs->m = host->m_memory;
     gs->v = host->v_memory;
     float* arrays[3] = {gs->params, gs->m, gs->v};
-    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostRegister(arrays[k], gs->P * sizeof(float), cudaHostRegisterDefault));
+    gs->registered = !pinned; /* (--offload 1 pinned them already: gpu_offload_init) */
+    for (int k = 0; k < 3 && gs->registered; k++)
+        CUDA_CHECK(cudaHostRegister(arrays[k], gs->P * sizeof(float), cudaHostRegisterDefault));
     CUDA_CHECK(cudaStreamCreateWithFlags(&gs->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&gs->updated, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming));
@@ -4115,7 +4431,7 @@ static void gpu_snapshots_free(GpuSnapshots* gs) {
     CUDA_CHECK(cudaEventDestroy(gs->copied));
     CUDA_CHECK(cudaStreamDestroy(gs->stream));
     float* arrays[3] = {gs->params, gs->m, gs->v};
-    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
+    for (int k = 0; k < 3 && gs->registered; k++) CUDA_CHECK(cudaHostUnregister(arrays[k]));
     memset(gs, 0, sizeof(*gs));
 }
 
@@ -4131,6 +4447,8 @@ static void gpu_snapshot_start(GpuSnapshots* gs, Saver* sv, GpuDataParallel* dp,
     saver_before_update(sv); /* the Saver's thread has copied the last snapshot out of the host arrays */
     if (dp->zero > 0) {
         dp_state_to_host(dp, gs->params, gs->m, gs->v);
+    } else if (g->offload) { /* the host arrays are the state (the update ran on the host): nothing to copy */
+        ALWAYS(gs->params == g->off_host->params_memory && gs->m == g->off_host->m_memory);
     } else {
         CUDA_CHECK(cudaEventRecord(gs->updated, g->stream));
         CUDA_CHECK(cudaStreamWaitEvent(gs->stream, gs->updated, 0));
@@ -4285,14 +4603,159 @@ static double gpu_device_print(void) {
     return peak;
 }
 
+/* ---- The plan against the allocation, and --plan (issue 14; not run on a
+ * GPU; checked on the CPU execution layer, scripts/test_gpu_plan.sh) ---- */
+
+static GpuPlanKnobs gpu_plan_knobs(const Options* o, int B, int T, const GpuComm* comm) {
+    GpuPlanKnobs k = {B, T, o->recompute, o->zero, comm->rank, comm->world, comm->nccl != NULL, o->offload};
+    return k;
+}
+
+/* Whether cudaMemGetInfo counts exactly our cudaMallocs: on the CPU
+ * execution layer it does (free = its memory - the bytes cudaMalloc'd); on
+ * a GPU the context, NCCL, cuBLASLt and the allocator's rounding take more. */
+static int gpu_memory_exact(void) {
+    cudaDeviceProp prop;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    return !strncmp(prop.name, "CPU execution layer", 19);
+}
+
+/* --plan-check 1: the ledger (every cudaMalloc and cudaMallocHost, G1)
+ * against the plan, component by component, byte for byte; the ledger's
+ * peak against the plan's total (nothing beyond the plan was ever held);
+ * and, on the CPU execution layer, cudaMemGetInfo's taken bytes (the
+ * layer's own count of every cudaMalloc, ours or not) against both. `when`
+ * names the moment. 0, or -1 after saying what differs. */
+static int gpu_plan_check(const MemoryPlan* p, const GpuComm* comm, const char* when) {
+    const GpuLedger* l = &gpu_ledger;
+    int bad = 0;
+    for (int i = 0; i < GMEM_COMPONENTS; i++)
+        if (l->now[i] != p->bytes[i]) {
+            fprintf(stderr, "plan-check: rank %d, %s: %s: the plan says %zu bytes, the ledger holds %zu\n", comm->rank,
+                    when, GMEM_NAMES[i], p->bytes[i], l->now[i]);
+            bad = 1;
+        }
+    size_t total = memory_plan_total(p);
+    if (l->device_peak != total) {
+        fprintf(stderr, "plan-check: rank %d, %s: the ledger's device peak %zu bytes, the plan's total %zu\n",
+                comm->rank, when, l->device_peak, total);
+        bad = 1;
+    }
+    size_t free_now = 0, total_mem = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_now, &total_mem));
+    long long taken = (long long)comm->free_at_start - (long long)free_now;
+    int exact = gpu_memory_exact();
+    /* (d_slots is allocated after free_at_start is read; so is everything else of ours) */
+    if (exact && taken != (long long)l->device) {
+        fprintf(stderr, "plan-check: rank %d, %s: cudaMemGetInfo says %lld bytes taken since the context, the ledger "
+                "%zu: an allocation bypassed gpu_alloc\n", comm->rank, when, taken, l->device);
+        bad = 1;
+    }
+    char parts[1024];
+    size_t at = 0;
+    for (int i = 0; i < GMEM_COMPONENTS && at < sizeof(parts); i++)
+        at += (size_t)snprintf(parts + at, sizeof(parts) - at, "%s%s=%zu", i ? "; " : "", GMEM_NAMES[i], l->now[i]);
+    printf("plan-check: rank %d, %s: ledger by component: %s\n", comm->rank, when, parts);
+    printf("plan-check: rank %d, %s: plan %zu device bytes + %zu pinned, ledger %zu + %zu (peak %zu), "
+           "cudaMemGetInfo taken %lld (%s): %s\n", comm->rank, when, total, memory_plan_pinned(p), l->device,
+           l->now[GMEM_HOST_STEP_INPUTS] + l->now[GMEM_HOST_LOSSES] + l->now[GMEM_HOST_COMM] + l->now[GMEM_HOST_OFFLOAD],
+           l->device_peak, taken, exact ? "the CPU execution layer: exact" : "a GPU: context and libraries beside",
+           bad ? "MISMATCH" : "equal");
+    return bad ? -1 : 0;
+}
+
+/* --plan on the GPU: the plan of the flags given, then a table of
+ * candidates for the global batch (micro-batch B from the divisors of the
+ * sequences per rank; --recompute 0..3; ZeRO 0/1/2 with several ranks;
+ * --offload 0/1 without ZeRO) with their predicted device bytes by
+ * component against --memory-budget (auto: what cudaMemGetInfo says is free
+ * now, after the context), less the memory check's allowance for what the
+ * libraries load lazily (G4). No step-time column: the GPU's runtime model
+ * is not calibrated (no GPU here), so the choice is the least memory-saving
+ * that fits: no offload before offload, lower recompute and ZeRO first,
+ * then the largest B (fewest micro-batches). 0, or -1 when nothing fits. */
+static int gpu_plan_print(const Options* o, const GpuComm* comm) {
+    GPT2Config c;
+    if (plan_config(o, &c) != 0) return -1;
+    size_t free_now = 0, total_mem = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_now, &total_mem));
+    const char* how = "auto: cudaMemGetInfo's free bytes";
+    size_t budget = !strcmp(o->memory_budget, "auto") ? free_now : plan_budget(o->memory_budget, comm->world, &how);
+    if (!budget) return -1;
+    size_t allowance = memory_allowance(comm->nccl != NULL);
+    double mb = 1.0 / (1024.0 * 1024.0);
+    int T = o->seq_len, W = comm->world;
+    long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * T * W;
+    long long seqs = total / ((long long)T * W); /* sequences per rank per step */
+    if (seqs < 1 || seqs * T * W != total) {
+        fprintf(stderr, "error: --plan: the global batch %lld tokens is not a multiple of T x ranks = %d\n", total, T * W);
+        return -1;
+    }
+    GpuPlanKnobs mine = gpu_plan_knobs(o, o->batch_size, T, comm);
+    MemoryPlan p = gpu_memory_plan_for(&c, &mine);
+    printf("plan: model L=%d C=%d NH=%d Vp=%d, %zu parameters; B=%d T=%d, %d rank(s), ZeRO %d, recompute %d, "
+           "offload %d (device memory of rank %d)\n", c.num_layers, c.channels, c.num_heads, c.padded_vocab_size,
+           parameter_count(&c), o->batch_size, T, W, o->zero, o->recompute, o->offload, comm->rank);
+    memory_plan_print(&p);
+    printf("budget: %.1f MB (%s), less %.0f MB allowance for what loads lazily: %.1f MB usable\n", budget * mb, how,
+           allowance * mb, budget > allowance ? (budget - allowance) * mb : 0.0);
+    printf("%6s %6s %4s %4s %7s | %9s %9s %9s %9s %9s %9s %9s | %10s %5s | %s\n", "B", "accum", "zero", "rcmp",
+           "offload", "weights", "master", "grads", "moments", "acts", "scratch", "other", "total MB", "fits",
+           "step ms");
+    printf("(MB of device memory by component; step ms n/a: the GPU's runtime model is not calibrated, no GPU here)\n");
+    int found = 0;
+    GpuPlanKnobs best = mine;
+    size_t best_need = 0, least = 0;
+    GpuPlanKnobs smallest = mine;
+    for (int offload = 0; offload <= 1; offload++)
+        for (int zero = 0; zero <= (W > 1 ? 2 : 0); zero++)
+            for (int r = 0; r < RECOMPUTE_LEVELS; r++)
+                for (long long B = seqs; B >= 1; B--) {
+                    if (seqs % B || (offload && zero)) continue;
+                    GpuPlanKnobs k = {(int)B, T, r, zero, comm->rank, W, W > 1 || zero > 0, offload};
+                    MemoryPlan q = gpu_memory_plan_for(&c, &k);
+                    size_t need = memory_plan_total(&q), other = need;
+                    size_t show[7] = {q.bytes[GMEM_PARAMS] + q.bytes[GMEM_ZERO], q.bytes[GMEM_MASTER], q.bytes[GMEM_GRADS],
+                                      q.bytes[GMEM_ADAMW], q.bytes[GMEM_ACTS], q.bytes[GMEM_SCRATCH], 0};
+                    for (int i = 0; i < 6; i++) other -= show[i];
+                    show[6] = other;
+                    int fits = need + allowance <= budget;
+                    printf("%6lld %6lld %4d %4d %7d |", B, seqs / B, zero, r, offload);
+                    for (int i = 0; i < 7; i++) printf(" %9.1f", show[i] * mb);
+                    printf(" | %10.1f %5s | n/a\n", need * mb,
+                           fits ? "yes" : "no");
+                    if (fits && !found) {
+                        found = 1;
+                        best = k;
+                        best_need = need;
+                    }
+                    if (!least || need < least) {
+                        least = need;
+                        smallest = k;
+                    }
+                }
+    if (!found) {
+        fprintf(stderr, "error: --plan: nothing fits in %.1f MB (%s) with %.0f MB allowance: the smallest is B=%d "
+                "--zero %d --recompute %d --offload %d, which needs %.1f MB of device memory\n", budget * mb, how,
+                allowance * mb, smallest.B, smallest.zero, smallest.recompute, smallest.offload, least * mb);
+        return -1;
+    }
+    printf("plan: choice (the least memory-saving that fits; no runtime model on the GPU yet): -b %d --zero %d "
+           "--recompute %d --offload %d, %.1f MB of device memory\n", best.B, best.zero, best.recompute, best.offload,
+           best_need * mb);
+    return 0;
+}
+
 /* The memory plan checked against the free memory, then the model and
  * the data-parallel buffers on the device. 0 or -1. */
 static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm) {
     const GPT2Config* c = &host->config;
     int B = st->r.B, T = st->r.T;
     dp_layout(&st->dp, comm, c, o->zero, o->overlap);
-    st->plan = gpu_memory_plan(c, B, T, LT_WORKSPACE_BYTES, o->recompute);
-    dp_memory_plan(&st->dp, &st->plan, host->num_parameters);
+    GpuPlanKnobs k = gpu_plan_knobs(o, B, T, comm);
+    st->plan = gpu_memory_plan_for(c, &k);
     memory_plan_print(&st->plan);
     st->free0 = gpu_memory_headroom(comm, &st->room);
     memory_headroom_print(&st->room);
@@ -4304,10 +4767,11 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         return -1;
     }
     printf("%s\n", verdict);
-    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active);
+    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active, o->offload);
     st->have_model = 1;
     dp_init(&st->dp, &st->g, host);
     st->have_dp = 1;
+    if (o->plan_check && gpu_plan_check(&st->plan, comm, "after setup") != 0) return -1;
     size_t free1, total_mem;
     CUDA_CHECK(cudaMemGetInfo(&free1, &total_mem));
     printf("memory: cudaMemGetInfo says %.0f MB taken since the context (the plan: %.0f MB; the difference is "
@@ -4350,7 +4814,7 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
 #endif
         dist->zero = 0;
         dist_setup_model(dist, host); /* each rank's slice of the state: [save_lo, save_hi) */
-        gpu_snapshots_init(&st->gs, host);
+        gpu_snapshots_init(&st->gs, host, st->g.offload);
         if (saver_init(&st->saver, dist, host, o) != 0) return -1;
         st->have_saver = 1;
     }
@@ -4531,6 +4995,7 @@ static int gpu_train(GPT2* host, const Options* o, GpuComm* comm, const Tokenize
     GpuTrainState st;
     memset(&st, 0, sizeof(st));
     int rc = gpu_train_steps(&st, host, o, comm, tok, train_pattern, val_pattern);
+    if (rc == 0 && o->plan_check && st.have_model) rc = gpu_plan_check(&st.plan, comm, "after training");
     gpu_train_free(&st, rc != 0, comm->world);
     return rc;
 }
@@ -4569,6 +5034,11 @@ int main(int argc, char** argv) {
     }
     /* ranks other than 0 train silently: their errors still go to stderr */
     if (comm.rank != 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "warning: rank %d prints\n", comm.rank);
+    if (o.plan) { /* the device memory plan and its candidates, then exit */
+        rc = gpu_plan_print(&o, &comm);
+        gpu_comm_free(&comm, 0);
+        return rc == 0 ? 0 : EXIT_FAILURE;
+    }
     if (o.data[0] && comm.world > 1 && !comm.mpi) {
         fprintf(stderr, "error: --data with several ranks needs --init mpi (the others wait at a barrier while rank 0 "
                 "tokenizes); without MPI tokenize first with one process (./train_gpt_cu --data %s --steps 1), then "

@@ -79,6 +79,7 @@ typedef struct {
     double mtbf;
     /* GPU only (train_gpt_cu: train_gpt refuses them, options_cpu_problem) */
     int gelu_fusion, recompute, cuda_graphs;
+    int offload;         /* --offload 1: the GPU's optimizer on the host (train_gpt.cu G8) */
     const char* init;
     double init_timeout, comm_timeout;
     const char* gpu_flag; /* the first GPU-only flag given, or NULL */
@@ -169,6 +170,7 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--plan-check", NULL, OPT_INT, plan_check, "0", "1 = at the end of training, compare the allocation ledger with the memory plan, byte for byte, and the peak resident memory (VmHWM) with the plan's peak; exit non-zero on a mismatch (scripts/test_plan.sh)"),
     GPU_OPT("--gelu-fusion", OPT_INT, gelu_fusion, "1", "1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels"),
     GPU_OPT("--recompute", OPT_INT, recompute, "0", "activations backward recomputes instead of keeping them from the forward: 0 = none, 1 = GELU's output, 2 = GELU's and the LayerNorms' outputs, 3 = the whole block (keeps each layer's input only); the loss and weights are bitwise the same at every level (the memory plan printed at start says what each keeps)"),
+    GPU_OPT("--offload", OPT_INT, offload, "0", "1 = optimizer offload (ZeRO-Offload, one GPU or --zero 0): the fp32 master weights and AdamW moments stay in pinned host memory, each step's gradients are copied to the host, updated by the CPU's OpenMP AdamW and the bf16 weights copied back; the device saves 12 bytes per parameter (not run on a GPU; checked on the CPU execution layer)"),
     GPU_OPT("--cuda-graphs", OPT_INT, cuda_graphs, "1", "1 = capture the training step (forward, backward, update) in CUDA graphs after the first step and replay them (one GPU, no --spike-z); 0 = launch every kernel each step"),
     GPU_OPT("--init", OPT_STRING, init, "auto", "one process per GPU: how the ranks meet: mpi (a build with MPI, make train_gpt_cu_mpi; under mpirun or srun --mpi=pmix), file:PATH (a path every rank sees) or tcp:HOST:PORT (rank 0's host and a free port), with rank and size from the launcher (Slurm, Open MPI, PMI, or RANK/WORLD_SIZE/LOCAL_RANK) and a run id (GPTC_RUN_ID, or Slurm's job and step); auto = mpi in an MPI build started as several ranks, else one GPU"),
     GPU_OPT("--init-timeout", OPT_DOUBLE, init_timeout, "300", "seconds to wait for every rank at a file: or tcp: rendezvous"),
@@ -363,6 +365,7 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(schedule_parse(o->lr_schedule, &kind) != 0, "--lr-schedule must be cosine, linear, constant or wsd");
     OPTIONS_PROBLEM(o->gelu_fusion != 0 && o->gelu_fusion != 1, "--gelu-fusion must be 0 or 1");
     OPTIONS_PROBLEM(o->recompute < 0 || o->recompute > 3, "--recompute must be 0, 1, 2 or 3");
+    OPTIONS_PROBLEM(o->offload != 0 && o->offload != 1, "--offload must be 0 or 1");
     OPTIONS_PROBLEM(o->cuda_graphs != 0 && o->cuda_graphs != 1, "--cuda-graphs must be 0 or 1");
     OPTIONS_PROBLEM(strcmp(o->init, "auto") && strcmp(o->init, "mpi") && strncmp(o->init, "file:", 5) &&
                     strncmp(o->init, "tcp:", 4), "--init must be auto, mpi, file:PATH or tcp:HOST:PORT");

@@ -21,7 +21,8 @@
 #      replayed from CUDA graphs), and the same run under another seed of
 #      the layer's scheduler (threads, blocks, streams in another order):
 #      its model file must be the same bytes, and so must the same run at
-#      --recompute 3 (the whole block recomputed in backward) and with
+#      --recompute 3 (the whole block recomputed in backward) with --offload 1
+#      (AdamW on the host; its device memory plan == its ledger), and with
 #      --cuda-graphs 0;
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
@@ -111,11 +112,14 @@ m1=$LOG/train_seed1/model_00000012.bin m7=$LOG/train_seed7/model_00000012.bin
 ok=$([ -s "$m1" ] && cmp -s "$m1" "$m7" && echo ok || echo FAIL)
 check $ok "the same run with CUDA_CPU_SEED=7 (threads, blocks and streams in other orders): the same model bytes"
 [ $ok = ok ] || tail -n 20 "$LOG/train_seed7.log"
-./train_gpt_cu_cpu $TRAIN --recompute 3 --output-dir "$LOG/train_recompute3" > "$LOG/train_recompute3.log" 2>&1
+# (with the optimizer on the host, --offload 1, and the memory plan checked against the device ledger: make
+# test-gpu-plan tests each alone)
+./train_gpt_cu_cpu $TRAIN --recompute 3 --offload 1 --plan-check 1 --output-dir "$LOG/train_recompute3" > "$LOG/train_recompute3.log" 2>&1
 echo "rc=$?" >> "$LOG/train_recompute3.log"
 m3=$LOG/train_recompute3/model_00000012.bin
-ok=$([ -s "$m3" ] && cmp -s "$m1" "$m3" && echo ok || echo FAIL)
-check $ok "the same run at --recompute 3 (each layer's forward again in backward): the same model bytes" \
+ok=$([ -s "$m3" ] && cmp -s "$m1" "$m3" && [ "$(grep -c '^plan-check: rank 0, .*: equal$' "$LOG/train_recompute3.log")" = 2 ] \
+     && echo ok || echo FAIL)
+check $ok "the same run at --recompute 3 (each layer's forward again in backward) and --offload 1 (AdamW on the host): the same model bytes; device memory plan == ledger" \
     "$(grep -o 'recompute 3: activations at levels [^;]*' "$LOG/train_recompute3.log")"
 [ $ok = ok ] || tail -n 20 "$LOG/train_recompute3.log"
 
