@@ -29,10 +29,11 @@
 #include <sys/mman.h> /* mmap, madvise: big_alloc */
 
 typedef enum {
-    MEM_PARAMETERS,  /* the weights: P floats, padded to W x shard under ZeRO */
-    MEM_GRADIENTS,   /* P floats; the padded buffer under ZeRO-1; the head's only under ZeRO-2 */
+    MEM_PARAMETERS,  /* the weights: P floats, padded to W x shard under ZeRO; the shard only under ZeRO-3 */
+    MEM_GRADIENTS,   /* P floats; the padded buffer under ZeRO-1; the head's only under ZeRO-2 and 3 */
     MEM_ADAMW,       /* the moments m and v: P floats each, a shard each under ZeRO */
-    MEM_ZERO,        /* ZeRO: the summed gradient of this rank's shard; ZeRO-2's two one-layer buckets */
+    MEM_ZERO,        /* ZeRO: the summed gradient of this rank's shard; ZeRO-2/3's two one-layer buckets;
+                      * ZeRO-3's gathered weights: the head and two layers (gptc/zero3.h) */
     MEM_ACTIVATIONS, /* activation_sizes, for a batch of B x T */
     MEM_SCRATCH,     /* backward_sizes: activation gradients, one layer at a time */
     MEM_DATA,        /* the data loaders: a shard's tokens and sample order, one micro-batch of inputs/targets */

@@ -13,7 +13,8 @@
  * --plan prints the plan for the flags given, checks it against
  * --memory-budget, and lists candidate configurations for the global batch
  * (micro-batch B from the divisors, gradient accumulation making up the
- * rest; ZeRO 0/1/2 with several ranks) with their peak bytes and their
+ * rest; ZeRO 0/1/2 with several ranks; --zero 3 is planned, not yet a
+ * candidate) with their peak bytes and their
  * step time from the runtime model (gptc/runtime.h), chooses the fastest
  * that fits, then exits; --auto 1 trains with that choice, and
  * --snapshot-every auto sets the Young/Daly interval (plan_runtime).

@@ -1,5 +1,6 @@
 #!/bin/bash
 # scripts/test_zero_states.sh — training states under --zero 1 and --zero 2
+# (and a CPU trainer's --zero 3 state)
 # on emulated GPUs (issue 13): ./train_gpt_cu_cpu, one MPI rank per GPU
 # (--init mpi: the Saver keeps the ranks' states together through MPI), the
 # CPU trainer ./train_gpt beside it. Called by scripts/test_cuda_on_cpu.sh.
@@ -111,6 +112,10 @@ cpu cpu_u
 resumed cpu_r2 cpu_u
 gpus cpu_r2 2 --zero 2 --resume 1
 near cpu_r2 cpu_u cpu_u $CPU_TOL "a CPU-trainer state resumed on 2 GPUs --zero 2 (bf16 against fp32)"
+cpu cpu_u3 --zero 3
+resumed cpu_r3 cpu_u3
+gpus cpu_r3 2 --zero 2 --resume 1
+near cpu_r3 cpu_u3 cpu_u3 $CPU_TOL "a CPU-trainer --zero 3 state (gptc/zero3.h) resumed on 2 GPUs --zero 2"
 
 echo "zero states: $passed passed, $failed failed ($(( $(date +%s) - START ))s, logs in $LOG)"
 [ $failed -eq 0 ]
