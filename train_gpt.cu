@@ -29,6 +29,10 @@
  * with -DUSE_MPI, under mpirun or srun --mpi=pmix) or, without MPI, through
  * a file or a TCP port (train_gpt.c's rendezvous). Launchers: scripts/
  * launch_gpu.sh, slurm_gpu_pmix.sbatch, slurm_gpu_tcp.sbatch, run_gpt2.sh.
+ * Levels (issue 15; not run on a GPU; checked on the CPU execution layer,
+ * make test-cuda-levels): nodes from --topology NxK or by host, bytes sent
+ * per level, --hierarchical 1 with a communicator per level (ncclCommSplit),
+ * as the CPU trainer's gptc/zero3.h. --zero 3 is the CPU trainer's only.
  *
  * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
  * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the
@@ -4646,9 +4650,6 @@ static const char* gpu_options_problem(const Options* o) {
                "yet: give --batch-size, --zero and --snapshot-every N";
     if (o->standby[0]) /* (the standby's wait sits in train_gpt.c's train_setup; the GPU trainer has its own set-up) */
         return "--standby is train_gpt's (the CPU trainer's hot spare); the GPU trainer has none yet: drop it";
-    if (o->zero == 3 || o->topology[0] || o->hierarchical == 1 || o->comm_levels) /* (gptc/zero3.h: MPI, CPU) */
-        return "--zero 3, --topology, --hierarchical 1 and --comm-levels are train_gpt's (the CPU trainer over MPI, "
-               "gptc/zero3.h); the GPU trainer has none yet: use --zero 0, 1 or 2";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */

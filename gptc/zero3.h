@@ -381,14 +381,14 @@ static void zero3_layer_start(Dist* d, int l) {
     int b = l % 2, L = d->model->config.num_layers;
     size_t at = 0;
     for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
-        size_t per_layer = d->model->param_sizes[k] / (size_t)L, i = (size_t)(k - LAYER_TENSORS_BEGIN);
+        size_t per_layer = d->model->param_sizes[k] / (size_t)L;
         void* request = NULL;
 #ifdef USE_MPI
+        size_t i = (size_t)(k - LAYER_TENSORS_BEGIN);
         request = &lv->req[b][i];
         zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer,
                            lv->counts + (b * LAYER_TENSORS + i) * 2 * (size_t)d->world, request);
 #else
-        (void)i;
         zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer, NULL, request);
 #endif
         at += per_layer;

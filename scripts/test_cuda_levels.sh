@@ -1,0 +1,168 @@
+#!/bin/bash
+# scripts/test_cuda_levels.sh — the levels of the machine on the GPU trainer
+# (issue 15): train_gpt.cu's nodes, communicators per level (ncclCommSplit),
+# bytes sent per level and --hierarchical 1, executed on the CPU
+# (./train_gpt_cu_cpu, one MPI rank per emulated GPU, NCCL over MPI:
+# dev/cuda/cpu/NCCL.md). Not run on a GPU.
+#
+#   scripts/test_cuda_levels.sh     # make test-cuda-levels builds and runs it (~4 min on 2 cores; not in make test)
+#
+# A small GPT (L = 2, C = 64, T = 64) on a global batch of 8 sequences, 3
+# steps; 4 emulated GPUs as --topology 2x2 (2 nodes of 2), B = 2 each:
+#   - --zero 0, 1 and 2 (ZeRO-2 with 2 micro-batches: reduced on each), flat
+#     (--hierarchical 0) and by level (--hierarchical 1): every step's loss
+#     within LOSS_TOL = 2e-3 relative of the flat run's (gpu_check_dp.sh's
+#     GPU-against-GPU tolerance: both bf16, the sums in another order: node
+#     sums first, so not bitwise; the worst difference is printed) and within
+#     CPU_TOL = 1e-2 of the CPU trainer's (./train_gpt, one process, the same
+#     global batch in micro-batches of 2: test_gpt.cu's TOL_STEP_LOSS for
+#     bf16 against fp32);
+#   - the bytes sent per step at each level, summed over the ranks, exactly
+#     against the formulas (bytes; fp32 gradients, bf16 weights; N nodes of
+#     K, W = N K; P the parameters, P' = W S the padded buckets, S the
+#     shard: S = L ceil(layer / 64 W) 64 + ceil(rest / 64 W) 64; A
+#     micro-batches; ZeRO-1 reduces once, ZeRO-2 A times, R = reductions):
+#       plain flat          intra 2 (K-1) 4P             inter 2 (N-1) K 4P
+#       plain hierarchical  intra 2 N (K-1) 4P           inter 2 (N-1) 4P
+#       ZeRO flat           intra (K-1)(4P' R + 2P')     inter (N-1) K (4P' R + 2P')
+#       ZeRO hierarchical   intra N (K-1) 4P' R + (K-1) 2P'   inter (N-1) 4P' R + (N-1) K 2P'
+#     every step's line (--comm-levels 1) and the end's, and a planted
+#     wrong figure rejected by the same comparison;
+#   - the memory plan still equals the device ledger (--plan-check 1) with
+#     the communicators per level up;
+#   - without --topology the nodes are the hosts: one node of 2 here, flat
+#     (--hierarchical's default), nothing sent across nodes;
+#   - refused, with a message: --topology 3x2 on 4 ranks, --zero 3.
+# The last line is "cuda levels: N passed, N failed"; exit status non-zero on failure.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${BIN:-./train_gpt_cu_cpu}
+CPU=${CPU:-./train_gpt}
+PY=${PYTHON:-/usr/bin/python3}
+LOSS_TOL=${LOSS_TOL:-2e-3}
+CPU_TOL=${CPU_TOL:-1e-2}
+LOG=${LOG:-$(mktemp -d /tmp/gptc_cuda_levels.XXXXXX)}
+mkdir -p "$LOG"
+START=$(date +%s)
+CHECK_START=$START
+. scripts/check.sh
+for b in "$BIN" "$CPU"; do
+    [ -x "$b" ] || { echo "test_cuda_levels: $b not built: make test-cuda-levels"; exit 1; }
+done
+echo "test_cuda_levels: logs in $LOG"
+MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
+    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
+TOY=$LOG/toy.bin
+$PY scripts/toy_shard.py "$TOY" 200000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
+C=64; L=2; Vp=256; maxT=64; W=4; N=2; K=2; STEPS=3
+SMALL="--model d2 --channels $C --num-heads 2 --max-seq-len $maxT --vocab-size $Vp --train-data $TOY --seq-len 64
+       --steps $STEPS --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
+
+# gpus NAME W FLAGS...: W emulated GPUs (MPI ranks), rank 0's output in NAME.log
+gpus() {
+    local name=$1 w=$2
+    shift 2
+    $CLEAN_ENV timeout -k 10 400 $MPIRUN -np "$w" -x GPTC_RUN_ID="cuda-levels-$$-$name" \
+        sh -c 'log=$1; shift; exec "$@" > "$log.rank$OMPI_COMM_WORLD_RANK.log" 2>&1' sh "$LOG/$name" \
+        "$BIN" --init mpi $SMALL --batch-size 2 "$@" --log-file "$LOG/$name.jsonl" < /dev/null > "$LOG/$name.mpirun.log" 2>&1
+    local rc=$?
+    cp "$LOG/$name.rank0.log" "$LOG/$name.log" 2>/dev/null
+    echo "rc=$rc" >> "$LOG/$name.log"
+    return $rc
+}
+field() { grep -o "\"$2\": [-0-9.e+]*" "$1" | cut -d' ' -f2; }
+# worst relative difference of the losses of two runs, or "none" (missing, or not as many)
+worst() {
+    local a b
+    a=$(field "$1" loss | wc -l) b=$(field "$2" loss | wc -l)
+    [ "$a" -eq "$STEPS" ] && [ "$b" -eq "$STEPS" ] || { echo none; return; }
+    paste -d' ' <(field "$1" loss) <(field "$2" loss) |
+        awk '{ d = ($1 - $2) / ($2 < 0 ? -$2 : $2); d = d < 0 ? -d : d; if (d > w) w = d } END { printf "%.2e", w }'
+}
+within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d != "none" && d + 0 <= t + 0) }'; }
+
+# ---- the formulas (bytes per step, summed over the ranks) --------------------
+P=$(( Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C ))
+layer=$(( 12 * C * C + 13 * C )) rest=$(( Vp * C + maxT * C + 2 * C )) unit=$(( 64 * W ))
+S=$(( L * ((layer + unit - 1) / unit * 64) + (rest + unit - 1) / unit * 64 ))
+Pp=$(( W * S ))
+# expect ZERO HIER A: "intra inter"
+expect() {
+    local z=$1 h=$2 a=$3 r
+    r=$([ "$z" -eq 2 ] && echo "$a" || echo 1)
+    if [ "$z" -eq 0 ] && [ "$h" -eq 0 ]; then echo "$(( 2 * (K - 1) * 4 * P )) $(( 2 * (N - 1) * K * 4 * P ))"
+    elif [ "$z" -eq 0 ]; then echo "$(( 2 * N * (K - 1) * 4 * P )) $(( 2 * (N - 1) * 4 * P ))"
+    elif [ "$h" -eq 0 ]; then echo "$(( (K - 1) * (4 * Pp * r + 2 * Pp) )) $(( (N - 1) * K * (4 * Pp * r + 2 * Pp) ))"
+    else echo "$(( N * (K - 1) * 4 * Pp * r + (K - 1) * 2 * Pp )) $(( (N - 1) * 4 * Pp * r + (N - 1) * K * 2 * Pp ))"; fi
+}
+# measured LOG: the end's "intra inter", and whether every step's line says the same
+measured() { sed -n 's/^bytes sent per step by level .*: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$1" | tail -n 1; }
+steps_agree() { # LOG "intra inter": every step's line, STEPS of them, carries these
+    local n
+    n=$(grep -c "^step [0-9]*: bytes sent: intra-node ${2% *}, inter-node ${2#* } (summed" "$1")
+    [ "$n" -eq "$STEPS" ]
+}
+echo "P = $P parameters, S = $S per rank, P' = $Pp; $N nodes x $K ranks"
+
+# ---- the CPU trainer: one process, the same global batches in micro-batches of 2 ----
+for total in 512 1024; do
+    timeout -k 10 200 "$CPU" $SMALL --batch-size 2 --total-batch-size $total --threads 2 \
+        --log-file "$LOG/cpu_$total.jsonl" > "$LOG/cpu_$total.log" 2>&1
+    check "$([ "$(field "$LOG/cpu_$total.jsonl" loss | wc -l)" -eq $STEPS ] && echo ok)" \
+        "CPU trainer, 1 process, global batch $((total / 64)) in micro-batches of 2: trains" \
+        "$(field "$LOG/cpu_$total.jsonl" loss | tr '\n' ' ')"
+done
+
+# ---- 4 emulated GPUs as 2 nodes of 2: flat and by level, each --zero ---------
+for z in 0 1 2; do
+    total=$([ $z -eq 2 ] && echo 1024 || echo 512) # (ZeRO-2: 2 micro-batches, reduced after each)
+    a=$(( total / (64 * 2 * W) ))
+    for h in 0 1; do
+        extra=$([ $z -eq 2 ] && [ $h -eq 1 ] && echo "--plan-check 1")
+        gpus z${z}_h$h $W --zero $z --topology 2x2 --hierarchical $h --comm-levels 1 --total-batch-size $total $extra
+        rc=$?
+        want=$(expect $z $h $a) got=$(measured "$LOG/z${z}_h$h.log")
+        ok=$([ $rc -eq 0 ] && [ -n "$got" ] && [ "$got" = "$want" ] && steps_agree "$LOG/z${z}_h$h.log" "$want" && echo ok)
+        check "$ok" "4 GPUs as 2x2, --zero $z, --hierarchical $h, $a micro-batch(es): bytes per step intra-node, inter-node = the formula, every step" \
+            "measured $got, formula $want; rc=$rc"
+        [ $rc -eq 0 ] || tail -n 15 "$LOG/z${z}_h$h.log"
+        d=$(worst "$LOG/z${z}_h$h.jsonl" "$LOG/cpu_$total.jsonl")
+        check "$(within "$d" "$CPU_TOL" && echo ok)" "  ... its losses against the CPU trainer's (fp32): within $CPU_TOL" "max rel diff $d"
+        [ -n "$extra" ] && check "$([ "$(grep -c '^plan-check: rank 0, .*: equal$' "$LOG/z${z}_h$h.log")" = 2 ] && echo ok)" \
+            "  ... with the communicators per level up: device memory plan == ledger (--plan-check 1)" \
+            "$(grep -m 1 '^plan-check' "$LOG/z${z}_h$h.log")"
+    done
+    d=$(worst "$LOG/z${z}_h1.jsonl" "$LOG/z${z}_h0.jsonl")
+    same=$(cmp -s <(field "$LOG/z${z}_h1.jsonl" loss) <(field "$LOG/z${z}_h0.jsonl" loss) && echo "equal as logged (%.6f)" || echo "not equal as logged")
+    check "$(within "$d" "$LOSS_TOL" && echo ok)" "--zero $z: hierarchical losses against flat: within $LOSS_TOL" "max rel diff $d; $same"
+    grep -q "gradients reduced by level" "$LOG/z${z}_h1.log" ||
+        check FAIL "--zero $z --hierarchical 1 says it reduces by level" "$(grep -m 1 '^levels' "$LOG/z${z}_h1.log")"
+done
+# the comparison must reject a wrong figure: the formula with one byte more across nodes
+want=$(expect 1 1 1)
+planted="${want% *} $(( ${want#* } + 1 ))"
+check "$([ "$(measured "$LOG/z1_h1.log")" != "$planted" ] && ! steps_agree "$LOG/z1_h1.log" "$planted" && echo ok)" \
+    "planted: a formula one byte off across nodes is rejected" "$planted"
+
+# ---- without --topology: the nodes are the hosts (one here) ------------------
+gpus byhost 2 --zero 1 --steps 1 --total-batch-size 256
+rc=$?
+got=$(measured "$LOG/byhost.log")
+ok=$([ $rc -eq 0 ] && grep -q "^levels: 1 node(s) x 2 rank(s) (by host name); gradients reduced flat" "$LOG/byhost.log" &&
+     [ "${got#* }" = 0 ] && [ "${got% *}" -gt 0 ] && echo ok)
+check "$ok" "2 GPUs on one host, no --topology: 1 node of 2 by host name, flat by default, 0 bytes across nodes" \
+    "$(grep -m 1 '^levels' "$LOG/byhost.log"); bytes $got; rc=$rc"
+
+# ---- refused ------------------------------------------------------------------
+gpus bad_topology 4 --topology 3x2
+rc=$?
+check "$([ $rc -ne 0 ] && grep -q 'topology 3x2: want NxK' "$LOG/bad_topology.rank0.log" && echo ok)" \
+    "--topology 3x2 on 4 ranks: refused" "$(grep -m 1 error "$LOG/bad_topology.rank0.log")"
+$CLEAN_ENV "$BIN" $SMALL --batch-size 2 --zero 3 > "$LOG/zero3.log" 2>&1
+rc=$?
+check "$([ $rc -ne 0 ] && grep -q 'train_gpt --zero 3' "$LOG/zero3.log" && echo ok)" \
+    "--zero 3 on the GPU trainer: refused, naming the CPU trainer's" "$(grep -m 1 error "$LOG/zero3.log" | cut -c1-100)"
+
+echo "cuda levels: $passed passed, $failed failed ($(( $(date +%s) - START ))s, logs in $LOG)"
+[ $failed -eq 0 ]
