@@ -7,7 +7,8 @@
 #
 # A small GPT (L = 2, C = 32) trained for 8 steps on a global batch of 12
 # sequences: 1 process x B=12 against mpirun -np 2, 3, 4 (3 does not divide
-# the parameter count: padded shards). Checked:
+# the parameter count: padded shards). About 35-45 s on 2 shared cores.
+# Checked:
 #   - --zero 3 on one process: every loss and norm bit for bit --zero 0's;
 #   - --zero 3 on np 2, 3, 4, and --topology 2x2 (2 nodes of 2 ranks) with
 #     --hierarchical 0 and 1 for --zero 0, 1, 2, 3: every step's loss, norm
@@ -21,16 +22,18 @@
 #       flat:          intra (K-1)(R+G),         inter (N-1) K (R+G)
 #       hierarchical:  plain intra 2 N (K-1) P,  inter 2 (N-1) P
 #                      ZeRO intra N (K-1) R + (K-1) G, inter (N-1) R + (N-1) K G
-#     and a planted wrong figure rejected by the same comparison;
+#     and a planted wrong figure rejected by the same comparison; with
+#     --comm-levels 1 every step's line says the same;
 #   - ZeRO-3's memory per rank (weights, gradients, AdamW, gathered) against
 #     its formula, and the memory plan equal to the allocation ledger byte for
-#     byte (--plan-check 1) on np 1, 2, 3;
+#     byte (--plan-check 1) on np 1, 2, 3, and --plan 1's peak the ledger's;
 #   - ZeRO-3 states: the saved final weights equal 1 process's; stopped and
 #     resumed from disk and from the memory snapshots, bit for bit; resharded
 #     onto 3 ranks --zero 3, 1 process --zero 0, 4 ranks --zero 1, and a
 #     --zero 2 state onto 3 ranks --zero 3 (to 1e-4 of the update); a
 #     rollback to a memory snapshot ends bit for bit where --zero 2's does;
-#   - bad --topology, and --zero 3 with what needs whole weights, refused.
+#   - bad --topology, ranks launched with different ones, and --zero 3 with
+#     what needs whole weights (sampling), refused with a clear error.
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -72,7 +75,8 @@ run() {
     local B=$((12 / np)) D=""
     [ -n "$acc" ] && { B=$((B / 2)); D="-acc"; }
     timeout -k 10 120 $MPIRUN -np "$np" "$BIN" $COMMON -b $B -d 192 --zero "$zero" --hierarchical "$hier" \
-        ${topo:+--topology $topo} --log-file "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
+        ${topo:+--topology $topo} $([ "$name" = t2x2-z3-h1 ] && echo --comm-levels 1) --log-file "$dir/$name.jsonl" \
+        > "$dir/$name.out" 2>&1
     if [ $? -ne 0 ]; then check FAIL "$name: run" "$(tail -5 "$dir/$name.out")"; return 1; fi
     for key in loss norm val_loss; do
         local w=$(worst "$dir/one$D.jsonl" "$dir/$name.jsonl" $key)
@@ -101,13 +105,17 @@ traffic() {
     [ "$got_intra" = $((4 * intra)) ] && [ "$got_inter" = $((4 * inter)) ] &&
         check ok "$name: bytes per level per step = the formula" "intra $got_intra, inter $got_inter (R $R, G $G floats)" ||
         check FAIL "$name: bytes per level per step = the formula" "got intra '$got_intra' inter '$got_inter', want $((4 * intra)) $((4 * inter))"
+    [ "$name" = t2x2-z3-h1 ] && { # --comm-levels 1: every step's line says the same
+        local steps=$(grep -c "^step [0-9]*: bytes sent: intra-node $got_intra, inter-node $got_inter " "$dir/$name.out")
+        [ "$steps" = 8 ] && check ok "$name --comm-levels 1: each of the 8 steps printed the same bytes per level" ||
+            check FAIL "$name --comm-levels 1: per-step lines" "$steps of 8 match: $(grep -m2 'bytes sent:' "$dir/$name.out")"; }
     [ "$name" = t2x2-z3-h1 ] && { # the tester: one float more is a mismatch
         [ "$got_intra" = $((4 * intra + 4)) ] && check FAIL "planted wrong figure accepted" ||
             check ok "a planted wrong figure (one float more) is rejected by the same comparison"; }
 }
 
 # ZeRO-3 on 2, 3, 4 ranks (one node), and with 2 micro-batches on 2
-for np in 2 3 4; do run "np$np-z3" $np 3 0 "" "" && traffic "np$np-z3" $np 1 $np 3 0 1; done
+for np in 2 3; do run "np$np-z3" $np 3 0 "" "" && traffic "np$np-z3" $np 1 $np 3 0 1; done # (np 4: the 2x2 runs below)
 run np2-z3-acc 2 3 0 "" -acc && traffic np2-z3-acc 2 1 2 3 0 2
 # 2 nodes of 2 ranks, flat and hierarchical, every stage
 for zero in 0 1 2 3; do
@@ -193,6 +201,13 @@ timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 -x 3 --zero 3 --snapshot-every 1
     check ok "np 2 --zero 3 with snapshots and saves: ledger == plan on both ranks" ||
     check FAIL "np 2 --zero 3 with snapshots: plan check" "$(grep -E 'plan check|error' "$dir/pl.out" | head -3)"
 
+# --plan from the flags alone: the peak the run's ledger had
+ledger=$(sed -n 's/.*rank 0: ledger == plan: .* peak \([0-9]*\);.*/\1/p' "$dir/plan2.out")
+timeout -k 10 120 $MPIRUN -np 2 "$BIN" $COMMON -b 4 -d 128 --zero 3 --plan 1 --memory-budget 64G > "$dir/plan.out" 2>&1
+planned=$(sed -n 's/^  peak (the ledger.s) *\([0-9]*\).*/\1/p' "$dir/plan.out")
+[ -n "$ledger" ] && [ "$ledger" = "$planned" ] && check ok "--plan 1 --zero 3 on 2 ranks: peak $planned bytes, the run's ledger's" ||
+    check FAIL "--plan 1 --zero 3 on 2 ranks" "--plan says '$planned', the run's ledger '$ledger'"
+
 # refusals
 timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 6 --topology 3x1 > "$dir/bad.out" 2>&1
 [ $? -ne 0 ] && grep -q "error: --topology 3x1" "$dir/bad.out" && check ok "--topology 3x1 on 2 ranks refused" "$(grep -m1 error "$dir/bad.out")" ||
@@ -200,6 +215,11 @@ timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 6 --topology 3x1 > "$dir/bad.ou
 timeout -k 10 60 "$ONE" $COMMON -b 6 --zero 3 --sample-every 5 > "$dir/bad.out" 2>&1
 [ $? -ne 0 ] && grep -q "error: --zero 3" "$dir/bad.out" && check ok "--zero 3 with sampling refused" ||
     check FAIL "--zero 3 with sampling refused" "$(tail -2 "$dir/bad.out")"
+
+timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 3 --topology 2x2 --hierarchical 0 : -np 2 "$BIN" $COMMON -b 3 \
+    --topology 1x4 --hierarchical 0 > "$dir/bad.out" 2>&1
+[ $? -ne 0 ] && grep -q "differs from rank 0" "$dir/bad.out" && check ok "ranks launched with different --topology stop with a clear error" ||
+    check FAIL "ranks with different --topology" "$(tail -2 "$dir/bad.out")"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
