@@ -2881,7 +2881,8 @@ static void memory_plan_print(const MemoryPlan* p) {
  *     GPU_NCCL_ALLOWANCE_MB more with a communicator: NCCL may connect its
  *     channels at the first collectives rather than at init, each channel
  *     with buffers of NCCL_BUFFSIZE (4 MiB by default) per peer and
- *     direction; 32 channels x 2 directions x 4 MiB = 256 MB.
+ *     direction; 32 channels x 2 directions x 4 MiB = 256 MB; as much
+ *     again for each communicator per level (--hierarchical 1: two more).
  * Both are estimates from those sources, not measured here: unverified on
  * hardware (the run prints what cudaMemGetInfo says it took, to compare). */
 #define GPU_LAZY_ALLOWANCE_MB 384
@@ -2893,8 +2894,9 @@ typedef struct {
     size_t allowance; /* for what loads lazily (above) */
 } MemoryHeadroom;
 
-static size_t memory_allowance(int has_comm) {
-    return ((size_t)GPU_LAZY_ALLOWANCE_MB + (has_comm ? (size_t)GPU_NCCL_ALLOWANCE_MB : 0)) << 20;
+/* comms: the NCCL communicators this rank holds (gpu_comm_count; 0 or 1 but for --hierarchical 1) */
+static size_t memory_allowance(int comms) {
+    return ((size_t)GPU_LAZY_ALLOWANCE_MB + (size_t)comms * (size_t)GPU_NCCL_ALLOWANCE_MB) << 20;
 }
 
 static size_t memory_headroom_total(const MemoryHeadroom* h) { return h->comm + h->handles + h->allowance; }
@@ -3925,7 +3927,8 @@ static int gpu_comm_check_agreement(GpuComm* cm, const GPT2* model, const Option
  * emulated on one machine), else the ranks whose host names match (an
  * all-gather of a hash of gethostname over the world communicator, so it
  * works for every --init; nodes numbered by their lowest rank, the index
- * inside a node by rank).
+ * inside a node by rank). The same all-gather carries a hash of the flags:
+ * ranks launched with different ones stop with an error, not a hang.
  * Communicators per level: ncclCommSplit of the world's (NCCL >= 2.18,
  * which real NCCL has had since 2023; the CPU layer implements it as
  * MPI_Comm_split): intra = colour node, key index; inter = colour index,
@@ -3987,6 +3990,27 @@ static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, 
     lv->node_of = (int*)xmalloc(sizeof(int) * (size_t)W);
     lv->local_of = (int*)xmalloc(sizeof(int) * (size_t)W);
     for (int q = 0; q < W; q++) lv->node_of[q] = 0, lv->local_of[q] = q;
+    uint64_t* all = cm->h_slots + DP_SCALARS; /* (2 W of the 3 W slots: the fingerprints' place, free here) */
+    if (W > 1) { /* every rank's host name and flags, hashed: the flags first, or ranks launched with different
+                  * ones would meet different collectives below (run_fingerprint compares them too, later) */
+        char host[256] = {0};
+        CHECK(gethostname(host, sizeof(host) - 1) == 0, "gethostname failed: %s", strerror(errno));
+        uint64_t flags = fnv1a(0xCBF29CE484222325ull, topology, strlen(topology));
+        cm->h_slots[0] = fnv1a(0xCBF29CE484222325ull, host, strlen(host));
+        cm->h_slots[1] = fnv1a(flags, &hierarchical, sizeof(hierarchical));
+        CUDA_CHECK(cudaMemcpyAsync(cm->d_slots, cm->h_slots, 2 * sizeof(uint64_t), cudaMemcpyHostToDevice, cm->stream));
+        NCCL_CHECK(ncclAllGather(cm->d_slots, cm->d_slots + DP_SCALARS, 2, ncclUint64, cm->nccl, cm->stream));
+        CUDA_CHECK(cudaMemcpyAsync(all, cm->d_slots + DP_SCALARS, 2 * sizeof(uint64_t) * (size_t)W,
+                                   cudaMemcpyDeviceToHost, cm->stream));
+        gpu_wait(cm->stream, NULL);
+        for (int q = 1; q < W; q++)
+            if (all[2 * q + 1] != all[1]) {
+                fprintf(stderr, "error: rank %d was launched with other --topology/--hierarchical flags than rank 0 "
+                        "(this rank: --topology '%s' --hierarchical %d): give every rank the same\n", q, topology,
+                        hierarchical);
+                return -1;
+            }
+    }
     if (topology && topology[0]) {
         int n = 0, k = 0;
         char tail = 0;
@@ -3997,21 +4021,12 @@ static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, 
             return -1;
         }
         for (int q = 0; q < W; q++) lv->node_of[q] = q / k, lv->local_of[q] = q % k;
-    } else if (W > 1) { /* by host: a hash of each rank's host name, gathered */
+    } else if (W > 1) { /* by host: the hashes of the ranks' host names, gathered above */
         lv->by_host = 1;
-        char host[256] = {0};
-        CHECK(gethostname(host, sizeof(host) - 1) == 0, "gethostname failed: %s", strerror(errno));
-        uint64_t* all = cm->h_slots + DP_SCALARS; /* (3 W slots: the fingerprints' place, free here) */
-        cm->h_slots[0] = fnv1a(0xCBF29CE484222325ull, host, strlen(host));
-        CUDA_CHECK(cudaMemcpyAsync(cm->d_slots, cm->h_slots, sizeof(uint64_t), cudaMemcpyHostToDevice, cm->stream));
-        NCCL_CHECK(ncclAllGather(cm->d_slots, cm->d_slots + DP_SCALARS, 1, ncclUint64, cm->nccl, cm->stream));
-        CUDA_CHECK(cudaMemcpyAsync(all, cm->d_slots + DP_SCALARS, sizeof(uint64_t) * (size_t)W, cudaMemcpyDeviceToHost,
-                                   cm->stream));
-        gpu_wait(cm->stream, NULL);
         for (int q = 0, nodes = 0; q < W; q++) {
             int first = -1, local = 0; /* the lowest rank on q's host, and how many below q are on it */
             for (int p = 0; p < q; p++)
-                if (all[p] == all[q]) first = first < 0 ? p : first, local++;
+                if (all[2 * p] == all[2 * q]) first = first < 0 ? p : first, local++;
             lv->node_of[q] = first < 0 ? nodes++ : lv->node_of[first]; /* nodes numbered by their lowest rank */
             lv->local_of[q] = local;
         }
@@ -4058,6 +4073,12 @@ static void gpu_levels_free(GpuComm* cm, int failed) {
     free(lv->node_of);
     free(lv->local_of);
     lv->node_of = lv->local_of = NULL;
+}
+
+/* The NCCL communicators this rank holds: the world's, and one per level
+ * under --hierarchical 1 (the memory headroom's allowance counts them). */
+static int gpu_comm_count(const GpuComm* cm) {
+    return (cm->nccl != NULL) + (cm->lv.intra != NULL) + (cm->lv.inter != NULL);
 }
 
 /* A step begins: its counts from zero. */
@@ -4845,7 +4866,7 @@ static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     size_t start = cm->free_at_start > free_a ? cm->free_at_start : free_a; /* (another process may have freed some) */
     h->comm = start - free_a;
     h->handles = free_a > free_b ? free_a - free_b : 0;
-    h->allowance = memory_allowance(cm->nccl != NULL);
+    h->allowance = memory_allowance(gpu_comm_count(cm));
     return start;
 }
 
@@ -4998,7 +5019,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
     const char* how = "auto: cudaMemGetInfo's free bytes";
     size_t budget = !strcmp(o->memory_budget, "auto") ? free_now : plan_budget(o->memory_budget, comm->world, &how);
     if (!budget) return -1;
-    size_t allowance = memory_allowance(comm->nccl != NULL);
+    size_t allowance = memory_allowance(gpu_comm_count(comm));
     double mb = 1.0 / (1024.0 * 1024.0);
     int T = o->seq_len, W = comm->world;
     long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * T * W;

@@ -32,7 +32,8 @@
 #     the communicators per level up;
 #   - without --topology the nodes are the hosts: one node of 2 here, flat
 #     (--hierarchical's default), nothing sent across nodes;
-#   - refused, with a message: --topology 3x2 on 4 ranks, --zero 3.
+#   - refused, with a message: --topology 3x2 on 4 ranks, ranks launched
+#     with different --topology (an error on every rank, not a hang), --zero 3.
 # The last line is "cuda levels: N passed, N failed"; exit status non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -159,6 +160,14 @@ gpus bad_topology 4 --topology 3x2
 rc=$?
 check "$([ $rc -ne 0 ] && grep -q 'topology 3x2: want NxK' "$LOG/bad_topology.rank0.log" && echo ok)" \
     "--topology 3x2 on 4 ranks: refused" "$(grep -m 1 error "$LOG/bad_topology.rank0.log")"
+# rank 1 launched with --topology 2x1, rank 0 without: both stop with an error, no hang
+$CLEAN_ENV timeout -k 10 120 $MPIRUN -np 2 -x GPTC_RUN_ID="cuda-levels-$$-mixed" sh -c \
+    'log=$1; shift; t=; [ "$OMPI_COMM_WORLD_RANK" = 1 ] && t="--topology 2x1"
+     exec "$@" $t > "$log.rank$OMPI_COMM_WORLD_RANK.log" 2>&1' sh "$LOG/mixed" \
+    "$BIN" --init mpi $SMALL --batch-size 2 --zero 1 < /dev/null > "$LOG/mixed.mpirun.log" 2>&1
+rc=$?
+check "$([ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'other --topology/--hierarchical flags than rank 0' "$LOG"/mixed.rank*.log && echo ok)" \
+    "ranks launched with different --topology: an error, not a hang" "rc=$rc; $(grep -h -m 1 error "$LOG"/mixed.rank*.log | head -n 1 | cut -c1-90)"
 $CLEAN_ENV "$BIN" $SMALL --batch-size 2 --zero 3 > "$LOG/zero3.log" 2>&1
 rc=$?
 check "$([ $rc -ne 0 ] && grep -q 'train_gpt --zero 3' "$LOG/zero3.log" && echo ok)" \
