@@ -477,7 +477,7 @@ test-gpu-plan: train_gpt_cu_cpu
 
 # train_gpt.cu's levels (issue 15): 4 emulated GPUs as --topology 2x2, --zero 0/1/2 flat and --hierarchical 1
 # against each other and the CPU trainer, bytes per level against the formulas, nodes by host, refusals
-# (scripts/test_cuda_levels.sh; ~4 min, not in make test)
+# (scripts/test_cuda_levels.sh; ~4 min, not in make test; its QUICK=1 part, ~25 s, is in test_cuda_on_cpu.sh)
 test-cuda-levels: train_gpt_cu_cpu train_gpt
 	scripts/test_cuda_levels.sh
 

@@ -6,6 +6,9 @@
 # dev/cuda/cpu/NCCL.md). Not run on a GPU.
 #
 #   scripts/test_cuda_levels.sh     # make test-cuda-levels builds and runs it (~4 min on 2 cores; not in make test)
+#   QUICK=1 scripts/test_cuda_levels.sh   # ~25 s, in scripts/test_cuda_on_cpu.sh (make test): --zero 2 by
+#                                   # level only, 2 steps of 1 micro-batch, against the CPU trainer and the
+#                                   # formulas; the planted figure and the refusals
 #
 # A small GPT (L = 2, C = 64, T = 64) on a global batch of 8 sequences, 3
 # steps; 4 emulated GPUs as --topology 2x2 (2 nodes of 2), B = 2 each:
@@ -56,7 +59,11 @@ CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WOR
     -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 TOY=$LOG/toy.bin
 $PY scripts/toy_shard.py "$TOY" 200000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
-C=64; L=2; Vp=256; maxT=64; W=4; N=2; K=2; STEPS=3
+C=64; L=2; Vp=256; maxT=64; W=4; N=2; K=2
+QUICK=${QUICK:-0}
+STEPS=$([ "$QUICK" = 1 ] && echo 2 || echo 3)
+ZEROS=$([ "$QUICK" = 1 ] && echo 2 || echo "0 1 2")
+HIERS=$([ "$QUICK" = 1 ] && echo 1 || echo "0 1")
 SMALL="--model d2 --channels $C --num-heads 2 --max-seq-len $maxT --vocab-size $Vp --train-data $TOY --seq-len 64
        --steps $STEPS --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
 
@@ -107,7 +114,7 @@ steps_agree() { # LOG "intra inter": every step's line, STEPS of them, carries t
 echo "P = $P parameters, S = $S per rank, P' = $Pp; $N nodes x $K ranks"
 
 # ---- the CPU trainer: one process, the same global batches in micro-batches of 2 ----
-for total in 512 1024; do
+for total in $([ "$QUICK" = 1 ] && echo 512 || echo 512 1024); do
     timeout -k 10 200 "$CPU" $SMALL --batch-size 2 --total-batch-size $total --threads 2 \
         --log-file "$LOG/cpu_$total.jsonl" > "$LOG/cpu_$total.log" 2>&1
     check "$([ "$(field "$LOG/cpu_$total.jsonl" loss | wc -l)" -eq $STEPS ] && echo ok)" \
@@ -116,10 +123,10 @@ for total in 512 1024; do
 done
 
 # ---- 4 emulated GPUs as 2 nodes of 2: flat and by level, each --zero ---------
-for z in 0 1 2; do
-    total=$([ $z -eq 2 ] && echo 1024 || echo 512) # (ZeRO-2: 2 micro-batches, reduced after each)
+for z in $ZEROS; do
+    total=$([ $z -eq 2 ] && [ "$QUICK" != 1 ] && echo 1024 || echo 512) # (ZeRO-2: 2 micro-batches, reduced after each)
     a=$(( total / (64 * 2 * W) ))
-    for h in 0 1; do
+    for h in $HIERS; do
         extra=$([ $z -eq 2 ] && [ $h -eq 1 ] && echo "--plan-check 1")
         gpus z${z}_h$h $W --zero $z --topology 2x2 --hierarchical $h --comm-levels 1 --total-batch-size $total $extra
         rc=$?
@@ -134,19 +141,21 @@ for z in 0 1 2; do
             "  ... with the communicators per level up: device memory plan == ledger (--plan-check 1)" \
             "$(grep -m 1 '^plan-check' "$LOG/z${z}_h$h.log")"
     done
+    grep -q "gradients reduced by level" "$LOG/z${z}_h1.log" ||
+        check FAIL "--zero $z --hierarchical 1 says it reduces by level" "$(grep -m 1 '^levels' "$LOG/z${z}_h1.log")"
+    [ "$QUICK" = 1 ] && continue
     d=$(worst "$LOG/z${z}_h1.jsonl" "$LOG/z${z}_h0.jsonl")
     same=$(cmp -s <(field "$LOG/z${z}_h1.jsonl" loss) <(field "$LOG/z${z}_h0.jsonl" loss) && echo "equal as logged (%.6f)" || echo "not equal as logged")
     check "$(within "$d" "$LOSS_TOL" && echo ok)" "--zero $z: hierarchical losses against flat: within $LOSS_TOL" "max rel diff $d; $same"
-    grep -q "gradients reduced by level" "$LOG/z${z}_h1.log" ||
-        check FAIL "--zero $z --hierarchical 1 says it reduces by level" "$(grep -m 1 '^levels' "$LOG/z${z}_h1.log")"
 done
 # the comparison must reject a wrong figure: the formula with one byte more across nodes
-want=$(expect 1 1 1)
+want=$(expect 2 1 $([ "$QUICK" = 1 ] && echo 1 || echo 2))
 planted="${want% *} $(( ${want#* } + 1 ))"
-check "$([ "$(measured "$LOG/z1_h1.log")" != "$planted" ] && ! steps_agree "$LOG/z1_h1.log" "$planted" && echo ok)" \
+check "$([ "$(measured "$LOG/z2_h1.log")" != "$planted" ] && ! steps_agree "$LOG/z2_h1.log" "$planted" && echo ok)" \
     "planted: a formula one byte off across nodes is rejected" "$planted"
 
 # ---- without --topology: the nodes are the hosts (one here) ------------------
+[ "$QUICK" = 1 ] || {
 gpus byhost 2 --zero 1 --steps 1 --total-batch-size 256
 rc=$?
 got=$(measured "$LOG/byhost.log")
@@ -154,6 +163,7 @@ ok=$([ $rc -eq 0 ] && grep -q "^levels: 1 node(s) x 2 rank(s) (by host name); gr
      [ "${got#* }" = 0 ] && [ "${got% *}" -gt 0 ] && echo ok)
 check "$ok" "2 GPUs on one host, no --topology: 1 node of 2 by host name, flat by default, 0 bytes across nodes" \
     "$(grep -m 1 '^levels' "$LOG/byhost.log"); bytes $got; rc=$rc"
+}
 
 # ---- refused ------------------------------------------------------------------
 gpus bad_topology 4 --topology 3x2
