@@ -25,7 +25,7 @@
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
 #   make test-gpu-plan     the GPU memory plan == its device allocation, --offload, on the CPU layer (~5 min)
-#   make test-cuda-levels  train_gpt.cu's --topology, bytes per level, --hierarchical 1 on 4 emulated GPUs (~4 min)
+#   make test-cuda-levels  train_gpt.cu's --topology, bytes per level, --hierarchical 1 on 4 emulated GPUs (~6 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -477,7 +477,7 @@ test-gpu-plan: train_gpt_cu_cpu
 
 # train_gpt.cu's levels (issue 15): 4 emulated GPUs as --topology 2x2, --zero 0/1/2 flat and --hierarchical 1
 # against each other and the CPU trainer, bytes per level against the formulas, nodes by host, refusals
-# (scripts/test_cuda_levels.sh; ~4 min, not in make test; its QUICK=1 part, ~25 s, is in test_cuda_on_cpu.sh)
+# (scripts/test_cuda_levels.sh; ~6 min (335 s at load 13), not in make test; its QUICK=1 part, ~25 s, is in test_cuda_on_cpu.sh)
 test-cuda-levels: train_gpt_cu_cpu train_gpt
 	scripts/test_cuda_levels.sh
 
