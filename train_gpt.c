@@ -2349,7 +2349,11 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         if (train_run_eval_due(r, o, step) && (step > start || start == 0) &&
             eval_log(&r->eval, model, o, dist, r->log, step) != 0)
             return -1;
-        if (train_run_sample_due(r, o, step) && r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
+        if (train_run_sample_due(r, o, step)) {
+            float* whole = zero3_sample_begin(dist, model); /* ZeRO-3: the weights on rank 0 meanwhile */
+            if (r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
+            zero3_sample_end(dist, model, whole);
+        }
         if (step == r->steps) break;
         /* the step: gradients of grad_accum micro-batches, summed over the ranks; then AdamW */
         double t0 = time_ms();

@@ -351,9 +351,6 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->zero < 0 || o->zero > 3, "--zero must be 0, 1, 2 or 3");
     OPTIONS_PROBLEM(o->hierarchical < -1 || o->hierarchical > 1, "--hierarchical must be -1, 0 or 1");
     OPTIONS_PROBLEM(o->comm_levels != 0 && o->comm_levels != 1, "--comm-levels must be 0 or 1");
-    OPTIONS_PROBLEM(o->zero == 3 && (o->sample_every || o->eval_file[0]),
-                    "--zero 3 does not sample or run --eval-file yet (the sampler reads the whole weights): give "
-                    "--sample-every 0 (and no --eval-file), or use --zero 2");
     OPTIONS_PROBLEM(o->overlap != 0 && o->overlap != 1, "--overlap must be 0 or 1");
     OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
                     "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");

@@ -104,6 +104,7 @@ static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
         kvcache_sizes(sizes, c);
         p->sampler = sizeof(int) * (size_t)k->sample_length + tensors_floats(sizes, NUM_KVCACHE_TENSORS) * F +
                      sizeof(ScoredToken) * (size_t)c->vocab_size;
+        if (k->zero == 3) p->sampler += P * F; /* the weights gathered while it samples (gptc/zero3.h) */
     }
     if (d.zero) p->repad = P * F + d.param_floats * F + p->setup[MEM_DATA]; /* dist_setup_model, first in train_setup */
     p->peak = p->setup_total + p->sampler > p->repad ? p->setup_total + p->sampler : p->repad;

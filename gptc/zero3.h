@@ -487,21 +487,45 @@ static void dist_params_keep(const Dist* d, GPT2* model, float* full) {
     free(full);
 }
 
-/* Under ZeRO-3 (dist_setup_model, after the shard is made): the gathered
- * buffers, the model's weight pointers at the head's, and the hook. */
-static void zero3_setup(Dist* d, GPT2* model) {
+/* The model's weight pointers: the head's at the gathered head, the
+ * layers' NULL (they live in lv->layer, one at a time). */
+static void zero3_point(Dist* d, GPT2* model) {
     Levels* lv = d->lv;
     size_t C = (size_t)model->config.channels;
-    lv->head = ledger_floats(MEM_ZERO, d->head_floats);
-    lv->layer[0] = ledger_floats(MEM_ZERO, d->layer_floats);
-    lv->layer[1] = ledger_floats(MEM_ZERO, d->layer_floats);
-    memset(&model->params, 0, sizeof(model->params)); /* the layers' weights live in lv->layer, one at a time */
+    memset(&model->params, 0, sizeof(model->params));
     model->params.wte = lv->head;
     model->params.wpe = model->params.wte + model->param_sizes[0];
     model->params.lnfw = model->params.wpe + model->param_sizes[1];
     model->params.lnfb = model->params.lnfw + C;
+}
+
+/* Under ZeRO-3 (dist_setup_model, after the shard is made): the gathered
+ * buffers, the model's weight pointers, and the hook. */
+static void zero3_setup(Dist* d, GPT2* model) {
+    Levels* lv = d->lv;
+    lv->head = ledger_floats(MEM_ZERO, d->head_floats);
+    lv->layer[0] = ledger_floats(MEM_ZERO, d->layer_floats);
+    lv->layer[1] = ledger_floats(MEM_ZERO, d->layer_floats);
+    zero3_point(d, model);
     model->layer_weights = zero3_layer_weights;
     model->on_layer_grads_ctx = d;
+}
+
+/* The sampler (rank 0, section 7) reads every weight: under ZeRO-3 they are
+ * gathered onto rank 0 while it samples (P floats more, MEM_SAMPLER; in the
+ * memory plan). Collective; returns what zero3_sample_end frees (NULL
+ * unless ZeRO-3 on rank 0). */
+static float* zero3_sample_begin(Dist* d, GPT2* model) {
+    if (d->zero != 3) return NULL;
+    float* whole = d->rank == 0 ? ledger_floats(MEM_SAMPLER, model->num_parameters) : NULL;
+    zero3_gather_model(d, model, whole);
+    if (whole) parameters_point(&model->params, whole, &model->config);
+    return whole;
+}
+static void zero3_sample_end(Dist* d, GPT2* model, float* whole) {
+    if (!whole) return;
+    zero3_point(d, model);
+    ledger_free(whole);
 }
 
 #endif /* GPTC_ZERO3_H */

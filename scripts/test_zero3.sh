@@ -32,8 +32,10 @@
 #     onto 3 ranks --zero 3, 1 process --zero 0, 4 ranks --zero 1, and a
 #     --zero 2 state onto 3 ranks --zero 3 (to 1e-4 of the update); a
 #     rollback to a memory snapshot ends bit for bit where --zero 2's does;
+#   - samples under --zero 3 (the weights gathered onto rank 0 meanwhile):
+#     the text --zero 2 draws, and the plan still the ledger;
 #   - bad --topology, ranks launched with different ones, and --zero 3 with
-#     what needs whole weights (sampling), refused with a clear error.
+#     --eval-file, refused with a clear error.
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -201,6 +203,17 @@ timeout -k 10 120 $MPIRUN -np 2 "$BIN" $RS -b 6 -x 3 --zero 3 --snapshot-every 1
     check ok "np 2 --zero 3 with snapshots and saves: ledger == plan on both ranks" ||
     check FAIL "np 2 --zero 3 with snapshots: plan check" "$(grep -E 'plan check|error' "$dir/pl.out" | head -3)"
 
+# sampling: the weights gathered onto rank 0 while it samples (in the plan); the text --zero 2's
+for z in 2 3; do
+    timeout -k 10 120 $MPIRUN -np 2 "$BIN" ${COMMON/--sample-every 0/} -b 6 -d 192 --zero $z --sample-every 4 \
+        --sample-length 8 --plan-check 1 > "$dir/s$z.out" 2> "$dir/s$z.err" || check FAIL "np 2 --zero $z with sampling: run" "$(tail -2 "$dir/s$z.out")"
+done
+n=$(grep -c "^sample: " "$dir/s3.out")
+[ "$n" -ge 2 ] && cmp -s <(grep "^sample: " "$dir/s2.out") <(grep "^sample: " "$dir/s3.out") &&
+    [ "$(cat "$dir/s3.out" "$dir/s3.err" | grep -c 'ledger == plan')" -eq 2 ] &&
+    check ok "np 2 --zero 3 samples: the text --zero 2 draws ($n samples); ledger == plan with the gathered weights" ||
+    check FAIL "np 2 --zero 3 samples" "$(cat "$dir/s3.out" "$dir/s3.err" | grep -E '^sample|plan check|error' | head -4)"
+
 # --plan from the flags alone: the peak the run's ledger had
 ledger=$(sed -n 's/.*rank 0: ledger == plan: .* peak \([0-9]*\);.*/\1/p' "$dir/plan2.out")
 timeout -k 10 120 $MPIRUN -np 2 "$BIN" $COMMON -b 4 -d 128 --zero 3 --plan 1 --memory-budget 64G > "$dir/plan.out" 2>&1
@@ -212,9 +225,9 @@ planned=$(sed -n 's/^  peak (the ledger.s) *\([0-9]*\).*/\1/p' "$dir/plan.out")
 timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 6 --topology 3x1 > "$dir/bad.out" 2>&1
 [ $? -ne 0 ] && grep -q "error: --topology 3x1" "$dir/bad.out" && check ok "--topology 3x1 on 2 ranks refused" "$(grep -m1 error "$dir/bad.out")" ||
     check FAIL "--topology 3x1 on 2 ranks refused" "$(tail -2 "$dir/bad.out")"
-timeout -k 10 60 "$ONE" $COMMON -b 6 --zero 3 --sample-every 5 > "$dir/bad.out" 2>&1
-[ $? -ne 0 ] && grep -q "error: --zero 3" "$dir/bad.out" && check ok "--zero 3 with sampling refused" ||
-    check FAIL "--zero 3 with sampling refused" "$(tail -2 "$dir/bad.out")"
+timeout -k 10 60 "$ONE" $COMMON -b 6 --zero 3 --eval-file "$dir/none.bin" > "$dir/bad.out" 2>&1
+[ $? -ne 0 ] && grep -q "error: --zero 3" "$dir/bad.out" && check ok "--zero 3 with --eval-file refused" ||
+    check FAIL "--zero 3 with --eval-file refused" "$(tail -2 "$dir/bad.out")"
 
 timeout -k 10 60 $MPIRUN -np 2 "$BIN" $COMMON -b 3 --topology 2x2 --hierarchical 0 : -np 2 "$BIN" $COMMON -b 3 \
     --topology 1x4 --hierarchical 0 > "$dir/bad.out" 2>&1
