@@ -1584,7 +1584,7 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 /* End MPI. After a failure with several ranks, abort the whole job: the
  * other ranks may be waiting in a collective this rank will never join. */
 static void dist_finish(Dist* d, int failed) {
-    levels_free(d);
+    levels_free(d, failed);
     ledger_free(d->grad_shard);
     ledger_free(d->buckets[0]);
     ledger_free(d->buckets[1]);
@@ -1804,7 +1804,7 @@ static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int 
         float* part = src + (a - at);
         int mine = owner == d->rank;
 #ifdef USE_MPI
-        if (d->world > 1 && d->lv->hierarchical) levels_reduce_to(d, part, b - a, owner); /* blocking */
+        if (d->world > 1 && (d->lv->hierarchical || d->lv->hooks.reduce)) levels_reduce_to(d, part, b - a, owner);
         else if (d->world > 1) {
             int i = dist_request(d, group);
             MPI_CHECK(MPI_Ireduce(mine ? MPI_IN_PLACE : part, mine ? part : NULL, (int)(b - a), MPI_FLOAT, MPI_SUM,

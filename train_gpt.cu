@@ -5097,8 +5097,8 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     char verdict[512];
     if (!memory_check(memory_plan_total(&st->plan), st->free0, memory_headroom_total(&st->room), verdict,
                       sizeof(verdict))) {
-        fprintf(stderr, "error: rank %d: %s: lower --batch-size%s\n", comm->rank, verdict,
-                comm->world > 1 && o->zero < 2 ? " or raise --zero" : "");
+        fprintf(stderr, "error: rank %d: %s: lower --batch-size, raise --recompute%s, or --offload 1 (--plan 1 lists "
+                "what fits)\n", comm->rank, verdict, comm->world > 1 && o->zero < 2 ? ", raise --zero" : "");
         return -1;
     }
     printf("%s\n", verdict);
