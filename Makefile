@@ -26,6 +26,7 @@
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
 #   make test-gpu-plan     the GPU memory plan == its device allocation, --offload, on the CPU layer (~5 min)
+#   make test-cuda-levels  train_gpt.cu's --topology, bytes per level, --hierarchical 1 on 4 emulated GPUs (~6 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -485,6 +486,12 @@ test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cu
 test-gpu-plan: train_gpt_cu_cpu
 	scripts/test_gpu_plan.sh
 
+# train_gpt.cu's levels (issue 15): 4 emulated GPUs as --topology 2x2, --zero 0/1/2 flat and --hierarchical 1
+# against each other and the CPU trainer, bytes per level against the formulas, nodes by host, refusals
+# (scripts/test_cuda_levels.sh; ~6 min (335 s at load 13), not in make test; its QUICK=1 part, ~25 s, is in test_cuda_on_cpu.sh)
+test-cuda-levels: train_gpt_cu_cpu train_gpt
+	scripts/test_cuda_levels.sh
+
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
@@ -495,7 +502,7 @@ print-cpu-app-libs:
 print-cpu-layer:
 	@echo $(CPU_LAYER)
 
-.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
+.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
 
 # NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
 # emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2

@@ -29,6 +29,10 @@
  * with -DUSE_MPI, under mpirun or srun --mpi=pmix) or, without MPI, through
  * a file or a TCP port (train_gpt.c's rendezvous). Launchers: scripts/
  * launch_gpu.sh, slurm_gpu_pmix.sbatch, slurm_gpu_tcp.sbatch, run_gpt2.sh.
+ * Levels (issue 15; not run on a GPU; checked on the CPU execution layer,
+ * make test-cuda-levels): nodes from --topology NxK or by host, bytes sent
+ * per level, --hierarchical 1 with a communicator per level (ncclCommSplit),
+ * as the CPU trainer's gptc/zero3.h. --zero 3 is the CPU trainer's only.
  *
  * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
  * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the
@@ -133,6 +137,22 @@ static ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t
 static ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) {
     return ncclInvalidUsage;
 }
+static ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t) {
+    return ncclInvalidUsage;
+}
+static ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+    return ncclInvalidUsage;
+}
+#endif
+/* ncclCommSplit (NCCL 2.18, 2023) builds the communicators per level (G6);
+ * an older NCCL trains flat and refuses --hierarchical 1, saying why. */
+#if GPU_HAVE_NCCL && defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+#define GPU_HAVE_SPLIT 1
+#endif
+#endif
+#ifndef GPU_HAVE_SPLIT
+#define GPU_HAVE_SPLIT 0
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -2861,7 +2881,8 @@ static void memory_plan_print(const MemoryPlan* p) {
  *     GPU_NCCL_ALLOWANCE_MB more with a communicator: NCCL may connect its
  *     channels at the first collectives rather than at init, each channel
  *     with buffers of NCCL_BUFFSIZE (4 MiB by default) per peer and
- *     direction; 32 channels x 2 directions x 4 MiB = 256 MB.
+ *     direction; 32 channels x 2 directions x 4 MiB = 256 MB; as much
+ *     again for each communicator per level (--hierarchical 1: two more).
  * Both are estimates from those sources, not measured here: unverified on
  * hardware (the run prints what cudaMemGetInfo says it took, to compare). */
 #define GPU_LAZY_ALLOWANCE_MB 384
@@ -2873,8 +2894,9 @@ typedef struct {
     size_t allowance; /* for what loads lazily (above) */
 } MemoryHeadroom;
 
-static size_t memory_allowance(int has_comm) {
-    return ((size_t)GPU_LAZY_ALLOWANCE_MB + (has_comm ? (size_t)GPU_NCCL_ALLOWANCE_MB : 0)) << 20;
+/* comms: the NCCL communicators this rank holds (gpu_comm_count; 0 or 1 but for --hierarchical 1) */
+static size_t memory_allowance(int comms) {
+    return ((size_t)GPU_LAZY_ALLOWANCE_MB + (size_t)comms * (size_t)GPU_NCCL_ALLOWANCE_MB) << 20;
 }
 
 static size_t memory_headroom_total(const MemoryHeadroom* h) { return h->comm + h->handles + h->allowance; }
@@ -3649,6 +3671,27 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
  * blocking (gpu_wait), so one rank's death ends the job instead of hanging
  * it. */
 
+/* The levels of the machine (issue 15; not run on a GPU; checked on the CPU
+ * execution layer, scripts/test_cuda_levels.sh): train_gpt.c's (gptc/zero3.h)
+ * on NCCL. Nodes: --topology NxK (rank r on node r / K), else the ranks on
+ * one host (by host name). Bytes each rank sends per level; --hierarchical's
+ * communicators (see "levels" below). */
+typedef struct {
+    int nodes, per_node;     /* per_node: ranks in every node, 0 when the nodes differ in size */
+    int node, local;         /* this rank's node and its index inside it */
+    int* node_of;            /* (W) each rank's node */
+    int* local_of;           /* (W) each rank's index inside its node */
+    int hierarchical;        /* reductions by level (several ranks only) */
+    int by_host;             /* the nodes are the hosts (no --topology) */
+    int report;              /* --comm-levels 1: a line per step */
+    int counting;            /* inside a training step (dp_zero_grad .. gpu_levels_step_end) */
+    double sent[NUM_LEVELS]; /* bytes this rank sent at each level in this step */
+    double sent_run[NUM_LEVELS];
+    int steps;
+    ncclComm_t intra;        /* hierarchical: this node's ranks, ranked by index (ncclCommSplit) */
+    ncclComm_t inter;        /* hierarchical: the ranks with this index, one per node, ranked by node */
+} GpuLevels;
+
 typedef struct {
     int rank, world, local_rank, device;
     char how[300];       /* how the ranks met, for the log */
@@ -3659,6 +3702,7 @@ typedef struct {
     uint64_t* h_slots;   /* pinned host twin */
     Dist dist;           /* the same rank/world for train_gpt.c's helpers: timing lines, the --data barrier (MPI) */
     size_t free_at_start; /* device bytes free once the context exists, before the communicator */
+    GpuLevels lv;        /* nodes, bytes per level, the communicators per level (gpu_levels_init) */
 } GpuComm;
 
 #ifdef USE_MPI
@@ -3817,7 +3861,9 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
 
 /* End the communicator and MPI. After a failure with several ranks, abort:
  * the others may wait in a collective this rank will never join. */
+static void gpu_levels_free(GpuComm* cm, int failed);
 static void gpu_comm_free(GpuComm* cm, int failed) {
+    gpu_levels_free(cm, failed);
     if (cm->nccl) {
         gpu_watched_comm = NULL;
         if (failed) {
@@ -3871,6 +3917,270 @@ static int gpu_comm_check_agreement(GpuComm* cm, const GPT2* model, const Option
     gpu_wait(cm->stream, NULL);
     int bad = fingerprints_differ(all, cm->rank, cm->world);
     return bad ? -1 : 0;
+}
+
+/* ---- levels: nodes, bytes per level, hierarchical reduction ------------- */
+/* Issue 15; not run on a GPU; checked on the CPU execution layer (4
+ * emulated GPUs as --topology 2x2: scripts/test_cuda_levels.sh). The CPU
+ * trainer's semantics and flags (gptc/zero3.h), on NCCL:
+ * Nodes: --topology NxK (rank r on node r / K: how several nodes are
+ * emulated on one machine), else the ranks whose host names match (an
+ * all-gather of a hash of gethostname over the world communicator, so it
+ * works for every --init; nodes numbered by their lowest rank, the index
+ * inside a node by rank). The same all-gather carries a hash of the flags:
+ * ranks launched with different ones stop with an error, not a hang.
+ * Communicators per level: ncclCommSplit of the world's (NCCL >= 2.18,
+ * which real NCCL has had since 2023; the CPU layer implements it as
+ * MPI_Comm_split): intra = colour node, key index; inter = colour index,
+ * key node. Built only under --hierarchical 1 (their buffers cost device
+ * memory); a flat run has the world's alone.
+ * Bytes sent, per rank and level, counted as a direct algorithm sends them
+ * (as the CPU trainer counts: an all-gather sends this rank's piece to every
+ * other rank, a reduction every other rank its piece, a reduce to a root
+ * the root its data, a broadcast the root's data to every other rank);
+ * fp32 gradients 4 bytes, bf16 weights 2. Summed over the ranks, for n
+ * elements of b bytes on N nodes of K:
+ *   flat all-reduce          intra 2 (K-1) n b        inter 2 (N-1) K n b
+ *   flat reduce-scatter      intra (K-1) n b          inter (N-1) K n b   (ZeRO; all-gathers alike)
+ *   hierarchical all-reduce  intra 2 N (K-1) n b      inter 2 (N-1) n b   (plain)
+ *   hierarchical to owners   intra N (K-1) n b        inter (N-1) n b     (ZeRO)
+ * with n = P per step for plain (its segments), and for ZeRO the padded
+ * buckets, P' = W S: ZeRO-1 reduces P' fp32 once, ZeRO-2 once per
+ * micro-batch, both all-gather P' bf16 weights (flat, as on the CPU).
+ * --hierarchical 1, plain: each slice of n of a bucket, in pieces of
+ * s = ceil(n / K): piece i reduced inside the node onto index i
+ * (ncclReduce), piece j all-reduced across the nodes among the ranks of
+ * index j (1/K of the data), every piece broadcast inside the node from its
+ * index (ncclBroadcast); each stage one NCCL group for the whole bucket.
+ * ZeRO: each rank q's piece of the bucket reduced inside every node onto the
+ * rank with q's index, then across the nodes onto q (ncclReduce, in place;
+ * for any placement of the ranks on the nodes). Unlike the CPU trainer's
+ * these stay on the communication stream, overlapped with backward as the
+ * flat ones are. They sum in another order than the flat path (node sums,
+ * then across nodes): equal to it to fp32 round-off, not bitwise. */
+
+static void gpu_levels_add(GpuLevels* lv, int level, double bytes) {
+    if (lv->counting) lv->sent[level] += bytes;
+}
+
+/* A flat collective over the world of n elements of `elem` bytes in pieces
+ * of `piece` (rank q's: [q piece, (q + 1) piece) of n): a reduction
+ * (`scatter`) sends every other rank its piece, an all-gather (`gather`)
+ * this rank's piece to every other rank. */
+static void gpu_levels_count(GpuComm* cm, size_t n, size_t piece, size_t elem, int scatter, int gather) {
+    GpuLevels* lv = &cm->lv;
+    if (!lv->counting || cm->world == 1) return;
+    size_t mine = levels_piece(0, n, piece, cm->rank);
+    for (int q = 0; q < cm->world; q++) {
+        if (q == cm->rank) continue;
+        size_t c = (scatter ? levels_piece(0, n, piece, q) : 0) + (gather ? mine : 0);
+        lv->sent[lv->node_of[q] == lv->node ? LEVEL_INTRA : LEVEL_INTER] += (double)(c * elem);
+    }
+}
+
+/* The nodes from --topology ("" = by host) and --hierarchical (0, 1, -1 =
+ * 1 when there is more than one node), and under it the communicators per
+ * level. 0, or -1 after a message (every rank sees the same flags and
+ * hosts, so all fail alike). Collective. */
+static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, int report) {
+    GpuLevels* lv = &cm->lv;
+    int W = cm->world;
+    memset(lv, 0, sizeof(*lv));
+    lv->report = report;
+    lv->node_of = (int*)xmalloc(sizeof(int) * (size_t)W);
+    lv->local_of = (int*)xmalloc(sizeof(int) * (size_t)W);
+    for (int q = 0; q < W; q++) lv->node_of[q] = 0, lv->local_of[q] = q;
+    uint64_t* all = cm->h_slots + DP_SCALARS; /* (2 W of the 3 W slots: the fingerprints' place, free here) */
+    if (W > 1) { /* every rank's host name and flags, hashed: the flags first, or ranks launched with different
+                  * ones would meet different collectives below (run_fingerprint compares them too, later) */
+        char host[256] = {0};
+        CHECK(gethostname(host, sizeof(host) - 1) == 0, "gethostname failed: %s", strerror(errno));
+        uint64_t flags = fnv1a(0xCBF29CE484222325ull, topology, strlen(topology));
+        cm->h_slots[0] = fnv1a(0xCBF29CE484222325ull, host, strlen(host));
+        cm->h_slots[1] = fnv1a(flags, &hierarchical, sizeof(hierarchical));
+        CUDA_CHECK(cudaMemcpyAsync(cm->d_slots, cm->h_slots, 2 * sizeof(uint64_t), cudaMemcpyHostToDevice, cm->stream));
+        NCCL_CHECK(ncclAllGather(cm->d_slots, cm->d_slots + DP_SCALARS, 2, ncclUint64, cm->nccl, cm->stream));
+        CUDA_CHECK(cudaMemcpyAsync(all, cm->d_slots + DP_SCALARS, 2 * sizeof(uint64_t) * (size_t)W,
+                                   cudaMemcpyDeviceToHost, cm->stream));
+        gpu_wait(cm->stream, NULL);
+        for (int q = 1; q < W; q++)
+            if (all[2 * q + 1] != all[1]) {
+                fprintf(stderr, "error: rank %d was launched with other --topology/--hierarchical flags than rank 0 "
+                        "(this rank: --topology '%s' --hierarchical %d): give every rank the same\n", q, topology,
+                        hierarchical);
+                return -1;
+            }
+    }
+    if (topology && topology[0]) {
+        int n = 0, k = 0;
+        char tail = 0;
+        if (sscanf(topology, "%dx%d%c", &n, &k, &tail) != 2 || n < 1 || k < 1 || n * k != W) {
+            if (cm->rank == 0)
+                fprintf(stderr, "error: --topology %s: want NxK with N nodes x K ranks = the %d rank(s) launched "
+                        "(e.g. 2x2 for 4 GPUs)\n", topology, W);
+            return -1;
+        }
+        for (int q = 0; q < W; q++) lv->node_of[q] = q / k, lv->local_of[q] = q % k;
+    } else if (W > 1) { /* by host: the hashes of the ranks' host names, gathered above */
+        lv->by_host = 1;
+        for (int q = 0, nodes = 0; q < W; q++) {
+            int first = -1, local = 0; /* the lowest rank on q's host, and how many below q are on it */
+            for (int p = 0; p < q; p++)
+                if (all[2 * p] == all[2 * q]) first = first < 0 ? p : first, local++;
+            lv->node_of[q] = first < 0 ? nodes++ : lv->node_of[first]; /* nodes numbered by their lowest rank */
+            lv->local_of[q] = local;
+        }
+    }
+    for (int q = 0; q < W; q++) lv->nodes = lv->node_of[q] + 1 > lv->nodes ? lv->node_of[q] + 1 : lv->nodes;
+    lv->per_node = W / lv->nodes;
+    for (int p = 0; p < lv->nodes; p++) { /* uniform: every node has per_node ranks */
+        int count = 0;
+        for (int q = 0; q < W; q++) count += lv->node_of[q] == p;
+        if (count != lv->per_node) lv->per_node = 0;
+    }
+    lv->node = lv->node_of[cm->rank];
+    lv->local = lv->local_of[cm->rank];
+    lv->hierarchical = hierarchical < 0 ? lv->nodes > 1 && lv->per_node > 0 : hierarchical;
+    if (lv->hierarchical && lv->per_node == 0) {
+        if (cm->rank == 0) fprintf(stderr, "error: --hierarchical 1 needs nodes of equal size: give --topology NxK\n");
+        return -1;
+    }
+    if (!lv->hierarchical || W == 1) return 0;
+#if GPU_HAVE_SPLIT
+    NCCL_CHECK(ncclCommSplit(cm->nccl, lv->node, lv->local, &lv->intra, NULL));
+    NCCL_CHECK(ncclCommSplit(cm->nccl, lv->local, lv->node, &lv->inter, NULL));
+    return 0;
+#else
+    int v = 0;
+    if (GPU_HAVE_NCCL) NCCL_CHECK(ncclGetVersion(&v));
+    if (cm->rank == 0)
+        fprintf(stderr, "error: --hierarchical 1 builds a communicator per level with ncclCommSplit (NCCL 2.18 or "
+                "newer); this build has NCCL %d.%d.%d: give --hierarchical 0 (flat), or rebuild against a newer NCCL "
+                "(make nccl-info says which it found)\n", v / 10000, (v / 100) % 100, v % 100);
+    return -1;
+#endif
+}
+
+static void gpu_levels_free(GpuComm* cm, int failed) {
+    GpuLevels* lv = &cm->lv;
+    ncclComm_t* sub[2] = {&lv->intra, &lv->inter};
+    for (int i = 0; i < 2; i++) {
+        if (!*sub[i]) continue;
+        if (failed) NCCL_CHECK(ncclCommAbort(*sub[i]));
+        else NCCL_CHECK(ncclCommDestroy(*sub[i]));
+        *sub[i] = NULL;
+    }
+    free(lv->node_of);
+    free(lv->local_of);
+    lv->node_of = lv->local_of = NULL;
+}
+
+/* The NCCL communicators this rank holds: the world's, and one per level
+ * under --hierarchical 1 (the memory headroom's allowance counts them). */
+static int gpu_comm_count(const GpuComm* cm) {
+    return (cm->nccl != NULL) + (cm->lv.intra != NULL) + (cm->lv.inter != NULL);
+}
+
+/* A step begins: its counts from zero. */
+static void gpu_levels_step_begin(GpuComm* cm) {
+    cm->lv.sent[LEVEL_INTRA] = cm->lv.sent[LEVEL_INTER] = 0.0;
+    cm->lv.counting = 1;
+}
+
+/* After the step's update: its bytes into the run's, and with --comm-levels
+ * 1 a line (summed over the ranks: collective), as train_gpt.c's
+ * levels_step_end. */
+static void gpu_levels_step_end(GpuComm* cm, int step) {
+    GpuLevels* lv = &cm->lv;
+    lv->counting = 0;
+    lv->steps++;
+    for (int e = 0; e < NUM_LEVELS; e++) lv->sent_run[e] += lv->sent[e];
+    if (lv->report) {
+        double all[NUM_LEVELS] = {lv->sent[0], lv->sent[1]};
+        gpu_comm_sum(cm, all, NUM_LEVELS);
+        printf("step %d: bytes sent: %s %.0f, %s %.0f (summed over the ranks); rank 0: %.0f, %.0f\n", step,
+               LEVEL_NAMES[0], all[0], LEVEL_NAMES[1], all[1], lv->sent[0], lv->sent[1]);
+    }
+}
+
+/* At the end: the topology and the bytes per level per step (collective),
+ * the CPU trainer's line (levels_print). */
+static void gpu_levels_print(GpuComm* cm) {
+    GpuLevels* lv = &cm->lv;
+    if (cm->world <= 1 || lv->steps == 0) return;
+    double per[NUM_LEVELS], all[NUM_LEVELS];
+    for (int e = 0; e < NUM_LEVELS; e++) per[e] = all[e] = lv->sent_run[e] / lv->steps;
+    gpu_comm_sum(cm, all, NUM_LEVELS);
+    printf("bytes sent per step by level (%d node(s) x %d rank(s), %s reduction): %s %.0f, %s %.0f summed over the "
+           "ranks; rank 0: %.0f, %.0f\n", lv->nodes, lv->per_node, lv->hierarchical ? "hierarchical" : "flat",
+           LEVEL_NAMES[0], all[0], LEVEL_NAMES[1], all[1], per[0], per[1]);
+}
+
+/* Plain, --hierarchical 1: sum the bucket's slices (n[i] floats at x[i],
+ * i < nseg) over the ranks in place, by level (see above). */
+static void gpu_levels_allreduce(GpuComm* cm, float* const* x, const size_t* n, int nseg, cudaStream_t cs) {
+    GpuLevels* lv = &cm->lv;
+    int K = lv->per_node, N = lv->nodes, j = lv->local;
+    NCCL_CHECK(ncclGroupStart()); /* 1: piece i of each slice summed inside the node onto index i */
+    for (int g = 0; g < nseg; g++) {
+        size_t s = (n[g] + (size_t)K - 1) / (size_t)K;
+        for (int i = 0; i < K; i++) {
+            size_t c = levels_piece(0, n[g], s, i);
+            if (!c) continue;
+            if (i != j) gpu_levels_add(lv, LEVEL_INTRA, 4.0 * (double)c);
+            float* p = x[g] + (size_t)i * s;
+            NCCL_CHECK(ncclReduce(p, p, c, ncclFloat, ncclSum, i, lv->intra, cs));
+        }
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    if (N > 1) {
+        NCCL_CHECK(ncclGroupStart()); /* 2: piece j across the nodes, among the ranks of index j */
+        for (int g = 0; g < nseg; g++) {
+            size_t s = (n[g] + (size_t)K - 1) / (size_t)K, cj = levels_piece(0, n[g], s, j);
+            if (!cj) continue;
+            size_t p = (cj + (size_t)N - 1) / (size_t)N, mine = levels_piece(0, cj, p, lv->node);
+            gpu_levels_add(lv, LEVEL_INTER, 4.0 * (double)(cj - mine + mine * (size_t)(N - 1)));
+            NCCL_CHECK(ncclAllReduce(x[g] + (size_t)j * s, x[g] + (size_t)j * s, cj, ncclFloat, ncclSum, lv->inter, cs));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+    }
+    NCCL_CHECK(ncclGroupStart()); /* 3: every piece to the node from its index */
+    for (int g = 0; g < nseg; g++) {
+        size_t s = (n[g] + (size_t)K - 1) / (size_t)K;
+        for (int i = 0; i < K; i++) {
+            size_t c = levels_piece(0, n[g], s, i);
+            if (!c) continue;
+            if (i == j) gpu_levels_add(lv, LEVEL_INTRA, 4.0 * (double)(c * (size_t)(K - 1)));
+            float* p = x[g] + (size_t)i * s;
+            NCCL_CHECK(ncclBroadcast(p, p, c, ncclFloat, i, lv->intra, cs));
+        }
+    }
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+/* ZeRO, --hierarchical 1: sum a packed bucket (W pieces of `piece` floats,
+ * rank q's at q piece) over the ranks, rank q's sum landing in place at its
+ * piece: inside every node onto the rank with q's index, then across the
+ * nodes onto q. */
+static void gpu_levels_reduce_to_owners(GpuComm* cm, float* bucket, size_t piece, cudaStream_t cs) {
+    GpuLevels* lv = &cm->lv;
+    int W = cm->world;
+    NCCL_CHECK(ncclGroupStart());
+    for (int q = 0; q < W; q++) {
+        float* p = bucket + (size_t)q * piece;
+        if (lv->local != lv->local_of[q]) gpu_levels_add(lv, LEVEL_INTRA, 4.0 * (double)piece);
+        NCCL_CHECK(ncclReduce(p, p, piece, ncclFloat, ncclSum, lv->local_of[q], lv->intra, cs));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    if (lv->nodes == 1) return;
+    NCCL_CHECK(ncclGroupStart()); /* among the ranks of this index: the pieces of the ranks with it */
+    for (int q = 0; q < W; q++) {
+        if (lv->local_of[q] != lv->local) continue;
+        float* p = bucket + (size_t)q * piece;
+        if (lv->node != lv->node_of[q]) gpu_levels_add(lv, LEVEL_INTER, 4.0 * (double)piece);
+        NCCL_CHECK(ncclReduce(p, p, piece, ncclFloat, ncclSum, lv->node_of[q], lv->inter, cs));
+    }
+    NCCL_CHECK(ncclGroupEnd());
 }
 
 /* ---- gradients and weights across the ranks ----------------------------- */
@@ -3962,23 +4272,36 @@ static void dp_reduce_bucket(GpuDataParallel* dp, int b) {
     CUDA_CHECK(cudaEventRecord(dp->grads_ready, g->stream));
     CUDA_CHECK(cudaStreamWaitEvent(cs, dp->grads_ready, 0));
     const BucketShape* s = shard_map_bucket(&dp->map, b);
-    size_t l = b < dp->L ? (size_t)b : 0;
+    size_t l = b < dp->L ? (size_t)b : 0, W = (size_t)dp->world;
+    int by_level = dp->comm->lv.hierarchical && dp->world > 1; /* (gpu_levels_allreduce, _reduce_to_owners) */
     if (dp->zero == 0) {
-        NCCL_CHECK(ncclGroupStart()); /* one launch for the bucket's slices */
+        float* x[DP_MAX_SEGMENTS];
+        size_t n[DP_MAX_SEGMENTS];
         for (int k = 0; k < s->nseg; k++) {
-            float* p = g->grads_memory + s->off[k] + l * s->stride[k];
-            NCCL_CHECK(ncclAllReduce(p, p, s->pre[k + 1] - s->pre[k], ncclFloat, ncclSum, nc, cs));
+            x[k] = g->grads_memory + s->off[k] + l * s->stride[k];
+            n[k] = s->pre[k + 1] - s->pre[k];
+            if (!by_level) gpu_levels_count(dp->comm, n[k], (n[k] + W - 1) / W, sizeof(float), 1, 1);
         }
+        if (by_level) {
+            gpu_levels_allreduce(dp->comm, x, n, s->nseg, cs);
+            return;
+        }
+        NCCL_CHECK(ncclGroupStart()); /* one launch for the bucket's slices */
+        for (int k = 0; k < s->nseg; k++) NCCL_CHECK(ncclAllReduce(x[k], x[k], n[k], ncclFloat, ncclSum, nc, cs));
         NCCL_CHECK(ncclGroupEnd());
         return;
     }
     float* shard_part = dp->grad_shard + shard_map_offset(&dp->map, b);
+    float* mine = dp->bucket[b] + (size_t)dp->rank * s->piece; /* in place: rank r's piece of the bucket */
+    if (by_level) gpu_levels_reduce_to_owners(dp->comm, dp->bucket[b], s->piece, cs); /* the sum lands at mine */
+    else gpu_levels_count(dp->comm, W * s->piece, s->piece, sizeof(float), 1, 0);
     if (dp->zero == 1) {
-        NCCL_CHECK(ncclReduceScatter(dp->bucket[b], shard_part, s->piece, ncclFloat, ncclSum, nc, cs));
+        if (by_level)
+            CUDA_CHECK(cudaMemcpyAsync(shard_part, mine, s->piece * sizeof(float), cudaMemcpyDeviceToDevice, cs));
+        else NCCL_CHECK(ncclReduceScatter(dp->bucket[b], shard_part, s->piece, ncclFloat, ncclSum, nc, cs));
         return;
     }
-    float* mine = dp->bucket[b] + (size_t)dp->rank * s->piece; /* in place: rank r's piece of the bucket */
-    NCCL_CHECK(ncclReduceScatter(dp->bucket[b], mine, s->piece, ncclFloat, ncclSum, nc, cs));
+    if (!by_level) NCCL_CHECK(ncclReduceScatter(dp->bucket[b], mine, s->piece, ncclFloat, ncclSum, nc, cs));
     accumulate_kernel<<<ceil_div((long long)s->piece, 256), 256, 0, cs>>>(shard_part, mine, s->piece);
     KERNEL_CHECK();
     CUDA_CHECK(cudaEventRecord(dp->slot_free[b == dp->L ? 2 : b % 2], cs));
@@ -4076,6 +4399,12 @@ static void dp_print(const GpuDataParallel* dp, size_t P, int micro_batches) {
     printf("buckets: %d layers of %zu parameters, then wte+wpe+lnf with %zu; pieces of %zu and %zu per rank "
            "(padded to %d x %d)\n", dp->L, dp->map.layer.pre[dp->map.layer.nseg], dp->map.rest.pre[dp->map.rest.nseg],
            dp->map.layer.piece, dp->map.rest.piece, dp->world, DP_ALIGN);
+    const GpuLevels* lv = &dp->comm->lv;
+    if (dp->world > 1)
+        printf("levels: %d node(s) x %d rank(s) (%s); gradients reduced %s (not run on a GPU; checked on the CPU "
+               "execution layer)\n", lv->nodes, lv->per_node, lv->by_host ? "by host name" : "--topology",
+               lv->hierarchical ? "by level: inside the node, across nodes on 1/K, inside the node again "
+                                  "(communicators per level by ncclCommSplit)" : "flat (one communicator)");
     double bytes;
     if (dp->zero == 0) {
         printf("per-rank state: bf16 weights %.0f MB, fp32 gradients %.0f MB, fp32 master + AdamW %.0f MB\n",
@@ -4103,6 +4432,7 @@ static void dp_params_ready(GpuDataParallel* dp) {
 static void dp_zero_grad(GpuDataParallel* dp) {
     GpuGPT2* g = dp->g;
     dp_params_ready(dp);
+    gpu_levels_step_begin(dp->comm); /* the step's bytes per level from zero */
     if (dp->zero == 0) gpu_zero_grad(g);
     else if (dp->zero == 1) CUDA_CHECK(cudaMemsetAsync(dp->grad_memory, 0, dp->grad_floats * sizeof(float), g->stream));
     else CUDA_CHECK(cudaMemsetAsync(dp->grad_shard, 0, dp->shard * sizeof(float), g->stream)); /* slots: as opened */
@@ -4130,6 +4460,7 @@ static void dp_gather_weights(GpuDataParallel* dp) {
     for (int b = 0; b <= dp->L; b++) {
         const BucketShape* s = shard_map_bucket(&dp->map, b);
         floatX* staging = (floatX*)dp->bucket[b]; /* W pieces of bf16 fit in half the fp32 bucket */
+        gpu_levels_count(dp->comm, s->piece * (size_t)dp->world, s->piece, sizeof(floatX), 0, 1); /* (flat, as on the CPU) */
         NCCL_CHECK(ncclAllGather(dp->param_shard + shard_map_offset(&dp->map, b), staging, s->piece, ncclBfloat16,
                                  dp->comm->nccl, cs));
         SegmentCopy sc = bucket_unpacking(s, b < dp->L ? (size_t)b : 0);
@@ -4325,6 +4656,10 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
+    if (o->zero == 3) /* (issue 15: the GPU has the levels and --hierarchical; its weights are not sharded yet) */
+        return "--zero 3 (the weights sharded, gathered layer by layer) is the CPU trainer's (./train_gpt --zero 3, "
+               "gptc/zero3.h); train_gpt_cu has --zero 0, 1 and 2, each with --topology and --hierarchical 1: use "
+               "--zero 2 here, or train with ./train_gpt --zero 3";
     if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
         return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
                "parallel), or drop it and shard the state across GPUs with --zero 1|2";
@@ -4336,9 +4671,6 @@ static const char* gpu_options_problem(const Options* o) {
                "yet: give --batch-size, --zero and --snapshot-every N";
     if (o->standby[0]) /* (the standby's wait sits in train_gpt.c's train_setup; the GPU trainer has its own set-up) */
         return "--standby is train_gpt's (the CPU trainer's hot spare); the GPU trainer has none yet: drop it";
-    if (o->zero == 3 || o->topology[0] || o->hierarchical == 1 || o->comm_levels) /* (gptc/zero3.h: MPI, CPU) */
-        return "--zero 3, --topology, --hierarchical 1 and --comm-levels are train_gpt's (the CPU trainer over MPI, "
-               "gptc/zero3.h); the GPU trainer has none yet: use --zero 0, 1 or 2";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
@@ -4534,7 +4866,7 @@ static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     size_t start = cm->free_at_start > free_a ? cm->free_at_start : free_a; /* (another process may have freed some) */
     h->comm = start - free_a;
     h->handles = free_a > free_b ? free_a - free_b : 0;
-    h->allowance = memory_allowance(cm->nccl != NULL);
+    h->allowance = memory_allowance(gpu_comm_count(cm));
     return start;
 }
 
@@ -4687,7 +5019,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
     const char* how = "auto: cudaMemGetInfo's free bytes";
     size_t budget = !strcmp(o->memory_budget, "auto") ? free_now : plan_budget(o->memory_budget, comm->world, &how);
     if (!budget) return -1;
-    size_t allowance = memory_allowance(comm->nccl != NULL);
+    size_t allowance = memory_allowance(gpu_comm_count(comm));
     double mb = 1.0 / (1024.0 * 1024.0);
     int T = o->seq_len, W = comm->world;
     long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * T * W;
@@ -4893,6 +5225,7 @@ static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, Gpu
     if (dp.active && dp.steps_timed > 0)
         printf("communication per step: %.2f ms of reduction left after backward, %.2f ms all-gather (means over %d "
                "steps)\n", dp.exposed_ms / dp.steps_timed, dp.gather_ms / dp.steps_timed, dp.steps_timed);
+    gpu_levels_print(comm); /* (collective) */
     if (!st->states) {
         gpu_checkpoint_save(st, host, o, comm->rank, st->r.steps);
         return 0;
@@ -4959,6 +5292,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         double norm = dp_step(&dp, &r.opt, lr, step + 1, o->grad_clip, gpu_update_seed(o->seed, step), r.grad_accum,
                               &gate, &s.loss, &s.finite);
         dp_step_wait(&dp); /* the step's time includes the update and the all-gather */
+        gpu_levels_step_end(comm, step + 1); /* bytes per level (G6) */
         double ms = time_ms() - t0;
         char mfu[64];
         mfu_format(mfu, sizeof(mfu), r.total / (ms / 1000.0) / world, st->fpt, st->peak); /* per GPU */
@@ -5033,6 +5367,10 @@ int main(int argc, char** argv) {
     GpuComm comm;
     if (gpu_comm_init(&comm, o.init, o.init_timeout, o.zero > 0, &argc, &argv) != 0) {
         gpu_comm_free(&comm, 1);
+        return EXIT_FAILURE;
+    }
+    if (gpu_levels_init(&comm, o.topology, o.hierarchical, o.comm_levels) != 0) { /* nodes, communicators per level */
+        gpu_comm_free(&comm, 0); /* (every rank fails alike, with nothing in flight) */
         return EXIT_FAILURE;
     }
     /* ranks other than 0 train silently: their errors still go to stderr */

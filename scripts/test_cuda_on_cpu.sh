@@ -29,6 +29,10 @@
 #   5b. training states under --zero 1|2 (scripts/test_zero_states.sh, ~90 s):
 #      saved on 2 emulated GPUs, resumed on 2 (bit for bit), 3, 1 and by
 #      the CPU trainer, and a CPU trainer's state resumed on 2 --zero 2;
+#   5c. the levels (QUICK=1 scripts/test_cuda_levels.sh, ~25 s): 4 emulated
+#      GPUs as --topology 2x2, --zero 2 --hierarchical 1 (communicators per
+#      level by ncclCommSplit) against the CPU trainer, bytes per level
+#      against the formulas; make test-cuda-levels runs the whole of it;
 #   6. a rank killed mid-run ends the others with an error, not a hang.
 # The last line is "cuda on cpu: N passed, N failed"; exit status non-zero on failure.
 set -u
@@ -135,6 +139,9 @@ GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scri
 
 # ---- 5b. training states under --zero 1|2: 2 emulated GPUs, resumed on 2, 3, 1 and the CPU trainer ----
 run zero_states scripts/test_zero_states.sh "$LOG/zero_states"
+
+# ---- 5c. the levels (issue 15): 4 emulated GPUs as --topology 2x2, --zero 2 --hierarchical 1 (~25 s) ----
+run cuda_levels_quick env QUICK=1 LOG="$LOG/levels" scripts/test_cuda_levels.sh
 
 # ---- 6. a rank killed mid-run ---------------------------------------------------------
 # rank 1 is killed (SIGKILL) once rank 0 has printed its third step: the job must end, not hang

@@ -19,7 +19,8 @@
 // reduction order (here: rank 0, 1, 2, ... in the accumulation type, the same
 // result on every rank), bf16/fp16 rounding (summed in fp32, rounded once per
 // element), timing, NCCL_* environment variables, fp8 types, user-defined
-// reduction ops, non-blocking communicators, ncclCommSplit.
+// reduction ops, non-blocking communicators. ncclCommSplit (NCCL >= 2.18) is
+// MPI_Comm_split of the parent's ranks, with a NULL config only.
 //
 // Reading order (banners):
 //   1. errors: the last-error text and the checking macro
@@ -298,12 +299,14 @@ static ncclResult_t comm_build_mpi(ncclComm* c, int nranks, const ncclUniqueId& 
 // 5. operations and their argument checks
 // ============================================================================
 
-enum OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kSend, kRecv };
+// (kSplit: no operation, only ncclCommSplit's turn in the handshake, so that a
+// split met by another call on some rank fails loudly instead of hanging)
+enum OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kSend, kRecv, kSplit };
 
 static const char* kind_name(int k) {
     static const char* const names[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast",
-                                        "ncclReduce",    "ncclSend",          "ncclRecv"};
-    return k >= 0 && k <= kRecv ? names[k] : "?";
+                                        "ncclReduce",    "ncclSend",          "ncclRecv",      "ncclCommSplit"};
+    return k >= 0 && k <= kSplit ? names[k] : "?";
 }
 
 // One NCCL call, as queued in a group or run at once.
@@ -735,6 +738,42 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
     if (!comm || !count) return fail(ncclInvalidArgument, "ncclCommCount: comm or count is NULL");
     *count = comm->nranks;
+    return ncclSuccess;
+}
+
+// NCCL >= 2.18: a collective over comm's ranks; those giving the same colour
+// form a new communicator, ranked by key, ties by their rank in comm (as
+// MPI_Comm_split, which it is here); NCCL_SPLIT_NOCOLOR: *newcomm = NULL.
+// Only config == NULL (the parent's, blocking) is modelled.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+    if (!comm || !newcomm) return fail(ncclInvalidArgument, "ncclCommSplit: comm or newcomm is NULL");
+    *newcomm = nullptr;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+        return fail(ncclInvalidArgument, "ncclCommSplit: color %d (must be >= 0 or NCCL_SPLIT_NOCOLOR)", color);
+    if (config)
+        return fail(ncclInvalidUsage, "ncclCommSplit: a config is not modelled by the CPU layer: pass NULL (the "
+                    "parent's, blocking)");
+    if (g_group_depth > 0) return fail(ncclInvalidUsage, "ncclCommSplit inside ncclGroupStart..End is not modelled");
+    Op turn{kSplit, nullptr, nullptr, 0, ncclInt8, ncclSum, 0, comm, nullptr};
+    handshake(turn);  // every rank of comm is here, not in some other call
+    ncclComm* c = new ncclComm{0, 1, MPI_COMM_NULL, 0, ncclSuccess, comm->id};
+    if (comm->nranks > 1) {
+        MPI_Comm sub = MPI_COMM_NULL;
+        MPI_CHECK(MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &sub));
+        if (sub != MPI_COMM_NULL) {
+            MPI_CHECK(MPI_Comm_rank(sub, &c->rank));
+            MPI_CHECK(MPI_Comm_size(sub, &c->nranks));
+            MPI_CHECK(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+            if (c->nranks > 1) c->mpi = sub;  // (one rank: no MPI, as ncclCommInitRank's)
+            else MPI_CHECK(MPI_Comm_free(&sub));
+        }
+    }
+    if (color == NCCL_SPLIT_NOCOLOR) {
+        delete c;
+        return ncclSuccess;
+    }
+    g_live_comms++;
+    *newcomm = c;
     return ncclSuccess;
 }
 

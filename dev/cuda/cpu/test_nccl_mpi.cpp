@@ -368,6 +368,45 @@ static void check_two_comms(ncclComm_t a) {
     NCCL_OK(ncclCommDestroy(b));
 }
 
+// ncclCommSplit as train_gpt.cu uses it (one communicator per level): by
+// parity, keys reversed, so the new ranks run the other way; a collective on
+// each part sums only its members, between calls on the parent; then the last
+// rank stays out (NCCL_SPLIT_NOCOLOR: NULL) and the others form one.
+static void check_split(ncclComm_t parent) {
+    int colour = g_rank % 2, members = 0, below = 0;
+    for (int q = 0; q < g_world; q++)
+        if (q % 2 == colour) members++, below += q > g_rank;
+    ncclComm_t part = nullptr;
+    NCCL_OK(ncclCommSplit(parent, colour, -g_rank, &part, NULL));
+    int count = -1, urank = -1;
+    NCCL_OK(ncclCommCount(part, &count));
+    NCCL_OK(ncclCommUserRank(part, &urank));
+    check(count == members && urank == below, "ncclCommSplit by parity, keys reversed: " + std::to_string(count) +
+          " rank(s), this one " + std::to_string(urank) + " (want " + std::to_string(members) + ", " +
+          std::to_string(below) + ")");
+    int32_t mine = g_rank + 1, total = 0, all = 0, one = 1;
+    int32_t want = 0;
+    for (int q = 0; q < g_world; q++) want += q % 2 == colour ? q + 1 : 0;
+    NCCL_OK(ncclAllReduce(&mine, &total, 1, ncclInt32, ncclSum, part, 0));
+    NCCL_OK(ncclAllReduce(&one, &all, 1, ncclInt32, ncclSum, parent, 0));
+    check(total == want && all == g_world, "ncclAllReduce on the split part sums its members only (" +
+          std::to_string(total) + ", want " + std::to_string(want) + "), then on the parent all of them");
+    NCCL_OK(ncclCommDestroy(part));
+    ncclComm_t rest = nullptr;
+    bool out = g_world > 1 && g_rank == g_world - 1;
+    NCCL_OK(ncclCommSplit(parent, out ? NCCL_SPLIT_NOCOLOR : 0, 0, &rest, NULL));
+    if (out) {
+        check(rest == nullptr, "ncclCommSplit with NCCL_SPLIT_NOCOLOR gives no communicator");
+    } else {
+        NCCL_OK(ncclCommCount(rest, &count));
+        NCCL_OK(ncclAllReduce(&one, &total, 1, ncclInt32, ncclSum, rest, 0));
+        int others = g_world > 1 ? g_world - 1 : 1;
+        check(count == others && total == others, "ncclCommSplit without the last rank: " + std::to_string(count) +
+              " rank(s), all-reduce " + std::to_string(total));
+        NCCL_OK(ncclCommDestroy(rest));
+    }
+}
+
 // NCCL's argument checks: the code, and ncclGetLastError's text.
 static void check_error(ncclResult_t got, ncclResult_t want, const char* word, const char* what) {
     const char* text = ncclGetLastError(NULL);
@@ -393,6 +432,11 @@ static void check_errors(ncclComm_t comm) {
     check_error(ncclAllReduce(p, p + 1, 8, ncclFloat, ncclSum, comm, 0), ncclInvalidArgument, "in-place",
                 "ncclAllReduce with buffers overlapping one element apart");
     check_error(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart", "ncclGroupEnd without ncclGroupStart");
+    ncclComm_t sub = nullptr;
+    check_error(ncclCommSplit(comm, -5, 0, &sub, NULL), ncclInvalidArgument, "color", "ncclCommSplit with color -5");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    check_error(ncclCommSplit(comm, 0, 0, &sub, &config), ncclInvalidUsage, "config",
+                "ncclCommSplit with a config (not modelled)");
     ncclResult_t async = ncclInternalError;
     NCCL_OK(ncclCommGetAsyncError(comm, &async));
     check(async == ncclSuccess, "ncclCommGetAsyncError reports no error");
@@ -435,6 +479,7 @@ static void run_checks(void) {
     check_group_allreduce(comm);
     check_ring(comm);
     check_two_comms(comm);
+    check_split(comm);
     check_errors(comm);
     if (g_world == 1 && !g_app_mpi) check_no_mpirun();
     NCCL_OK(ncclCommDestroy(comm));
