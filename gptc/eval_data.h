@@ -5,7 +5,7 @@
  * with our GPT-2 encoder.
  *
  * Included by train_gpt.c (section 8: --eval-file, scored by
- * eval_choices there) and by prepare_eval.c (JSONL -> eval file). Defines:
+ * gptc/eval.h's eval_choices) and by prepare_eval.c (JSONL -> eval file). Defines:
  * EVAL_MAGIC, EvalSet, evalset_free, evalset_read, evalset_write,
  * evalset_from_jsonl.
  *

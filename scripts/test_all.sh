@@ -15,7 +15,8 @@ DEFAULT_RUN=${DEFAULT_RUN:-$TEST_DIR/default_run}
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 LOGS=$TEST_DIR/logs
 mkdir -p "$LOGS"
-MAKE_Q="make --no-print-directory"
+# (what a stage builds, CHECK_JOBS compiles at once: the cores)
+MAKE_Q="make --no-print-directory -j${CHECK_JOBS:-$(nproc)}"
 
 # stage NAME COMMAND...: run it into $LOGS/NAME.log; on failure print the log and stop
 stage() {
@@ -52,6 +53,10 @@ tail -n 1 "$LOGS/test_dp.log"
 echo "== ZeRO-3, --topology 2x2, hierarchical reduction: np 1-4 against 1 process, bytes per level = the formulas, states"
 stage test_zero3 scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
 tail -n 1 "$LOGS/test_zero3.log"
+
+echo "== ZeRO++'s quantised collectives (gptc/quant.h): INT8/INT4 blocks, qwZ, qgZ, hpZ on mpirun -np 1, 2, 4 (emulated 2x2 and 2x1x2)"
+stage test_quant scripts/test_quant.sh ./dev/quant/test_quant
+tail -n 1 "$LOGS/test_quant.log"
 
 echo "== the memory plan: --plan == the allocation ledger over 33 configurations (1-3 ranks, ZeRO 0/1/2), peak RSS within 3%"
 stage test_plan scripts/test_plan.sh ./train_gpt ./train_gpt_mpi
