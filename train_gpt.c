@@ -1585,7 +1585,7 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
 /* End MPI. After a failure with several ranks, abort the whole job: the
  * other ranks may be waiting in a collective this rank will never join. */
 static void dist_finish(Dist* d, int failed) {
-    levels_free(d);
+    levels_free(d, failed);
     ledger_free(d->grad_shard);
     ledger_free(d->buckets[0]);
     ledger_free(d->buckets[1]);

@@ -364,9 +364,6 @@ static const char* options_problem(const Options* o) {
                     "--qwz, --qgz and --hpz are ZeRO++, which plugs into ZeRO-3's gathers and reductions: add --zero 3");
     OPTIONS_PROBLEM(o->quant_block < 1 || ((o->qwz == 4 || o->qgz == 4) && o->quant_block % 2),
                     "--quant-block must be >= 1, and even with INT4 (two codes a byte)");
-    OPTIONS_PROBLEM(o->zero == 3 && o->eval_file[0],
-                    "--zero 3 does not run --eval-file yet (the ranks score different numbers of examples, and each "
-                    "forward gathers weights from all of them): score a saved model with --zero 0, or use --zero 2");
     OPTIONS_PROBLEM(o->overlap != 0 && o->overlap != 1, "--overlap must be 0 or 1");
     OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
                     "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");

@@ -116,7 +116,8 @@ static void eval_choices(GPT2* model, EvalRun* e, const Dist* d, EvalResult* out
     memset(e->scores, 0, sizeof(double) * 8 * (size_t)N);
     int* from = e->from;
     int* to = e->to;
-    for (int r0 = 0; r0 < rows; r0 += B) {
+    int passes = d->zero == 3 ? EVAL_CHOICES * per : rows; /* ZeRO-3: as many forwards on every rank (they gather) */
+    for (int r0 = 0; r0 < passes; r0 += B) {
         for (int b = 0; b < B; b++) {
             if (r0 + b < rows) eval_row_fill(e, lo, r0 + b, e->inputs + (size_t)b * T, e->targets + (size_t)b * T,
                                              &from[b], &to[b]);

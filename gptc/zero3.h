@@ -9,7 +9,9 @@
  * Defines: Levels, LEVEL_NAMES, levels_init, levels_free, levels_count,
  * levels_allreduce, levels_reduce_to, levels_allgather_params,
  * dist_step_begin, levels_step_end, levels_print, zero3_setup,
- * zero3_layer_weights, ZeroHooks (where gptc/zeropp.h's qwZ/qgZ/hpZ plug in).
+ * zero3_layer_weights, zero3_gather_model, dist_params_full/keep (states),
+ * dist_fill_random, zero3_sample_begin/end (the sampler), ZeroHooks (where
+ * gptc/zeropp.h's qwZ/qgZ/hpZ plug in).
  *
  * ZeRO-3 (Rajbhandari et al. 2020, sec. 5.3). Rank r keeps the r-th of W
  * equal slices of the flat parameter buffer (the same shard ZeRO-1/2 update:
@@ -35,7 +37,10 @@
  * gradient buckets (printed at start, in the memory plan, gptc/plan.h).
  * Traffic per step, floats, A micro-batches: gathered A (2 L layer + head),
  * reduced A L layer + head; Psi = P: about 3 Psi for A = 1 (the head once
- * less: held from forward to backward).
+ * less: held from forward to backward). Outside the step: a model file
+ * and a sample gather the whole weights onto rank 0 (P floats there);
+ * loading a state uses a temporary of P floats; --eval-file has every rank
+ * run as many forwards.
  *
  * Levels. Ranks are grouped into nodes: --topology NxK says N nodes of K
  * ranks (rank r on node r / K; the way to emulate several nodes on one
@@ -206,7 +211,9 @@ static int levels_init(Dist* d, const char* topology, int hierarchical, int repo
     return 0;
 }
 
-static void levels_free(Dist* d) {
+/* `failed`: the job is about to abort; the communicators are left to it
+ * (freeing them is collective, and other ranks may never get here). */
+static void levels_free(Dist* d, int failed) {
     Levels* lv = d->lv;
     if (!lv) return;
     if (lv->hooks.release) lv->hooks.release(lv->hooks.ctx);
@@ -214,12 +221,13 @@ static void levels_free(Dist* d) {
     ledger_free(lv->layer[0]);
     ledger_free(lv->layer[1]);
 #ifdef USE_MPI
-    if (d->world > 1) {
+    if (d->world > 1 && !failed) {
         MPI_CHECK(MPI_Comm_free(&lv->intra));
         MPI_CHECK(MPI_Comm_free(&lv->inter));
     }
     free(lv->counts);
 #endif
+    (void)failed;
     free(lv->node_of);
     free(lv->local_of);
     free(lv);

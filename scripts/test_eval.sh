@@ -18,7 +18,8 @@
 # 3. Training is unchanged by the eval: 6 steps with --eval-every 2 log the
 #    same losses, as text, as 6 steps without it, and the final models are
 #    cmp-identical; the JSONL log has eval lines at steps 0, 2, 4, 6, and
-#    the step-0 scores equal --steps 0's.
+#    the step-0 scores equal --steps 0's. On 2 ranks, --zero 3 (each forward
+#    gathers the weights from both ranks) logs the eval lines --zero 2 does.
 # 4. scripts/plot_loss.py overlays the two runs of 3 in one PNG, with a legend.
 # 5. Bad inputs give clear errors: a truncated file, a wrong magic, a token
 #    outside the model's vocabulary, a JSONL example with three endings.
@@ -87,6 +88,18 @@ if [ "$(grep -c '"eval_acc_norm"' "$dir/eval.jsonl")" = 4 ] &&
     ok "the log has eval lines at steps 0 2 4 6: $(grep -m1 eval_acc "$dir/eval.jsonl")"
 else
     bad "the log's eval lines"; grep eval_acc "$dir/eval.jsonl"
+fi
+# --zero 3 on 2 ranks (every forward gathers the weights from both: the ranks run as many, 19 and 18
+# examples): the eval lines --zero 2's, which does the same arithmetic
+for z in 2 3; do
+    expect train_eval_z$z $MPIRUN "$BIN_MPI" $TRAIN -b 1 --zero $z --log-file "$dir/z$z.jsonl" --eval-file "$dir/set.bin" \
+        --eval-every 3
+done
+evals() { grep '"eval_acc' "$1" | sed 's/, "ms".*//; s/"eval_ms": [0-9.]*, //'; }
+if [ "$(grep -c '"eval_acc' "$dir/z3.jsonl")" = 3 ] && [ "$(evals "$dir/z2.jsonl")" = "$(evals "$dir/z3.jsonl")" ]; then
+    ok "2 ranks --zero 3: the eval lines --zero 2's: $(grep -m1 eval_acc "$dir/z3.jsonl" | cut -c1-90)"
+else
+    bad "2 ranks --zero 3 eval lines"; diff <(evals "$dir/z2.jsonl") <(evals "$dir/z3.jsonl") | head
 fi
 # step 0 of the run is the loaded model: at the run's B=2 T=32 it scores as --steps 0 at B=2 T=32
 expect score_b2 "$BIN" $EVAL -b 2 -t 32 --eval-detail "$dir/d4.jsonl"
