@@ -8,6 +8,8 @@
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make test-zero3 ZeRO-3, --topology levels, hierarchical reduction, bytes per level: np 1-4 against 1 process (~35 s)
+#   make test-zeropp ZeRO++ on --zero 3 (--qwz, --qgz, --hpz): losses within the quantisation bound, bytes = the formulas, resume (~25 s)
+#   make quality-zeropp  plain --zero 3 vs qwZ+hpZ+qgZ on the English corpus, np 4 --topology 2x2, curves overlaid (QUALITY_STEPS=300: hours here)
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py (also with a hot spare) end bit for bit as uninterrupted ones
 #   make test-failover-long  that, and the 2-rank hot spare (a standby mpirun job): killed ranks, a killed spare, two failures, no state
@@ -20,7 +22,7 @@
 #   make check-cxx  compile train_gpt.c as C++17 (train_gpt.cu includes it)
 #   make bench      time GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
 #   make bench-dp   data-parallel scaling under MPI (2 ranks x 1 thread vs 1 x 1)
-#   make bench-zero bytes per level per step and memory per rank, every ZeRO stage, np 2 and 4 (--topology 2x2), against the formulas (~1 min)
+#   make bench-zero bytes per level per step and memory per rank, every ZeRO stage and ZeRO++ mode, np 2 and 4 (--topology 2x2), against the formulas (~1.5 min)
 #   make bench-plan the runtime model: predicted vs measured step times, the planner's choice vs every candidate
 #   make bench-failover  snapshot stall per step, recovery time from memory, replica, disk, a hot spare (small GPT; GPT-2 124M: BENCH_FLAGS=--gpt2)
 #   make check-cuda compile the CUDA twin and its lab (no GPU needed); make gpu-check on a GPU
@@ -208,6 +210,16 @@ test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 # ZeRO-3, the levels (--topology) and hierarchical reduction against 1 process (scripts/test_zero3.sh)
 test-zero3: train_gpt_mpi train_gpt
 	scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
+
+# ZeRO++ (gptc/zeropp.h) on --zero 3 against plain --zero 3: np 2 and --topology 2x2 (scripts/test_zeropp.sh)
+test-zeropp: train_gpt_mpi
+	scripts/test_zeropp.sh ./train_gpt_mpi
+
+# ZeRO++'s quality: plain --zero 3 vs qwZ INT8 + hpZ + qgZ INT4, the default run's model and corpus, on
+# mpirun -np 4 --topology 2x2 (scripts/quality_zeropp.sh; ~9 s a step per run on 2 shared cores)
+QUALITY_STEPS ?= 300
+quality-zeropp: train_gpt_mpi $(TOKENIZER_FILES) $(CORPUS)
+	scripts/quality_zeropp.sh $(QUALITY_STEPS) out/quality_zeropp
 
 # the memory plan (gptc/plan.h) == the allocation ledger, byte for byte, over a
 # grid of 33 configurations; peak RSS within 3% (scripts/test_plan.sh)
@@ -605,4 +617,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-zero3 bench-zero test-plan test-failover test-failover-long test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-zero3 test-zeropp quality-zeropp bench-zero test-plan test-failover test-failover-long test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean

@@ -1562,6 +1562,7 @@ typedef struct {
 #endif
 } Dist;
 #include "gptc/zero3.h" /* defines: Levels, levels_init, levels_allreduce, levels_reduce_to, zero3_setup, ... */
+#include "gptc/zeropp.h" /* defines: zeropp_init (--qwz, --qgz, --hpz: ZeRO++ on --zero 3), zeropp_sizes */
 
 /* Start MPI (when built with it) and learn rank and world size. */
 static void dist_init(Dist* d, int* argc, char*** argv) {
@@ -1796,6 +1797,10 @@ static int dist_request(Dist* d, int group) {
  * when the request completes (dist_wait); `group` says which bucket src is. */
 static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int group) {
     d->reduced += (double)n;
+    if (d->lv && d->lv->hooks.reduce) { /* qgZ (gptc/zeropp.h): blocking, this rank's sum added into grad_shard */
+        d->lv->hooks.reduce(d->lv->hooks.ctx, src, at, n);
+        return;
+    }
     if (!d->lv || !d->lv->hierarchical) levels_count(d, at, n, d->shard, 1, 0);
     for (size_t a = at, end = at + n; a < end;) {
         int owner = (int)(a / d->shard);
@@ -1803,7 +1808,7 @@ static void dist_reduce_to_owners(Dist* d, float* src, size_t at, size_t n, int 
         float* part = src + (a - at);
         int mine = owner == d->rank;
 #ifdef USE_MPI
-        if (d->world > 1 && (d->lv->hierarchical || d->lv->hooks.reduce)) levels_reduce_to(d, part, b - a, owner);
+        if (d->world > 1 && d->lv->hierarchical) levels_reduce_to(d, part, b - a, owner); /* blocking */
         else if (d->world > 1) {
             int i = dist_request(d, group);
             MPI_CHECK(MPI_Ireduce(mine ? MPI_IN_PLACE : part, mine ? part : NULL, (int)(b - a), MPI_FLOAT, MPI_SUM,
@@ -2499,6 +2504,7 @@ int main(int argc, char** argv) {
     dist.zero = o.zero;
     dist.overlap = o.overlap;
     rc = levels_init(&dist, o.topology, o.hierarchical, o.comm_levels); /* nodes, bytes per level (gptc/zero3.h) */
+    if (rc == 0) rc = zeropp_init(&dist, o.qwz, o.qgz, o.qgz_feedback, o.hpz, o.quant_block); /* gptc/zeropp.h */
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
     printf("threads: %d (OpenMP)%s\n", num_threads(), dist.world > 1 ? " per rank" : "");

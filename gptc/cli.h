@@ -64,6 +64,7 @@ typedef struct {
     int zero, overlap;
     const char* topology; /* "NxK" nodes x ranks, "" = the shared-memory nodes (gptc/zero3.h) */
     int hierarchical, comm_levels;
+    int qwz, qgz, qgz_feedback, hpz, quant_block; /* ZeRO++ on --zero 3 (gptc/zeropp.h) */
     int resume, stop_at, keep_last, keep_every;
     int snapshot_every, save_async, rollback_after;
     const char* shm_dir;
@@ -160,6 +161,11 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--zero", NULL, OPT_INT, zero, "0", "data parallel: 0 = plain (allreduce), 1 = ZeRO-1 (AdamW state sharded over the ranks), 2 = ZeRO-2 (gradients sharded too), 3 = ZeRO-3 (weights sharded too, gathered layer by layer; CPU only); on GPUs 1 and 2 also run on one GPU, as one rank of the sharded code"),
     OPT("--topology", NULL, OPT_STRING, topology, "", "data parallel: the ranks as N nodes of K (NxK, e.g. 2x2 for 4 ranks; rank r on node r / K): emulates several nodes on one machine; empty = the nodes MPI sees (ranks sharing memory; on GPUs the ranks on one host)"),
     OPT("--hierarchical", NULL, OPT_INT, hierarchical, "-1", "data parallel: 1 = reduce gradients by level (inside the node, across nodes on 1/K of the data, inside the node again; blocking on CPUs, on GPUs overlapped with backward, a communicator per level by ncclCommSplit, NCCL >= 2.18), 0 = flat, -1 = 1 when there is more than one node"),
+    OPT("--qwz", NULL, OPT_INT, qwz, "0", "ZeRO++ (--zero 3 only): 8 (or 4) = gather the weights as INT8 (INT4) blocks, one fp32 scale per block, dequantised on arrival (qwZ); the master weights stay fp32; 0 = fp32"),
+    OPT("--qgz", NULL, OPT_INT, qgz, "0", "ZeRO++ (--zero 3 only): 4 or 8 = reduce the gradients as INT4/INT8 blocks by all-to-all inside the node, then across nodes, summed in fp32 at each hop (qgZ); 0 = fp32"),
+    OPT("--qgz-feedback", NULL, OPT_INT, qgz_feedback, "0", "ZeRO++ (--qgz only): 1 = error feedback, what each hop's quantisation lost is added to the next step's (reset to 0 on resume)"),
+    OPT("--hpz", NULL, OPT_INT, hpz, "0", "ZeRO++ (--zero 3 only): 1 = keep a secondary copy of the weights sharded over the ranks of the node, cut from each step's first forward gather; the other gathers (backward, later micro-batches) stay inside the node (hpZ)"),
+    OPT("--quant-block", NULL, OPT_INT, quant_block, "256", "ZeRO++: elements per quantisation block (one fp32 scale each; even for INT4)"),
     OPT("--comm-levels", NULL, OPT_INT, comm_levels, "0", "1 = print the bytes each level (intra-node, inter-node) carried, every step (the totals per step are printed at the end anyway)"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
@@ -351,6 +357,15 @@ static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->zero < 0 || o->zero > 3, "--zero must be 0, 1, 2 or 3");
     OPTIONS_PROBLEM(o->hierarchical < -1 || o->hierarchical > 1, "--hierarchical must be -1, 0 or 1");
     OPTIONS_PROBLEM(o->comm_levels != 0 && o->comm_levels != 1, "--comm-levels must be 0 or 1");
+    OPTIONS_PROBLEM(o->qwz != 0 && o->qwz != 4 && o->qwz != 8, "--qwz must be 0, 4 or 8 (bits of the weights' gather)");
+    OPTIONS_PROBLEM(o->qgz != 0 && o->qgz != 4 && o->qgz != 8, "--qgz must be 0, 4 or 8 (bits of the gradients' reduction)");
+    OPTIONS_PROBLEM(o->hpz != 0 && o->hpz != 1, "--hpz must be 0 or 1");
+    OPTIONS_PROBLEM(o->qgz_feedback != 0 && o->qgz_feedback != 1, "--qgz-feedback must be 0 or 1");
+    OPTIONS_PROBLEM(o->qgz_feedback && !o->qgz, "--qgz-feedback 1 needs --qgz 4 or 8 (it feeds back qgZ's quantisation error)");
+    OPTIONS_PROBLEM((o->qwz || o->qgz || o->hpz) && o->zero != 3,
+                    "--qwz, --qgz and --hpz are ZeRO++, which plugs into ZeRO-3's gathers and reductions: add --zero 3");
+    OPTIONS_PROBLEM(o->quant_block < 1 || ((o->qwz == 4 || o->qgz == 4) && o->quant_block % 2),
+                    "--quant-block must be >= 1, and even with INT4 (two codes a byte)");
     OPTIONS_PROBLEM(o->overlap != 0 && o->overlap != 1, "--overlap must be 0 or 1");
     OPTIONS_PROBLEM(o->num_layers < 0 || o->channels < 0 || o->num_heads < 0 || o->max_seq_len < 0 || o->vocab_size < 0,
                     "--num-layers/--channels/--num-heads/--max-seq-len/--vocab-size must be >= 0");

@@ -362,7 +362,8 @@ MAYBE_UNUSED static void run_fingerprint(const GPT2* model, const Options* o, in
     h[0] = h[1] = h[2] = 0xCBF29CE484222325ull;
     h[0] = fnv1a(h[0], &model->config, sizeof(GPT2Config));
     int ints[] = {o->batch_size, o->seq_len, o->total_batch_size, o->steps, o->warmup_steps, o->seed, o->shuffle,
-                  o->decay_all, zero, overlap, o->hierarchical};
+                  o->decay_all, zero, overlap, o->hierarchical, o->qwz, o->qgz, o->qgz_feedback, o->hpz,
+                  o->quant_block};
     float floats[] = {o->lr, o->final_lr_frac, o->decay_frac, o->weight_decay, o->beta1, o->beta2, o->eps, o->grad_clip};
     h[0] = fnv1a(h[0], ints, sizeof(ints));
     h[0] = fnv1a(h[0], floats, sizeof(floats));

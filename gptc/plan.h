@@ -52,6 +52,8 @@ typedef struct {
     int sampling;        /* --sample-every > 0: rank 0 samples (sample_length tokens) */
     int sample_length;
     int threads;         /* for the GEMM estimate */
+    int nodes;           /* --topology's N (1 without one); ZeRO++'s flags (gptc/zeropp.h's buffers) */
+    int qwz, qgz, qgz_feedback, hpz, quant_block;
     int loaders;         /* 1, or 2 with validation data */
     int shards[2];       /* per loader (train, val): shards, and the largest one's tokens */
     long long max_tokens[2];
@@ -81,6 +83,8 @@ static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
     p->setup[MEM_ADAMW] = 2 * d.moment_floats * F;
     p->setup[MEM_ZERO] = d.zero ? (d.shard + (d.zero >= 2 ? 2 * d.layer_floats : 0)) * F : 0;
     if (d.zero == 3) p->setup[MEM_ZERO] += (d.head_floats + 2 * d.layer_floats) * F; /* gathered (gptc/zero3.h) */
+    ZeroPPSizes zpp = zeropp_sizes(&d, c, k->nodes, k->qwz, k->qgz, k->qgz_feedback, k->hpz, k->quant_block);
+    p->setup[MEM_ZERO] += (zpp.secondary + zpp.residual + zpp.partial) * F + zpp.slot_buffers * zpp.slots; /* ZeRO++ */
     size_t sizes[NUM_ACTIVATION_TENSORS > NUM_KVCACHE_TENSORS ? NUM_ACTIVATION_TENSORS : NUM_KVCACHE_TENSORS];
     activation_sizes(sizes, c, k->B, k->T);
     p->setup[MEM_ACTIVATIONS] = tensors_floats(sizes, NUM_ACTIVATION_TENSORS) * F;
@@ -126,6 +130,9 @@ static PlanKnobs plan_knobs(const GPT2Config* c, const Options* o, int B, int ra
     k.sampling = o->sample_every > 0;
     k.sample_length = o->sample_length;
     k.threads = num_threads();
+    k.nodes = 1; /* (without --topology the nodes MPI sees: one machine here, as a planned run would be) */
+    if (o->topology[0] && sscanf(o->topology, "%d", &k.nodes) != 1) k.nodes = 1;
+    k.qwz = o->qwz, k.qgz = o->qgz, k.qgz_feedback = o->qgz_feedback, k.hpz = o->hpz, k.quant_block = o->quant_block;
     return k;
 }
 

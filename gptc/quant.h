@@ -278,10 +278,10 @@ static void quant_decode_impl(const float* scales, const uint8_t* payload, size_
         }
     }
 }
-static void quant_decode(const float* scales, const uint8_t* payload, size_t n, int bits, int block, float* out) {
+MAYBE_UNUSED static void quant_decode(const float* scales, const uint8_t* payload, size_t n, int bits, int block, float* out) {
     quant_decode_impl(scales, payload, n, bits, block, out, 0);
 }
-static void quant_decode_add(const float* scales, const uint8_t* payload, size_t n, int bits, int block,
+MAYBE_UNUSED static void quant_decode_add(const float* scales, const uint8_t* payload, size_t n, int bits, int block,
                              float* out) {
     quant_decode_impl(scales, payload, n, bits, block, out, 1);
 }
@@ -325,7 +325,7 @@ static void quant_topo_fill(QuantTopo* t) {
 
 /* Adopt the caller's communicators (not freed here), innermost first. The
  * caller orders them so that index (above) is the shard this rank owns. */
-static void quant_topo_from_comms(QuantTopo* t, int levels, const MPI_Comm* comms) {
+MAYBE_UNUSED static void quant_topo_from_comms(QuantTopo* t, int levels, const MPI_Comm* comms) {
     CHECK(levels >= 1 && levels <= QUANT_MAX_LEVELS, "%d levels: 1 to %d are supported", levels, QUANT_MAX_LEVELS);
     memset(t, 0, sizeof(*t));
     t->levels = levels;
@@ -337,7 +337,7 @@ static void quant_topo_from_comms(QuantTopo* t, int levels, const MPI_Comm* comm
  * two nodes of two; {2, 4, N}: Frontier's dies, GPUs, nodes): level i groups
  * the ranks that agree on every digit but the i-th of rank = r_0 + P_0 (r_1 +
  * ...), so index == the rank in `world`. */
-static void quant_topo_split(QuantTopo* t, MPI_Comm world, int levels, const int* sizes) {
+MAYBE_UNUSED static void quant_topo_split(QuantTopo* t, MPI_Comm world, int levels, const int* sizes) {
     int rank, W, prod = 1;
     MPI_CHECK(MPI_Comm_rank(world, &rank));
     MPI_CHECK(MPI_Comm_size(world, &W));
@@ -358,7 +358,7 @@ static void quant_topo_split(QuantTopo* t, MPI_Comm world, int levels, const int
     ALWAYS(t->index == rank);
 }
 
-static void quant_topo_free(QuantTopo* t) {
+MAYBE_UNUSED static void quant_topo_free(QuantTopo* t) {
     if (t->owns_comms)
         for (int i = 0; i < t->levels; i++) MPI_CHECK(MPI_Comm_free(&t->comm[i]));
     memset(t, 0, sizeof(*t));
@@ -372,7 +372,7 @@ static size_t quant_level_span(const QuantTopo* t, int i) {
 }
 
 /* bytes a rank sends at level i in qwz_allgather and qgz_reduce_scatter */
-static uint64_t quant_level_bytes(const QuantTopo* t, int i, size_t shard, int bits, int block) {
+MAYBE_UNUSED static uint64_t quant_level_bytes(const QuantTopo* t, int i, size_t shard, int bits, int block) {
     return (uint64_t)(t->size[i] - 1) * quant_level_span(t, i) * quant_slot_bytes(shard, bits, block);
 }
 
@@ -427,7 +427,7 @@ static size_t quant_pos_to_shard(const QuantTopo* t, size_t pos) {
 /* qwZ: every rank's shard (shard floats each) quantised, all-gathered over
  * the levels (outermost first) and dequantised into full (W * shard floats,
  * shard s at s*shard). Header comment: bytes, exactness. */
-static void qwz_allgather(QuantTopo* t, const float* mine, size_t shard, int bits, int block, float* full) {
+MAYBE_UNUSED static void qwz_allgather(QuantTopo* t, const float* mine, size_t shard, int bits, int block, float* full) {
     size_t sb = quant_slot_bytes(shard, bits, block), W = (size_t)t->world;
     uint8_t* slots = (uint8_t*)xmalloc(W * sb); /* (W slots) in level order */
     size_t at = 0; /* where this rank's slots begin: the digits fixed so far */
@@ -446,7 +446,7 @@ static void qwz_allgather(QuantTopo* t, const float* mine, size_t shard, int bit
 }
 
 /* floats of qgZ's error-feedback residual: shard * (R_{-1} + R_0 + ... + R_{k-2}) */
-static size_t qgz_residual_floats(const QuantTopo* t, size_t shard) {
+MAYBE_UNUSED static size_t qgz_residual_floats(const QuantTopo* t, size_t shard) {
     size_t n = (size_t)t->world;
     for (int i = 0; i + 1 < t->levels; i++) n += quant_level_span(t, i);
     return n * shard;
@@ -456,7 +456,7 @@ static size_t qgz_residual_floats(const QuantTopo* t, size_t shard) {
  * ranks, this rank's shard (index t->index) of the sum into out (shard
  * floats). residual: qgz_residual_floats of error feedback, or NULL.
  * Header comment: hops, bytes, error bound. */
-static void qgz_reduce_scatter(QuantTopo* t, const float* grad, size_t shard, int bits, int block, float* residual,
+MAYBE_UNUSED static void qgz_reduce_scatter(QuantTopo* t, const float* grad, size_t shard, int bits, int block, float* residual,
                                float* out) {
     size_t sb = quant_slot_bytes(shard, bits, block), W = (size_t)t->world;
     float* cur = (float*)xmalloc(W * shard * sizeof(float));  /* partial sums held, in level order */
@@ -496,7 +496,7 @@ static void qgz_reduce_scatter(QuantTopo* t, const float* grad, size_t shard, in
 /* hpZ: the secondary shard of this node rank (node: L ranks, rank l =
  * index mod L): the N = W/L shards a*L + l of full (W * shard floats), in
  * order of a, into secondary (N * shard floats). No communication. */
-static void hpz_secondary_from_full(MPI_Comm node, const float* full, size_t shard, int world, float* secondary) {
+MAYBE_UNUSED static void hpz_secondary_from_full(MPI_Comm node, const float* full, size_t shard, int world, float* secondary) {
     int L, l;
     MPI_CHECK(MPI_Comm_size(node, &L));
     MPI_CHECK(MPI_Comm_rank(node, &l));
@@ -507,7 +507,7 @@ static void hpz_secondary_from_full(MPI_Comm node, const float* full, size_t sha
 
 /* hpZ: the full weights (W * shard floats) from the node's secondary shards,
  * over the node communicator only; bytes sent added to *sent. */
-static void hpz_allgather(MPI_Comm node, const float* secondary, size_t shard, int world, float* full,
+MAYBE_UNUSED static void hpz_allgather(MPI_Comm node, const float* secondary, size_t shard, int world, float* full,
                           uint64_t* sent) {
     int L, l;
     MPI_CHECK(MPI_Comm_size(node, &L));

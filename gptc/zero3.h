@@ -11,7 +11,7 @@
  * dist_step_begin, levels_step_end, levels_print, zero3_setup,
  * zero3_layer_weights, zero3_gather_model, dist_params_full/keep (states),
  * dist_fill_random, zero3_sample_begin/end (the sampler), ZeroHooks (where
- * gptc/quant.h's qwZ/qgZ/hpZ plug in).
+ * gptc/zeropp.h's qwZ/qgZ/hpZ plug in).
  *
  * ZeRO-3 (Rajbhandari et al. 2020, sec. 5.3). Rank r keeps the r-th of W
  * equal slices of the flat parameter buffer (the same shard ZeRO-1/2 update:
@@ -74,15 +74,18 @@ enum { LEVEL_INTRA, LEVEL_INTER, NUM_LEVELS };
 static const char* const LEVEL_NAMES[NUM_LEVELS] = {"intra-node", "inter-node"};
 #define LAYER_TENSORS (LAYER_TENSORS_END - LAYER_TENSORS_BEGIN)
 
-/* Where block-quantised collectives (ZeRO++'s qwZ weight gather, qgZ
- * gradient reduction, hpZ's node-local weight copy: gptc/quant.h) plug in.
- * NULL: the fp32 collectives below. Not implemented here. */
+/* Where ZeRO++ (gptc/zeropp.h: qwZ's quantised weight gather, hpZ's
+ * node-local weight copy, qgZ's quantised gradient reduction, on top of
+ * gptc/quant.h) plugs in. NULL: the fp32 collectives below. The hooks
+ * block (nothing of theirs is in flight) and count their own bytes. */
 typedef struct {
     /* gather n floats of the flat range [at, at + n) of the sharded weights into dst (ZeRO-3) */
     void (*gather)(void* ctx, float* dst, size_t at, size_t n);
-    /* sum n floats at src over the ranks onto world rank `owner` (ZeRO's reductions, in place of the
-     * flat MPI_Ireduce and of the hierarchical path; blocking) */
-    void (*reduce)(void* ctx, float* src, size_t n, int owner);
+    /* sum the flat range [at, at + n) of the gradients (this rank's values at src) over the ranks;
+     * this rank's shard of the sum is added into its grad_shard (ZeRO-2/3's reductions) */
+    void (*reduce)(void* ctx, float* src, size_t at, size_t n);
+    void (*setup)(void* ctx);   /* at the end of zero3_setup: the hooks' buffers */
+    void (*release)(void* ctx); /* in levels_free */
     void* ctx;
 } ZeroHooks;
 
@@ -96,7 +99,9 @@ typedef struct Levels {
     int counting;            /* inside a training step (dist_step_begin .. levels_step_end) */
     double sent[NUM_LEVELS]; /* bytes this rank sent at each level in this step */
     double sent_run[NUM_LEVELS];
+    double sent_bwd_gather[NUM_LEVELS]; /* of sent_run: backward's weight gathers (hpZ keeps them inside the node) */
     int steps;
+    int backward;            /* the gathers now are backward's (zero3_layer_weights) */
     ZeroHooks hooks;
     /* ZeRO-3's gathered weights */
     float* head;             /* (head_floats) wte | wpe | lnfw | lnfb */
@@ -211,6 +216,7 @@ static int levels_init(Dist* d, const char* topology, int hierarchical, int repo
 static void levels_free(Dist* d, int failed) {
     Levels* lv = d->lv;
     if (!lv) return;
+    if (lv->hooks.release) lv->hooks.release(lv->hooks.ctx);
     ledger_free(lv->head);
     ledger_free(lv->layer[0]);
     ledger_free(lv->layer[1]);
@@ -274,10 +280,6 @@ static void levels_allreduce(Dist* d, float* x, size_t n) {
 #ifdef USE_MPI
 static void levels_reduce_to(Dist* d, float* part, size_t c, int owner) {
     Levels* lv = d->lv;
-    if (lv->hooks.reduce) {
-        lv->hooks.reduce(lv->hooks.ctx, part, c, owner);
-        return;
-    }
     int j = lv->local_of[owner], p = lv->node_of[owner];
     if (lv->local != j) levels_add(d, LEVEL_INTRA, c);
     MPI_CHECK(MPI_Reduce(lv->local == j ? MPI_IN_PLACE : part, part, (int)c, MPI_FLOAT, MPI_SUM, j, lv->intra));
@@ -332,6 +334,7 @@ static void levels_step_end(Dist* d, int step) {
     lv->counting = 0;
     lv->steps++;
     for (int e = 0; e < NUM_LEVELS; e++) lv->sent_run[e] += lv->sent[e];
+    lv->backward = 0;
     if (lv->report) {
         double all[NUM_LEVELS] = {levels_sum(d, lv->sent[0]), levels_sum(d, lv->sent[1])};
         printf("step %d: bytes sent: %s %.0f, %s %.0f (summed over the ranks); rank 0: %.0f, %.0f\n", step,
@@ -351,6 +354,11 @@ static void levels_print(Dist* d) {
     printf("bytes sent per step by level (%d node(s) x %d rank(s), %s reduction): %s %.0f, %s %.0f summed over the "
            "ranks; rank 0: %.0f, %.0f\n", lv->nodes, lv->per_node, lv->hierarchical ? "hierarchical" : "flat",
            LEVEL_NAMES[0], all[0], LEVEL_NAMES[1], all[1], per[0], per[1]);
+    if (d->zero == 3) {
+        for (int e = 0; e < NUM_LEVELS; e++) all[e] = levels_sum(d, lv->sent_bwd_gather[e] / lv->steps);
+        printf("of which backward's weight gathers: %s %.0f, %s %.0f per step summed over the ranks\n", LEVEL_NAMES[0],
+               all[0], LEVEL_NAMES[1], all[1]);
+    }
 }
 
 /* ------------------------------------------------------------------ ZeRO-3 */
@@ -360,12 +368,14 @@ static void levels_print(Dist* d) {
  * displacements until it completes). One rank: a copy. */
 static void zero3_gather_start(Dist* d, float* dst, size_t a, size_t n, int* cd, void* request) {
     const float* shard = d->model->params_memory; /* [lo, lo + shard) */
-    if (d->lv->counting) d->gathered += (double)n; /* (a step's: not validation's) */
-    levels_count(d, a, n, d->shard, 0, 1);
-    if (d->lv->hooks.gather) {
-        d->lv->hooks.gather(d->lv->hooks.ctx, dst, a, n);
-        return;
-    }
+    Levels* lv = d->lv;
+    double before[NUM_LEVELS] = {lv->sent[0], lv->sent[1]};
+    if (lv->counting) d->gathered += (double)n; /* (a step's: not validation's) */
+    if (lv->hooks.gather) lv->hooks.gather(lv->hooks.ctx, dst, a, n); /* counts its own bytes */
+    else levels_count(d, a, n, d->shard, 0, 1);
+    if (lv->backward)
+        for (int e = 0; e < NUM_LEVELS; e++) lv->sent_bwd_gather[e] += lv->sent[e] - before[e];
+    if (lv->hooks.gather) return;
 #ifdef USE_MPI
     if (d->world > 1) {
         int W = d->world;
@@ -423,6 +433,7 @@ static float* zero3_layer_weights(void* ctx, int l, int backward) {
     Levels* lv = d->lv;
     int L = d->model->config.num_layers;
     double t0 = time_ms();
+    lv->backward = backward;
     if (l < 0 || (backward && l == L - 1)) { /* a pass begins: every layer is gathered anew */
         for (int b = 0; b < 2; b++) zero3_layer_wait(d, b), lv->layer_in[b] = -1;
         zero3_layer_start(d, backward ? L - 1 : 0);
@@ -518,6 +529,7 @@ static void zero3_setup(Dist* d, GPT2* model) {
     zero3_point(d, model);
     model->layer_weights = zero3_layer_weights;
     model->on_layer_grads_ctx = d;
+    if (lv->hooks.setup) lv->hooks.setup(lv->hooks.ctx);
 }
 
 /* The sampler (rank 0, section 7) reads every weight: under ZeRO-3 they are

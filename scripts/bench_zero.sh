@@ -16,7 +16,11 @@
 # bytes beside 16 P (plain) and 16 P / W (ZeRO-3 without the gathered
 # buffers, whose formula is 4 (head + 2 layer) each for weights and
 # gradients in flight). Step times are printed for orientation only (ranks
-# oversubscribed on 2 shared cores; not a speed claim).
+# oversubscribed on 2 shared cores; not a speed claim). Then ZeRO++ on
+# --zero 3 (gptc/zeropp.h), np 4 --topology 2x2: plain, qwZ, hpZ, qgZ INT4,
+# qgZ INT8 with feedback, and all three: bytes per level (and backward's
+# gathers across nodes) against scripts/zeropp_bytes.py, the cross-node
+# ratio to plain --zero 3, and rank 0's model states from the ledger.
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt_mpi}
@@ -70,6 +74,40 @@ one() {
 for zero in 0 1 2 3; do one 2 1 2 $zero 0; done
 for zero in 0 1 2 3; do one 2 2 1 $zero 0; done
 for zero in 0 1 2 3; do for hier in 0 1; do one 4 2 2 $zero $hier; done; done
+# ZeRO++ on --zero 3, np 4 --topology 2x2: label qwz qgz hpz feedback
+zpp_base=""
+zpp() {
+    local label=$1 qwz=$2 qgz=$3 hpz=$4 fb=$5
+    timeout -k 10 300 $MPIRUN -np 4 "$BIN" $FLAGS -b 2 -d $((8 * 64)) --zero 3 --topology 2x2 --qwz $qwz --qgz $qgz \
+        --hpz $hpz --qgz-feedback $fb --quant-block 256 --verbose 1 > "$dir/run.out" 2>&1 ||
+        { echo "run failed: $label: $(tail -2 "$dir/run.out")"; bad=1; return; }
+    local want=($($PY scripts/zeropp_bytes.py $L $C $Vp $maxT 4 2 2 $qwz $qgz $hpz 256 1))
+    local got=($(sed -n 's/^bytes sent per step by level .*: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
+               $(sed -n "s/^of which backward's weight gathers: intra-node \([0-9]*\), inter-node \([0-9]*\) per step.*/\1 \2/p" "$dir/run.out"))
+    local match=yes
+    [ "${got[*]}" = "${want[*]}" ] || { match=NO; bad=1; }
+    local states=$(sed -n '/allocation ledger after setup, rank 0/,/total/p' "$dir/run.out" |
+                   awk '/parameters|gradients|AdamW moments|ZeRO buffers/ { s += $(NF - 2) } END { print s }')
+    local zbuf=$(sed -n '/allocation ledger after setup, rank 0/,/total/p' "$dir/run.out" | awk '/ZeRO buffers/ { print $(NF - 2) }')
+    [ -z "$zpp_base" ] && zpp_base=$zbuf
+    [ -z "$zpp_plain" ] && zpp_plain=${got[1]}
+    local ms=$(grep -o '| [0-9.]* ms |' "$dir/run.out" | tail -3 | awk '{ s += $2 } END { printf "%.1f", s / NR }')
+    printf "%-26s %12s %12s %12s %12s %-5s %10s %9s %14s %12s %9s\n" "$label" "${got[0]}" "${want[0]}" "${got[1]}" "${want[1]}" \
+        $match "${got[3]}" "$(echo "scale=2; $zpp_plain / ${got[1]}" | bc)x" "$states" $((zbuf - zpp_base)) "$ms"
+}
+echo
+echo "ZeRO++ on --zero 3, np 4 --topology 2x2, blocks of 256 (formulas: scripts/zeropp_bytes.py, gptc/zeropp.h's header):"
+printf "%-26s %12s %12s %12s %12s %-5s %10s %9s %14s %12s %9s\n" mode "intra B/step" "(formula)" "inter B/step" "(formula)" match \
+    "bwd inter" "inter÷" "states B/rank" "ZeRO++ B" "ms/step"
+zpp_plain=""
+zpp "plain --zero 3" 0 0 0 0
+zpp "qwZ INT8" 8 0 0 0
+zpp "hpZ" 0 0 1 0
+zpp "qgZ INT4" 0 4 0 0
+zpp "qgZ INT8 + feedback" 0 8 0 1
+zpp "qwZ INT8 + hpZ + qgZ INT4" 8 4 1 0
+echo "  (inter÷: plain --zero 3's inter-node bytes over the mode's; states: rank 0's weights, gradients, AdamW and"
+echo "   ZeRO buffers from the allocation ledger; ZeRO++ B: of them hpZ's secondary, feedback's residuals, the slots)"
 echo "formulas (floats per step summed over the ranks; N nodes of K, W = N K, A = 1 micro-batch; x4 for bytes):"
 echo "  R (reduced) = P plain and ZeRO-1, L layer + head ZeRO-2/3; G (gathered) = P plain, W shard ZeRO-1/2,"
 echo "  2 L layer + head ZeRO-3 (the head held from forward to backward: about 3 Psi with R);"

@@ -54,6 +54,10 @@ echo "== ZeRO-3, --topology 2x2, hierarchical reduction: np 1-4 against 1 proces
 stage test_zero3 scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
 tail -n 1 "$LOGS/test_zero3.log"
 
+echo "== ZeRO++ on --zero 3 (gptc/zeropp.h): qwZ, qgZ, hpZ on np 2 and 2x2 against plain --zero 3, bytes = the formulas, plan, resume"
+stage test_zeropp scripts/test_zeropp.sh ./train_gpt_mpi
+tail -n 1 "$LOGS/test_zeropp.log"
+
 echo "== ZeRO++'s quantised collectives (gptc/quant.h): INT8/INT4 blocks, qwZ, qgZ, hpZ on mpirun -np 1, 2, 4 (emulated 2x2 and 2x1x2)"
 stage test_quant scripts/test_quant.sh ./dev/quant/test_quant
 tail -n 1 "$LOGS/test_quant.log"
