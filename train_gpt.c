@@ -1561,6 +1561,17 @@ typedef struct {
     int num_requests, cap_requests;
 #endif
 } Dist;
+
+/* Sum a double over the ranks (losses, squared norms). */
+static double dist_sum(const Dist* d, double x) {
+#ifdef USE_MPI
+    if (d->world > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+#else
+    (void)d;
+#endif
+    return x;
+}
+
 #include "gptc/zero3.h" /* defines: Levels, levels_init, levels_allreduce, levels_reduce_to, zero3_setup, ... */
 #include "gptc/zeropp.h" /* defines: zeropp_init (--qwz, --qgz, --hpz: ZeRO++ on --zero 3), zeropp_sizes */
 
@@ -1737,16 +1748,6 @@ static void dist_barrier(const Dist* d) {
 #else
     (void)d;
 #endif
-}
-
-/* Sum a double over the ranks (losses, squared norms). */
-static double dist_sum(const Dist* d, double x) {
-#ifdef USE_MPI
-    if (d->world > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-#else
-    (void)d;
-#endif
-    return x;
 }
 
 /* Sum n doubles over the ranks, in place (the eval's per-example scores). */
@@ -2245,32 +2246,7 @@ static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const O
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
                                standby_wait, the loop's tail (train_run_after_step, train_run_boundary, ...) */
 #include "gptc/runtime.h"   /* defines: Calibration, calibration_get, runtime_step: the step-time model */
-#include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_runtime (--plan, --auto) */
-
-/* What each rank holds, and how the ranks share the work. */
-static void train_memory_print(const GPT2* model, const Dist* dist) {
-    double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
-    double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P, W = dist->zero == 3 ? (double)dist->shard : P;
-    static const char* const modes[4] = {"allreduce", "ZeRO-1: AdamW state sharded", "ZeRO-2: AdamW state and gradients sharded",
-                                         "ZeRO-3: AdamW state, gradients and weights sharded"};
-    printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, "
-           "backward scratch %.0f MB\n", W * 4 * mb, dist->grad_floats * 4 * mb, opt_floats * 4 * mb,
-           model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
-    if (plumbing_wanted(dist) || dist->zero) printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
-           "gradients %zu floats, weights %zu floats (%zu gathered)\n", dist->world, modes[dist->zero], dist->shard,
-           dist->shard * dist->world, opt_floats, dist->grad_floats, dist->param_floats,
-           dist->zero == 3 ? dist->head_floats + 2 * dist->layer_floats : 0);
-}
-
-/* What the collectives cost per step, over the run (several ranks only). */
-static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
-    if (dist->world <= 1) return;
-    double W = dist->world, wire = (W - 1) / W * (dist->reduced + dist->gathered) * sizeof(float);
-    printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
-           "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
-           dist->gathered, model->num_parameters, wire, dist->comm_ms / steps, dist->exposed_ms / steps,
-           dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
-}
+#include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_runtime (--plan, --auto), train_memory_print */
 
 /* Before the first step: the ranks agree, the training memory, the Saver,
  * and the state to resume from (or the random init put off until now); a

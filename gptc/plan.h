@@ -33,7 +33,8 @@
  *
  * Included by train_gpt.c in section 8, after gptc/saver.h and
  * gptc/runtime.h. Defines: PlanKnobs, CpuMemoryPlan, cpu_memory_plan,
- * plan_after_setup, plan_check, PlanChoice, plan_choose, plan_runtime.
+ * plan_after_setup, plan_check, PlanChoice, plan_choose, plan_runtime,
+ * train_memory_print, train_comm_print.
  */
 #ifndef GPTC_PLAN_H
 #define GPTC_PLAN_H
@@ -459,6 +460,33 @@ static int plan_runtime(Options* o, Dist* d) {
                100.0 * snap / 1e3 / period_s, 100.0 * period_s / 2 / o->mtbf);
     }
     return 0;
+}
+
+/* The start-up and final lines of train() and gpu_train(): the memory
+ * each rank holds, and what the collectives cost per step. */
+/* What each rank holds, and how the ranks share the work. */
+static void train_memory_print(const GPT2* model, const Dist* dist) {
+    double mb = 1.0 / (1024.0 * 1024.0), P = (double)model->num_parameters;
+    double opt_floats = dist->zero ? 2.0 * dist->shard : 2.0 * P, W = dist->zero == 3 ? (double)dist->shard : P;
+    static const char* const modes[4] = {"allreduce", "ZeRO-1: AdamW state sharded", "ZeRO-2: AdamW state and gradients sharded",
+                                         "ZeRO-3: AdamW state, gradients and weights sharded"};
+    printf("memory per rank: parameters %.0f MB, gradients %.0f MB, AdamW %.0f MB, activations %.0f MB, "
+           "backward scratch %.0f MB\n", W * 4 * mb, dist->grad_floats * 4 * mb, opt_floats * 4 * mb,
+           model->num_activations * 4 * mb, model->num_scratch * 4 * mb);
+    if (plumbing_wanted(dist) || dist->zero) printf("data parallel: %d rank(s), %s; shard %zu parameters (padded to %zu); per rank: AdamW state %.0f floats, "
+           "gradients %zu floats, weights %zu floats (%zu gathered)\n", dist->world, modes[dist->zero], dist->shard,
+           dist->shard * dist->world, opt_floats, dist->grad_floats, dist->param_floats,
+           dist->zero == 3 ? dist->head_floats + 2 * dist->layer_floats : 0);
+}
+
+/* What the collectives cost per step, over the run (several ranks only). */
+static void train_comm_print(const GPT2* model, const Dist* dist, int steps) {
+    if (dist->world <= 1) return;
+    double W = dist->world, wire = (W - 1) / W * (dist->reduced + dist->gathered) * sizeof(float);
+    printf("communication per step: %.0f floats reduced + %.0f gathered (P = %zu), about %.0f bytes sent per rank; "
+           "%.1f ms inside collectives, %.1f ms of it after backward (%.0f%% hidden)\n", dist->reduced,
+           dist->gathered, model->num_parameters, wire, dist->comm_ms / steps, dist->exposed_ms / steps,
+           dist->comm_ms > 0 ? fmax(0.0, 100.0 * (1.0 - dist->exposed_ms / dist->comm_ms)) : 0.0);
 }
 
 #endif /* GPTC_PLAN_H */

@@ -316,16 +316,6 @@ static void dist_step_begin(Dist* d, GPT2* model) {
     }
 }
 
-/* A double summed over the ranks (section 6's dist_sum comes after this header). */
-static double levels_sum(const Dist* d, double x) {
-#ifdef USE_MPI
-    if (d->world > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-#else
-    (void)d;
-#endif
-    return x;
-}
-
 /* After the step's update: its bytes per level into the run's, and with
  * --comm-levels 1 a line (summed over the ranks: collective). */
 static void levels_step_end(Dist* d, int step) {
@@ -336,7 +326,7 @@ static void levels_step_end(Dist* d, int step) {
     for (int e = 0; e < NUM_LEVELS; e++) lv->sent_run[e] += lv->sent[e];
     lv->backward = 0;
     if (lv->report) {
-        double all[NUM_LEVELS] = {levels_sum(d, lv->sent[0]), levels_sum(d, lv->sent[1])};
+        double all[NUM_LEVELS] = {dist_sum(d, lv->sent[0]), dist_sum(d, lv->sent[1])};
         printf("step %d: bytes sent: %s %.0f, %s %.0f (summed over the ranks); rank 0: %.0f, %.0f\n", step,
                LEVEL_NAMES[0], all[0], LEVEL_NAMES[1], all[1], lv->sent[0], lv->sent[1]);
     }
@@ -349,13 +339,13 @@ static void levels_print(Dist* d) {
     double per[NUM_LEVELS], all[NUM_LEVELS];
     for (int e = 0; e < NUM_LEVELS; e++) {
         per[e] = lv->sent_run[e] / lv->steps;
-        all[e] = levels_sum(d, per[e]);
+        all[e] = dist_sum(d, per[e]);
     }
     printf("bytes sent per step by level (%d node(s) x %d rank(s), %s reduction): %s %.0f, %s %.0f summed over the "
            "ranks; rank 0: %.0f, %.0f\n", lv->nodes, lv->per_node, lv->hierarchical ? "hierarchical" : "flat",
            LEVEL_NAMES[0], all[0], LEVEL_NAMES[1], all[1], per[0], per[1]);
     if (d->zero == 3) {
-        for (int e = 0; e < NUM_LEVELS; e++) all[e] = levels_sum(d, lv->sent_bwd_gather[e] / lv->steps);
+        for (int e = 0; e < NUM_LEVELS; e++) all[e] = dist_sum(d, lv->sent_bwd_gather[e] / lv->steps);
         printf("of which backward's weight gathers: %s %.0f, %s %.0f per step summed over the ranks\n", LEVEL_NAMES[0],
                all[0], LEVEL_NAMES[1], all[1]);
     }
