@@ -39,10 +39,11 @@ typedef struct {
 } TrainRun;
 
 /* The run is this process's now: its locks (one trainer per run directory:
- * refused here, before anything is written, the log included), then its
- * log. 0, or -1 after a message. */
+ * refused here, before anything is written, the log included), what a dead
+ * writer left half-written removed, then its log. 0, or -1 after a message. */
 static int train_run_claim(TrainRun* r, const Options* o) {
     if (run_lock(&r->lock, o->output_dir, o->snapshot_every > 0 ? o->shm_dir : NULL, r->rank) != 0) return -1;
+    partial_saves_remove(o->output_dir, r->rank);
     if (o->log_file[0] && r->rank == 0 && !(r->log = fopen(o->log_file, o->resume ? "a" : "w"))) {
         FILE_ERROR(o->log_file, "cannot open log file: %s", strerror(errno));
         return -1;

@@ -12,7 +12,7 @@
  * slot_unmap, slot_fill); state_differs; run_id_format, run_id_read;
  * run_tag; RunLock (run_lock, run_lock_path, run_unlock: one trainer per run
  * directory; run_lock_settle: a promoted standby's locks, inherited from a
- * process still being torn down; process_exiting).
+ * process still being torn down; process_exiting); partial_saves_remove.
  */
 #ifndef GPTC_STATE_H
 #define GPTC_STATE_H
@@ -692,5 +692,36 @@ static int run_lock(RunLock* l, const char* output_dir, const char* shm_dir, int
     return -1;
 }
 
+/* A save cut short by a crash leaves its "<file>.tmp" (write_file_atomic):
+ * never a state, never removed by retention (--keep-last lists complete
+ * steps), it would stay on disk for good (1.5 GB a crash for GPT-2 124M),
+ * and the kernel would go on writing its dirty pages back while the next
+ * trainer's first steps run. Once the run is this job's (run_lock: no
+ * other trainer can be writing), each rank removes its own state files';
+ * rank 0 every rank's (those of a run resumed on fewer ranks) and the model
+ * files'. (A file another rank removed first is no error.) */
+static void partial_saves_remove(const char* output_dir, int rank) {
+    if (!output_dir[0]) return;
+    for (int which = 0; which < 2 && (which == 0 || rank == 0); which++) {
+        char wild[64], pattern[8400];
+        if (which == 0 && rank > 0) snprintf(wild, sizeof(wild), "/state_*_rank%d.bin.tmp", rank);
+        else if (which == 0) snprintf(wild, sizeof(wild), "/state_*_rank*.bin.tmp");
+        else snprintf(wild, sizeof(wild), "/model_*.bin.tmp");
+        glob_pattern(pattern, sizeof(pattern), output_dir, wild);
+        glob_t g;
+        if (glob(pattern, 0, NULL, &g) != 0) continue;
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            struct stat st;
+            double gb = stat(g.gl_pathv[i], &st) == 0 ? st.st_size / 1e9 : 0.0;
+            if (remove(g.gl_pathv[i]) == 0)
+                printf("resume: removed %s (%.2f GB): a save cut short when the process writing it died\n",
+                       g.gl_pathv[i], gb);
+            else if (errno != ENOENT)
+                fprintf(stderr, "warning: cannot remove %s, a save cut short when its process died (%s): remove it "
+                        "by hand, it is not a state\n", g.gl_pathv[i], strerror(errno));
+        }
+        globfree(&g);
+    }
+}
 
 #endif /* GPTC_STATE_H */
