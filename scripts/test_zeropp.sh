@@ -152,6 +152,36 @@ timeout -k 10 120 $MPIRUN -np 4 "$BIN" $COMMON -b 3 $ALL -o "$dir/rsB" --resume 
     check ok "2x2 qwZ+hpZ+qgZ: stopped at 6, resumed from disk, final weights bit for bit the uninterrupted run's" ||
     check FAIL "2x2 qwZ+hpZ+qgZ resumed" "$(grep -E 'resume|error|continuing' "$dir/rsB2.out" | head -3)"
 
+# the wire, against an independent implementation: 2 steps on 2x2 with GPTC_ZEROPP_DUMP (gptc/zeropp.h: every
+# rank's master shard, the weights each gather left, hpZ's secondary, the local gradients and grad_shard after
+# each qgZ reduction), each array re-derived by scripts/zeropp_ref.py (numpy, from the documented format), bit for bit
+# wire name B bin flags...: 0 = reproduced; 1 = a mismatch (zeropp_ref.py's verdict in $dir/wire-$name.ref); 2 = the run failed
+wire() {
+    local name=$1 B=$2 bin=$3
+    shift 3
+    local dd="$dir/wire-$name"
+    rm -rf "$dd" && mkdir -p "$dd" || return 2
+    GPTC_ZEROPP_DUMP=$dd timeout -k 10 120 $MPIRUN -np 4 "$bin" $COMMON -b "$B" --topology 2x2 -x 2 --val-every 0 "$@" \
+        > "$dd.out" 2>&1 || return 2
+    local ref=$(echo " $* " | sed 's/ --qgz-feedback / --feedback /')
+    $PY scripts/zeropp_ref.py "$dd" --np 4 --topology 2x2 --params 34688 --steps 2 --block $BLOCK $ref > "$dd.ref" 2>&1
+    [ $? -eq 0 ] && rm -rf "$dd" && return 0
+    return 1
+}
+for cfg in "qwz8 3 --qwz 8" "qwz4 3 --qwz 4" "hpz 3 --hpz 1" "qwz8-hpz-acc3 1 --qwz 8 --hpz 1" "qgz4 3 --qgz 4" \
+           "qgz8 3 --qgz 8" "qgz8-fb 3 --qgz 8 --qgz-feedback 1" "all-fb 3 --qwz 4 --hpz 1 --qgz 4 --qgz-feedback 1"; do
+    set -- $cfg
+    name=$1 B=$2
+    shift 2
+    wire "$name" "$B" "$BIN" "$@"
+    case $? in
+    0) check ok "wire 2x2 $*: every gather, secondary and qgZ grad_shard = scripts/zeropp_ref.py's, bit for bit" \
+           "$(grep -E '^ok .* of [0-9]+ records' "$dir/wire-$name.ref" | sed 's/^ok *//; s/ =.*: /: /' | tr '\n' ';')" ;;
+    1) check FAIL "wire 2x2 $*: the dump = scripts/zeropp_ref.py's" "$(grep -m2 FAIL "$dir/wire-$name.ref")" ;;
+    *) check FAIL "wire 2x2 $*: the run" "$(tail -2 "$dir/wire-$name.out")" ;;
+    esac
+done
+
 # refusals
 refuse() { # want flags...
     local want=$1
