@@ -14,7 +14,9 @@
  * dev/quant/test_quant.c). MPI when USE_MPI is defined; on one process the
  * same arithmetic without messages. Not run on a GPU (train_gpt_cu refuses
  * --zero 3). Defines: ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
- * Tested by scripts/test_zeropp.sh (make test-zeropp).
+ * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
+ * runs with GPTC_ZEROPP_DUMP=dir (below: what each hook sent and received,
+ * off when unset) and re-derives it in scripts/zeropp_ref.py.
  *
  * The ranges. ZeRO-3 gathers and reduces one flat range [a, a + n) at a
  * time: the head's two ([0, wte + wpe) and [P - 2C, P): lnfw, lnfb) and

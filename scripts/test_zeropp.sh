@@ -37,7 +37,8 @@
 #     from the documented format: blocks, scales, rounding, the two hops, the
 #     residuals) and it must match bit for bit (fixed rounding, no FMA under
 #     -std=c11; on 2x2 each fp32 sum has two terms, so no order question);
-#     about 10 s of the total;
+#     about 12 s of the total; the tester: one float of a dump moved by one
+#     ulp must be reported;
 #   - with ZEROPP_MUTANTS=1 (make test-zeropp-mutants, ~3 min more): 7
 #     planted bugs (a patched copy of the sources, built in the temp dir:
 #     the next block's scale on decode, a block's max missing its last
@@ -188,7 +189,7 @@ wire() {
         > "$dd.out" 2>&1 || return 2
     local ref=$(echo " $* " | sed 's/ --qgz-feedback / --feedback /')
     $PY scripts/zeropp_ref.py "$dd" --np 4 --topology 2x2 --params 34688 --steps 2 --block $BLOCK $ref > "$dd.ref" 2>&1
-    [ $? -eq 0 ] && rm -rf "$dd" && return 0
+    [ $? -eq 0 ] && { [ -n "${KEEP_DUMP:-}" ] || rm -rf "$dd"; } && return 0
     return 1
 }
 for cfg in "qwz8 3 --qwz 8" "qwz4 3 --qwz 4" "hpz 3 --hpz 1" "qwz8-hpz-acc3 1 --qwz 8 --hpz 1" "qgz4 3 --qgz 4" \
@@ -196,13 +197,29 @@ for cfg in "qwz8 3 --qwz 8" "qwz4 3 --qwz 4" "hpz 3 --hpz 1" "qwz8-hpz-acc3 1 --
     set -- $cfg
     name=$1 B=$2
     shift 2
-    wire "$name" "$B" "$BIN" "$@"
+    KEEP_DUMP=$([ "$name" = qwz8 ] || [ "$name" = qgz8-fb ] && echo 1) wire "$name" "$B" "$BIN" "$@"
     case $? in
     0) check ok "wire 2x2 $*: every gather, secondary and qgZ grad_shard = scripts/zeropp_ref.py's, bit for bit" \
            "$(grep -E '^ok .* of [0-9]+ records' "$dir/wire-$name.ref" | sed 's/^ok *//; s/ =.*: /: /' | tr '\n' ';')" ;;
     1) check FAIL "wire 2x2 $*: the dump = scripts/zeropp_ref.py's" "$(grep -m2 FAIL "$dir/wire-$name.ref")" ;;
     *) check FAIL "wire 2x2 $*: the run" "$(tail -2 "$dir/wire-$name.out")" ;;
     esac
+done
+
+# the tester: one float of a dump moved by one ulp (the last float of rank 3's file: a backward gather under
+# qwZ, grad_shard after the last reduction under qgZ) must be reported
+for cfg in "qwz8 --qwz 8" "qgz8-fb --qgz 8 --feedback 1"; do
+    set -- $cfg
+    name=$1
+    shift
+    f="$dir/wire-$name/rank3.bin"
+    [ -f "$f" ] && $PY -c 'import sys, numpy as np
+x = np.memmap(sys.argv[1], dtype="<f4", mode="r+")
+x[-1] = np.nextafter(x[-1], np.float32(np.inf)); x.flush()' "$f" &&
+        ! $PY scripts/zeropp_ref.py "$dir/wire-$name" --np 4 --topology 2x2 --params 34688 --steps 2 --block $BLOCK "$@" \
+            > "$dir/plant-$name.ref" 2>&1 && grep -q "1 of [0-9]* floats differ" "$dir/plant-$name.ref" &&
+        check ok "wire $*: a dump's float moved by one ulp is reported" "$(grep -m1 FAIL "$dir/plant-$name.ref" | sed 's/^FAIL *//; s/ = [^:]*: / /' | cut -c1-160)" ||
+        check FAIL "wire $*: a planted one-ulp change reported" "$(tail -2 "$dir/plant-$name.ref" 2>/dev/null)"
 done
 
 # planted bugs (ZEROPP_MUTANTS=1: make test-zeropp-mutants, ~3 min): a copy of the sources with one bug, built
@@ -245,7 +262,7 @@ PY
     $MUTANT_CC -o "$m/train_gpt_mpi" "$m/train_gpt.c" $MUTANT_LIBS > "$m.build" 2>&1 ||
         { check FAIL "mutant $name: build" "$(grep -m2 error "$m.build")"; return; }
     wire "m-$name" "$B" "$m/train_gpt_mpi" "$@"
-    local rc=$? caught=$(grep -m1 '^FAIL' "$dir/wire-m-$name.ref" 2>/dev/null | sed 's/^FAIL *//; s/ = .*: / /' | cut -c1-220)
+    local rc=$? caught=$(grep -m1 '^FAIL' "$dir/wire-m-$name.ref" 2>/dev/null | sed 's/^FAIL *//; s/ = [^:]*: / /' | cut -c1-220)
     local bnd="its 8-step run failed"
     timeout -k 10 120 $MPIRUN -np 4 "$m/train_gpt_mpi" $COMMON -b 3 --topology 2x2 "$@" --log-file "$dir/b-$name.jsonl" \
         > "$dir/b-$name.out" 2>&1 && bnd=$(bound "b-$name" t2x2 "$eps" "$qgz")
