@@ -8,7 +8,8 @@
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
 #   make test-zero3 ZeRO-3, --topology levels, hierarchical reduction, bytes per level: np 1-4 against 1 process (~35 s)
-#   make test-zeropp ZeRO++ on --zero 3 (--qwz, --qgz, --hpz): losses within the quantisation bound, bytes = the formulas, resume (~25 s)
+#   make test-zeropp ZeRO++ on --zero 3 (--qwz, --qgz, --hpz): losses within the quantisation bound, bytes = the formulas, resume, the wire = a numpy re-implementation bit for bit (~35 s)
+#   make test-zeropp-mutants  the same, plus 7 planted bugs the wire check must catch (~3.5 min)
 #   make quality-zeropp  plain --zero 3 vs qwZ+hpZ+qgZ on the English corpus, np 4 --topology 2x2, curves overlaid (QUALITY_STEPS=300: hours here)
 #   make test-plan  the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
 #   make test-failover  runs killed and hung under scripts/supervise.py (also with a hot spare) end bit for bit as uninterrupted ones
@@ -214,6 +215,10 @@ test-zero3: train_gpt_mpi train_gpt
 # ZeRO++ (gptc/zeropp.h) on --zero 3 against plain --zero 3: np 2 and --topology 2x2 (scripts/test_zeropp.sh)
 test-zeropp: train_gpt_mpi
 	scripts/test_zeropp.sh ./train_gpt_mpi
+
+# the same plus 7 planted bugs, each built from a patched copy of the sources: the wire check must fail on each (~3 min)
+test-zeropp-mutants: train_gpt_mpi
+	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI" MUTANT_LIBS="$(LDLIBS)" scripts/test_zeropp.sh ./train_gpt_mpi
 
 # ZeRO++'s quality: plain --zero 3 vs qwZ INT8 + hpZ + qgZ INT4, the default run's model and corpus, on
 # mpirun -np 4 --topology 2x2 (scripts/quality_zeropp.sh; ~9 s a step per run on 2 shared cores)
@@ -617,4 +622,4 @@ clean:
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 
-.PHONY: all tokenizer train train-toy test test-dp test-zero3 test-zeropp quality-zeropp bench-zero test-plan test-failover test-failover-long test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean
+.PHONY: all tokenizer train train-toy test test-dp test-zero3 test-zeropp test-zeropp-mutants quality-zeropp bench-zero test-plan test-failover test-failover-long test-resume test-slurm bench-dp bench-plan bench-failover test-fast test-asan test-quant project-zero check-cxx bench clean

@@ -14,7 +14,9 @@
  * dev/quant/test_quant.c). MPI when USE_MPI is defined; on one process the
  * same arithmetic without messages. Not run on a GPU (train_gpt_cu refuses
  * --zero 3). Defines: ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
- * Tested by scripts/test_zeropp.sh (make test-zeropp).
+ * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
+ * runs with GPTC_ZEROPP_DUMP=dir (below: what each hook sent and received,
+ * off when unset) and re-derives it in scripts/zeropp_ref.py.
  *
  * The ranges. ZeRO-3 gathers and reduces one flat range [a, a + n) at a
  * time: the head's two ([0, wte + wpe) and [P - 2C, P): lnfw, lnfb) and
@@ -103,6 +105,8 @@ typedef struct {
     uint8_t *send, *recv;    /* (slot_bytes) each: qwZ send only, qgZ both */
     float* partial;          /* qgZ (n_max): the N partial sums of this rank's local index */
     size_t slot_bytes, n_max, residual_floats;
+    FILE* dump;              /* GPTC_ZEROPP_DUMP (below): this rank's records, else NULL */
+    int dump_step, dump_sec_step; /* the step whose master shard / secondary was last dumped */
 } ZeroPP;
 
 typedef struct {
@@ -144,6 +148,51 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
     }
     if (!qgz) z.partial = 0;
     return z;
+}
+
+/* ---- GPTC_ZEROPP_DUMP=dir: what went over the wire, for an independent check ----
+ * Set, every rank writes dir/rank<r>.bin (unset: nothing is opened and
+ * each hook pays one NULL test). Records, inside training steps only
+ * (not validation or sampling), in the order the hooks run (the same on
+ * every rank): a header of 8 little-endian int64 {ZEROPP_DUMP_MAGIC, tag,
+ * step (0-based), backward, source, a, n, 0}, then n fp32. Tags:
+ *   0 config   (once, at setup; n = 0): source = W, a = N, backward = K,
+ *              step = shard; the flags follow as 8 int64 {qwz, qgz,
+ *              feedback, hpz, block, node, local, P};
+ *   1 master   this rank's fp32 master shard [rank shard, +shard), at the
+ *              step's first gather (before it: the weights this step sees);
+ *   2 gather   the n weights of [a, a + n) as the hook left them in dst
+ *              (dequantised); source 0 fp32 primary, 1 qwZ primary, 2 hpZ;
+ *   3 secondary hpZ's secondary [a = sec_lo, + N shard) at the step's
+ *              first gather from it;
+ *   4 reduce   qgZ: this rank's local gradients of [a, a + n), before;
+ *   5 grad     the whole grad_shard right after that reduction added in.
+ * scripts/zeropp_ref.py re-derives every gather, secondary and grad record
+ * from the masters and the local gradients of all ranks, in numpy, from the
+ * documented format alone; scripts/test_zeropp.sh runs it (and, with
+ * MUTANTS=1, shows it failing on planted bugs). */
+#define ZEROPP_DUMP_MAGIC 0x5a505044554d5031LL /* "ZPPDUMP1" */
+static void zeropp_dump(ZeroPP* z, int tag, int source, size_t a, size_t n, const float* x) {
+    Levels* lv = z->d->lv;
+    int64_t h[8] = {ZEROPP_DUMP_MAGIC, tag, lv->steps, lv->backward, source, (int64_t)a, (int64_t)n, 0};
+    CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(x, sizeof(float), n, z->dump) == n,
+          "GPTC_ZEROPP_DUMP: writing rank %d's record failed (disk full?): unset it or free space", z->d->rank);
+}
+static void zeropp_dump_open(ZeroPP* z) {
+    const char* dir = getenv("GPTC_ZEROPP_DUMP");
+    if (!dir || !*dir) return;
+    Dist* d = z->d;
+    char path[4096];
+    CHECK(snprintf(path, sizeof(path), "%s/rank%d.bin", dir, d->rank) < (int)sizeof(path),
+          "GPTC_ZEROPP_DUMP=%s: the path is too long", dir);
+    z->dump = fopen(path, "wb");
+    CHECK(z->dump != NULL, "GPTC_ZEROPP_DUMP: cannot create %s: make the folder (or unset it)", path);
+    z->dump_step = z->dump_sec_step = -1;
+    int64_t h[8] = {ZEROPP_DUMP_MAGIC, 0, (int64_t)d->shard, z->K, d->world, z->N, 0, 0};
+    int64_t f[8] = {z->qwz, z->qgz, z->feedback, z->hpz, z->block, d->lv->node, d->lv->local,
+                    (int64_t)d->model->num_parameters};
+    CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(f, sizeof(f), 1, z->dump) == 1,
+          "GPTC_ZEROPP_DUMP: writing %s failed (disk full?)", path);
 }
 
 MAYBE_UNUSED static void zeropp_add_sent(Levels* lv, int level, size_t bytes) {
@@ -257,18 +306,24 @@ static void zeropp_hpz_gather(ZeroPP* z, float* dst, size_t a, size_t n) {
 static void zeropp_gather(void* ctx, float* dst, size_t a, size_t n) {
     ZeroPP* z = (ZeroPP*)ctx;
     Levels* lv = z->d->lv;
-    int cut = 0;
+    int cut = 0, dump = z->dump && lv->counting;
+    if (dump && z->dump_step != lv->steps) /* the step's first gather: the master it gathers from */
+        z->dump_step = lv->steps, zeropp_dump(z, 1, 0, z->d->lo, z->d->shard, z->d->model->params_memory);
     if (z->hpz && lv->counting) {
         if (z->sec_step != lv->steps) z->sec_step = lv->steps, z->sec_filled = 0; /* a new step: new weights */
         if (lv->backward) z->sec_filled = 1; /* the first forward gathered every range */
         if (z->sec_filled) {
+            if (dump && z->dump_sec_step != lv->steps)
+                z->dump_sec_step = lv->steps, zeropp_dump(z, 3, 2, z->sec_lo, (size_t)z->N * z->d->shard, z->secondary);
             zeropp_hpz_gather(z, dst, a, n);
+            if (dump) zeropp_dump(z, 2, 2, a, n, dst);
             return;
         }
         cut = 1;
     }
     if (z->qwz) zeropp_qwz_gather(z, dst, a, n);
     else zeropp_fp32_gather(z, dst, a, n);
+    if (dump) zeropp_dump(z, 2, z->qwz ? 1 : 0, a, n, dst);
     if (cut) { /* this rank's part of the secondary: [sec_lo, sec_lo + N shard) ∩ [a, a + n) */
         size_t lo = a > z->sec_lo ? a : z->sec_lo, end = z->sec_lo + (size_t)z->N * z->d->shard;
         size_t hi = a + n < end ? a + n : end;
@@ -283,6 +338,7 @@ static void zeropp_reduce(void* ctx, float* src, size_t a, size_t n) {
     Dist* d = z->d;
     Levels* lv = d->lv;
     int bits = z->qgz, N = z->N, j0 = lv->local, p0 = lv->node;
+    if (z->dump && lv->counting) zeropp_dump(z, 4, 0, a, n, src);
     zeropp_layout(z, a, n, bits);
     z->poff[0] = 0;
     for (int p = 0; p < N; p++) { /* the partial sums start as this rank's own values of its local index's pieces */
@@ -335,6 +391,7 @@ static void zeropp_reduce(void* ctx, float* src, size_t a, size_t n) {
     float* RESTRICT g = d->grad_shard + at;
     const float* s = z->partial + z->poff[p0];
     for (size_t i = 0; i < c; i++) g[i] += s[i];
+    if (z->dump && lv->counting) zeropp_dump(z, 5, 0, d->lo, d->shard, d->grad_shard);
 }
 
 /* fp32 reduction when only qwZ/hpZ are on: gptc/zero3.h's own (no hook). */
@@ -353,6 +410,7 @@ static void zeropp_setup(void* ctx) {
     if (s.slot_buffers >= 1) z->send = (uint8_t*)ledger_malloc(MEM_ZERO, s.slots);
     if (s.slot_buffers >= 2) z->recv = (uint8_t*)ledger_malloc(MEM_ZERO, s.slots);
     if (s.partial) z->partial = ledger_floats(MEM_ZERO, s.partial);
+    zeropp_dump_open(z);
     if (d->rank == 0) {
         printf("ZeRO++: weights gathered %s", z->qwz ? (z->qwz == 8 ? "as INT8" : "as INT4") : "in fp32");
         if (z->hpz) printf(", after each step's first forward from hpZ's node-local secondary (%zu floats a rank)",
@@ -366,6 +424,7 @@ static void zeropp_setup(void* ctx) {
 
 static void zeropp_release(void* ctx) {
     ZeroPP* z = (ZeroPP*)ctx;
+    CHECK(!z->dump || fclose(z->dump) == 0, "GPTC_ZEROPP_DUMP: closing rank %d's file failed (disk full?)", z->d->rank);
     ledger_free(z->secondary);
     ledger_free(z->residual);
     ledger_free(z->send);
