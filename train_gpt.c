@@ -2288,7 +2288,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     model->init_deferred = 0;
     startup_end(SU_MODEL, mark);
     timing_print(dist, "state loaded", unix_ms());
-    startup.loaded_ms = time_ms();
+    startup_loaded();
     heartbeat_write(o, r->rank, start);
     return start;
 }

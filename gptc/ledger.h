@@ -10,7 +10,8 @@
  * ledger_release). Defines: MemComponent, MEM_NAMES, Ledger, ledger,
  * ledger_record, ledger_release, ledger_floats, ledger_malloc, ledger_free,
  * ledger_mark_setup, ledger_print; big_alloc, big_touch, huge_pages_mode
- * (the fast start: big buffers on huge pages, first-touched in parallel).
+ * (the fast start: big buffers on huge pages, first-touched in parallel);
+ * StartupClock, startup, startup_begin, startup_end, startup_loaded.
  *
  * What it counts: the bytes asked of the allocator (n floats = 4n bytes;
  * xmalloc_floats's rounding to 64 bytes and malloc's own headers are left
@@ -27,6 +28,7 @@
 
 #include "util.h"
 #include <sys/mman.h> /* mmap, madvise: big_alloc */
+#include <sys/resource.h> /* getrusage: startup_loaded */
 
 typedef enum {
     MEM_PARAMETERS,  /* the weights: P floats, padded to W x shard under ZeRO; the shard only under ZeRO-3 */
@@ -155,9 +157,22 @@ typedef struct {
     size_t alloc_bytes;
     double phase_ms[SU_PHASES];
     double loaded_ms;  /* time_ms() when the state was loaded (the first step starts) */
+    long loaded_faults, loaded_major; /* the process's page faults (minor, major) by then */
 } StartupClock;
 
 static StartupClock startup;
+
+/* The state is loaded: the first step starts now (its time and its page
+ * faults are counted from here: a first step that faults much more than
+ * the next ones touches memory the set-up did not). */
+static void startup_loaded(void) {
+    struct rusage ru;
+    startup.loaded_ms = time_ms();
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        startup.loaded_faults = ru.ru_minflt;
+        startup.loaded_major = ru.ru_majflt;
+    }
+}
 
 /* A phase begins: its mark (now, less the allocations so far). */
 static double startup_begin(void) { return time_ms() - startup.alloc_ms; }

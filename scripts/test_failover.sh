@@ -24,7 +24,9 @@
 #     between two saves with --save-every 8). The final model is
 #     cmp-identical to the uninterrupted run's, every step's last logged
 #     loss, lr and norm are the same text, the supervisor restarted once per
-#     kill, and each restart has its recovery record with the time split.
+#     kill, and each restart has its recovery record with the time split;
+#     no partial save (*.tmp) is left (a restart removes the dead writer's,
+#     with a line; also with planted ones of every rank and the model's).
 #     The killer never kills within 6 steps of the end (a kill that lands
 #     after the job's last step would not be a failure to recover from) and
 #     kills each attempt at most once (told apart by GPTC_ATTEMPT in
@@ -236,6 +238,34 @@ for name in one np2-zero1 np2-zero0 one-mem np2-zero1-mem; do
     done
 done
 grep -h '^supervisor: recovery: ' "$dir"/one-s1.out "$dir"/np2-zero1-s3.out 2>/dev/null | head -2 | sed 's/^/     /'
+# a kill mid-write leaves a <file>.tmp; the next trainer removes it (it is
+# never a state, and retention would keep it for good)
+left=$(cd "$dir" && ls -d *-s[0-9]*/*.tmp 2>/dev/null | tr '\n' ' ')
+writes=$(cat "$dir"/*-s[0-9]*.kills 2>/dev/null | awk '$4 == "write"' | wc -l)
+removed=$(cat "$dir"/*-s[0-9]*.out 2>/dev/null | grep -c '^resume: removed .*\.tmp (.* GB): a save cut short')
+[ -z "$left" ] && { [ "$writes" -eq 0 ] || [ "$removed" -ge 1 ]; } &&
+    check ok "killed runs: no partial save (*.tmp) left behind ($writes kills mid-write, $removed partial saves removed on restart)" ||
+    check FAIL "killed runs: no partial save (*.tmp) left behind" "left: ${left:-none}; $writes kills mid-write, $removed removed"
+# memory snapshots on a disk folder work, with a warning (each snapshot is
+# written back to the disk); on the tmpfs, no warning
+mkdir -p "$dir/diskshm"
+warned=$(timeout -k 10 60 $BIN $COMMON -b 6 -x 2 --snapshot-every 1 --shm-dir "$dir/diskshm" -o "$dir/diskshm.run" 2>&1 | grep -c '^warning: --shm-dir .* is not in memory')
+quiet=$(timeout -k 10 60 $BIN $COMMON -b 6 -x 2 --snapshot-every 1 --shm-dir "$shm" -o "$dir/tmpfs.run" 2>&1 | grep -c '^warning: --shm-dir')
+[ "$warned" = 1 ] && { [ "$quiet" = 0 ] || [ "$(stat -f -c %T "$shm")" != tmpfs ]; } &&
+    check ok "--shm-dir on a disk folder: one warning that snapshots are written back to disk; on a tmpfs none" ||
+    check FAIL "--shm-dir on a disk folder warns, on a tmpfs not" "disk: $warned warning(s), tmpfs: $quiet"
+# planted: a dead trainer's partial saves of every rank and of the model are
+# removed when the next trainer takes the run; a file of another name stays
+run=partial
+mkdir -p "$dir/$run"
+for f in state_00000099_rank0.bin.tmp state_00000099_rank1.bin.tmp model_00000099.bin.tmp notes.tmp; do
+    head -c 4096 /dev/zero > "$dir/$run/$f"
+done
+timeout -k 10 60 $BIN $COMMON -b 6 -x 2 -o "$dir/$run" > "$dir/$run.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$(cd "$dir/$run" && ls *.tmp)" = notes.tmp ] && [ "$(grep -c '^resume: removed .*: a save cut short' "$dir/$run.out")" = 3 ] &&
+    check ok "partial saves planted (rank 0's, rank 1's, the model's): removed by the next trainer, with a line each; notes.tmp kept" ||
+    check FAIL "partial saves removed by the next trainer, other files kept" "exit $rc; left: $(cd "$dir/$run" && ls *.tmp | tr '\n' ' '); $(grep '^resume: removed' "$dir/$run.out" | head -3)"
 
 # a replaced host: rank 1 is killed and its own memory snapshots are gone
 # before the restart (as on a new machine); it recovers from the replica
