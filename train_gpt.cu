@@ -3989,7 +3989,6 @@ static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, 
     lv->report = report;
     lv->node_of = (int*)xmalloc(sizeof(int) * (size_t)W);
     lv->local_of = (int*)xmalloc(sizeof(int) * (size_t)W);
-    for (int q = 0; q < W; q++) lv->node_of[q] = 0, lv->local_of[q] = q;
     uint64_t* all = cm->h_slots + DP_SCALARS; /* (2 W of the 3 W slots: the fingerprints' place, free here) */
     if (W > 1) { /* every rank's host name and flags, hashed: the flags first, or ranks launched with different
                   * ones would meet different collectives below (run_fingerprint compares them too, later) */
@@ -4011,40 +4010,12 @@ static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, 
                 return -1;
             }
     }
-    if (topology && topology[0]) {
-        int n = 0, k = 0;
-        char tail = 0;
-        if (sscanf(topology, "%dx%d%c", &n, &k, &tail) != 2 || n < 1 || k < 1 || n * k != W) {
-            if (cm->rank == 0)
-                fprintf(stderr, "error: --topology %s: want NxK with N nodes x K ranks = the %d rank(s) launched "
-                        "(e.g. 2x2 for 4 GPUs)\n", topology, W);
-            return -1;
-        }
-        for (int q = 0; q < W; q++) lv->node_of[q] = q / k, lv->local_of[q] = q % k;
-    } else if (W > 1) { /* by host: the hashes of the ranks' host names, gathered above */
-        lv->by_host = 1;
-        for (int q = 0, nodes = 0; q < W; q++) {
-            int first = -1, local = 0; /* the lowest rank on q's host, and how many below q are on it */
-            for (int p = 0; p < q; p++)
-                if (all[2 * p] == all[2 * q]) first = first < 0 ? p : first, local++;
-            lv->node_of[q] = first < 0 ? nodes++ : lv->node_of[first]; /* nodes numbered by their lowest rank */
-            lv->local_of[q] = local;
-        }
-    }
-    for (int q = 0; q < W; q++) lv->nodes = lv->node_of[q] + 1 > lv->nodes ? lv->node_of[q] + 1 : lv->nodes;
-    lv->per_node = W / lv->nodes;
-    for (int p = 0; p < lv->nodes; p++) { /* uniform: every node has per_node ranks */
-        int count = 0;
-        for (int q = 0; q < W; q++) count += lv->node_of[q] == p;
-        if (count != lv->per_node) lv->per_node = 0;
-    }
+    lv->by_host = W > 1 && !topology[0]; /* by host: the hashes of the ranks' host names, gathered above */
+    lv->hierarchical = levels_layout(topology, hierarchical, W, cm->rank, W > 1 ? all : NULL, 2, "4 GPUs",
+                                     lv->node_of, lv->local_of, &lv->nodes, &lv->per_node); /* gptc/zero3.h */
+    if (lv->hierarchical < 0) return -1;
     lv->node = lv->node_of[cm->rank];
     lv->local = lv->local_of[cm->rank];
-    lv->hierarchical = hierarchical < 0 ? lv->nodes > 1 && lv->per_node > 0 : hierarchical;
-    if (lv->hierarchical && lv->per_node == 0) {
-        if (cm->rank == 0) fprintf(stderr, "error: --hierarchical 1 needs nodes of equal size: give --topology NxK\n");
-        return -1;
-    }
     if (!lv->hierarchical || W == 1) return 0;
 #if GPU_HAVE_SPLIT
     NCCL_CHECK(ncclCommSplit(cm->nccl, lv->node, lv->local, &lv->intra, NULL));

@@ -6,12 +6,13 @@
  *
  * Included by train_gpt.c in section 6, right after Dist (which holds a
  * Levels* lv); MPI when USE_MPI is defined, else one rank and copies.
- * Defines: Levels, LEVEL_NAMES, levels_init, levels_free, levels_count,
- * levels_allreduce, levels_reduce_to, levels_allgather_params,
- * dist_step_begin, levels_step_end, levels_print, zero3_setup,
- * zero3_layer_weights, zero3_gather_model, dist_params_full/keep (states),
- * dist_fill_random, zero3_sample_begin/end (the sampler), ZeroHooks (where
- * gptc/zeropp.h's qwZ/qgZ/hpZ plug in).
+ * Defines: Levels, LEVEL_NAMES, levels_layout (train_gpt.cu's too),
+ * levels_init, levels_free, levels_count, levels_allreduce,
+ * levels_reduce_to, levels_allgather_params, dist_step_begin,
+ * levels_step_end, levels_print, zero3_setup, zero3_layer_weights,
+ * zero3_gather_model, dist_params_full/keep (states), dist_fill_random,
+ * zero3_sample_begin/end (the sampler), ZeroHooks (where gptc/zeropp.h's
+ * qwZ/qgZ/hpZ plug in).
  *
  * ZeRO-3 (Rajbhandari et al. 2020, sec. 5.3). Rank r keeps the r-th of W
  * equal slices of the flat parameter buffer (the same shard ZeRO-1/2 update:
@@ -144,6 +145,50 @@ static void levels_add(Dist* d, int level, size_t floats) {
 }
 #endif
 
+/* The nodes of W ranks and whether to reduce by level; train_gpt.c's
+ * levels_init and train_gpt.cu's gpu_levels_init (the same flags on every
+ * rank, so all fail alike). --topology "NxK": rank q on node q / K, index
+ * q % K; "": key[q * stride] is rank q's node (ranks with equal keys share
+ * one; nodes numbered by their lowest rank, a rank's index = the ranks below
+ * it on its node), key NULL: one node. Fills node_of, local_of (W each),
+ * *nodes, *per_node (ranks in every node, 0 when they differ in size).
+ * --hierarchical: 0, 1, -1 = 1 when several equal nodes. Returns the
+ * decision, or -1 after a message on rank 0 (`launched`: "4 GPUs", ...). */
+static int levels_layout(const char* topology, int hierarchical, int W, int rank, const uint64_t* key,
+                         size_t stride, const char* launched, int* node_of, int* local_of, int* nodes,
+                         int* per_node) {
+    int n = 0, k = 0, given = topology && topology[0];
+    char tail = 0;
+    if (given && (sscanf(topology, "%dx%d%c", &n, &k, &tail) != 2 || n < 1 || k < 1 || n * k != W)) {
+        if (rank == 0)
+            fprintf(stderr, "error: --topology %s: want NxK with N nodes x K ranks = the %d rank(s) launched "
+                    "(e.g. 2x2 for %s)\n", topology, W, launched);
+        return -1;
+    }
+    *nodes = 0;
+    for (int q = 0; q < W; q++) {
+        int first = -1, local = 0; /* the lowest rank with q's key, and how many below q have it */
+        for (int p = 0; p < q && key && !k; p++)
+            if (key[p * stride] == key[q * stride]) first = first < 0 ? p : first, local++;
+        if (k) node_of[q] = q / k, local_of[q] = q % k;
+        else if (!key) node_of[q] = 0, local_of[q] = q;
+        else node_of[q] = first < 0 ? (*nodes)++ : node_of[first], local_of[q] = local;
+    }
+    for (int q = 0; q < W; q++) *nodes = node_of[q] + 1 > *nodes ? node_of[q] + 1 : *nodes;
+    *per_node = W / *nodes;
+    for (int p = 0; p < *nodes; p++) { /* uniform: every node has per_node ranks */
+        int count = 0;
+        for (int q = 0; q < W; q++) count += node_of[q] == p;
+        if (count != *per_node) *per_node = 0;
+    }
+    int hier = hierarchical < 0 ? *nodes > 1 && *per_node > 0 : hierarchical;
+    if (hier && *per_node == 0) {
+        if (rank == 0) fprintf(stderr, "error: --hierarchical 1 needs nodes of equal size: give --topology NxK\n");
+        return -1;
+    }
+    return hier;
+}
+
 /* The levels from --topology ("" = the shared-memory nodes; "NxK") and
  * --hierarchical (0, 1, -1 = auto). 0, or -1 after a message (every rank
  * sees the same flags, so every rank fails alike). Collective. */
@@ -156,51 +201,25 @@ static int levels_init(Dist* d, const char* topology, int hierarchical, int repo
     int W = d->world;
     lv->node_of = (int*)xmalloc(sizeof(int) * (size_t)W);
     lv->local_of = (int*)xmalloc(sizeof(int) * (size_t)W);
-    if (topology && topology[0]) {
-        int n = 0, k = 0;
-        char tail = 0;
-        if (sscanf(topology, "%dx%d%c", &n, &k, &tail) != 2 || n < 1 || k < 1 || n * k != W) {
-            if (d->rank == 0)
-                fprintf(stderr, "error: --topology %s: want NxK with N nodes x K ranks = the %d rank(s) launched "
-                        "(e.g. 2x2 for mpirun -np 4)\n", topology, W);
-            return -1;
-        }
-        for (int q = 0; q < W; q++) lv->node_of[q] = q / k, lv->local_of[q] = q % k;
-    } else {
-        for (int q = 0; q < W; q++) lv->node_of[q] = 0, lv->local_of[q] = q;
+    uint64_t* key = NULL; /* (W) each rank's node: the lowest rank sharing its memory */
 #ifdef USE_MPI
-        if (W > 1) { /* a node is the ranks sharing memory; nodes numbered by their lowest rank */
-            MPI_Comm shared;
-            int lowest = d->rank, local = 0;
-            MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &shared));
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shared));
-            MPI_CHECK(MPI_Comm_rank(shared, &local));
-            MPI_CHECK(MPI_Comm_free(&shared));
-            int mine[2] = {lowest, local}, *all = (int*)xmalloc(sizeof(int) * 2 * (size_t)W);
-            MPI_CHECK(MPI_Allgather(mine, 2, MPI_INT, all, 2, MPI_INT, MPI_COMM_WORLD));
-            for (int q = 0, nodes = 0; q < W; q++) {
-                if (all[2 * q] == q) lv->node_of[q] = nodes++; /* a node's lowest rank comes first */
-                else lv->node_of[q] = lv->node_of[all[2 * q]];
-                lv->local_of[q] = all[2 * q + 1];
-            }
-            free(all);
-        }
+    if (W > 1 && !(topology && topology[0])) {
+        MPI_Comm shared;
+        int lowest = d->rank;
+        MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL, &shared));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shared));
+        MPI_CHECK(MPI_Comm_free(&shared));
+        uint64_t mine = (uint64_t)lowest;
+        key = (uint64_t*)xmalloc(sizeof(uint64_t) * (size_t)W);
+        MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, key, 1, MPI_UINT64_T, MPI_COMM_WORLD));
+    }
 #endif
-    }
-    for (int q = 0; q < W; q++) lv->nodes = lv->node_of[q] + 1 > lv->nodes ? lv->node_of[q] + 1 : lv->nodes;
-    lv->per_node = W / lv->nodes;
-    for (int p = 0; p < lv->nodes; p++) { /* uniform: every node has per_node ranks */
-        int count = 0;
-        for (int q = 0; q < W; q++) count += lv->node_of[q] == p;
-        if (count != lv->per_node) lv->per_node = 0;
-    }
+    lv->hierarchical = levels_layout(topology, hierarchical, W, d->rank, key, 1, "mpirun -np 4", lv->node_of,
+                                     lv->local_of, &lv->nodes, &lv->per_node);
+    free(key);
+    if (lv->hierarchical < 0) return -1;
     lv->node = lv->node_of[d->rank];
     lv->local = lv->local_of[d->rank];
-    lv->hierarchical = hierarchical < 0 ? lv->nodes > 1 && lv->per_node > 0 : hierarchical;
-    if (lv->hierarchical && lv->per_node == 0) {
-        if (d->rank == 0) fprintf(stderr, "error: --hierarchical 1 needs nodes of equal size: give --topology NxK\n");
-        return -1;
-    }
 #ifdef USE_MPI
     if (W > 1) {
         MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, lv->node, lv->local, &lv->intra));
