@@ -206,6 +206,7 @@ for from in $sources; do
         if [ $from = replica ]; then kill -KILL "$(rank_pid $live 1)"; else kill -KILL $live; fi
         crash=$(now_ms)
         last=$(last_step "$run.jsonl") # (before a promoted spare appends to the log)
+        steady=$(grep -o '"ms": [0-9.]*' "$run.jsonl" | tail -3 | cut -d' ' -f2 | sort -n | sed -n 2p) # the median of the last 3 steps
         if [ $from = spare ]; then # as supervise.py: promote once the trainer is seen exiting (PF_EXITING), not
             for ((i = 0; i < 2000; i++)); do # after the kernel has freed its memory (the spare inherits its locks)
                 f=$(sed 's/.*) //' /proc/$live/stat 2>/dev/null | cut -d' ' -f7)
@@ -237,7 +238,7 @@ for from in $sources; do
             start=$(sed -n 's/^timing: communicator ready at [0-9]* (+[0-9]* ms since process start \([0-9]*\)).*/\1/p' "$run.$k.out" | head -1)
         resumed=$(sed -n 's/^resume: continuing after step \([0-9]*\).*/\1/p' "$run.$k.out" | head -1)
         how=$(grep -m1 '^resume: continuing' "$run.$k.out" | sed 's/.*; //')
-        echo "$from $crash $start $(at 'model ready') $(at 'state loaded') $(at 'first step done') $last ${resumed:-0} $how" >> "$dir/recovery.txt"
+        echo "$from $crash $start $(at 'model ready') $(at 'state loaded') $(at 'first step done') $last ${resumed:-0} ${steady%.*} $how" >> "$dir/recovery.txt"
     done
     [ -n "$live" ] && kill -KILL $live 2>/dev/null
     wait $live 2>/dev/null || true
@@ -248,16 +249,16 @@ $PY - "$dir/recovery.txt" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    f = line.split(maxsplit=8)
-    crash, start, model, loaded, first, last, resumed = map(int, f[1:8])
+    f = line.split(maxsplit=9)
+    crash, start, model, loaded, first, last, resumed, steady = map(int, f[1:9])
     rows.setdefault(f[0], []).append((first - crash, start - crash, model - start, loaded - model, first - loaded,
-                                      last - resumed, f[8].strip() if len(f) > 8 else ""))
-print(f"{'from':<8} {'kills':>5} {'total ms':>9} {'launch':>7} {'model':>7} {'load':>7} {'1st step':>9} {'lost':>5}   (medians; all totals)")
+                                      last - resumed, steady, f[9].strip() if len(f) > 9 else ""))
+print(f"{'from':<8} {'kills':>5} {'total ms':>9} {'launch':>7} {'model':>7} {'load':>7} {'1st step':>9} {'steady':>7} {'lost':>5}   (medians; all totals)")
 for src, rs in rows.items():
-    med = [statistics.median(r[i] for r in rs) for i in range(6)]
-    print(f"{src:<8} {len(rs):>5} {med[0]:>9.0f} {med[1]:>7.0f} {med[2]:>7.0f} {med[3]:>7.0f} {med[4]:>9.0f} {med[5]:>5.0f}"
+    med = [statistics.median(r[i] for r in rs) for i in range(7)]
+    print(f"{src:<8} {len(rs):>5} {med[0]:>9.0f} {med[1]:>7.0f} {med[2]:>7.0f} {med[3]:>7.0f} {med[4]:>9.0f} {med[6]:>7.0f} {med[5]:>5.0f}"
           f"   ({', '.join(str(r[0]) for r in rs)})")
-    print(f"{'':<8} resumed: {rs[-1][6]}")
+    print(f"{'':<8} resumed: {rs[-1][7]}")
 if "spare" in rows:
     med = lambda src, i: statistics.median(r[i] for r in rows[src])
     hot, load, first = med("spare", 0), med("spare", 3), med("spare", 4)
@@ -272,7 +273,8 @@ EOF
 echo "(spare: launch = from the kill to 'go' written, model = the wake (the locks taken); its set-up was done before)"
 echo "(launch: from the kill to main(); with 2 ranks, mpirun's start too. model: building the model (zeros: the random"
 echo " init waits for the verdict), the data, and mapping the snapshot memory, which from disk means allocating it anew,"
-echo " as on a new host; load: finding and reading the state; 1st step: the first step, with its page faults)"
+echo " as on a new host; load: finding and reading the state; 1st step: the first step, with its page faults;"
+echo " steady: the killed trainer's last 3 steps' median, the same flags)"
 
 [ $RECOVERY_ONLY -eq 1 ] || [ ! -d "$dir/rec_disk" ] && exit 0
 echo
