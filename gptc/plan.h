@@ -13,11 +13,16 @@
  * --plan prints the plan for the flags given, checks it against
  * --memory-budget, and lists candidate configurations for the global batch
  * (micro-batch B from the divisors, gradient accumulation making up the
- * rest; ZeRO 0/1/2 with several ranks; --zero 3 is planned, not yet a
- * candidate) with their peak bytes and their
- * step time from the runtime model (gptc/runtime.h), chooses the fastest
- * that fits, then exits; --auto 1 trains with that choice, and
- * --snapshot-every auto sets the Young/Daly interval (plan_runtime).
+ * rest; with several ranks ZeRO 0, 1, 2 and 3, and with several nodes on
+ * ZeRO 3 hpZ, and with --auto-quantise 1 qwZ INT8 + hpZ and qwZ INT8 + hpZ +
+ * qgZ INT4: PLAN_MODES) with their peak bytes, the bytes they send per step
+ * at each level and their step time from the runtime model
+ * (gptc/runtime.h, with the links measured or stated by --link-gbs),
+ * chooses the fastest that fits, then exits; --auto 1 trains with that
+ * choice (B, the total, --zero and ZeRO++'s flags set in the options as if
+ * given, before zeropp_init reads them), and --snapshot-every auto sets the
+ * Young/Daly interval (plan_runtime). --hierarchical is not a knob here: the
+ * model takes it as the levels resolved it (on with several nodes).
  *
  * Bytes are allocated bytes, and they are also resident bytes: every buffer
  * in the plan is written in full at setup (zeroed, copied, or the snapshot
@@ -33,7 +38,8 @@
  *
  * Included by train_gpt.c in section 8, after gptc/saver.h and
  * gptc/runtime.h. Defines: PlanKnobs, CpuMemoryPlan, cpu_memory_plan,
- * plan_after_setup, plan_check, PlanChoice, plan_choose, plan_runtime,
+ * plan_after_setup, plan_check, PlanChoice, PLAN_MODES, plan_comm_knobs,
+ * plan_mode_name, plan_choose, plan_runtime,
  * train_memory_print, train_comm_print.
  */
 #ifndef GPTC_PLAN_H
@@ -331,8 +337,8 @@ static CommKnobs plan_comm_knobs(const Options* o, const Dist* d, int zero, int 
 
 /* "--zero 3 --hpz 1 --qwz 8 --qgz 4" (or "" on one rank) into buf; `compact`: "3+hpZ+qwZ8+qgZ4" for the table. */
 static const char* plan_mode_name(char* buf, size_t size, int world, int zero, int qwz, int hpz, int qgz, int compact) {
-    if (compact) snprintf(buf, size, "%d%s%s%s%s%s", zero, qwz ? "+qwZ" : "", qwz ? (qwz == 8 ? "8" : "4") : "",
-                          hpz ? "+hpZ" : "", qgz ? (qgz == 8 ? "+qgZ8" : "+qgZ4") : "", "");
+    if (compact) snprintf(buf, size, "%d%s%s%s", zero, qwz ? (qwz == 8 ? "+qwZ8" : "+qwZ4") : "", hpz ? "+hpZ" : "",
+                          qgz ? (qgz == 8 ? "+qgZ8" : "+qgZ4") : "");
     else if (world <= 1) snprintf(buf, size, "%s", "");
     else snprintf(buf, size, " --zero %d%s%s%s", zero, hpz ? " --hpz 1" : "", qwz ? (qwz == 8 ? " --qwz 8" : " --qwz 4") : "",
                   qgz ? (qgz == 8 ? " --qgz 8" : " --qgz 4") : "");

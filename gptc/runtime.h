@@ -10,7 +10,7 @@
  * The model of one optimizer step, per rank (B, T, accum micro-batches,
  * W ranks, N = B*T rows):
  *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax
- *                     + t_zero2) + t_optimizer + t_comm
+ *                     + t_zero2) + t_optimizer + t_quant + t_comm
  *   t_gemm      = sum over the five weight shapes (K, OC) of the layers'
  *                 qkv (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C),
  *                 L calls each, and the classifier (C, Vp), once, of
@@ -33,8 +33,16 @@
  *                 bandwidth those same kernels reach at the model's C.
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
- *   t_zero2     = ZeRO-2: each layer's bucket zeroed before backward
+ *   t_zero2     = ZeRO-2 and 3: each layer's bucket zeroed before backward
  *                 writes it, the owned part added into the shard.
+ *   t_quant     = ZeRO++ (gptc/zeropp.h): the elements each rank
+ *                 quantises and dequantises per step (qwZ: its piece of
+ *                 every gathered range, then the whole range; qgZ: the
+ *                 pieces it sends at each hop, then what it receives), the
+ *                 ranks' mean, each at gptc/quant.h's measured ns per
+ *                 element (quant_slot_encode / quant_slot_decode over 2^18
+ *                 floats in blocks of 256, INT8 and INT4; qgZ's adding
+ *                 decode taken at the plain decode's rate).
  *   t_optimizer = per float, measured alone over 2^21 floats (past the
  *                 caches): zeroing the gradient buffer (gpt2_zero_grad),
  *                 the shard (ZeRO), the norm and the clip's scaling over
@@ -59,9 +67,44 @@
  *                 the transfer): one a step (the loss's sum), ZeRO-1 with
  *                 overlap L more (each layer's hook waits for the layer
  *                 two behind), ZeRO-2 accum * L more (a bucket's wait).
+ *                 ZeRO-3 (one node): every micro-batch 2 + 24 L gathers (the
+ *                 head's two ranges, each layer's 12 slices in forward and
+ *                 again in backward, an MPI_Iallgatherv each) of head + 2 L
+ *                 layer floats at the all-gather rate, the layers'
+ *                 reductions as ZeRO-2's (an MPI_Ireduce per owner piece,
+ *                 counted exactly), the head's once a step; 3 L + 1
+ *                 meetings a micro-batch (each layer's gathers and bucket,
+ *                 the head's gather).
  *                 On a shared machine the faster rank waits for the slower
  *                 one there, spinning on its core; measured 0-300 ms a
  *                 meeting at load averages of 6-13 on 2 cores.
+ *   t_comm by level, when there are several nodes (--topology NxK or the
+ *                 nodes MPI sees), --hierarchical 1, ZeRO++, or --link-gbs:
+ *                 runtime_traffic walks the step's collectives as the
+ *                 trainer issues them (plain allreduce flat or by level,
+ *                 ZeRO-1/2 reductions to the owners flat or by level and
+ *                 the all-gather, ZeRO-3's gathers (fp32, qwZ's slots, hpZ's
+ *                 node-local secondary after each step's first forward) and
+ *                 reductions (fp32 or qgZ's two hops)) for every rank, and
+ *                 counts the bytes each sends at each level exactly as
+ *                 gptc/zero3.h's and gptc/zeropp.h's counters do (--plan
+ *                 prints them; scripts/test_plan.sh compares them with
+ *                 --comm-levels 1's counts, to the byte) and the
+ *                 collectives or exchanges it takes part in per level (a
+ *                 world collective pays the latency of the slowest level);
+ *                 per level: the ranks' mean messages x that level's
+ *                 latency + their mean bytes / that level's link rate,
+ *                 summed over the levels (on a CPU the levels' transfers
+ *                 do not overlap each other: every exchange blocks or is
+ *                 waited for in turn), plus the two sums (dist_sum). The
+ *                 links (calib_levels): with several nodes, a ping on each
+ *                 level's communicator at every start (latency: the
+ *                 fastest of 21 one-float allreduces; rate: MPI_Allgather of
+ *                 2^18 floats, in bytes each rank sends); with --topology
+ *                 on one machine both levels are the same shared memory, so
+ *                 both measure the same link. --link-gbs INTRA,INTER
+ *                 states the rates instead (latencies stay measured): how
+ *                 to plan for a cluster from one machine.
  * What --overlap hides: nothing, in this model. On a CPU the MPI transport
  * (shared memory within a node, the sums of the reductions) runs on the
  * same cores as backward, and Open MPI moves non-blocking collectives only
@@ -79,9 +122,9 @@
  *
  * Calibration runs in a child process (fork, before the parent starts any
  * OpenMP thread), so its buffers never count in the parent's peak memory
- * (the memory plan's VmHWM check); the MPI ping runs in every rank at once.
- * It is cached in a text file (the first line names the format, "gptc
- * calibration v2"): <--output-dir>/calibration.txt when there is one, else
+ * (the memory plan's VmHWM check); the MPI pings run in every rank at once.
+ * The compute is cached in a text file (the first line names the format,
+ * "gptc calibration v3": v2's numbers and the codec's four): <--output-dir>/calibration.txt when there is one, else
  * $XDG_CACHE_HOME/gptc/calibration.txt (~/.cache/...), one line per key:
  * CPU model, threads, ranks, the binary (its size and mtime), and the shape
  * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
@@ -93,8 +136,14 @@
  * load 3) the GEMMs, the classifier, the elementwise kernels and the
  * cross-entropy were within 7.5% for L=4 C=128.
  *
- * Included by train_gpt.c in section 8, before gptc/plan.h. Defines:
- * Calibration, StepTime, calibration_get, calibration_print, runtime_step,
+ * scripts/runtime_closed_form.py recomputes this model independently from
+ * a planted calibration (scripts/test_plan.sh; GPTC_INJECT_RUNTIME_ERROR
+ * plants a wrong coefficient it must catch).
+ *
+ * Included by train_gpt.c in section 8, before gptc/plan.h (after
+ * gptc/zero3.h and gptc/zeropp.h: Levels, levels_piece, gptc/quant.h).
+ * Defines: Calibration, StepTime, CommKnobs, comm_knobs_flat, LevelTraffic,
+ * runtime_traffic, calibration_get, calibration_print, runtime_step,
  * runtime_snapshot_ms, young_daly_steps.
  */
 #ifndef GPTC_RUNTIME_H
