@@ -250,6 +250,7 @@ static void plan_after_setup(const Dist* d) {
  * the plan, which the check must catch (scripts/test_plan.sh). */
 static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const GPT2* model) {
     PlanKnobs k = plan_knobs(&model->config, o, r->B, d->rank, d->world, d->zero);
+    if (d->lv && d->lv->per_node > 0) k.nodes = d->lv->nodes; /* (the nodes zeropp_init saw, --topology or MPI's) */
     k.loaders = r->use_val ? 2 : 1;
     const DataLoader* dl[2] = {&r->train, &r->val};
     for (int l = 0; l < k.loaders; l++) {
@@ -361,6 +362,7 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
     if (!budget) return -1;
     size_t usable = (size_t)(PLAN_HEADROOM * (double)budget);
     PlanKnobs k = plan_knobs(&c, o, o->batch_size, 0, d->world, o->zero);
+    if (d->lv && d->lv->per_node > 0) k.nodes = d->lv->nodes;
     char train[8600], val[8600];
     snprintf(train, sizeof(train), "%s", o->train_data);
     snprintf(val, sizeof(val), "%s", o->val_data);

@@ -26,7 +26,8 @@ The model, as gptc/runtime.h's header states it:
   by level (several nodes): per level (the ranks' mean messages x its
             latency + the ranks' mean bytes sent / its rate), plus 2 latencies
             of the inter level; bytes from scripts/zeropp_bytes.py (ZeRO-3)
-            or zero3.h's header formulas (ZeRO 0-2, hierarchical).
+            or zero3.h's header formulas (ZeRO 0-2, hierarchical); messages
+            counted from zero3.h's and zeropp.h's headers.
 """
 import sys
 import zeropp_bytes as zb
@@ -127,6 +128,21 @@ def main():
         quant = sum(enc[b] * qenc[b] + dec[b] * qdec[b] for b in (8, 4)) / W * 1e-6
         return sent, msgs, quant
 
+    def level_messages(z, accum):
+        """ZeRO 0-2 by level, hierarchical, summed over the ranks: plain, the allreduce of P (K reduces of its
+        nonzero pieces and an all-gather inside the node, an allreduce across); ZeRO-1/2 an intra reduce per owner
+        piece on every rank and an inter one on the N ranks of the owner's index; the all-gather (a world collective:
+        the inter level's latency)"""
+        if z == 0:
+            s_ = -(-P // K)
+            nonzero = sum(1 for i in range(K) if min(P, (i + 1) * s_) > i * s_)
+            return [W * (nonzero + 1), N * nonzero]
+        msgs = [0, W]
+        for a_, n_ in layer_ranges * (accum if z == 2 else 1) + head_ranges:
+            msgs[0] += owners(a_, n_) * W
+            msgs[1] += owners(a_, n_) * N
+        return msgs
+
     def level_bytes(z):
         """ZeRO 0-2 by level, hierarchical (gptc/zero3.h's header): flat all-gather of the padded shards"""
         gather = [4 * W * (K - 1) * shard, 4 * W * (W - K) * shard]
@@ -153,7 +169,7 @@ def main():
         hpz = 1 if "hpZ" in mode else 0
         accum_now[0] = accum
         want = compute(B, accum, z)
-        check_time = True
+        check_time = True  # (every row's time is checked)
         if W == 1:
             want_sent = [0, 0]
         elif N == 1:
@@ -165,9 +181,12 @@ def main():
             want += quant + 2 * links[1][0] * 1e-3
             for e in (0, 1):
                 want += (msgs[e] * links[e][0] * 1e-3 + sent[e] / (links[e][1] * 1e6)) / W
-        else:  # ZeRO 0-2 by level: the bytes only
+        else:  # ZeRO 0-2 by level (hierarchical)
             want_sent = level_bytes(z)
-            check_time = False
+            msgs = level_messages(z, accum)
+            want += 2 * links[1][0] * 1e-3
+            for e in (0, 1):
+                want += (msgs[e] * links[e][0] * 1e-3 + want_sent[e] / (links[e][1] * 1e6)) / W
         n += 1
         if check_time and abs(idle - want) > 0.006 + 1e-6 * want:
             bad.append("B=%d ZeRO %s: --plan says %.2f idle ms, the closed form %.4f" % (B, mode, idle, want))

@@ -23,7 +23,8 @@
 #   - the runtime model's step time for every candidate equals its closed
 #     form computed independently in Python from a planted calibration
 #     (scripts/runtime_closed_form.py): 1 rank; 2 ranks, ZeRO 0-3; 2x2 with
-#     stated links, ZeRO-3 and ZeRO++ by level (time and bytes per level);
+#     stated links, ZeRO 0-3 (hierarchical) and ZeRO++ by level (time and
+#     bytes per level);
 #     a planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) is caught;
 #   - only ZeRO-3 fits (2x2, 14.2 MB a rank): --plan chooses it and --auto 1
 #     trains with it (ledger == plan on 4 ranks); with --auto-quantise 1 and
@@ -164,8 +165,8 @@ ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p'
 # attention per sequence; the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float; quantise and
 # dequantise ns per element, INT8 and INT4), then each candidate's idle ms/step must be the formula's: 1 rank;
 # 2 ranks on one node (ZeRO 0-3, the measured MPI latency and rates as printed); 4 ranks as 2 nodes of 2 with
-# stated link rates and ZeRO++'s candidates (ZeRO-3's rows: time and bytes per level from scripts/zeropp_bytes.py;
-# ZeRO 0-2's: bytes per level). A planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) must be caught.
+# stated link rates and ZeRO++'s candidates, hierarchical reduction (time, and bytes per level: ZeRO-3's from
+# scripts/zeropp_bytes.py, ZeRO 0-2's from gptc/zero3.h's header formulas). A planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) must be caught.
 NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 1.5 2.5 0.5 1.25 12"
 PLAN2="$CAL -d 128"
 PLAN4="$CAL -d 256 --topology 2x2 --auto-quantise 1 --link-gbs 10,0.005"
@@ -191,7 +192,7 @@ rc=$?
 v=$(closed 4 2 2 "$dir/plan.out")
 [ $rc -eq 0 ] && grep -q "^links (rates stated by --link-gbs" "$dir/plan.out" && grep -q "^candidates 21, wrong 0" <<< "$v" &&
     grep -q "3+qwZ8+hpZ+qgZ4" "$dir/plan.out" &&
-    check ok "... 4 ranks as 2x2, --link-gbs 10,0.005, --auto-quantise 1: ZeRO-3 and ZeRO++ by level (time, bytes), ZeRO 0-2 (bytes)" "$v" ||
+    check ok "... 4 ranks as 2x2, --link-gbs 10,0.005, --auto-quantise 1: ZeRO 0-3 and ZeRO++ by level, hierarchical (time and bytes per level)" "$v" ||
     check FAIL "runtime model vs its closed form, 2x2" "status $rc: $v"
 GPTC_INJECT_RUNTIME_ERROR=2 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
 v2=$(closed 2 1 2 "$dir/plan.out" | head -1)
