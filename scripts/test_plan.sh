@@ -273,6 +273,9 @@ every=$(echo "$snapline" | sed -n 's/.*auto = \([0-9]*\) steps.*/\1/p')
 "$BIN" --plan 1 --model d12 --memory-budget lots > "$dir/plan.out" 2>&1
 [ $? -ne 0 ] && grep -q "memory-budget expects auto or a number" "$dir/plan.out" && check ok "--memory-budget lots is refused" ||
     check FAIL "--memory-budget lots" "$(tail -2 "$dir/plan.out")"
+"$BIN" --plan 1 --model d12 --link-gbs 5 > "$dir/plan.out" 2>&1
+[ $? -ne 0 ] && grep -q "link-gbs must be two rates in GB/s, INTRA,INTER" "$dir/plan.out" && check ok "--link-gbs 5 is refused" ||
+    check FAIL "--link-gbs 5" "$(tail -2 "$dir/plan.out")"
 
 # the tester: a planted wrong byte must be caught
 GPTC_INJECT_PLAN_ERROR=4 run 1 --model d2 $TINY -b 2 -t 16 --sample-every 0 --val-every 0 --plan-check 1
