@@ -1111,14 +1111,17 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
         } else if (zero == 3) { /* every micro-batch: 2 + 24 L gathers (the head's two ranges, each layer's 12
                                  * slices in forward and again in backward) of the floats every rank receives,
                                  * the layers' reductions (an MPI_Ireduce per owner piece); the head's once */
-            double gathers = 2.0 + (mutant == 2 ? 12.0 : 24.0) * L, floats = head + (mutant == 2 ? 1.0 : 2.0) * L * layer;
-            double layer_msgs = 0.0, head_msgs = runtime_owners(&d, 0, d.offsets[2]) + runtime_owners(&d, (size_t)(P - 2 * C), (size_t)(2 * C));
+            double passes = mutant == 2 ? 1.0 : 2.0; /* (the mutant: backward's gathers left out) */
+            double gathers = 2.0 + 12.0 * passes * L, floats = head + passes * L * layer;
+            double layer_msgs = 0.0, head_msgs = runtime_owners(&d, 0, d.offsets[2]) +
+                                                 runtime_owners(&d, (size_t)(P - 2 * C), (size_t)(2 * C));
             for (int q = LAYER_TENSORS_BEGIN; q < LAYER_TENSORS_END; q++)
                 for (int l = 0; l < (int)L; l++) {
                     size_t per = sizes[q] / (size_t)L;
                     layer_msgs += runtime_owners(&d, d.offsets[q] + (size_t)l * per, per);
                 }
-            comm[now] = accum * (comm_ms(cal, gathers, 4 * floats, ag, now) + comm_ms(cal, layer_msgs, 4 * layer * L, red, now)) +
+            comm[now] = accum * (comm_ms(cal, gathers, 4 * floats, ag, now) +
+                                 comm_ms(cal, layer_msgs, 4 * layer * L, red, now)) +
                         comm_ms(cal, head_msgs, 4 * head, red, now);
         } else { /* each layer's 12 slices (13 messages: one is split between two owners), then the head's; the
                   * all-gather. ZeRO-1 with overlap reduces the layers once a step, ZeRO-2 every micro-batch */
