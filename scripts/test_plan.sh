@@ -44,7 +44,7 @@
 # auto): 52 passed in 68-118 s at load averages of 5-7 on the 2 cores (the new
 # checks 15-30 s of it). With the closed-form check of the runtime model
 # (2026-12-01): 53 passed, at a load average of 10 (under nice 19).
-# With ZeRO-3/ZeRO++ in the planner (2026-12-01): 60 passed in 137 s at a load
+# With ZeRO-3/ZeRO++ in the planner (2026-12-01): 61 passed, 137 s at a load
 # average of 7-8 (the new checks 20 s of it, under nice 19).
 set -u
 cd "$(dirname "$0")/.."
