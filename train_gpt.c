@@ -2480,14 +2480,14 @@ int main(int argc, char** argv) {
     dist.zero = o.zero;
     dist.overlap = o.overlap;
     rc = levels_init(&dist, o.topology, o.hierarchical, o.comm_levels); /* nodes, bytes per level (gptc/zero3.h) */
-    if (rc == 0) rc = zeropp_init(&dist, o.qwz, o.qgz, o.qgz_feedback, o.hpz, o.quant_block); /* gptc/zeropp.h */
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
     printf("threads: %d (OpenMP)%s\n", num_threads(), dist.world > 1 ? " per rank" : "");
 #else
     printf("threads: 1 (built without OpenMP: see the Makefile)\n");
 #endif
-    if (rc == 0 && (o.plan || o.auto_plan || o.snapshot_auto)) rc = plan_runtime(&o, &dist); /* calibrated; may set B, ZeRO */
+    if (rc == 0 && (o.plan || o.auto_plan || o.snapshot_auto)) rc = plan_runtime(&o, &dist); /* calibrated; may set B, ZeRO, ZeRO++ */
+    if (rc == 0) rc = zeropp_init(&dist, o.qwz, o.qgz, o.qgz_feedback, o.hpz, o.quant_block); /* gptc/zeropp.h */
     if (rc == 0 && !o.plan) rc = gptc_run(&o, train_cpu, &dist, &dist);
     dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;

@@ -9,7 +9,7 @@
  * (ScheduleKind, the GPT2 model and its init, SamplingConfig); train_gpt.cu
  * and test_gpt.c use it through train_gpt.c. Defines: Options, verbose_flag,
  * OptSpec, OPTION_SPECS, usage, option_set, option_find, options_parse,
- * schedule_parse, depth_from_name, options_problem, options_cpu_problem
+ * schedule_parse, depth_from_name, link_rates_parse, options_problem, options_cpu_problem
  * (the GPU-only flags are in the one table, marked); config_from_options, model_from_options,
  * sampling_from_options, tokenizer_setup, data_stamp, data_from_text.
  */
@@ -76,6 +76,8 @@ typedef struct {
     const char* memory_budget;
     /* the runtime model (gptc/runtime.h) */
     int auto_plan;
+    int auto_quantise;   /* --auto-quantise 1: --plan/--auto may choose ZeRO++'s quantised collectives */
+    const char* link_gbs; /* --link-gbs "INTRA,INTER": stated link rates (GB/s) over the measured ones */
     int snapshot_auto;   /* --snapshot-every auto: snapshot_every is set at start (plan_runtime) */
     double mtbf;
     /* GPU only (train_gpt_cu: train_gpt refuses them, options_cpu_problem) */
@@ -169,9 +171,11 @@ static const OptSpec OPTION_SPECS[] = {
     OPT("--comm-levels", NULL, OPT_INT, comm_levels, "0", "1 = print the bytes each level (intra-node, inter-node) carried, every step (the totals per step are printed at the end anyway)"),
     OPT("--overlap", NULL, OPT_INT, overlap, "1", "data parallel: 1 = reduce each layer's gradients during backward, 0 = after it (ZeRO-2: always during)"),
     OPT("--verbose", NULL, OPT_INT, verbose, "0", "1 = also print start-up timing and the data-parallel layout (printed anyway with several ranks, --heartbeat, or under scripts/supervise.py)"),
-    OPT("--plan", NULL, OPT_INT, plan, "0", "1 = print the memory plan (bytes per rank by component, from the same size functions the allocators use) and a table of micro-batch / ZeRO candidates for --total-batch-size with their peak bytes and predicted step time (a calibrated runtime model), and the fastest that fits in 95% of --memory-budget, then exit without training"),
+    OPT("--plan", NULL, OPT_INT, plan, "0", "1 = print the memory plan (bytes per rank by component, from the same size functions the allocators use) and a table of micro-batch / ZeRO 0-3 candidates (with several nodes, ZeRO++'s --hpz/--qwz/--qgz on ZeRO 3: see --auto-quantise) for --total-batch-size with their peak bytes, bytes sent per level and predicted step time (a calibrated runtime model, --link-gbs), and the fastest that fits in 95% of --memory-budget, then exit without training"),
     OPT("--memory-budget", NULL, OPT_STRING, memory_budget, "auto", "bytes per rank --plan checks against (a number, or with a K/M/G suffix: powers of 1024); auto = MemAvailable of /proc/meminfo divided by the ranks on this node"),
-    OPT("--auto", NULL, OPT_INT, auto_plan, "0", "1 = train with --plan's choice: the micro-batch (and so the gradient accumulation) and, with several ranks, the ZeRO stage predicted fastest for --total-batch-size among those that fit in 95% of --memory-budget (says so in one line)"),
+    OPT("--auto", NULL, OPT_INT, auto_plan, "0", "1 = train with --plan's choice: the micro-batch (and so the gradient accumulation) and, with several ranks, the ZeRO stage (and ZeRO++'s flags) predicted fastest for --total-batch-size among those that fit in 95% of --memory-budget (says so in one line)"),
+    OPT("--auto-quantise", NULL, OPT_INT, auto_quantise, "0", "1 = --plan and --auto (the CPU trainer's planner) may also choose ZeRO++'s quantised collectives (--qwz 8, --qgz 4: they change the numerics; with more than one node, on --zero 3); 0 = only exact configurations (ZeRO 0-3, --hpz 1)"),
+    OPT("--link-gbs", NULL, OPT_STRING, link_gbs, "", "INTRA,INTER: the link rates the CPU trainer's --plan and --auto assume, GB/s a rank sends inside a node and across nodes (e.g. 50,12.5), over the ones measured at start (how to plan for a cluster from one machine: with --topology NxK); empty = measured"),
     OPT("--mtbf", NULL, OPT_DOUBLE, mtbf, "86400", "mean time between failures of the job in seconds, for --snapshot-every auto (24 h: one shared node; a 16,384-GPU job saw one every ~3 h, Llama 3 paper sec. 3.3.4)"),
     OPT("--plan-check", NULL, OPT_INT, plan_check, "0", "1 = at the end of training, compare the allocation ledger with the memory plan, byte for byte, and the peak resident memory (VmHWM) with the plan's peak; exit non-zero on a mismatch (scripts/test_plan.sh)"),
     GPU_OPT("--gelu-fusion", OPT_INT, gelu_fusion, "1", "1 = GELU in the cuBLASLt epilogues (GELU_AUX_BIAS / DGELU); 0 = own kernels"),
@@ -303,6 +307,19 @@ static int depth_from_name(const char* name) {
 
 /* Checks that need no files: ranges and combinations of flags. Returns NULL
  * if all is well, else a message naming the flags involved. */
+/* --link-gbs "INTRA,INTER" into gbs[2] (when not NULL): 1 when well formed, else 0. */
+static int link_rates_parse(const char* s, double* gbs) {
+    char* end = NULL;
+    double v[2];
+    v[0] = strtod(s, &end);
+    if (end == s || *end != ',') return 0;
+    const char* at = end + 1;
+    v[1] = strtod(at, &end);
+    if (end == at || *end != '\0' || !(v[0] > 0.0 && v[0] < 1e9) || !(v[1] > 0.0 && v[1] < 1e9)) return 0;
+    if (gbs) gbs[0] = v[0], gbs[1] = v[1];
+    return 1;
+}
+
 #define OPTIONS_PROBLEM(cond, msg) do { if (cond) return (msg); } while (0)
 static const char* options_problem(const Options* o) {
     OPTIONS_PROBLEM(o->batch_size < 1, "--batch-size must be >= 1");
@@ -323,6 +340,9 @@ static const char* options_problem(const Options* o) {
                     "--standby waits to take over a run: it needs --resume 1 and the run's --output-dir");
     OPTIONS_PROBLEM(o->plan_check != 0 && o->plan_check != 1, "--plan-check must be 0 or 1");
     OPTIONS_PROBLEM(o->auto_plan != 0 && o->auto_plan != 1, "--auto must be 0 or 1");
+    OPTIONS_PROBLEM(o->auto_quantise != 0 && o->auto_quantise != 1, "--auto-quantise must be 0 or 1");
+    OPTIONS_PROBLEM(o->link_gbs[0] && !link_rates_parse(o->link_gbs, NULL),
+                    "--link-gbs must be two rates in GB/s, INTRA,INTER (e.g. 50,12.5), each > 0");
     OPTIONS_PROBLEM(!(o->mtbf > 0.0), "--mtbf must be a number of seconds > 0");
     OPTIONS_PROBLEM(!(o->lr >= 0.0f), "--lr must be >= 0");
     OPTIONS_PROBLEM(o->warmup_steps < 0, "--warmup-steps must be >= 0");

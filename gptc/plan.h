@@ -13,11 +13,16 @@
  * --plan prints the plan for the flags given, checks it against
  * --memory-budget, and lists candidate configurations for the global batch
  * (micro-batch B from the divisors, gradient accumulation making up the
- * rest; ZeRO 0/1/2 with several ranks; --zero 3 is planned, not yet a
- * candidate) with their peak bytes and their
- * step time from the runtime model (gptc/runtime.h), chooses the fastest
- * that fits, then exits; --auto 1 trains with that choice, and
- * --snapshot-every auto sets the Young/Daly interval (plan_runtime).
+ * rest; with several ranks ZeRO 0, 1, 2 and 3, and with several nodes on
+ * ZeRO 3 hpZ, and with --auto-quantise 1 qwZ INT8 + hpZ and qwZ INT8 + hpZ +
+ * qgZ INT4: PLAN_MODES) with their peak bytes, the bytes they send per step
+ * at each level and their step time from the runtime model
+ * (gptc/runtime.h, with the links measured or stated by --link-gbs),
+ * chooses the fastest that fits, then exits; --auto 1 trains with that
+ * choice (B, the total, --zero and ZeRO++'s flags set in the options as if
+ * given, before zeropp_init reads them), and --snapshot-every auto sets the
+ * Young/Daly interval (plan_runtime). --hierarchical is not a knob here: the
+ * model takes it as the levels resolved it (on with several nodes).
  *
  * Bytes are allocated bytes, and they are also resident bytes: every buffer
  * in the plan is written in full at setup (zeroed, copied, or the snapshot
@@ -33,7 +38,8 @@
  *
  * Included by train_gpt.c in section 8, after gptc/saver.h and
  * gptc/runtime.h. Defines: PlanKnobs, CpuMemoryPlan, cpu_memory_plan,
- * plan_after_setup, plan_check, PlanChoice, plan_choose, plan_runtime,
+ * plan_after_setup, plan_check, PlanChoice, PLAN_MODES, plan_comm_knobs,
+ * plan_mode_name, plan_choose, plan_runtime,
  * train_memory_print, train_comm_print.
  */
 #ifndef GPTC_PLAN_H
@@ -244,6 +250,7 @@ static void plan_after_setup(const Dist* d) {
  * the plan, which the check must catch (scripts/test_plan.sh). */
 static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const GPT2* model) {
     PlanKnobs k = plan_knobs(&model->config, o, r->B, d->rank, d->world, d->zero);
+    if (d->lv && d->lv->per_node > 0) k.nodes = d->lv->nodes; /* (the nodes zeropp_init saw, --topology or MPI's) */
     k.loaders = r->use_val ? 2 : 1;
     const DataLoader* dl[2] = {&r->train, &r->val};
     for (int l = 0; l < k.loaders; l++) {
@@ -302,10 +309,42 @@ static int plan_config(const Options* o, GPT2Config* c) {
 
 typedef struct {
     int B, zero;
+    int qwz, hpz, qgz;   /* ZeRO++ on ZeRO 3 (gptc/zeropp.h's flags) */
     long long accum, total;
     size_t need;
     double ms;
+    double sent[NUM_LEVELS]; /* bytes sent per step by level, summed over the ranks (predicted) */
 } PlanChoice;
+
+/* The modes --plan weighs with several ranks: ZeRO 0-3; on ZeRO 3 with
+ * several nodes, hpZ alone (exact: the same floats gathered), and with
+ * --auto-quantise 1 qwZ INT8 + hpZ, and qwZ INT8 + hpZ + qgZ INT4 (ZeRO++'s
+ * configuration). {zero, qwz, hpz, qgz}, quantised last. */
+static const int PLAN_MODES[][4] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0},
+                                    {3, 0, 1, 0}, {3, 8, 1, 0}, {3, 8, 1, 4}};
+#define PLAN_EXACT_MODES 5
+
+/* The comm knobs of a candidate: the levels as this run has them (gptc/zero3.h: nodes of equal size, else one). */
+static CommKnobs plan_comm_knobs(const Options* o, const Dist* d, int zero, int qwz, int hpz, int qgz) {
+    CommKnobs k = comm_knobs_flat(d->world, zero, o->overlap);
+    if (d->lv && d->lv->per_node > 0) {
+        k.nodes = d->lv->nodes;
+        k.per_node = d->lv->per_node;
+        k.hierarchical = d->lv->hierarchical;
+    }
+    k.qwz = qwz, k.hpz = hpz, k.qgz = qgz, k.block = o->quant_block;
+    return k;
+}
+
+/* "--zero 3 --hpz 1 --qwz 8 --qgz 4" (or "" on one rank) into buf; `compact`: "3+hpZ+qwZ8+qgZ4" for the table. */
+static const char* plan_mode_name(char* buf, size_t size, int world, int zero, int qwz, int hpz, int qgz, int compact) {
+    if (compact) snprintf(buf, size, "%d%s%s%s", zero, qwz ? (qwz == 8 ? "+qwZ8" : "+qwZ4") : "", hpz ? "+hpZ" : "",
+                          qgz ? (qgz == 8 ? "+qgZ8" : "+qgZ4") : "");
+    else if (world <= 1) snprintf(buf, size, "%s", "");
+    else snprintf(buf, size, " --zero %d%s%s%s", zero, hpz ? " --hpz 1" : "", qwz ? (qwz == 8 ? " --qwz 8" : " --qwz 4") : "",
+                  qgz ? (qgz == 8 ? " --qgz 8" : " --qgz 4") : "");
+    return buf;
+}
 
 /* --plan (print everything), --auto 1 (choose), and the runtime model's
  * candidates: rank 0 plans for every rank; the choice goes to all. Each
@@ -323,6 +362,7 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
     if (!budget) return -1;
     size_t usable = (size_t)(PLAN_HEADROOM * (double)budget);
     PlanKnobs k = plan_knobs(&c, o, o->batch_size, 0, d->world, o->zero);
+    if (d->lv && d->lv->per_node > 0) k.nodes = d->lv->nodes;
     char train[8600], val[8600];
     snprintf(train, sizeof(train), "%s", o->train_data);
     snprintf(val, sizeof(val), "%s", o->val_data);
@@ -359,56 +399,70 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
         return -1;
     }
     long long S = total / per_rank; /* sequences per rank per step */
+    int nodes = d->lv && d->lv->per_node > 0 ? d->lv->nodes : 1;
+    int modes = d->world <= 1 ? 1 : nodes > 1 ? (o->auto_quantise ? (int)(sizeof(PLAN_MODES) / sizeof(PLAN_MODES[0]))
+                                                                    : PLAN_EXACT_MODES) : 4;
     if (print) {
         printf("candidates for %lld tokens per step (%lld sequences of %d per rank per step), %.1f MB usable per rank; "
-               "step time from the runtime model (gptc/runtime.h), at the speed measured now and on an idle machine:\n", total, S, o->seq_len, usable * mb);
-        printf("  %8s %8s %5s %14s %10s %5s %10s %10s %10s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits", "ms/step",
-               "tok/s", "idle ms");
+               "step time from the runtime model (gptc/runtime.h), at the speed measured now and on an idle machine; "
+               "bytes sent per step by level, summed over the ranks:\n", total, S, o->seq_len, usable * mb);
+        if (d->world > 1 && nodes > 1 && !o->auto_quantise)
+            printf("  (ZeRO++'s quantised collectives, qwZ and qgZ, change the numerics: not candidates; --auto-quantise 1 "
+                   "allows them)\n");
+        else if (d->world > 1 && nodes > 1)
+            printf("  (--auto-quantise 1: ZeRO++'s quantised candidates change the numerics: weights gathered as INT8, "
+                   "gradients reduced as INT4)\n");
+        else if (d->world > 1)
+            printf("  (one node: ZeRO++ is for several, --topology NxK; %s reduction)\n",
+                   d->lv && d->lv->hierarchical ? "hierarchical" : "flat");
+        printf("  %8s %8s %-16s %14s %10s %5s %10s %10s %10s %13s %13s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits",
+               "ms/step", "tok/s", "idle ms", "intra bytes", "inter bytes");
     }
-    int small_B = 0, small_zero = 0;
-    size_t small_need = 0;
-    int zmax = d->world > 1 ? 2 : o->zero, zmin = d->world > 1 ? 0 : o->zero;
+    PlanChoice small;
+    memset(&small, 0, sizeof(small));
     for (long long B = 1; B <= S; B++) {
         if (S % B || B > INT32_MAX) continue;
-        for (int z = zmin; z <= zmax; z++) {
+        for (int m = 0; m < modes; m++) {
+            int z = d->world > 1 ? PLAN_MODES[m][0] : o->zero, qwz = PLAN_MODES[m][1], hpz = PLAN_MODES[m][2];
+            int qgz = PLAN_MODES[m][3];
+            if (o->quant_block % 2 && (qwz == 4 || qgz == 4)) continue; /* (INT4 packs pairs: an even block) */
             PlanKnobs kc = k;
             kc.B = (int)B;
             kc.zero = z;
+            kc.nodes = nodes;
+            kc.qwz = qwz, kc.hpz = hpz, kc.qgz = qgz, kc.qgz_feedback = qgz ? o->qgz_feedback : 0;
+            if (d->world <= 1) kc.qwz = o->qwz, kc.hpz = o->hpz, kc.qgz = o->qgz; /* (one rank: the flags as given) */
             size_t n = plan_peak_over_ranks(kc);
             int fits = n <= usable;
-            StepTime st = runtime_step(cal, &c, (int)B, o->seq_len, (int)(S / B), d->world, z, o->overlap);
+            CommKnobs ck = plan_comm_knobs(o, d, z, kc.qwz, kc.hpz, kc.qgz);
+            StepTime st = runtime_step(cal, &c, (int)B, o->seq_len, (int)(S / B), &ck);
+            char name[64];
             if (print)
-                printf("  %8lld %8lld %5d %14zu %10.1f %5s %10.1f %10.0f %10.1f\n", B, S / B, z, n, n * mb,
-                       fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle);
-            if (fits && (out->B == 0 || st.step < out->ms)) {
-                out->B = (int)B;
-                out->zero = z;
-                out->accum = S / B;
-                out->total = total;
-                out->need = n;
-                out->ms = st.step;
-            }
-            if (!small_B || n < small_need) {
-                small_B = (int)B;
-                small_zero = z;
-                small_need = n;
-            }
+                printf("  %8lld %8lld %-16s %14zu %10.1f %5s %10.1f %10.0f %10.2f %13.0f %13.0f\n", B, S / B,
+                       plan_mode_name(name, sizeof(name), d->world, z, kc.qwz, kc.hpz, kc.qgz, 1), n, n * mb,
+                       fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle, st.sent[0], st.sent[1]);
+            PlanChoice cand = {(int)B, z, kc.qwz, kc.hpz, kc.qgz, S / B, total, n, st.step, {st.sent[0], st.sent[1]}};
+            if (fits && (out->B == 0 || st.step < out->ms)) *out = cand;
+            if (!small.B || n < small.need) small = cand;
         }
     }
+    char flags[96];
     if (out->B == 0) {
         fprintf(stderr, "error: nothing fits in %.0f%% of %zu bytes per rank (%s): the smallest configuration, B=%d "
-                "with %lld micro-batches%s, needs %zu bytes (%.1f MB) per rank; give more memory (--memory-budget), "
+                "with %lld micro-batches%s%s, needs %zu bytes (%.1f MB) per rank; give more memory (--memory-budget), "
                 "more ranks with ZeRO, a shorter --seq-len or a smaller model\n", 100 * PLAN_HEADROOM, budget, how,
-                small_B, S / small_B,
-                d->world > 1 ? (small_zero == 2 ? " and ZeRO-2" : small_zero == 1 ? " and ZeRO-1" : "") : "",
-                small_need, small_need * mb);
+                small.B, small.accum, d->world > 1 ? " and" : "",
+                plan_mode_name(flags, sizeof(flags), d->world, small.zero, small.qwz, small.hpz, small.qgz, 0),
+                small.need, small.need * mb);
         return -1;
     }
     if (print)
-        printf("choice: --batch-size %d --total-batch-size %lld%s%s (%lld micro-batches per step): predicted %.1f ms "
-               "per step, %.0f tokens/s, peak %.1f MB per rank (the fastest that fits)\n", out->B, total,
-               d->world > 1 ? " --zero " : "", d->world > 1 ? (out->zero == 2 ? "2" : out->zero == 1 ? "1" : "0") : "",
-               out->accum, out->ms, total / (out->ms / 1e3), out->need * mb);
+        printf("choice: --batch-size %d --total-batch-size %lld%s (%lld micro-batches per step): predicted %.1f ms "
+               "per step, %.0f tokens/s, peak %.1f MB per rank (the fastest that fits); bytes sent per step: %s %.0f, "
+               "%s %.0f summed over the ranks\n", out->B, total,
+               plan_mode_name(flags, sizeof(flags), d->world, out->zero, out->qwz, out->hpz, out->qgz, 0), out->accum,
+               out->ms, total / (out->ms / 1e3), out->need * mb, LEVEL_NAMES[0], out->sent[0], LEVEL_NAMES[1],
+               out->sent[1]);
     return 0;
 }
 
@@ -422,7 +476,7 @@ static int plan_runtime(Options* o, Dist* d) {
     int ok = plan_config(o, &c) == 0;
     if (dist_sum(d, ok) < d->world - 0.5) return -1; /* (each rank that failed said why) */
     Calibration cal;
-    calibration_get(&cal, &c, o->seq_len, o->output_dir, d);
+    calibration_get(&cal, &c, o->seq_len, o->output_dir, d, o->link_gbs);
     if (d->rank == 0) calibration_print(&cal);
     PlanChoice ch;
     memset(&ch, 0, sizeof(ch));
@@ -431,23 +485,29 @@ static int plan_runtime(Options* o, Dist* d) {
     if (dist_sum(d, rc) < -0.5) return -1;
     if (o->plan) return 0;
     if (o->auto_plan) { /* rank 0's choice, for every rank */
-        ch.B = (int)dist_sum(d, d->rank == 0 ? ch.B : 0);
-        ch.zero = (int)dist_sum(d, d->rank == 0 ? ch.zero : 0);
+        int* knobs[5] = {&ch.B, &ch.zero, &ch.qwz, &ch.hpz, &ch.qgz};
+        for (int i = 0; i < 5; i++) *knobs[i] = (int)dist_sum(d, d->rank == 0 ? *knobs[i] : 0);
         ch.total = (long long)dist_sum(d, d->rank == 0 ? (double)ch.total : 0.0);
-        printf("auto: --batch-size %d --total-batch-size %lld%s%s (%lld micro-batches): predicted %.1f ms per step, "
+        char flags[96];
+        printf("auto: --batch-size %d --total-batch-size %lld%s (%lld micro-batches): predicted %.1f ms per step, "
                "%.0f tokens/s, peak %.1f MB per rank, the fastest of the candidates that fit in %.0f%% of "
-               "--memory-budget %s (--plan 1 lists them)\n", ch.B, ch.total, d->world > 1 ? " --zero " : "",
-               d->world > 1 ? (ch.zero == 2 ? "2" : ch.zero == 1 ? "1" : "0") : "", ch.accum, ch.ms,
-               ch.total / (ch.ms / 1e3), ch.need / (1024.0 * 1024.0), 100 * PLAN_HEADROOM, o->memory_budget);
-        o->batch_size = ch.B;
+               "--memory-budget %s (--plan 1 lists them); bytes sent per step: %s %.0f, %s %.0f summed over the "
+               "ranks\n", ch.B, ch.total, plan_mode_name(flags, sizeof(flags), d->world, ch.zero, ch.qwz, ch.hpz, ch.qgz, 0),
+               ch.accum, ch.ms, ch.total / (ch.ms / 1e3), ch.need / (1024.0 * 1024.0), 100 * PLAN_HEADROOM,
+               o->memory_budget, LEVEL_NAMES[0], ch.sent[0], LEVEL_NAMES[1], ch.sent[1]);
+        o->batch_size = ch.B; /* as if given as flags (zeropp_init reads the ZeRO++ ones next, train_gpt.c's main) */
         o->total_batch_size = (int)ch.total;
-        o->zero = d->zero = ch.zero;
+        if (d->world > 1) {
+            o->zero = d->zero = ch.zero;
+            o->qwz = ch.qwz, o->hpz = ch.hpz, o->qgz = ch.qgz;
+            if (!o->qgz) o->qgz_feedback = 0;
+        }
     }
     if (o->snapshot_auto) {
         long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * d->world;
         int accum = (int)(total / ((long long)o->batch_size * o->seq_len * d->world));
-        StepTime st = runtime_step(&cal, &c, o->batch_size, o->seq_len, accum < 1 ? 1 : accum, d->world, o->zero,
-                                   o->overlap);
+        CommKnobs ck = plan_comm_knobs(o, d, o->zero, o->qwz, o->hpz, o->qgz);
+        StepTime st = runtime_step(&cal, &c, o->batch_size, o->seq_len, accum < 1 ? 1 : accum, &ck);
         double snap = runtime_snapshot_ms(&cal, &c, d->world, o->zero), interval = 0.0;
         int every = young_daly_steps(snap, o->mtbf, st.step, &interval);
         every = (int)dist_sum(d, d->rank == 0 ? every : 0); /* rank 0's figure, for all */

@@ -10,7 +10,7 @@
  * The model of one optimizer step, per rank (B, T, accum micro-batches,
  * W ranks, N = B*T rows):
  *   t_step = accum * (t_gemm + t_attention + t_elementwise + t_softmax
- *                     + t_zero2) + t_optimizer + t_comm
+ *                     + t_zero2) + t_optimizer + t_quant + t_comm
  *   t_gemm      = sum over the five weight shapes (K, OC) of the layers'
  *                 qkv (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C),
  *                 L calls each, and the classifier (C, Vp), once, of
@@ -33,8 +33,16 @@
  *                 bandwidth those same kernels reach at the model's C.
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
- *   t_zero2     = ZeRO-2: each layer's bucket zeroed before backward
+ *   t_zero2     = ZeRO-2 and 3: each layer's bucket zeroed before backward
  *                 writes it, the owned part added into the shard.
+ *   t_quant     = ZeRO++ (gptc/zeropp.h): the elements each rank
+ *                 quantises and dequantises per step (qwZ: its piece of
+ *                 every gathered range, then the whole range; qgZ: the
+ *                 pieces it sends at each hop, then what it receives), the
+ *                 ranks' mean, each at gptc/quant.h's measured ns per
+ *                 element (quant_slot_encode / quant_slot_decode over 2^18
+ *                 floats in blocks of 256, INT8 and INT4; qgZ's adding
+ *                 decode taken at the plain decode's rate).
  *   t_optimizer = per float, measured alone over 2^21 floats (past the
  *                 caches): zeroing the gradient buffer (gpt2_zero_grad),
  *                 the shard (ZeRO), the norm and the clip's scaling over
@@ -59,9 +67,44 @@
  *                 the transfer): one a step (the loss's sum), ZeRO-1 with
  *                 overlap L more (each layer's hook waits for the layer
  *                 two behind), ZeRO-2 accum * L more (a bucket's wait).
+ *                 ZeRO-3 (one node): every micro-batch 2 + 24 L gathers (the
+ *                 head's two ranges, each layer's 12 slices in forward and
+ *                 again in backward, an MPI_Iallgatherv each) of head + 2 L
+ *                 layer floats at the all-gather rate, the layers'
+ *                 reductions as ZeRO-2's (an MPI_Ireduce per owner piece,
+ *                 counted exactly), the head's once a step; 3 L + 1
+ *                 meetings a micro-batch (each layer's gathers and bucket,
+ *                 the head's gather).
  *                 On a shared machine the faster rank waits for the slower
  *                 one there, spinning on its core; measured 0-300 ms a
  *                 meeting at load averages of 6-13 on 2 cores.
+ *   t_comm by level, when there are several nodes (--topology NxK or the
+ *                 nodes MPI sees), --hierarchical 1, ZeRO++, or --link-gbs:
+ *                 runtime_traffic walks the step's collectives as the
+ *                 trainer issues them (plain allreduce flat or by level,
+ *                 ZeRO-1/2 reductions to the owners flat or by level and
+ *                 the all-gather, ZeRO-3's gathers (fp32, qwZ's slots, hpZ's
+ *                 node-local secondary after each step's first forward) and
+ *                 reductions (fp32 or qgZ's two hops)) for every rank, and
+ *                 counts the bytes each sends at each level exactly as
+ *                 gptc/zero3.h's and gptc/zeropp.h's counters do (--plan
+ *                 prints them; scripts/test_plan.sh compares them with
+ *                 --comm-levels 1's counts, to the byte) and the
+ *                 collectives or exchanges it takes part in per level (a
+ *                 world collective pays the latency of the slowest level);
+ *                 per level: the ranks' mean messages x that level's
+ *                 latency + their mean bytes / that level's link rate,
+ *                 summed over the levels (on a CPU the levels' transfers
+ *                 do not overlap each other: every exchange blocks or is
+ *                 waited for in turn), plus the two sums (dist_sum). The
+ *                 links (calib_levels): with several nodes, a ping on each
+ *                 level's communicator at every start (latency: the
+ *                 fastest of 21 one-float allreduces; rate: MPI_Allgather of
+ *                 2^18 floats, in bytes each rank sends); with --topology
+ *                 on one machine both levels are the same shared memory, so
+ *                 both measure the same link. --link-gbs INTRA,INTER
+ *                 states the rates instead (latencies stay measured): how
+ *                 to plan for a cluster from one machine.
  * What --overlap hides: nothing, in this model. On a CPU the MPI transport
  * (shared memory within a node, the sums of the reductions) runs on the
  * same cores as backward, and Open MPI moves non-blocking collectives only
@@ -79,9 +122,9 @@
  *
  * Calibration runs in a child process (fork, before the parent starts any
  * OpenMP thread), so its buffers never count in the parent's peak memory
- * (the memory plan's VmHWM check); the MPI ping runs in every rank at once.
- * It is cached in a text file (the first line names the format, "gptc
- * calibration v2"): <--output-dir>/calibration.txt when there is one, else
+ * (the memory plan's VmHWM check); the MPI pings run in every rank at once.
+ * The compute is cached in a text file (the first line names the format,
+ * "gptc calibration v3": v2's numbers and the codec's four): <--output-dir>/calibration.txt when there is one, else
  * $XDG_CACHE_HOME/gptc/calibration.txt (~/.cache/...), one line per key:
  * CPU model, threads, ranks, the binary (its size and mtime), and the shape
  * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
@@ -93,8 +136,14 @@
  * load 3) the GEMMs, the classifier, the elementwise kernels and the
  * cross-entropy were within 7.5% for L=4 C=128.
  *
- * Included by train_gpt.c in section 8, before gptc/plan.h. Defines:
- * Calibration, StepTime, calibration_get, calibration_print, runtime_step,
+ * scripts/runtime_closed_form.py recomputes this model independently from
+ * a planted calibration (scripts/test_plan.sh; GPTC_INJECT_RUNTIME_ERROR
+ * plants a wrong coefficient it must catch).
+ *
+ * Included by train_gpt.c in section 8, before gptc/plan.h (after
+ * gptc/zero3.h and gptc/zeropp.h: Levels, levels_piece, gptc/quant.h).
+ * Defines: Calibration, StepTime, CommKnobs, comm_knobs_flat, LevelTraffic,
+ * runtime_traffic, calibration_get, calibration_print, runtime_step,
  * runtime_snapshot_ms, young_daly_steps.
  */
 #ifndef GPTC_RUNTIME_H
@@ -105,7 +154,7 @@
 
 #define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
 #define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
-#define CALIB_FORMAT "gptc calibration v2"
+#define CALIB_FORMAT "gptc calibration v3"
 
 /* The five weight shapes of the model's GEMMs, (K, OC): the layers' qkv
  * (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C), and the classifier
@@ -133,6 +182,10 @@ typedef struct {
     double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
     double sync_ms;                   /* a meeting of the ranks amid compute, beyond the transfer, now (calib_sync) */
+    double quant_ns[2][2];            /* gptc/quant.h per element: [0] quant_slot_encode, [1] quant_slot_decode; INT8, INT4 */
+    double level_alpha_us[NUM_LEVELS]; /* per level (intra-node, inter-node): latency of its communicator (fastest) */
+    double level_gbs[NUM_LEVELS];     /* and its link rate: GB/s a rank sends (gptc/zero3.h's counting); 0 = none */
+    int level_stated;                 /* --link-gbs gave level_gbs (else measured at this start) */
     double ms;                        /* how long the measurement took */
     double share;                     /* the share of the calibrated speed this process gets now (every start) */
     int cached;                       /* read from the cache file */
@@ -309,6 +362,19 @@ static void calib_compute(Calibration* cal) {
     CALIB_TIME(ms, memset(g, 0, P * sizeof(float)));
     cal->zero_ns = ms * 1e6 / P;
     free(model.params_memory); free(g); free(m); free(v);
+    /* ZeRO++'s codec (gptc/quant.h) over 2^18 floats in blocks of 256 (the default --quant-block): quantising
+     * into a slot and dequantising it, INT8 and INT4, ns per element */
+    size_t nq = (size_t)1 << 18;
+    float* xq = calib_floats(nq, 0.05f);
+    uint8_t* slot = (uint8_t*)xmalloc(quant_slot_bytes(nq, 8, 256));
+    for (int b = 0; b < 2; b++) {
+        int bits = b ? 4 : 8;
+        CALIB_TIME(ms, quant_slot_encode(xq, NULL, nq, bits, 256, slot));
+        cal->quant_ns[0][b] = ms * 1e6 / (double)nq;
+        CALIB_TIME(ms, quant_slot_decode(slot, nq, bits, 256, xq, 0));
+        cal->quant_ns[1][b] = ms * 1e6 / (double)nq;
+    }
+    free(xq); free(slot);
     cal->ms = time_ms() - t0;
 }
 
@@ -424,6 +490,63 @@ static void calib_network(Calibration* cal, const Dist* d) {
 #endif
 }
 
+/* The links of the levels (gptc/zero3.h's Levels), every rank at once, at
+ * every start: with several nodes, on each level's communicator (intra,
+ * then inter) the latency (the fastest of 21 allreduces of one float) and
+ * the rate (the fastest of 5 MPI_Allgather of 2^18 floats in all) in the
+ * bytes each rank sends as gptc/zero3.h counts them ((k - 1) x its part, k
+ * ranks in the communicator). With --topology on one machine every level
+ * is the same shared memory: it measures the same link twice, and says so.
+ * On one node the inter level is none and the intra one is the world's
+ * all-gather (calib_network's, in sent bytes). `stated` (--link-gbs, NULL
+ * when not given): GB/s intra, inter, over the measured rates. */
+static void calib_levels(Calibration* cal, const Dist* d, const double* stated) {
+    memset(cal->level_alpha_us, 0, sizeof(cal->level_alpha_us));
+    memset(cal->level_gbs, 0, sizeof(cal->level_gbs));
+    cal->level_stated = stated != NULL;
+#ifdef USE_MPI
+    const Levels* lv = d->lv;
+    if (d->world > 1 && lv && lv->nodes > 1 && lv->per_node > 0) {
+        MPI_Comm comms[NUM_LEVELS] = {lv->intra, lv->inter};
+        for (int e = 0; e < NUM_LEVELS; e++) {
+            int k = 1;
+            MPI_CHECK(MPI_Comm_size(comms[e], &k));
+            if (k < 2) continue; /* (a level of one rank a group carries nothing) */
+            double alpha = 1e30, ms = 1e30;
+            float one = 1.0f;
+            MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+            for (int i = 0; i < 21; i++) {
+                double t0 = time_ms();
+                MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_FLOAT, MPI_SUM, comms[e]));
+                alpha = fmin(alpha, time_ms() - t0);
+            }
+            int part = (1 << 18) / k;
+            float* buf = calib_floats((size_t)part, 1.0f);
+            float* all = calib_floats((size_t)part * (size_t)k, 0.0f);
+            MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, comms[e])); /* warm-up */
+            CALIB_TIME3(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, comms[e])));
+            free(buf);
+            free(all);
+            cal->level_alpha_us[e] = alpha * 1e3;
+            cal->level_gbs[e] = 4.0 * part * (k - 1) / (fmax(ms - alpha, 1e-3) * 1e6);
+        }
+        for (int e = 0; e < NUM_LEVELS; e++) { /* rank 0's figures, for all */
+            cal->level_alpha_us[e] = dist_sum(d, d->rank == 0 ? cal->level_alpha_us[e] : 0.0);
+            cal->level_gbs[e] = dist_sum(d, d->rank == 0 ? cal->level_gbs[e] : 0.0);
+        }
+    } else if (d->world > 1) {
+        cal->level_alpha_us[LEVEL_INTRA] = cal->net_alpha_us;
+        cal->level_gbs[LEVEL_INTRA] = cal->gather_gbs * (d->world - 1) / d->world;
+    }
+#endif
+    if (stated)
+        for (int e = 0; e < NUM_LEVELS; e++) {
+            cal->level_gbs[e] = stated[e];
+            if (cal->level_alpha_us[e] <= 0) cal->level_alpha_us[e] = cal->net_alpha_us; /* (a level not measured) */
+        }
+    (void)d;
+}
+
 /* calib_compute in a child process: its buffers and threads stay out of
  * this process's peak memory. 0, or -1 (then measured here instead). */
 static int calib_compute_forked(Calibration* cal) {
@@ -495,7 +618,7 @@ static void calib_path(Calibration* cal, const char* output_dir) {
 }
 
 /* The cached numbers, in the file's order (the header line names them). */
-#define CALIB_NUMBERS (2 + 4 * NUM_SHAPES + 9)
+#define CALIB_NUMBERS (2 + 4 * NUM_SHAPES + 13)
 static void calib_numbers(Calibration* cal, double* v[CALIB_NUMBERS]) {
     int n = 0;
     v[n++] = &cal->rows[0];
@@ -513,6 +636,8 @@ static void calib_numbers(Calibration* cal, double* v[CALIB_NUMBERS]) {
     v[n++] = &cal->adamw_ns;
     v[n++] = &cal->adamw_gbs;
     v[n++] = &cal->share_gflops;
+    for (int e = 0; e < 2; e++)
+        for (int b = 0; b < 2; b++) v[n++] = &cal->quant_ns[e][b];
     v[n++] = &cal->ms;
     ALWAYS(n == CALIB_NUMBERS);
 }
@@ -572,7 +697,8 @@ static void calib_save(const Calibration* cal) {
     }
     if (fresh) fprintf(f, "%s: key|rows(2), per GEMM shape (qkv attproj fc fcproj classifier) forward then backward: "
                        "fixed ms, ms per row; attention ms per sequence, elementwise GB/s, cross-entropy GB/s, "
-                       "zero/norm/AdamW ns per float, AdamW GB/s, fc GFLOP/s, ms\n", CALIB_FORMAT);
+                       "zero/norm/AdamW ns per float, AdamW GB/s, fc GFLOP/s, quantise INT8/INT4 and dequantise INT8/INT4 ns per "
+                       "element, ms\n", CALIB_FORMAT);
     double* v[CALIB_NUMBERS];
     calib_numbers((Calibration*)cal, v);
     fprintf(f, "%s|", cal->key);
@@ -594,12 +720,9 @@ static void calibration_print(const Calibration* cal) {
                4.0 * N * K * OC / (bw * 1e6), cal->gemm_fixed[0][s], cal->gemm_fixed[1][s]);
     }
     printf("; attention %.2f ms per sequence (T=%d); LayerNorm/GELU/residual %.1f GB/s; cross-entropy %.1f GB/s; "
-           "zero/norm/AdamW %.2f/%.2f/%.2f ns per float", cal->attn_ms, cal->Tc, cal->elem_gbs, cal->ce_gbs,
-           cal->zero_ns, cal->norm_ns, cal->adamw_ns);
-    if (cal->net_gbs > 0)
-        printf("; MPI latency %.1f us (fastest; median now %.1f us), allreduce %.2f GB/s, reduce %.2f GB/s, "
-               "allgather %.2f GB/s, a meeting of the ranks amid compute now %.2f ms", cal->net_alpha_us, cal->net_alpha_now_us,
-               cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms);
+           "zero/norm/AdamW %.2f/%.2f/%.2f ns per float; quantise INT8/INT4 %.2f/%.2f, dequantise %.2f/%.2f ns per "
+           "element", cal->attn_ms, cal->Tc, cal->elem_gbs, cal->ce_gbs, cal->zero_ns, cal->norm_ns, cal->adamw_ns,
+           cal->quant_ns[0][0], cal->quant_ns[0][1], cal->quant_ns[1][0], cal->quant_ns[1][1]);
     double load[3] = {0, 0, 0};
     FILE* f = fopen("/proc/loadavg", "r");
     if (f) {
@@ -607,6 +730,17 @@ static void calibration_print(const Calibration* cal) {
         fclose(f);
     }
     printf("; speed now %.2f of it (load average %.2f; the computation's time is divided by it)\n", cal->share, load[0]);
+    if (cal->net_gbs > 0) /* (every digit: scripts/test_plan.sh recomputes the model from these) */
+        printf("network (measured at this start): MPI latency %.6g us (fastest; median now %.6g us), allreduce %.6g "
+               "GB/s, reduce %.6g GB/s, allgather %.6g GB/s, a meeting of the ranks amid compute now %.6g ms\n",
+               cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms);
+    if (cal->level_gbs[LEVEL_INTRA] > 0 || cal->level_gbs[LEVEL_INTER] > 0) {
+        printf("links (%s):", cal->level_stated ? "rates stated by --link-gbs, latencies measured" : "measured at this start");
+        for (int e = 0; e < NUM_LEVELS; e++)
+            if (cal->level_gbs[e] > 0) printf(" %s %.6g us %.6g GB/s sent a rank%s", LEVEL_NAMES[e], cal->level_alpha_us[e],
+                                              cal->level_gbs[e], e + 1 < NUM_LEVELS && cal->level_gbs[e + 1] > 0 ? ";" : "");
+        printf("\n");
+    }
 }
 
 /* How much of the calibrated speed this process gets now, on a machine
@@ -648,7 +782,8 @@ static double calib_share(const Calibration* cal) {
  * the cache, or measured (every rank takes part: the ping, and the compute
  * measured on every rank at once, as the ranks will run). Rank 0's figures
  * are the ones that count (it plans). */
-static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const char* output_dir, const Dist* d) {
+static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const char* output_dir, const Dist* d,
+                            const char* link_gbs) {
     memset(cal, 0, sizeof(*cal));
     cal->C = c->channels;
     cal->NH = c->num_heads;
@@ -666,6 +801,8 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         if (d->rank == 0) calib_save(cal);
     }
     calib_network(cal, d);
+    double stated[NUM_LEVELS];
+    calib_levels(cal, d, link_gbs && link_gbs[0] && link_rates_parse(link_gbs, stated) ? stated : NULL);
     cal->share = dist_sum(d, calib_share(cal)) / d->world; /* all at once; their mean */
 }
 
@@ -674,11 +811,229 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
 typedef struct {
     double gemm, attention, elementwise, softmax; /* per micro-batch, ms */
     double weights;                               /* of gemm: the fixed part (packing the weights, their gradients) */
-    double zero_buffers;                          /* per micro-batch, ms: ZeRO-2's bucket zeroing and sums into the shard */
+    double zero_buffers;                          /* per micro-batch, ms: ZeRO-2/3's bucket zeroing and sums into the shard */
+    double quant;                                 /* per step, ms: ZeRO++'s quantising and dequantising */
     double optimizer, comm;                       /* per step, ms */
     double idle;                                  /* ms, with a whole core per thread */
     double step;                                  /* ms, at the speed measured now (share) */
+    double sent[NUM_LEVELS];                      /* bytes sent per step by level, summed over the ranks */
+    int by_level;                                 /* 1: t_comm from the levels' links (header) */
 } StepTime;
+
+/* How the ranks share the work: what runtime_step needs beyond B, T, accum. */
+typedef struct {
+    int world, zero, overlap;  /* ranks, --zero, --overlap */
+    int nodes, per_node;       /* the levels: N nodes of K ranks (rank r on node r / K); 1 x W: one node */
+    int hierarchical;          /* --hierarchical as resolved (gptc/zero3.h) */
+    int qwz, qgz, hpz, block;  /* ZeRO++ on --zero 3 (gptc/zeropp.h); block: --quant-block */
+} CommKnobs;
+
+static CommKnobs comm_knobs_flat(int world, int zero, int overlap) {
+    CommKnobs k;
+    memset(&k, 0, sizeof(k));
+    k.world = world, k.zero = zero, k.overlap = overlap;
+    k.nodes = 1, k.per_node = world, k.block = 256;
+    return k;
+}
+
+/* A step's traffic, summed over the ranks, as the trainer's collectives
+ * send it and gptc/zero3.h / gptc/zeropp.h count it (runtime_traffic). */
+typedef struct {
+    double sent[NUM_LEVELS];     /* bytes sent per level (the --comm-levels 1 counters) */
+    double bwd[NUM_LEVELS];      /* of which backward's weight gathers (ZeRO-3) */
+    double messages[NUM_LEVELS]; /* collectives or pairwise exchanges each rank takes part in, per level */
+    double quant[2][2];          /* elements quantised [0] and dequantised [1]; INT8 [.][0], INT4 [.][1] */
+    int backward;                /* (the walk is in backward's gathers) */
+} LevelTraffic;
+
+/* The level a world collective's latency is paid at: its slowest link. */
+static int traffic_world_level(const CommKnobs* k) { return k->nodes > 1 ? LEVEL_INTER : LEVEL_INTRA; }
+static int traffic_level(const CommKnobs* k, int r, int q) {
+    return r / k->per_node == q / k->per_node ? LEVEL_INTRA : LEVEL_INTER;
+}
+static void traffic_add(LevelTraffic* t, int e, double bytes) {
+    t->sent[e] += bytes;
+    if (t->backward) t->bwd[e] += bytes;
+}
+
+/* levels_count's direct algorithm: rank r sends each other rank its piece
+ * of [a, a + n) (scatter) and/or its own piece (gather). */
+static void traffic_flat(const CommKnobs* k, int r, LevelTraffic* t, size_t a, size_t n, size_t piece, int scatter,
+                         int gather) {
+    size_t mine = levels_piece(a, n, piece, r);
+    for (int q = 0; q < k->world; q++)
+        if (q != r) traffic_add(t, traffic_level(k, r, q), 4.0 * (double)((scatter ? levels_piece(a, n, piece, q) : 0) +
+                                                                         (gather ? mine : 0)));
+}
+
+/* ZeRO-3's gather of [a, a + n) by rank r (zero3_gather_start, zeropp_gather): from hpZ's secondary (`secondary`:
+ * inside a step, after its first forward), qwZ's slots, or fp32 from every rank (one MPI_Iallgatherv). */
+static void traffic_gather(const CommKnobs* k, const Dist* d, int r, LevelTraffic* t, size_t a, size_t n,
+                           int secondary) {
+    int N = k->nodes, K = k->per_node, j0 = r % K, b = k->qwz == 4;
+    if (k->hpz && secondary) {
+        if (K < 2) return; /* (one rank a node: its secondary is every weight) */
+        traffic_add(t, LEVEL_INTRA, 4.0 * (K - 1) * (double)levels_piece(a, n, (size_t)N * d->shard, j0));
+        t->messages[LEVEL_INTRA] += 1;
+    } else if (k->qwz) { /* its slot to the N - 1 ranks of its index, then its index's N slots inside the node */
+        double bundle = 0.0;
+        for (int p = 0; p < N; p++) bundle += (double)quant_slot_bytes(levels_piece(a, n, d->shard, p * K + j0), k->qwz, k->block);
+        traffic_add(t, LEVEL_INTER, (N - 1) * (double)quant_slot_bytes(levels_piece(a, n, d->shard, r), k->qwz, k->block));
+        traffic_add(t, LEVEL_INTRA, (K - 1) * bundle);
+        t->messages[LEVEL_INTER] += N - 1;
+        t->messages[LEVEL_INTRA] += K - 1;
+        t->quant[0][b] += (double)levels_piece(a, n, d->shard, r);
+        t->quant[1][b] += (double)n; /* every slot dequantised, its own too */
+    } else {
+        traffic_flat(k, r, t, a, n, d->shard, 0, 1);
+        t->messages[traffic_world_level(k)] += 1;
+    }
+}
+
+/* A reduction of [a, a + n) to the shards' owners (dist_reduce_to_owners): qgZ by hops (zeropp_reduce), flat (an
+ * MPI_Ireduce per owner), or hierarchical (levels_reduce_to: inside the node, then across, per owner). */
+static void traffic_reduce(const CommKnobs* k, const Dist* d, int r, LevelTraffic* t, size_t a, size_t n) {
+    int N = k->nodes, K = k->per_node, j0 = r % K, p0 = r / K;
+    if (k->zero == 3 && k->qgz) {
+        int bits = k->qgz, b = bits == 4;
+        double own_index = 0.0; /* floats of the N pieces of this rank's local index */
+        for (int p = 0; p < N; p++) own_index += (double)levels_piece(a, n, d->shard, p * K + j0);
+        if (K > 1) { /* hop 0: every other index's pieces, quantised, as one bundle to that local rank */
+            for (int j = 0; j < K; j++)
+                for (int p = 0; p < N && j != j0; p++) {
+                    size_t c = levels_piece(a, n, d->shard, p * K + j);
+                    traffic_add(t, LEVEL_INTRA, (double)quant_slot_bytes(c, bits, k->block));
+                    t->quant[0][b] += (double)c;
+                }
+            t->messages[LEVEL_INTRA] += K - 1;
+            t->quant[1][b] += (K - 1) * own_index;
+        }
+        if (N > 1) { /* hop 1: each other node's partial sum, quantised once, to its owner */
+            for (int p = 0; p < N; p++) {
+                size_t c = levels_piece(a, n, d->shard, p * K + j0);
+                if (p == p0) continue;
+                traffic_add(t, LEVEL_INTER, (double)quant_slot_bytes(c, bits, k->block));
+                t->quant[0][b] += (double)c;
+            }
+            t->messages[LEVEL_INTER] += N - 1;
+            t->quant[1][b] += (N - 1) * (double)levels_piece(a, n, d->shard, r);
+        }
+        return;
+    }
+    if (!k->hierarchical) traffic_flat(k, r, t, a, n, d->shard, 1, 0);
+    for (size_t x = a, end = a + n; x < end;) { /* the owners' pieces */
+        int owner = (int)(x / d->shard);
+        size_t y = (size_t)(owner + 1) * d->shard < end ? (size_t)(owner + 1) * d->shard : end;
+        if (!k->hierarchical) {
+            t->messages[traffic_world_level(k)] += 1;
+        } else {
+            if (K > 1) t->messages[LEVEL_INTRA] += 1;
+            if (j0 != owner % K) traffic_add(t, LEVEL_INTRA, 4.0 * (double)(y - x));
+            if (j0 == owner % K && N > 1) {
+                t->messages[LEVEL_INTER] += 1;
+                if (p0 != owner / K) traffic_add(t, LEVEL_INTER, 4.0 * (double)(y - x));
+            }
+        }
+        x = y;
+    }
+}
+
+/* Plain data parallelism's allreduce of n floats (levels_allreduce): flat, or inside the node, across, inside. */
+static void traffic_allreduce(const CommKnobs* k, int r, LevelTraffic* t, size_t n) {
+    int N = k->nodes, K = k->per_node, j0 = r % K;
+    size_t W = (size_t)k->world;
+    if (!k->hierarchical) {
+        traffic_flat(k, r, t, 0, n, (n + W - 1) / W, 1, 1);
+        t->messages[traffic_world_level(k)] += 1;
+        return;
+    }
+    size_t s = (n + (size_t)K - 1) / (size_t)K, cj = levels_piece(0, n, s, j0);
+    for (int i = 0; i < K; i++) {
+        size_t c = levels_piece(0, n, s, i);
+        if (!c) continue;
+        t->messages[LEVEL_INTRA] += 1;
+        if (i != j0) traffic_add(t, LEVEL_INTRA, 4.0 * (double)c);
+    }
+    if (N > 1 && cj) {
+        size_t p = (cj + (size_t)N - 1) / (size_t)N, mine = levels_piece(0, cj, p, r / K);
+        traffic_add(t, LEVEL_INTER, 4.0 * (double)(cj - mine + mine * (size_t)(N - 1)));
+        t->messages[LEVEL_INTER] += 1;
+    }
+    traffic_add(t, LEVEL_INTRA, 4.0 * (double)(cj * (size_t)(K - 1)));
+    t->messages[LEVEL_INTRA] += 1;
+}
+
+/* One optimizer step's collectives, in the trainer's order (section 6 of
+ * train_gpt.c, gptc/zero3.h, gptc/zeropp.h), for every rank: the traffic
+ * summed over the ranks. */
+static LevelTraffic runtime_traffic(const CommKnobs* k, const GPT2Config* c, int accum) {
+    LevelTraffic t;
+    memset(&t, 0, sizeof(t));
+    if (k->world < 2) return t;
+    Dist d;
+    memset(&d, 0, sizeof(d));
+    d.world = k->world;
+    d.zero = k->zero;
+    dist_geometry(&d, c);
+    size_t sizes[NUM_PARAMETER_TENSORS], P = parameter_count(c), C = (size_t)c->channels, L = (size_t)c->num_layers;
+    size_t W = (size_t)k->world, embed;
+    parameter_sizes(sizes, c);
+    embed = sizes[0] + sizes[1];
+    for (int r = 0; r < k->world; r++) {
+        int layer_hooks = k->overlap && (k->zero || !k->hierarchical); /* dist_backward_begin */
+        if (k->zero == 0) {
+            if (layer_hooks) {
+                for (size_t l = 0; l < L; l++)
+                    for (int q = LAYER_TENSORS_BEGIN; q < LAYER_TENSORS_END; q++) {
+                        size_t n = sizes[q] / L;
+                        traffic_flat(k, r, &t, 0, n, (n + W - 1) / W, 1, 1);
+                        t.messages[traffic_world_level(k)] += 1;
+                    }
+                traffic_allreduce(k, r, &t, embed);
+                traffic_allreduce(k, r, &t, 2 * C);
+            } else {
+                traffic_allreduce(k, r, &t, P);
+            }
+            continue;
+        }
+        int micro = k->zero >= 2 ? accum : layer_hooks ? 1 : 0; /* micro-batches whose layers are reduced in backward */
+        for (int m = 0; m < micro; m++) {
+            if (k->zero == 3) { /* the forward's gathers: the head's two ranges, every layer; then backward's */
+                traffic_gather(k, &d, r, &t, 0, embed, m > 0);
+                traffic_gather(k, &d, r, &t, P - 2 * C, 2 * C, m > 0);
+                for (int pass = 0; pass < 2; pass++)
+                    for (size_t l = 0; l < L; l++)
+                        for (int q = LAYER_TENSORS_BEGIN; q < LAYER_TENSORS_END; q++) {
+                            t.backward = pass;
+                            traffic_gather(k, &d, r, &t, d.offsets[q] + l * (sizes[q] / L), sizes[q] / L, m > 0 || pass);
+                        }
+                t.backward = 0;
+            }
+            for (size_t l = 0; l < L; l++)
+                for (int q = LAYER_TENSORS_BEGIN; q < LAYER_TENSORS_END; q++)
+                    traffic_reduce(k, &d, r, &t, d.offsets[q] + l * (sizes[q] / L), sizes[q] / L);
+        }
+        if (micro > 0) { /* the head's gradients, once a step (dist_step) */
+            traffic_reduce(k, &d, r, &t, 0, embed);
+            traffic_reduce(k, &d, r, &t, P - 2 * C, 2 * C);
+        } else if (k->hierarchical) { /* ZeRO-1 after backward, by level */
+            traffic_reduce(k, &d, r, &t, 0, d.shard * W);
+        } else { /* ZeRO-1 after backward: one reduce-scatter */
+            traffic_flat(k, r, &t, 0, d.shard * W, d.shard, 1, 0);
+            t.messages[traffic_world_level(k)] += 1;
+        }
+        if (k->zero <= 2) { /* the updated weights to everyone (levels_allgather_params) */
+            traffic_flat(k, r, &t, 0, d.shard * W, d.shard, 0, 1);
+            t.messages[traffic_world_level(k)] += 1;
+        }
+    }
+    return t;
+}
+
+/* The owners a flat range [a, a + n) spans: the MPI_Ireduce calls of its reduction (flat). */
+static double runtime_owners(const Dist* d, size_t a, size_t n) {
+    return n ? (double)((a + n - 1) / d->shard - a / d->shard + 1) : 0.0;
+}
 
 /* ms of matmul_forward (pass 0) or matmul_backward (1) of weight shape s at N rows. */
 static double gemm_ms(const Calibration* cal, int pass, int s, double N) {
@@ -693,57 +1048,97 @@ static double comm_ms(const Calibration* cal, double messages, double bytes, dou
     return messages * (now ? cal->net_alpha_now_us : cal->net_alpha_us) * 1e-3 + bytes / (gbs * 1e6);
 }
 
-static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B, int T, int accum, int world,
-                             int zero, int overlap) {
+/* GPTC_INJECT_RUNTIME_ERROR=k plants a wrong coefficient that scripts/test_plan.sh's closed form must catch:
+ * 1, the inter-node link's bytes counted 25% high; 2, ZeRO-3's backward gathers left out of one level's time. */
+static int runtime_mutant(void) {
+    const char* v = getenv("GPTC_INJECT_RUNTIME_ERROR");
+    return v ? atoi(v) : 0;
+}
+
+static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B, int T, int accum, const CommKnobs* k) {
     StepTime s;
     memset(&s, 0, sizeof(s));
+    int world = k->world, zero = k->zero, overlap = k->overlap;
     double N = (double)B * T, C = c->channels, L = c->num_layers, Vp = c->padded_vocab_size;
     double P = (double)parameter_count(c);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    parameter_sizes(sizes, c);
     Dist d; /* the buffers this rank holds (rank 0: the first shard) */
     memset(&d, 0, sizeof(d));
     d.world = world;
     d.zero = zero;
     dist_geometry(&d, c);
-    for (int k = 0; k < NUM_SHAPES; k++) {
-        double calls = k == SHAPE_HEAD ? 1 : L;
-        s.gemm += calls * (gemm_ms(cal, 0, k, N) + gemm_ms(cal, 1, k, N));
-        s.weights += calls * (cal->gemm_fixed[0][k] + cal->gemm_fixed[1][k]);
+    for (int q = 0; q < NUM_SHAPES; q++) {
+        double calls = q == SHAPE_HEAD ? 1 : L;
+        s.gemm += calls * (gemm_ms(cal, 0, q, N) + gemm_ms(cal, 1, q, N));
+        s.weights += calls * (cal->gemm_fixed[0][q] + cal->gemm_fixed[1][q]);
     }
     double Tr = (double)T / cal->Tc; /* (T > 128: the T^2 work of longer sequences) */
     s.attention = B * L * cal->attn_ms * Tr * Tr;
     s.elementwise = ELEM_BYTES * C * N * L / (cal->elem_gbs * 1e6);
     s.softmax = CE_BYTES * N * Vp / (cal->ce_gbs * 1e6);
     double n = (double)(d.hi - d.lo); /* the parameters this rank updates */
-    if (zero == 2) /* each layer's bucket zeroed before backward writes it; the owned half added into the shard */
+    if (zero >= 2) /* each layer's bucket zeroed before backward writes it; the owned half added into the shard */
         s.zero_buffers = (L * d.layer_floats * cal->zero_ns + 2.0 * n * cal->zero_ns) * 1e-6;
     /* the optimizer: gpt2_zero_grad over the gradient buffer, the shard's zeroing (ZeRO), the norm, the clip's
      * scaling (a read and a write), AdamW */
     s.optimizer = ((double)d.grad_alloc * cal->zero_ns + (zero ? d.shard * cal->zero_ns : 0.0) +
                    n * (2.0 * cal->norm_ns + cal->zero_ns + cal->adamw_ns) +
                    (zero == 1 ? 2.0 * n * cal->zero_ns : 0.0)) * 1e-6;
+    LevelTraffic tr = runtime_traffic(k, c, accum);
+    int mutant = runtime_mutant();
+    for (int e = 0; e < NUM_LEVELS; e++) s.sent[e] = tr.sent[e];
+    for (int b = 0; b < 2; b++) /* ZeRO++'s codec, the ranks' mean */
+        s.quant += (tr.quant[0][b] * cal->quant_ns[0][b] + tr.quant[1][b] * cal->quant_ns[1][b]) / world * 1e-6;
+    s.by_level = world > 1 && (k->nodes > 1 || k->hierarchical || cal->level_stated || k->qwz || k->qgz || k->hpz) && cal->level_gbs[LEVEL_INTRA] + cal->level_gbs[LEVEL_INTER] > 0;
     double comm[2] = {0.0, 0.0}; /* [0] idle, [1] now */
     for (int now = 0; now < 2 && world > 1; now++) {
         double layer = (double)d.layer_floats, head = (double)d.head_floats, slices = 12 * L;
         double ar = cal->net_gbs, red = cal->reduce_gbs, ag = cal->gather_gbs;
-        if (zero == 0) {
+        if (s.by_level) { /* each level: the ranks' mean messages x its latency + mean bytes sent / its link */
+            for (int e = 0; e < NUM_LEVELS; e++) {
+                double bytes = tr.sent[e] * (mutant == 1 && e == LEVEL_INTER ? 1.25 : 1.0);
+                double alpha = cal->level_alpha_us[e] + (now ? cal->net_alpha_now_us - cal->net_alpha_us : 0.0);
+                if (cal->level_gbs[e] > 0)
+                    comm[now] += (tr.messages[e] * alpha * 1e-3 + bytes / (cal->level_gbs[e] * 1e6)) / world;
+            }
+            int w = traffic_world_level(k); /* the loss's and the norm's sums (dist_sum) */
+            comm[now] += 2.0 * (cal->level_alpha_us[w] + (now ? cal->net_alpha_now_us - cal->net_alpha_us : 0.0)) * 1e-3;
+        } else if (zero == 0) {
             comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
         } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward, then the all-gather */
             comm[now] = comm_ms(cal, 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
+        } else if (zero == 3) { /* every micro-batch: 2 + 24 L gathers (the head's two ranges, each layer's 12
+                                 * slices in forward and again in backward) of the floats every rank receives,
+                                 * the layers' reductions (an MPI_Ireduce per owner piece); the head's once */
+            double passes = mutant == 2 ? 1.0 : 2.0; /* (the mutant: backward's gathers left out) */
+            double gathers = 2.0 + 12.0 * passes * L, floats = head + passes * L * layer;
+            double layer_msgs = 0.0, head_msgs = runtime_owners(&d, 0, d.offsets[2]) +
+                                                 runtime_owners(&d, (size_t)(P - 2 * C), (size_t)(2 * C));
+            for (int q = LAYER_TENSORS_BEGIN; q < LAYER_TENSORS_END; q++)
+                for (int l = 0; l < (int)L; l++) {
+                    size_t per = sizes[q] / (size_t)L;
+                    layer_msgs += runtime_owners(&d, d.offsets[q] + (size_t)l * per, per);
+                }
+            comm[now] = accum * (comm_ms(cal, gathers, 4 * floats, ag, now) +
+                                 comm_ms(cal, layer_msgs, 4 * layer * L, red, now)) +
+                        comm_ms(cal, head_msgs, 4 * head, red, now);
         } else { /* each layer's 12 slices (13 messages: one is split between two owners), then the head's; the
                   * all-gather. ZeRO-1 with overlap reduces the layers once a step, ZeRO-2 every micro-batch */
             comm[now] = (zero == 2 ? accum : 1) * comm_ms(cal, 13 * L, 4 * layer * L, red, now) +
                         comm_ms(cal, 2, 4 * head, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
         }
-        comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
+        if (!s.by_level) comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
         /* the meetings with compute between them, each costing what calib_sync measured now (ranks slowed at
          * different moments wait for each other): every step's end (the loss's sum); ZeRO-1 with overlap, a
-         * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch. None on an
-         * idle machine. */
-        double meetings = 1.0 + (zero == 1 && overlap ? L : 0.0) + (zero == 2 ? accum * L : 0.0);
+         * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch; ZeRO-3 that
+         * and a wait for every layer's gather, forward and backward, and the head's. None on an idle machine. */
+        double meetings = 1.0 + (zero == 1 && overlap ? L : 0.0) + (zero == 2 ? accum * L : 0.0) +
+                          (zero == 3 ? accum * (3.0 * L + 1.0) : 0.0);
         if (now) comm[now] += meetings * cal->sync_ms;
     }
     s.comm = comm[1];
-    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.zero_buffers) + s.optimizer;
+    double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.zero_buffers) + s.optimizer + s.quant;
     s.idle = compute + comm[0];
     s.step = compute / (cal->share > 0.05 ? cal->share : 0.05) + comm[1]; /* the rates are a whole core's; we get this share now */
     return s;

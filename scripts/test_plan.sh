@@ -21,7 +21,15 @@
 #   - the calibration: measured (< 1 s) and written to the output dir's
 #     calibration.txt, then reused; another thread count is another key;
 #   - the runtime model's step time for every candidate equals its closed
-#     form computed independently in Python from a planted calibration;
+#     form computed independently in Python from a planted calibration
+#     (scripts/runtime_closed_form.py): 1 rank; 2 ranks, ZeRO 0-3; 2x2 with
+#     stated links, ZeRO 0-3 (hierarchical) and ZeRO++ by level (time and
+#     bytes per level);
+#     a planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) is caught;
+#   - only ZeRO-3 fits (2x2, 14.2 MB a rank): --plan chooses it and --auto 1
+#     trains with it (ledger == plan on 4 ranks); with --auto-quantise 1 and
+#     slow stated cross-node links (--link-gbs) ZeRO++ is chosen, and the
+#     bytes it sends per level each step equal the model's (--comm-levels 1);
 #   - --auto 1 trains with the choice (1 and 2 ranks), whose peak RSS stays
 #     under the budget; an impossible budget stops it with the clear error;
 #   - --snapshot-every auto sets the Young/Daly interval;
@@ -36,6 +44,8 @@
 # auto): 52 passed in 68-118 s at load averages of 5-7 on the 2 cores (the new
 # checks 15-30 s of it). With the closed-form check of the runtime model
 # (2026-12-01): 53 passed, at a load average of 10 (under nice 19).
+# With ZeRO-3/ZeRO++ in the planner (2026-12-01): 61 passed, 137 s at a load
+# average of 7-8 (the new checks 20 s of it, under nice 19).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
@@ -129,7 +139,7 @@ cmb=$(echo "$choice" | sed -n 's/.*peak \([0-9.]*\) MB per rank.*/\1/p')
     check ok "--memory-budget 12G for d12, T=1024: B=8 does not fit; the choice fits in 95% and has a predicted time" "$(echo "$choice" | cut -c9-200)" ||
     check FAIL "--plan with 12G" "status $rc: $(tail -3 "$dir/plan.out")"
 $MPIRUN -np 2 "$MPIBIN" --plan 1 --model d12 -t 1024 -b 8 -d 65536 --threads 1 --memory-budget 7700M > "$dir/plan.out" 2>&1
-[ $? -eq 0 ] && grep -q "^ *4 *8 *2 .* yes " "$dir/plan.out" && grep -q "^ *4 *8 *1 .* no " "$dir/plan.out" && grep -q "^choice: .* --zero [012] " "$dir/plan.out" &&
+[ $? -eq 0 ] && grep -q "^ *4 *8 *2 .* yes " "$dir/plan.out" && grep -q "^ *4 *8 *1 .* no " "$dir/plan.out" && grep -q "^choice: .* --zero [0-3] " "$dir/plan.out" &&
     check ok "2 ranks, 7700 MB each: only ZeRO-2 makes B=4 fit; a choice with its ZeRO stage" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" || check FAIL "--plan on 2 ranks" "$(tail -3 "$dir/plan.out")"
 
 # the calibration: measured and written once, then read from the cache (keyed by CPU, threads, ranks, build, shape)
@@ -142,7 +152,7 @@ line1=$(grep '^calibration (' "$dir/plan.out")
 rc2=$?
 line2=$(grep '^calibration (' "$dir/plan2.out")
 ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p')
-[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v2" "$dir/cal/calibration.txt" &&
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v3" "$dir/cal/calibration.txt" &&
     [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 1 ] && grep -q "^calibration (cached" <<< "$line2" &&
     check ok "calibration measured in $ms ms, written to the output dir's calibration.txt, then reused" "$(echo "$line2" | cut -c1-160)..." ||
     check FAIL "calibration cache" "status $rc1/$rc2: '$line1' then '$line2'"
@@ -150,44 +160,82 @@ ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p'
 [ $? -eq 0 ] && grep -q "^calibration (measured now" "$dir/plan.out" && [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 2 ] &&
     check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
 
-# the runtime model against its closed form, computed here independently: the cached calibration's numbers
-# replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward; attention per sequence;
-# the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float), then each candidate's idle ms/step
-# (1 rank: accum x (GEMMs + attention + elementwise + cross-entropy) + the optimizer) must be the formula's
-NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 12"
+# the runtime model against its closed form, computed independently (scripts/runtime_closed_form.py): the cached
+# calibration's numbers replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward;
+# attention per sequence; the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float; quantise and
+# dequantise ns per element, INT8 and INT4), then each candidate's idle ms/step must be the formula's: 1 rank;
+# 2 ranks on one node (ZeRO 0-3, the measured MPI latency and rates as printed); 4 ranks as 2 nodes of 2 with
+# stated link rates and ZeRO++'s candidates, hierarchical reduction (time, and bytes per level: ZeRO-3's from
+# scripts/zeropp_bytes.py, ZeRO 0-2's from gptc/zero3.h's header formulas). A planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) must be caught.
+NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 1.5 2.5 0.5 1.25 12"
+PLAN2="$CAL -d 128"
+PLAN4="$CAL -d 256 --topology 2x2 --auto-quantise 1 --link-gbs 10,0.005"
+$MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1 && $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1 # (their cache lines)
 sed -i "s/^\(cpu=.* threads=1 .*|\).*/\1$NUMS/" "$dir/cal/calibration.txt"
+closed() { # closed NP N K OUTPUT: the closed form's verdict on OUTPUT
+    local np=$1 nodes=$2 k=$3 out=$4
+    (cd scripts && $PY runtime_closed_form.py "$out" 2 32 2 32 256 16 2 $np $nodes $k 256 $NUMS)
+}
 "$BIN" $CAL > "$dir/plan.out" 2>&1
 rc=$?
-closed=$($PY - "$dir/plan.out" $NUMS <<'PY'
-import sys
-out, v = sys.argv[1], [float(x) for x in sys.argv[2:]]
-L, C, NH, maxT, V, T, S = 2, 32, 2, 32, 256, 16, 2          # the $CAL run: d2 $TINY -t 16 -b 2 (2 sequences a step)
-Vp = (V + 127) // 128 * 128
-P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
-fixed = [[v[2 + 10 * p + 2 * s] for s in range(5)] for p in range(2)]
-row = [[v[3 + 10 * p + 2 * s] for s in range(5)] for p in range(2)]
-attn, elem, ce, zero, norm, adamw = v[22:28]
-Tc = min(T, 128)
-bad, n = 0, 0
-for line in open(out):
-    f = line.split()
-    if len(f) == 9 and f[0].isdigit() and f[5] in ("yes", "no"):
-        B, accum, idle = int(f[0]), int(f[1]), float(f[8])
-        N = B * T
-        gemm = sum((1 if s == 4 else L) * (fixed[p][s] + row[p][s] * N) for s in range(5) for p in range(2))
-        micro = gemm + B * L * attn * (T / Tc) ** 2 + 152.0 * C * N * L / (elem * 1e6) + 28.0 * N * Vp / (ce * 1e6)
-        opt = (P * zero + P * (2 * norm + zero + adamw)) * 1e-6
-        want = accum * micro + opt
-        n += 1
-        if abs(idle - want) > 0.06:
-            bad += 1
-            print("B=%d: --plan says %.1f ms, the closed form %.3f" % (B, idle, want))
-print("candidates %d, wrong %d" % (n, bad))
-PY
-)
-[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 2, wrong 0" <<< "$closed" &&
-    check ok "the runtime model == its closed form (Python) for every candidate, from a planted calibration" "$closed" ||
-    check FAIL "runtime model vs its closed form" "status $rc: $closed"
+v=$(closed 1 1 1 "$dir/plan.out")
+[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 2, wrong 0" <<< "$v" &&
+    check ok "the runtime model == its closed form (Python) for every candidate, from a planted calibration: 1 rank" "$v" ||
+    check FAIL "runtime model vs its closed form, 1 rank" "status $rc: $v"
+$MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
+rc=$?
+v=$(closed 2 1 2 "$dir/plan.out")
+[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 12, wrong 0" <<< "$v" &&
+    check ok "... 2 ranks on one node: ZeRO 0, 1, 2 and 3 at B = 1, 2, 4" "$v" || check FAIL "runtime model vs its closed form, 2 ranks" "status $rc: $v"
+$MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1
+rc=$?
+v=$(closed 4 2 2 "$dir/plan.out")
+[ $rc -eq 0 ] && grep -q "^links (rates stated by --link-gbs" "$dir/plan.out" && grep -q "^candidates 21, wrong 0" <<< "$v" &&
+    grep -q "3+qwZ8+hpZ+qgZ4" "$dir/plan.out" &&
+    check ok "... 4 ranks as 2x2, --link-gbs 10,0.005, --auto-quantise 1: ZeRO 0-3 and ZeRO++ by level, hierarchical (time and bytes per level)" "$v" ||
+    check FAIL "runtime model vs its closed form, 2x2" "status $rc: $v"
+GPTC_INJECT_RUNTIME_ERROR=2 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
+v2=$(closed 2 1 2 "$dir/plan.out" | head -1)
+GPTC_INJECT_RUNTIME_ERROR=1 $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1
+v4=$(closed 4 2 2 "$dir/plan.out" | head -1)
+! grep -q "wrong 0" <<< "$v2" && ! grep -q "wrong 0" <<< "$v4" && [ -n "$v2" ] && [ -n "$v4" ] &&
+    check ok "the tester: a mutant coefficient is caught (ZeRO-3's backward gathers left out: $v2; inter-node bytes +25%: $v4)" ||
+    check FAIL "a mutant runtime coefficient not caught" "'$v2' / '$v4'"
+
+# only ZeRO-3 fits: 4 ranks as 2 nodes of 2, a 16-layer model whose weights dominate, a budget under ZeRO-2's need;
+# --plan chooses ZeRO 3 (no quantised candidate unless --auto-quantise 1), --auto 1 trains with it within the plan
+# (ledger == plan on every rank; peak RSS the plan's + Open MPI's own); with slow stated links across nodes and
+# --auto-quantise 1 the choice is ZeRO++ (qwZ + hpZ + qgZ INT4), and the bytes it sends per level each step are
+# exactly the predicted ones (--comm-levels 1)
+Z3="--model d16 --channels 64 --num-heads 2 --max-seq-len 32 --vocab-size 256 -i $dir/train.bin --threads 1 -t 32 -d 256 -x 2 --val-every 0 --sample-every 0 --topology 2x2 --memory-budget 14200000"
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 > "$dir/plan.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3" "$dir/plan.out" && grep -q "^ *1 *2 2 .* no " "$dir/plan.out" &&
+    ! grep -q "qwZ8" "$dir/plan.out" && grep -q "change the numerics: not candidates; --auto-quantise 1 allows them" "$dir/plan.out" &&
+    check ok "2x2, budget 14.2 MB: ZeRO-2 does not fit, the choice is ZeRO 3; no quantised candidate without --auto-quantise" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
+    check FAIL "2x2, only ZeRO-3 fits: --plan" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
+run 4 $Z3 --auto 1 --plan-check 1
+rc=$?
+line=$(grep -m1 "rank 0: ledger == plan" "$dir/run.out")
+hwm=$(echo "$line" | sed -n 's/.*(VmHWM) \([0-9]*\), predicted \([0-9]*\).*/\1 \2/p')
+ok=$(echo "$hwm" | awk -v a=$MPI_ALLOWANCE_MB '{ x = $1 - $2; print (x >= -0.03 * $2 && x <= a * 1048576 && $2 <= 0.95 * 14200000) ? "ok" : "FAIL" }')
+[ $rc -eq 0 ] && grep -q "^auto: --batch-size 1 --total-batch-size 256 --zero 3" "$dir/run.out" && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
+    grep -q "^step *2/2" "$dir/run.out" && [ "$ok" = ok ] &&
+    check ok "--auto 1 trains 2 steps with ZeRO 3 on 2x2: ledger == plan on 4 ranks, the predicted peak (the ledger's + GEMM buffers) <= 95% of the budget; peak RSS = that + Open MPI's own (< $MPI_ALLOWANCE_MB MB), over the budget by it" "$(echo "$line" | sed 's/.*peak RSS/peak RSS/')" ||
+    check FAIL "--auto 1 with ZeRO 3 on 2x2" "status $rc, '$hwm': $(grep -E 'error|auto:|plan check' "$dir/run.out" | head -3)"
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --auto-quantise 1 --link-gbs 10,0.005 > "$dir/plan.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/plan.out" && grep -q " 3+qwZ8+hpZ " "$dir/plan.out" &&
+    check ok "--auto-quantise 1 --link-gbs 10,0.005 (slow across nodes): ZeRO++'s candidates listed, qwZ + hpZ + qgZ INT4 chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" ||
+    check FAIL "ZeRO++ chosen under slow inter-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
+run 4 $Z3 --auto 1 --auto-quantise 1 --link-gbs 10,0.005 --comm-levels 1 --plan-check 1
+rc=$?
+want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
+got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
+[ $rc -eq 0 ] && grep -q "^auto: .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/run.out" && grep -q "^ZeRO++: weights gathered as INT8" "$dir/run.out" &&
+    [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
+    check ok "--auto 1 trains with ZeRO++ as if given the flags; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
+    check FAIL "--auto 1 with ZeRO++: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:' "$dir/run.out" | head -2)"
 
 # --auto 1: trains with the choice, which fits; its peak resident memory stays under the budget
 AUTO="--model d4 --channels 128 --num-heads 4 --max-seq-len 64 -t 64 -d 1024 -i $dir/big.bin --threads 1 -x 1 --val-every 0 --sample-every 0 --auto 1 --plan-check 1"
@@ -203,7 +251,7 @@ hwm=$(sed -n 's/.*peak RSS (VmHWM) \([0-9]*\),.*/\1/p' "$dir/run.out" | head -1)
 run 2 $AUTO --memory-budget 200M
 rc=$?
 autoline=$(grep '^auto: ' "$dir/run.out")
-[ $rc -eq 0 ] && grep -q "^auto: --batch-size [0-9]* --total-batch-size 1024 --zero [012] " <<< "$autoline" && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 2 ] &&
+[ $rc -eq 0 ] && grep -q "^auto: --batch-size [0-9]* --total-batch-size 1024 --zero [0-3] " <<< "$autoline" && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 2 ] &&
     check ok "--auto 1 on 2 ranks under 200 MB each: B and ZeRO chosen, both ranks train with them" "$(echo "$autoline" | cut -c7-90)..." ||
     check FAIL "--auto 1 on 2 ranks" "status $rc: $(grep -E 'error|auto|plan check' "$dir/run.out" | head -3)"
 run 1 $AUTO --memory-budget 50M
@@ -225,6 +273,9 @@ every=$(echo "$snapline" | sed -n 's/.*auto = \([0-9]*\) steps.*/\1/p')
 "$BIN" --plan 1 --model d12 --memory-budget lots > "$dir/plan.out" 2>&1
 [ $? -ne 0 ] && grep -q "memory-budget expects auto or a number" "$dir/plan.out" && check ok "--memory-budget lots is refused" ||
     check FAIL "--memory-budget lots" "$(tail -2 "$dir/plan.out")"
+"$BIN" --plan 1 --model d12 --link-gbs 5 > "$dir/plan.out" 2>&1
+[ $? -ne 0 ] && grep -q "link-gbs must be two rates in GB/s, INTRA,INTER" "$dir/plan.out" && check ok "--link-gbs 5 is refused" ||
+    check FAIL "--link-gbs 5" "$(tail -2 "$dir/plan.out")"
 
 # the tester: a planted wrong byte must be caught
 GPTC_INJECT_PLAN_ERROR=4 run 1 --model d2 $TINY -b 2 -t 16 --sample-every 0 --val-every 0 --plan-check 1

@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
         totals[r] = time_ms() - t0;
         for (int k = 0; k < PH_N; k++) samples[k * reps + r] = ph[k];
     }
-    StepTime st = runtime_step(&cal, &c, B, T, 1, 1, 0, 0);
+    CommKnobs one = comm_knobs_flat(1, 0, 0);
+    StepTime st = runtime_step(&cal, &c, B, T, 1, &one);
     /* the model's phases (one micro-batch + the optimizer), split as the replay is */
     double N = (double)B * T, lf = 0, lb = 0;
     for (int k = 0; k < SHAPE_HEAD; k++) {
