@@ -585,11 +585,17 @@ CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CHECK_CUDA_OUT = $(TEST_DIR)/check_cuda
 CHECK_CUDA_SM90 = train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu \
 	dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu $(CHECK_CUDA_LAB)
-CHECK_CUDA_SM80 = train_gpt.cu test_gpt.cu
-CHECK_CUDA_BUILDS = $(CHECK_CUDA_SM90:%.cu=$(CHECK_CUDA_OUT)/sm_90/%) $(CHECK_CUDA_SM80:%.cu=$(CHECK_CUDA_OUT)/sm_80/%)
+# train_gpt.cu twice, not four times: -DUSE_MPI changes host code only, so
+# the Ampere build with MPI covers Ampere's device code and the MPI host
+# code, and the Hopper build above the rest (without mpicc: Ampere without MPI)
+CHECK_CUDA_SM80 = test_gpt.cu
 ifneq ($(HAVE_MPICC),)
-CHECK_CUDA_BUILDS += $(CHECK_CUDA_OUT)/sm_90/train_gpt_cu_mpi $(CHECK_CUDA_OUT)/sm_80/train_gpt_cu_mpi
+CHECK_CUDA_MPI = $(CHECK_CUDA_OUT)/sm_80/train_gpt_cu_mpi
+else
+CHECK_CUDA_SM80 += train_gpt.cu
 endif
+CHECK_CUDA_BUILDS = $(CHECK_CUDA_SM90:%.cu=$(CHECK_CUDA_OUT)/sm_90/%) $(CHECK_CUDA_SM80:%.cu=$(CHECK_CUDA_OUT)/sm_80/%) \
+	$(CHECK_CUDA_MPI)
 $(CHECK_CUDA_OUT)/sm_90/%: %.cu FORCE
 	@mkdir -p $(@D) && echo "$(NVCC) -arch=sm_90 $<"
 	@$(NVCC) -arch=sm_90 $(CHECK_CUDA_FLAGS) -o $(if $(filter test_gpt,$*),$@,/dev/null) $< $(CUDA_LDLIBS)

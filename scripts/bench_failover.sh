@@ -2,7 +2,7 @@
 # bench_failover.sh — `make bench-failover`: what protecting a run costs, and
 # what a crash costs, on this machine.
 #
-#   scripts/bench_failover.sh [--gpt2] [--steps N] [--kills K]
+#   scripts/bench_failover.sh [--gpt2] [--steps N] [--kills K] [--save-every S]
 #       --gpt2      GPT-2 124M (d12, as the README's figures; much longer
 #                   here: a state and model file are 2 GB, ~9 s to write).
 #                   Default: a small GPT (d4, C=256, 16M parameters, 260 MB
@@ -10,6 +10,10 @@
 #                   in the environment picks any other.
 #       --steps N   steps per run in part 1 (default 12)
 #       --kills K   kills per recovery source in part 2 (default 3)
+#       --save-every S  part 2's disk saves (default 5; 20 with --gpt2:
+#                   a 2 GB save takes ~5 s on this disk, about 4 steps, so
+#                   every 5 keeps the disk writing all the time and every
+#                   step, the first resumed one too, 3x slower)
 #       --sources "memory replica disk spare"  part 2's sources (default: all)
 #       --recovery-only  part 2 alone
 #
@@ -30,7 +34,7 @@
 #    costs), its overhead against the baseline, and the stall per snapshot
 #    the trainer measured (the time the step waited for the copy; the whole
 #    copy, and the write, when synchronous).
-# 2. Recovery. A run with memory snapshots every step and disk every 5 is
+# 2. Recovery. A run with memory snapshots every step and disk every S is
 #    killed (SIGKILL) K times per source, each time only once a complete
 #    state is on disk (its state_<step>.complete marker: a kill before that
 #    would leave no disk state to recover from) and the attempt before has
@@ -54,7 +58,8 @@
 #    completed step, split into launch (to main), model (built, data opened,
 #    snapshot memory mapped), state load and the first step; and the steps
 #    lost (the last completed step before the kill minus the step resumed
-#    from).
+#    from); beside the first step, "steady": the killed trainer's last 3
+#    steps' median (the same flags: what a step costs in this run anyway).
 # 3. Bytes written per save: one rank's state file against the full state
 #    (12 bytes per parameter), and the model file.
 set -eu
@@ -63,19 +68,22 @@ STEPS=12
 KILLS=3
 SOURCES=""
 RECOVERY_ONLY=0
+SAVE_EVERY=""
 MODEL=${MODEL:-"--model d4 --channels 256 --num-heads 4"}
 while [ $# -gt 0 ]; do
     case $1 in
-    --gpt2) MODEL="--model d12" ;;
+    --gpt2) MODEL="--model d12"; SAVE_EVERY=${SAVE_EVERY:-20} ;;
+    --save-every) SAVE_EVERY=$2; shift ;;
     --steps) STEPS=$2; shift ;;
     --kills) KILLS=$2; shift ;;
     --sources) SOURCES=$2; shift ;;
     --recovery-only) RECOVERY_ONLY=1 ;;
     [0-9]*) STEPS=$1 ;; # (the old form: steps per run)
-    *) echo "usage: $0 [--gpt2] [--steps N] [--kills K] [--sources 'memory replica disk spare'] [--recovery-only]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--gpt2] [--steps N] [--kills K] [--save-every S] [--sources 'memory replica disk spare'] [--recovery-only]" >&2; exit 2 ;;
     esac
     shift
 done
+SAVE_EVERY=${SAVE_EVERY:-5}
 BIN=./train_gpt
 BIN_MPI=./train_gpt_mpi
 PY=${PYTHON:-/usr/bin/python3}
@@ -138,7 +146,7 @@ echo " with the two baselines)"
 fi
 
 echo
-echo "2. recovery after SIGKILL (memory snapshots every step, disk every 5; median of $KILLS kills per source)"
+echo "2. recovery after SIGKILL (memory snapshots every step, disk every $SAVE_EVERY; median of $KILLS kills per source)"
 fadvise_dontneed() { # drop files from the page cache (they are fsync'd, so clean)
     $PY - "$@" <<'EOF'
 import os, sys
@@ -180,7 +188,7 @@ else echo "(no $BIN_MPI or mpirun: the replica source is left out; make train_gp
 : > "$dir/recovery.txt"
 for from in $sources; do
     run="$dir/rec_$from"
-    FLAGS="$COMMON --verbose 1 -x 100000 --snapshot-every 1 --save-every 5 --keep-last 2 -o $run --log-file $run.jsonl"
+    FLAGS="$COMMON --verbose 1 -x 100000 --snapshot-every 1 --save-every $SAVE_EVERY --keep-last 2 -o $run --log-file $run.jsonl"
     launch() { # the trainer (2 ranks for the replica), in the background: $live
         if [ $from = replica ]; then $MPIRUN -np 2 $BIN_MPI $FLAGS -b 2 --threads 1 --zero 1 "$@" > "$run.$k.out" 2>&1 &
         else $BIN $FLAGS "$@" > "$run.$k.out" 2>&1 & fi
