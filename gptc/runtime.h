@@ -64,9 +64,15 @@
  *                 add the ranks' meetings, each what calib_sync measured
  *                 at this start (a layer's MPI_Ireduce amid 2 ms of
  *                 compute, then MPI_Wait, against the compute alone, less
- *                 the transfer): one a step (the loss's sum), ZeRO-1 with
- *                 overlap L more (each layer's hook waits for the layer
- *                 two behind), ZeRO-2 accum * L more (a bucket's wait).
+ *                 the transfer): one a step (the loss's sum), ZeRO-1 and
+ *                 2 one more (the all-gather of the weights, after AdamW
+ *                 over the shard: blocking, and the ranks' AdamW and clip
+ *                 lengths differ by what each was given of its core; the
+ *                 reduce-scatter of ZeRO-1 without overlap follows the
+ *                 loss's sum with no compute between, so it is not one),
+ *                 ZeRO-1 with overlap L more (each layer's hook waits for
+ *                 the layer two behind), ZeRO-2 accum * L more (a bucket's
+ *                 wait).
  *                 ZeRO-3 (one node): every micro-batch 2 + 24 L gathers (the
  *                 head's two ranges, each layer's 12 slices in forward and
  *                 again in backward, an MPI_Iallgatherv each) of head + 2 L
@@ -155,6 +161,7 @@
 #define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
 #define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
 #define CALIB_FORMAT "gptc calibration v3"
+#define CALIB_SYNC_MS 2.0 /* the compute segment between calib_sync's meetings, ms now */
 
 /* The five weight shapes of the model's GEMMs, (K, OC): the layers' qkv
  * (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C), and the classifier
@@ -445,7 +452,7 @@ static double calib_sync(const Dist* d, int C, double reduce_gbs) {
     long reps = 16;
     sink += calib_spin(x, reps);
     double per = fmax(time_ms() - t0, 1e-3) / reps;
-    reps = (long)dist_sum(d, d->rank == 0 ? fmax(1.0, 2.0 / per) : 0.0); /* rank 0's count: the same work everywhere */
+    reps = (long)dist_sum(d, d->rank == 0 ? fmax(1.0, CALIB_SYNC_MS / per) : 0.0); /* rank 0's count: the same work everywhere */
     double alone = 0.0, with = 0.0;
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     for (int k = 0; k < 8; k++) {
@@ -1162,10 +1169,15 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
         }
         if (!s.by_level) comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
         /* the meetings with compute between them, each costing what calib_sync measured now (ranks slowed at
-         * different moments wait for each other): every step's end (the loss's sum); ZeRO-1 with overlap, a
+         * different moments wait for each other) after CALIB_SYNC_MS of compute, a shorter segment its part of
+         * that (the chance that a rank was set back in it): every step's end (the loss's sum); ZeRO-1 and 2 the
+         * all-gather after the clip and AdamW of the shard (a segment of s.optimizer); ZeRO-1 with overlap, a
          * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch; ZeRO-3 that
          * and a wait for every layer's gather, forward and backward, and the head's. None on an idle machine. */
-        double meetings = 1.0 + (zero == 1 && overlap ? L : 0.0) + (zero == 2 ? accum * L : 0.0) +
+        double shard_opt = s.optimizer / (cal->share > 0.05 ? cal->share : 0.05); /* AdamW's segment now, ms */
+        double meetings = 1.0 + (zero == 1 || zero == 2 ? fmin(1.0, shard_opt / CALIB_SYNC_MS) : 0.0) +
+                          (zero == 1 && overlap ? L : 0.0) +
+                          (zero == 2 ? accum * L : 0.0) +
                           (zero == 3 ? accum * (3.0 * L + 1.0) : 0.0);
         if (now) comm[now] += meetings * cal->sync_ms;
     }
