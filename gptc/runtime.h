@@ -118,7 +118,10 @@
  * way; overlap changes when, not how much. (A node whose NIC moves the
  * bytes would hide up to the backward's length: not modelled.)
  * On a shared machine the rates are a whole core's (the fastest of 3-5
- * runs: another job only slows a run down), and the step's computation is
+ * runs: another job only slows a run down; with one thread each run's CPU
+ * time, so a run descheduled for another job's slice still counts only its
+ * own work; the core's private caches evicted before each run, as the
+ * step's kernels find them), and the step's computation is
  * divided by the share of that speed the process gets now (calib_share:
  * the calibration's fc GEMM in five windows of 40 ms on every rank at
  * once, the median window's rate now over the cached one, the ranks' mean;
