@@ -191,6 +191,7 @@ typedef struct {
     double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
     double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
+    double rs_gbs, rs_floats;         /* MPI_Reduce_scatter_block of ZeRO-1's padded buffer (at most 2^21 floats): GB/s */
     double sync_ms;                   /* a meeting of the ranks amid compute, beyond the transfer, now (calib_sync) */
     double quant_ns[2][2];            /* gptc/quant.h per element: [0] quant_slot_encode, [1] quant_slot_decode; INT8, INT4 */
     double level_alpha_us[NUM_LEVELS]; /* per level (intra-node, inter-node): latency of its communicator (fastest) */
@@ -488,7 +489,7 @@ static double calib_sync(const Dist* d, int C, double reduce_gbs) {
  * depends on the load): alpha from 21 allreduces of one float,
  * rates from 5 each of MPI_Allreduce, MPI_Ireduce + MPI_Wait and MPI_Allgather of
  * 2^18 floats (1 MB); the fastest of each. */
-static void calib_network(Calibration* cal, const Dist* d) {
+static void calib_network(Calibration* cal, const Dist* d, size_t P) {
     cal->net_alpha_us = 0.0;
     cal->net_gbs = 0.0;
 #ifdef USE_MPI
@@ -527,6 +528,20 @@ static void calib_network(Calibration* cal, const Dist* d) {
     cal->gather_gbs = 4.0 * part * W / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     free(buf);
     free(all);
+    /* ZeRO-1 without overlap: one MPI_Reduce_scatter_block of the padded gradients, at their size (at most 2^21
+     * floats; beyond, its rate): Open MPI takes a temporary buffer of the whole size for it every call, fresh pages
+     * from the kernel (a fault each 4 KB), which the 1 MB ping above does not show at the size it has in the step:
+     * 2.7 MB took 8-9 ms there against 3 ms with malloc's mmap threshold raised (2 ranks, this machine) */
+    size_t per = (P + (size_t)d->world - 1) / (size_t)d->world, cap = ((size_t)1 << 21) / (size_t)d->world;
+    per = per < cap ? per : cap;
+    float* g = calib_floats(per * (size_t)d->world, 1.0f);
+    float* mine = calib_floats(per, 0.0f);
+    MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
+    CALIB_TIME3(ms, MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
+    cal->rs_floats = (double)per * d->world;
+    cal->rs_gbs = 4.0 * cal->rs_floats / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    free(g);
+    free(mine);
     cal->net_alpha_us = alpha_ms * 1e3;
     cal->sync_ms = calib_sync(d, cal->C, cal->reduce_gbs);
     /* every rank uses rank 0's figures (it plans) */
@@ -534,8 +549,10 @@ static void calib_network(Calibration* cal, const Dist* d) {
     cal->net_gbs = dist_sum(d, d->rank == 0 ? cal->net_gbs : 0.0);
     cal->reduce_gbs = dist_sum(d, d->rank == 0 ? cal->reduce_gbs : 0.0);
     cal->gather_gbs = dist_sum(d, d->rank == 0 ? cal->gather_gbs : 0.0);
+    cal->rs_gbs = dist_sum(d, d->rank == 0 ? cal->rs_gbs : 0.0);
 #else
     (void)d;
+    (void)P;
 #endif
 }
 
@@ -781,8 +798,10 @@ static void calibration_print(const Calibration* cal) {
     printf("; speed now %.2f of it (load average %.2f; the computation's time is divided by it)\n", cal->share, load[0]);
     if (cal->net_gbs > 0) /* (every digit: scripts/test_plan.sh recomputes the model from these) */
         printf("network (measured at this start): MPI latency %.6g us (fastest; median now %.6g us), allreduce %.6g "
-               "GB/s, reduce %.6g GB/s, allgather %.6g GB/s, a meeting of the ranks amid compute now %.6g ms\n",
-               cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms);
+               "GB/s, reduce %.6g GB/s, allgather %.6g GB/s, a meeting of the ranks amid compute now %.6g ms; "
+               "reduce-scatter %.6g GB/s (%.0f floats)\n",
+               cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms,
+               cal->rs_gbs, cal->rs_floats);
     if (cal->level_gbs[LEVEL_INTRA] > 0 || cal->level_gbs[LEVEL_INTER] > 0) {
         printf("links (%s):", cal->level_stated ? "rates stated by --link-gbs, latencies measured" : "measured at this start");
         for (int e = 0; e < NUM_LEVELS; e++)
@@ -849,7 +868,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         if (calib_compute_forked(cal) != 0) calib_compute(cal); /* (forked before this process's first OpenMP team) */
         if (d->rank == 0) calib_save(cal);
     }
-    calib_network(cal, d);
+    calib_network(cal, d, parameter_count(c));
     double stated[NUM_LEVELS];
     calib_levels(cal, d, link_gbs && link_gbs[0] && link_rates_parse(link_gbs, stated) ? stated : NULL);
     cal->share = dist_sum(d, calib_share(cal)) / d->world; /* all at once; their mean */
@@ -1155,8 +1174,9 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
             comm[now] += 2.0 * (cal->level_alpha_us[w] + (now ? cal->net_alpha_now_us - cal->net_alpha_us : 0.0)) * 1e-3;
         } else if (zero == 0) {
             comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
-        } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward, then the all-gather */
-            comm[now] = comm_ms(cal, 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
+        } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward (its own rate, measured at its
+                                             * size), then the all-gather */
+            comm[now] = comm_ms(cal, 1, 4 * P, cal->rs_gbs > 0 ? cal->rs_gbs : red, now) + comm_ms(cal, 1, 4 * P, ag, now);
         } else if (zero == 3) { /* every micro-batch: 2 + 24 L gathers (the head's two ranges, each layer's 12
                                  * slices in forward and again in backward) of the floats every rank receives,
                                  * the layers' reductions (an MPI_Ireduce per owner piece); the head's once */
