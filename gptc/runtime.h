@@ -56,7 +56,9 @@
  *                 rates of MPI_Allreduce, MPI_Ireduce and MPI_Allgather as
  *                 measured (bytes handed in per second): plain, an
  *                 allreduce of P; ZeRO-1, reduces to the owners and an
- *                 all-gather; ZeRO-2, every micro-batch
+ *                 all-gather (without overlap one MPI_Reduce_scatter_block
+ *                 of the padded P, at its own rate measured at that size,
+ *                 at most 2^21 floats); ZeRO-2, every micro-batch
  *                 reduces each layer's 12 slices to their owners, then an
  *                 all-gather. With --overlap the layers' collectives are
  *                 issued during backward, one per slice (12 L messages:
