@@ -56,7 +56,9 @@
  *                 rates of MPI_Allreduce, MPI_Ireduce and MPI_Allgather as
  *                 measured (bytes handed in per second): plain, an
  *                 allreduce of P; ZeRO-1, reduces to the owners and an
- *                 all-gather; ZeRO-2, every micro-batch
+ *                 all-gather (without overlap one MPI_Reduce_scatter_block
+ *                 of the padded P, at its own rate measured at that size,
+ *                 at most 2^21 floats); ZeRO-2, every micro-batch
  *                 reduces each layer's 12 slices to their owners, then an
  *                 all-gather. With --overlap the layers' collectives are
  *                 issued during backward, one per slice (12 L messages:
@@ -64,9 +66,15 @@
  *                 add the ranks' meetings, each what calib_sync measured
  *                 at this start (a layer's MPI_Ireduce amid 2 ms of
  *                 compute, then MPI_Wait, against the compute alone, less
- *                 the transfer): one a step (the loss's sum), ZeRO-1 with
- *                 overlap L more (each layer's hook waits for the layer
- *                 two behind), ZeRO-2 accum * L more (a bucket's wait).
+ *                 the transfer): one a step (the loss's sum), ZeRO-1 and
+ *                 2 one more (the all-gather of the weights, after AdamW
+ *                 over the shard: blocking, and the ranks' AdamW and clip
+ *                 lengths differ by what each was given of its core; the
+ *                 reduce-scatter of ZeRO-1 without overlap follows the
+ *                 loss's sum with no compute between, so it is not one),
+ *                 ZeRO-1 with overlap L more (each layer's hook waits for
+ *                 the layer two behind), ZeRO-2 accum * L more (a bucket's
+ *                 wait).
  *                 ZeRO-3 (one node): every micro-batch 2 + 24 L gathers (the
  *                 head's two ranges, each layer's 12 slices in forward and
  *                 again in backward, an MPI_Iallgatherv each) of head + 2 L
@@ -112,7 +120,10 @@
  * way; overlap changes when, not how much. (A node whose NIC moves the
  * bytes would hide up to the backward's length: not modelled.)
  * On a shared machine the rates are a whole core's (the fastest of 3-5
- * runs: another job only slows a run down), and the step's computation is
+ * runs: another job only slows a run down; with one thread each run's CPU
+ * time, so a run descheduled for another job's slice still counts only its
+ * own work; the core's private caches evicted before each run, as the
+ * step's kernels find them), and the step's computation is
  * divided by the share of that speed the process gets now (calib_share:
  * the calibration's fc GEMM in five windows of 40 ms on every rank at
  * once, the median window's rate now over the cached one, the ranks' mean;
@@ -155,6 +166,7 @@
 #define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
 #define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
 #define CALIB_FORMAT "gptc calibration v3"
+#define CALIB_SYNC_MS 2.0 /* the compute segment between calib_sync's meetings, ms now */
 
 /* The five weight shapes of the model's GEMMs, (K, OC): the layers' qkv
  * (C, 3C), attproj (C, C), fc (C, 4C), fcproj (4C, C), and the classifier
@@ -181,6 +193,7 @@ typedef struct {
     double net_alpha_us, net_gbs;     /* MPI_Allreduce: latency (the fastest call); GB/s handed in (W > 1) */
     double reduce_gbs, gather_gbs;    /* MPI_Ireduce to one root, MPI_Allgather: GB/s handed in / gathered */
     double net_alpha_now_us;          /* latency, the median call: the ranks' wait for each other now (load) */
+    double rs_gbs, rs_floats;         /* MPI_Reduce_scatter_block of ZeRO-1's padded buffer (at most 2^21 floats): GB/s */
     double sync_ms;                   /* a meeting of the ranks amid compute, beyond the transfer, now (calib_sync) */
     double quant_ns[2][2];            /* gptc/quant.h per element: [0] quant_slot_encode, [1] quant_slot_decode; INT8, INT4 */
     double level_alpha_us[NUM_LEVELS]; /* per level (intra-node, inter-node): latency of its communicator (fastest) */
@@ -208,18 +221,47 @@ typedef struct {
             if (t_ < (out_ms)) (out_ms) = t_;                        \
         }                                                            \
     } while (0)
+/* The CPU time this process has had (ms): with one thread, a kernel's run
+ * less the slices the scheduler gave other jobs meanwhile. */
+static double calib_cpu_ms(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0.0;
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+/* Before each run of a compute kernel: the core's private caches filled
+ * with other data (a pass over 4 MB, 4 x this machine's L2 of 1 MB), as the
+ * step leaves them: there every kernel's weights and activations were last
+ * touched several kernels ago and come from L3 or memory; run after run on
+ * the same buffers, the calibration found them in L1/L2 and measured the
+ * layers' GEMMs 10-20% and attention 16-30% faster than the replayed step
+ * (dev/cpu/profile_plan, fastest of 9). */
+#define CALIB_JUNK_FLOATS ((size_t)1 << 20) /* 4 MB */
+static float* calib_junk = NULL;              /* (calib_compute's, while it runs) */
+static void calib_evict(void) {
+    if (!calib_junk) return;
+    for (size_t i = 0; i < CALIB_JUNK_FLOATS; i++) calib_junk[i] = (float)i;
+}
 /* The same for the compute kernels, within a time budget: at least three
  * runs, at most five, stopping once 40 ms went to this measurement (the
- * classifier's GEMMs of a GPT-2 vocabulary are tens of ms each). */
+ * classifier's GEMMs of a GPT-2 vocabulary are tens of ms each). With one
+ * thread a run counts its CPU time when that is less than its wall time: on
+ * the 2 shared cores a run of a few ms is often descheduled for another
+ * job's slice (4-10 ms), so even the fastest of 3-5 wall times could be 1.5-2
+ * x the kernel's (the classifier's 320-row GEMM at C=64: 7.5 ms instead of
+ * 4.1, seen at load 2.4; its two-point fit then fell back to all per row).
+ * Several threads: wall time (their CPU time also counts their waits). */
 #define CALIB_TIME(out_ms, body)                                     \
     do {                                                             \
         (out_ms) = 1e30;                                             \
         double spent_ = 0.0;                                         \
+        int cpu_ = num_threads() == 1;                               \
         for (int r_ = 0; r_ < 5 && (r_ < 3 || spent_ < 40.0); r_++) { \
-            double t0_ = time_ms();                                  \
+            calib_evict();                                           \
+            double t0_ = time_ms(), c0_ = cpu_ ? calib_cpu_ms() : 0.0; \
             body;                                                    \
             double t_ = time_ms() - t0_;                             \
             spent_ += t_;                                            \
+            if (cpu_) t_ = fmin(t_, calib_cpu_ms() - c0_);           \
             if (t_ < (out_ms)) (out_ms) = t_;                        \
         }                                                            \
     } while (0)
@@ -248,6 +290,7 @@ static void calib_gemm_rows(int C, int Vp, double rows[2]) {
 static void calib_compute(Calibration* cal) {
     double t0 = time_ms(), ms;
     int C = cal->C, NH = cal->NH, Vp = cal->Vp, T = cal->Tc;
+    calib_junk = xmalloc_floats(CALIB_JUNK_FLOATS);
     /* every GEMM shape, forward and backward, at two row counts: the time is
      * affine in the rows (the weight is packed once a call, each row adds the
      * same work), so two points give its fixed part and its part per row */
@@ -283,7 +326,14 @@ static void calib_compute(Calibration* cal) {
             cal->gemm_fixed[pass][s] = fixed;
             cal->gemm_row[pass][s] = per_row;
         }
-        if (s == SHAPE_FC) cal->share_gflops = 2.0 * Nmax * K * OC / (t[0][1] * 1e6);
+        if (s == SHAPE_FC) { /* calib_share's reference: the same GEMM back to back, its data in the caches, as
+                              * calib_share runs it */
+            float* junk = calib_junk;
+            calib_junk = NULL;
+            CALIB_TIME(ms, matmul_forward(out, inp, w, b, Nmax, K, OC));
+            calib_junk = junk;
+            cal->share_gflops = 2.0 * Nmax * K * OC / (ms * 1e6);
+        }
     }
     free(inp); free(w); free(bias); free(out); free(dinp); free(dw); free(db);
     /* attention over two sequences of Tc tokens (the second one's data
@@ -375,6 +425,8 @@ static void calib_compute(Calibration* cal) {
         cal->quant_ns[1][b] = ms * 1e6 / (double)nq;
     }
     free(xq); free(slot);
+    free(calib_junk);
+    calib_junk = NULL;
     cal->ms = time_ms() - t0;
 }
 
@@ -413,7 +465,7 @@ static double calib_sync(const Dist* d, int C, double reduce_gbs) {
     long reps = 16;
     sink += calib_spin(x, reps);
     double per = fmax(time_ms() - t0, 1e-3) / reps;
-    reps = (long)dist_sum(d, d->rank == 0 ? fmax(1.0, 2.0 / per) : 0.0); /* rank 0's count: the same work everywhere */
+    reps = (long)dist_sum(d, d->rank == 0 ? fmax(1.0, CALIB_SYNC_MS / per) : 0.0); /* rank 0's count: the same work everywhere */
     double alone = 0.0, with = 0.0;
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     for (int k = 0; k < 8; k++) {
@@ -439,7 +491,7 @@ static double calib_sync(const Dist* d, int C, double reduce_gbs) {
  * depends on the load): alpha from 21 allreduces of one float,
  * rates from 5 each of MPI_Allreduce, MPI_Ireduce + MPI_Wait and MPI_Allgather of
  * 2^18 floats (1 MB); the fastest of each. */
-static void calib_network(Calibration* cal, const Dist* d) {
+static void calib_network(Calibration* cal, const Dist* d, size_t P) {
     cal->net_alpha_us = 0.0;
     cal->net_gbs = 0.0;
 #ifdef USE_MPI
@@ -478,6 +530,20 @@ static void calib_network(Calibration* cal, const Dist* d) {
     cal->gather_gbs = 4.0 * part * W / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     free(buf);
     free(all);
+    /* ZeRO-1 without overlap: one MPI_Reduce_scatter_block of the padded gradients, at their size (at most 2^21
+     * floats; beyond, its rate): Open MPI takes a temporary buffer of the whole size for it every call, fresh pages
+     * from the kernel (a fault each 4 KB), which the 1 MB ping above does not show at the size it has in the step:
+     * 2.7 MB took 8-9 ms there against 3 ms with malloc's mmap threshold raised (2 ranks, this machine) */
+    size_t per = (P + (size_t)d->world - 1) / (size_t)d->world, cap = ((size_t)1 << 21) / (size_t)d->world;
+    per = per < cap ? per : cap;
+    float* g = calib_floats(per * (size_t)d->world, 1.0f);
+    float* mine = calib_floats(per, 0.0f);
+    MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
+    CALIB_TIME3(ms, MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
+    cal->rs_floats = (double)per * d->world;
+    cal->rs_gbs = 4.0 * cal->rs_floats / (fmax(ms - alpha_ms, 1e-3) * 1e6);
+    free(g);
+    free(mine);
     cal->net_alpha_us = alpha_ms * 1e3;
     cal->sync_ms = calib_sync(d, cal->C, cal->reduce_gbs);
     /* every rank uses rank 0's figures (it plans) */
@@ -485,8 +551,10 @@ static void calib_network(Calibration* cal, const Dist* d) {
     cal->net_gbs = dist_sum(d, d->rank == 0 ? cal->net_gbs : 0.0);
     cal->reduce_gbs = dist_sum(d, d->rank == 0 ? cal->reduce_gbs : 0.0);
     cal->gather_gbs = dist_sum(d, d->rank == 0 ? cal->gather_gbs : 0.0);
+    cal->rs_gbs = dist_sum(d, d->rank == 0 ? cal->rs_gbs : 0.0);
 #else
     (void)d;
+    (void)P;
 #endif
 }
 
@@ -732,8 +800,10 @@ static void calibration_print(const Calibration* cal) {
     printf("; speed now %.2f of it (load average %.2f; the computation's time is divided by it)\n", cal->share, load[0]);
     if (cal->net_gbs > 0) /* (every digit: scripts/test_plan.sh recomputes the model from these) */
         printf("network (measured at this start): MPI latency %.6g us (fastest; median now %.6g us), allreduce %.6g "
-               "GB/s, reduce %.6g GB/s, allgather %.6g GB/s, a meeting of the ranks amid compute now %.6g ms\n",
-               cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms);
+               "GB/s, reduce %.6g GB/s, allgather %.6g GB/s, a meeting of the ranks amid compute now %.6g ms; "
+               "reduce-scatter %.6g GB/s (%.0f floats)\n",
+               cal->net_alpha_us, cal->net_alpha_now_us, cal->net_gbs, cal->reduce_gbs, cal->gather_gbs, cal->sync_ms,
+               cal->rs_gbs, cal->rs_floats);
     if (cal->level_gbs[LEVEL_INTRA] > 0 || cal->level_gbs[LEVEL_INTER] > 0) {
         printf("links (%s):", cal->level_stated ? "rates stated by --link-gbs, latencies measured" : "measured at this start");
         for (int e = 0; e < NUM_LEVELS; e++)
@@ -800,7 +870,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
         if (calib_compute_forked(cal) != 0) calib_compute(cal); /* (forked before this process's first OpenMP team) */
         if (d->rank == 0) calib_save(cal);
     }
-    calib_network(cal, d);
+    calib_network(cal, d, parameter_count(c));
     double stated[NUM_LEVELS];
     calib_levels(cal, d, link_gbs && link_gbs[0] && link_rates_parse(link_gbs, stated) ? stated : NULL);
     cal->share = dist_sum(d, calib_share(cal)) / d->world; /* all at once; their mean */
@@ -1106,8 +1176,9 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
             comm[now] += 2.0 * (cal->level_alpha_us[w] + (now ? cal->net_alpha_now_us - cal->net_alpha_us : 0.0)) * 1e-3;
         } else if (zero == 0) {
             comm[now] = comm_ms(cal, overlap ? slices + 2 : 1, 4 * P, ar, now);
-        } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward, then the all-gather */
-            comm[now] = comm_ms(cal, 1, 4 * P, red, now) + comm_ms(cal, 1, 4 * P, ag, now);
+        } else if (zero == 1 && !overlap) { /* one reduce-scatter after backward (its own rate, measured at its
+                                             * size), then the all-gather */
+            comm[now] = comm_ms(cal, 1, 4 * P, cal->rs_gbs > 0 ? cal->rs_gbs : red, now) + comm_ms(cal, 1, 4 * P, ag, now);
         } else if (zero == 3) { /* every micro-batch: 2 + 24 L gathers (the head's two ranges, each layer's 12
                                  * slices in forward and again in backward) of the floats every rank receives,
                                  * the layers' reductions (an MPI_Ireduce per owner piece); the head's once */
@@ -1130,12 +1201,22 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
         }
         if (!s.by_level) comm[now] += comm_ms(cal, 2, 0.0, ar, now); /* the loss's and the norm's sums (dist_sum) */
         /* the meetings with compute between them, each costing what calib_sync measured now (ranks slowed at
-         * different moments wait for each other): every step's end (the loss's sum); ZeRO-1 with overlap, a
+         * different moments wait for each other) after CALIB_SYNC_MS of compute, a shorter segment its part of
+         * that (the chance that a rank was set back in it): every step's end (the loss's sum); ZeRO-1 and 2 the
+         * all-gather after the clip and AdamW of the shard (a segment of s.optimizer); ZeRO-1 with overlap, a
          * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch; ZeRO-3 that
          * and a wait for every layer's gather, forward and backward, and the head's. None on an idle machine. */
-        double meetings = 1.0 + (zero == 1 && overlap ? L : 0.0) + (zero == 2 ? accum * L : 0.0) +
+        double share = cal->share > 0.05 ? cal->share : 0.05;
+        double shard_opt = s.optimizer / share; /* AdamW's segment now, ms */
+        double meetings = 1.0 + (zero == 1 || zero == 2 ? fmin(1.0, shard_opt / CALIB_SYNC_MS) : 0.0) +
+                          (zero == 1 && overlap ? L : 0.0) +
+                          (zero == 2 ? accum * L : 0.0) +
                           (zero == 3 ? accum * (3.0 * L + 1.0) : 0.0);
-        if (now) comm[now] += meetings * cal->sync_ms;
+        /* at most the time the other rank was not running: a rank waits at a meeting only for its partner's
+         * slices lost to other jobs, and each lost slice is waited for once, however many meetings follow it
+         * (the step's computation over the share now, less the computation) */
+        double compute_idle = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.zero_buffers) + s.optimizer;
+        if (now) comm[now] += fmin(meetings * cal->sync_ms, compute_idle * (1.0 / share - 1.0));
     }
     s.comm = comm[1];
     double compute = accum * (s.gemm + s.attention + s.elementwise + s.softmax + s.zero_buffers) + s.optimizer + s.quant;
