@@ -25,14 +25,19 @@
  * Data parallel (G6): one process per GPU, NCCL collectives on their own
  * stream, each layer's gradients reduced while backward computes the layers
  * below it; --zero 0 (allreduce), 1 (ZeRO-1: optimizer state sharded) or
- * 2 (ZeRO-2: gradients sharded too). The ranks meet through MPI (a build
+ * 2 (ZeRO-2: gradients sharded too) or 3 (ZeRO-3: the weights too, below
+ * dp_reduce_bucket). The ranks meet through MPI (a build
  * with -DUSE_MPI, under mpirun or srun --mpi=pmix) or, without MPI, through
  * a file or a TCP port (train_gpt.c's rendezvous). Launchers: scripts/
  * launch_gpu.sh, slurm_gpu_pmix.sbatch, slurm_gpu_tcp.sbatch, run_gpt2.sh.
  * Levels (issue 15; not run on a GPU; checked on the CPU execution layer,
  * make test-cuda-levels): nodes from --topology NxK or by host, bytes sent
  * per level, --hierarchical 1 with a communicator per level (ncclCommSplit),
- * as the CPU trainer's gptc/zero3.h. --zero 3 is the CPU trainer's only.
+ * as the CPU trainer's gptc/zero3.h. --zero 3 (the bf16 weights sharded
+ * too, each layer all-gathered before its forward and its backward; not run
+ * on a GPU; checked on the CPU execution layer, make test-cuda-zero3: bit
+ * for bit --zero 2's losses); ZeRO++ (--qwz, --qgz, --hpz) is the CPU
+ * trainer's only.
  *
  * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
  * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the
@@ -3672,7 +3677,10 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
  *             the piece added into the shard's gradient; layer l - 1 fills
  *             the other slot meanwhile, and layer l - 2 waits until slot
  *             l % 2 has been reduced. The rest (wte, wpe, lnf) is the one
- *             whole bucket kept: its gradients are final only at the end.
+ *             whole bucket kept: its gradients are final only at the end;
+ *   --zero 3  ZeRO-3, the bf16 weights sharded too: ZeRO-2's gradients and
+ *             update, the weights gathered layer by layer where they are
+ *             used (above dp_gather_bucket; not run on a GPU).
  * Streams and events: every collective runs on the communication stream
  * (highest priority). When backward, on the compute stream, has finished a
  * bucket, an event recorded there lets the communication stream start that
@@ -3694,6 +3702,7 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
  *   plain   2 P weights + 4 P gradients + 12 P master, m, v
  *   ZeRO-1  2 P + 4 P' (packed gradients) + 4 S (shard's gradient) + 12 S + 2 S (bf16 piece to send)
  *   ZeRO-2  2 P + 4 (2 layer slots + the rest, padded) + 4 S + 12 S + 2 S
+ *   ZeRO-3  2 (Pr + 2 Pl) gathered weights + 4 (2 layer slots + the rest) + 4 S + 12 S + 2 S (the shard)
  * One GPU with --zero 1|2 runs the same sharded code as one rank (W = 1):
  * the path to test when only one GPU is at hand.
  *
@@ -5206,7 +5215,7 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     if (!memory_check(memory_plan_total(&st->plan), st->free0, memory_headroom_total(&st->room), verdict,
                       sizeof(verdict))) {
         fprintf(stderr, "error: rank %d: %s: lower --batch-size, raise --recompute%s, or --offload 1 (--plan 1 lists "
-                "what fits)\n", comm->rank, verdict, comm->world > 1 && o->zero < 2 ? ", raise --zero" : "");
+                "what fits)\n", comm->rank, verdict, comm->world > 1 && o->zero < 3 ? ", raise --zero" : "");
         return -1;
     }
     printf("%s\n", verdict);
