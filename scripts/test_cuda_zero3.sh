@@ -129,7 +129,7 @@ run_case() {
         "$name: bf16 weights held: --zero 3 2 B x (Pr + 2 Pl), --zero 2 2 B x P" \
         "$(ledger ${name}_z3) = 2 x ($pr + 2 x $pl); $(ledger ${name}_z2) = 2 x $P"
 }
-run_case w2 2 1 2 0 --val-every 1 --val-batches 2
+run_case w2 2 1 2 0 --val-data "$TOY" --val-every 1 --val-batches 2
 run_case w3_recompute3 3 1 3 0 --recompute 3
 run_case w4_2x2_hier 4 2 2 1 --topology 2x2 --hierarchical 1
 grep -q "^data parallel: ZeRO-3" "$LOG/w2_z3.log" && grep -q "val_loss" "$LOG/w2_z3.jsonl" ||
@@ -159,7 +159,7 @@ built=no
     >> "$mut.build" 2>&1 && built=yes
 if [ $built = yes ]; then
     BIN_SAVED=$BIN BIN=$mut
-    gpus mutant_z3 2 --zero 3 --val-every 1 --val-batches 2
+    gpus mutant_z3 2 --zero 3 --val-data "$TOY" --val-every 1 --val-batches 2
     BIN=$BIN_SAVED
     check "$([ "$(lines mutant_z3 loss | wc -l)" -eq $STEPS ] && ! equal mutant_z3 w2_z2 && echo ok)" \
         "planted: backward gathers layer L-2 into layer L-1's buffer: the equality with --zero 2 fails" \
