@@ -3189,7 +3189,8 @@ static int gpu_gelu_in_epilogue(const GpuGPT2* g) {
     return g->gelu_fusion && (g->recompute == 0 || g->recompute == 3);
 }
 
-/* Layer l's forward from its input `residual` into `a` (gpu_layer_acts).
+/* Layer l's forward from its input `residual` into `a` (gpu_layer_acts),
+ * with its weights `lp` (gpu_layer_params).
  * `redo` 0: the forward, every step. `redo` = the --recompute level (1..3),
  * in backward: only the steps whose outputs that level did not keep, each
  * the very kernel, on the very inputs, the forward ran (level 2 writes the
@@ -3205,24 +3206,21 @@ static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const Paramet
     if (redo != 1)
         layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, p.ln1w, p.ln1b, N, C, s);
     if (all) {
-        matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw, p.qkvb, NULL, NULL,
-                           N, C, 3 * C);
+        matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw, p.qkvb, NULL, NULL, N, C, 3 * C);
         attention_forward_gpu(a->atty, a->lse, a->qkv, B, T, NH, C / NH, s);
         /* residual2 = residual + atty . attprojw^T + attprojb: one GEMM with beta = 1 */
-        matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw, p.attprojb,
-                           residual, NULL, N, C, C);
+        matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw, p.attprojb, residual, NULL, N, C, C);
     }
     if (redo != 1)
-        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w, p.ln2b, N, C,
-                              s);
+        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w, p.ln2b, N, C, s);
     int epilogue = gpu_gelu_in_epilogue(g);
     if (all)
-        matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw,
-                           p.fcb, NULL, epilogue ? a->fch : NULL, N, C, 4 * C);
+        matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw, p.fcb, NULL,
+                           epilogue ? a->fch : NULL, N, C, 4 * C);
     if (!epilogue) gelu_forward_gpu(a->fch_gelu, a->fch, (long long)N * 4 * C, s);
     if (redo == 0)
-        matmul_forward_gpu(&g->lt, s, a->residual3, a->fch_gelu, p.fcprojw, p.fcprojb,
-                           a->residual2, NULL, N, 4 * C, C);
+        matmul_forward_gpu(&g->lt, s, a->residual3, a->fch_gelu, p.fcprojw, p.fcprojb, a->residual2, NULL, N, 4 * C,
+                           C);
 }
 
 /* The forward of the (B, T) tokens gpu_tokens_upload put on the device
@@ -3331,16 +3329,14 @@ static void gpu_backward(GpuGPT2* g) {
         matmul_backward_gpu(lt, s, sc.dfch, lg.fcprojw, lg.fcprojb, sc.part, sc.dresidual, al.fch_gelu,
                             lp.fcprojw, g->gelu_fusion ? al.fch : NULL, N, 4 * C, C);
         if (!g->gelu_fusion) gelu_backward_gpu(sc.dfch, al.fch, sc.dfch, (long long)BT * 4 * C, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, al.ln2, lp.fcw,
-                            NULL, N, C, 4 * C);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, al.ln2, lp.fcw, NULL, N, C, 4 * C);
         layernorm_backward_gpu(sc.dresidual, lg.ln2w, lg.ln2b, sc.part, sc.dbt_c, al.residual2, lp.ln2w,
                                al.ln2_mean, al.ln2_rstd, N, C, s);
         /* attention */
         matmul_backward_gpu(lt, s, sc.dbt_c, lg.attprojw, lg.attprojb, sc.part, sc.dresidual, al.atty,
                             lp.attprojw, NULL, N, C, C);
         attention_backward_gpu(sc.dqkv, sc.attn_d, sc.dbt_c, al.qkv, al.atty, al.lse, B, T, NH, C / NH, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, al.ln1,
-                            lp.qkvw, NULL, N, C, 3 * C);
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, al.ln1, lp.qkvw, NULL, N, C, 3 * C);
         layernorm_backward_gpu(sc.dresidual, lg.ln1w, lg.ln1b, sc.part, sc.dbt_c, residual, lp.ln1w,
                                al.ln1_mean, al.ln1_rstd, N, C, s);
         if (g->grads_end) g->grads_end(g->grads_ctx, l);
@@ -5162,7 +5158,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
     size_t best_need = 0, least = 0;
     GpuPlanKnobs smallest = mine;
     for (int offload = 0; offload <= 1; offload++)
-        for (int zero = 0; zero <= (W > 1 ? 2 : 0); zero++)
+        for (int zero = 0; zero <= (W > 1 ? 3 : 0); zero++)
             for (int r = 0; r < RECOMPUTE_LEVELS; r++)
                 for (long long B = seqs; B >= 1; B--) {
                     if (seqs % B || (offload && zero)) continue;

@@ -11,7 +11,7 @@
 # A small GPT (L = 3, odd: the backward's first gather is into buffer 0 and
 # the last forward's in buffer 0 too; C = 64, T = 64), 3 steps of 2
 # micro-batches, --zero 2 against --zero 3 on the same run:
-#   - 2 GPUs; 3 GPUs with --recompute 3 (backward's recomputed GEMMs read
+#   - 1 GPU (one rank of the sharded code); 2 GPUs; 3 GPUs with --recompute 3 (backward's recomputed GEMMs read
 #     the weights gathered again); 4 GPUs as --topology 2x2 --hierarchical 1
 #     (gradients reduced by level, weights gathered flat): the losses and
 #     norms as logged and the final model file (the fp32 master) equal bit
@@ -132,6 +132,11 @@ run_case() {
 run_case w2 2 1 2 0 --val-data "$TOY" --val-every 1 --val-batches 2
 run_case w3_recompute3 3 1 3 0 --recompute 3
 run_case w4_2x2_hier 4 2 2 1 --topology 2x2 --hierarchical 1
+# one GPU: one rank of the sharded code (nothing sent; the gathers copy the shard)
+gpus w1_z2 1 --zero 2
+gpus w1_z3 1 --zero 3 --plan-check 1
+check "$(equal w1_z3 w1_z2 && [ "$(grep -c '^plan-check: rank 0, .*: equal$' "$LOG/w1_z3.log")" = 2 ] && echo ok)" \
+    "1 GPU: --zero 3 = --zero 2 bit for bit, plan == ledger" "z3 losses $(lines w1_z3 loss | cut -d' ' -f2 | tr '\n' ' ')"
 grep -q "^data parallel: ZeRO-3" "$LOG/w2_z3.log" && grep -q "val_loss" "$LOG/w2_z3.jsonl" ||
     check FAIL "w2 --zero 3 says ZeRO-3 and validates" "$(grep -m 1 '^data parallel' "$LOG/w2_z3.log" | cut -c1-80)"
 
