@@ -37,10 +37,14 @@
 #   - training states: a --zero 3 state saved at step 2, resumed on 2 GPUs
 #     --zero 3 and a --zero 2 state resumed under --zero 3: the final model
 #     bit for bit the uninterrupted run's;
-#   - planted: backward gathering layer L-2 where L-1 belongs (a copy of
-#     train_gpt.cu built through the layer) must break the equality;
+#   - planted (copies of train_gpt.cu built through the layer): backward
+#     gathering layer L-2 where L-1 belongs must break the equality; the
+#     compute stream not waiting for a gather (w_ready), and a gather not
+#     waiting for the buffer's last reader (w_free), must each be reported
+#     by the layer's race check between streams (the unplanted runs above
+#     report none: they exit 0);
 #   - refused: --zero 3 --qwz 8 (ZeRO++ is the CPU trainer's).
-# About 4 minutes on two shared cores. The last line is "cuda zero3: N
+# About 5 minutes on two shared cores. The last line is "cuda zero3: N
 # passed, N failed"; exit status non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -153,25 +157,49 @@ for from in z3 z2; do
 done
 check "$(cmp -s "$(final st_z3)" "$(final st_z2)" && echo ok)" "  ... which is --zero 2's (with states saved on the way)"
 
-# ---- planted: backward's first gather of the wrong layer ------------------------------
-mut=$LOG/mutant
-sed 's|dp_gather_bucket(dp, L - 1, dp->layer_buf\[(L - 1) % 2\], (L - 1) % 2);|dp_gather_bucket(dp, L - 2, dp->layer_buf[(L - 1) % 2], (L - 1) % 2);|' \
-    train_gpt.cu > "$mut.cu"
-built=no
-! cmp -s train_gpt.cu "$mut.cu" && $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
-    g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" > "$mut.build" 2>&1 &&
-    g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
-    >> "$mut.build" 2>&1 && built=yes
-if [ $built = yes ]; then
-    BIN_SAVED=$BIN BIN=$mut
+# ---- planted bugs, each in a copy of train_gpt.cu built through the layer ------------------
+# mutant NAME SED_EXPR: builds $LOG/NAME (0), or 1
+mutant() {
+    local mut=$LOG/$1
+    sed "$2" train_gpt.cu > "$mut.cu"
+    ! cmp -s train_gpt.cu "$mut.cu" && $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
+        g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" > "$mut.build" 2>&1 &&
+        g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
+        >> "$mut.build" 2>&1
+}
+# backward's first gather of the wrong layer (L-2 into L-1's buffer): the equality with --zero 2 must fail
+if mutant mutant_layer 's|dp_gather_bucket(dp, L - 1, dp->layer_buf\[(L - 1) % 2\], (L - 1) % 2);|dp_gather_bucket(dp, L - 2, dp->layer_buf[(L - 1) % 2], (L - 1) % 2);|'; then
+    BIN_SAVED=$BIN BIN=$LOG/mutant_layer
     gpus mutant_z3 2 --zero 3 --val-data "$TOY" --val-every 1 --val-batches 2
     BIN=$BIN_SAVED
     check "$([ "$(lines mutant_z3 loss | wc -l)" -eq $STEPS ] && ! equal mutant_z3 w2_z2 && echo ok)" \
         "planted: backward gathers layer L-2 into layer L-1's buffer: the equality with --zero 2 fails" \
         "mutant losses $(lines mutant_z3 loss | cut -d' ' -f2 | tr '\n' ' ')"
 else
-    check FAIL "planted mutant built" "$(tail -n 3 "$mut.build" 2>/dev/null)"
+    check FAIL "planted mutant_layer built" "$(tail -n 3 "$LOG/mutant_layer.build" 2>/dev/null)"
 fi
+# the ordering by events: the layer's race check (vector clocks over streams, dev/cuda/cpu/README.md) must
+# report the layer's kernels reading a buffer that its all-gather, unordered, writes
+for m in ready free; do
+    if [ $m = ready ]; then
+        what="the compute stream does not wait for the layer's gather (w_ready)"
+        expr='s|    CUDA_CHECK(cudaStreamWaitEvent(dp->g->stream, dp->w_ready\[l % 2\], 0));|    /* planted: no wait */|'
+    else
+        what="a gather does not wait for the buffer's last reader (w_free)"
+        expr='s|    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->w_free, 0));|    /* planted: no wait */|'
+    fi
+    if mutant mutant_$m "$expr"; then
+        BIN_SAVED=$BIN BIN=$LOG/mutant_$m
+        gpus race_$m 2 --zero 3 --steps 1
+        rc=$?
+        BIN=$BIN_SAVED
+        check "$([ $rc -ne 0 ] && grep -q "race between streams: .* 'ncclAllGather'" "$LOG/race_$m.log" && echo ok)" \
+            "planted: $what: the layer reports a race between streams" \
+            "rc=$rc; $(grep -m 1 -o "race between streams: '[^']*' ([^)]*) [a-z]*" "$LOG/race_$m.log")"
+    else
+        check FAIL "planted mutant_$m built" "$(tail -n 3 "$LOG/mutant_$m.build" 2>/dev/null)"
+    fi
+done
 
 # ---- refused ----------------------------------------------------------------------
 $CLEAN_ENV "$BIN" $SMALL --zero 3 --qwz 8 > "$LOG/qwz.log" 2>&1
