@@ -30,6 +30,7 @@
 #   make test-cuda-on-cpu  execute the CUDA twin on the CPU (dev/cuda/cpu; in make test, ~6-7 min)
 #   make test-gpu-plan     the GPU memory plan == its device allocation, --offload, on the CPU layer (~5 min)
 #   make test-cuda-levels  train_gpt.cu's --topology, bytes per level, --hierarchical 1 on 4 emulated GPUs (~6 min)
+#   make test-cuda-zero3   train_gpt.cu's --zero 3 on 2-4 emulated GPUs: = --zero 2 bit for bit, plan, bytes, states, planted races (~4.5 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -509,6 +510,12 @@ test-gpu-plan: train_gpt_cu_cpu
 test-cuda-levels: train_gpt_cu_cpu train_gpt
 	scripts/test_cuda_levels.sh
 
+# train_gpt.cu's --zero 3 (issue 15): on 2, 3 (--recompute 3) and 4 (2x2, --hierarchical 1) emulated GPUs against
+# --zero 2 bit for bit, memory plan == ledger, bytes per step = the formula, states resumed, a planted wrong gather
+# and two planted missing event waits caught (scripts/test_cuda_zero3.sh; ~4.5 min, not in make test)
+test-cuda-zero3: train_gpt_cu_cpu
+	scripts/test_cuda_zero3.sh
+
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
@@ -519,7 +526,7 @@ print-cpu-app-libs:
 print-cpu-layer:
 	@echo $(CPU_LAYER)
 
-.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
+.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
 
 # NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
 # emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2

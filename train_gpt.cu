@@ -25,14 +25,19 @@
  * Data parallel (G6): one process per GPU, NCCL collectives on their own
  * stream, each layer's gradients reduced while backward computes the layers
  * below it; --zero 0 (allreduce), 1 (ZeRO-1: optimizer state sharded) or
- * 2 (ZeRO-2: gradients sharded too). The ranks meet through MPI (a build
+ * 2 (ZeRO-2: gradients sharded too) or 3 (ZeRO-3: the weights too, below
+ * dp_reduce_bucket). The ranks meet through MPI (a build
  * with -DUSE_MPI, under mpirun or srun --mpi=pmix) or, without MPI, through
  * a file or a TCP port (train_gpt.c's rendezvous). Launchers: scripts/
  * launch_gpu.sh, slurm_gpu_pmix.sbatch, slurm_gpu_tcp.sbatch, run_gpt2.sh.
  * Levels (issue 15; not run on a GPU; checked on the CPU execution layer,
  * make test-cuda-levels): nodes from --topology NxK or by host, bytes sent
  * per level, --hierarchical 1 with a communicator per level (ncclCommSplit),
- * as the CPU trainer's gptc/zero3.h. --zero 3 is the CPU trainer's only.
+ * as the CPU trainer's gptc/zero3.h. --zero 3 (the bf16 weights sharded
+ * too, each layer all-gathered before its forward and its backward; not run
+ * on a GPU; checked on the CPU execution layer, make test-cuda-zero3: bit
+ * for bit --zero 2's losses); ZeRO++ (--qwz, --qgz, --hpz) is the CPU
+ * trainer's only.
  *
  * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
  * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the
@@ -2682,6 +2687,11 @@ typedef struct {
     void (*grads_begin)(void* ctx, int bucket);      /* before backward writes a bucket's gradients: layer l, */
     void (*grads_end)(void* ctx, int bucket);        /* or L for wte, wpe, lnfw, lnfb; and once they are final */
     void* grads_ctx;
+    /* ZeRO-3 (G6): the weights gathered where they are used (ctx: grads_ctx); NULL: whole in params_memory */
+    void (*weights_begin)(void* ctx, int backward);                 /* a forward (the head, layer 0) or a backward
+                                                                       (layer L-1) begins */
+    const floatX* (*layer_weights)(void* ctx, int l, int backward); /* layer l's 12 slices, packed (G2), gathered:
+                                                                       the compute stream waits for them */
     /* activations and scratch */
     GpuActivations acts; void* acts_memory; size_t acts_bytes;
     GpuScratch scratch; void* scratch_memory; size_t scratch_bytes;
@@ -2741,15 +2751,15 @@ static size_t gpu_comm_slots(int world) { return DP_SCALARS + 3 * (size_t)world;
 typedef struct {
     int B, T;
     int recompute;     /* --recompute 0..3 */
-    int zero;          /* --zero 0/1/2 */
+    int zero;          /* --zero 0..3 */
     int rank, world;
     int comm;          /* an NCCL communicator: several ranks, or ZeRO even on one (gpu_comm_init) */
     int offload;       /* --offload 1: master weights and moments in pinned host memory (G8) */
 } GpuPlanKnobs;
 
 /* ZeRO's per-rank sizes (dp_layout's): S, the shard's elements, and the
- * gradient buckets' floats (ZeRO-1: all L + 1 buckets padded; ZeRO-2 two
- * layer slots and the rest's bucket; 0 without ZeRO). */
+ * gradient buckets' floats (ZeRO-1: all L + 1 buckets padded; ZeRO-2 and 3
+ * two layer slots and the rest's bucket; 0 without ZeRO). */
 static void dp_sizes(const GPT2Config* c, int zero, int rank, int world, ShardMap* map, size_t* shard,
                      size_t* grad_floats) {
     size_t sizes[NUM_PARAMETER_TENSORS];
@@ -2757,7 +2767,14 @@ static void dp_sizes(const GPT2Config* c, int zero, int rank, int world, ShardMa
     shard_map_init(map, sizes, c->num_layers, rank, world);
     *shard = shard_map_elements(map);
     *grad_floats = zero == 1 ? *shard * (size_t)world
-                 : zero == 2 ? (2 * map->layer.piece + map->rest.piece) * (size_t)world : 0;
+                 : zero >= 2 ? (2 * map->layer.piece + map->rest.piece) * (size_t)world : 0;
+}
+
+/* The bf16 weights on the device (GpuGPT2's params_memory): all P, or under
+ * ZeRO-3 the gathered head (the rest's bucket, padded) and two gathered
+ * layers (G6: the bucket layout, W pieces each). */
+static size_t dp_weight_elems(const ShardMap* map, int zero, size_t P) {
+    return zero == 3 ? (map->rest.piece + 2 * map->layer.piece) * (size_t)map->world : P;
 }
 
 /* What the plan says, in bytes, before allocating. */
@@ -2781,6 +2798,7 @@ static MemoryPlan gpu_memory_plan_for(const GPT2Config* c, const GpuPlanKnobs* k
         ShardMap map;
         size_t S, grad_floats;
         dp_sizes(c, k->zero, k->rank, k->world, &map, &S, &grad_floats);
+        p.bytes[GMEM_PARAMS] = dp_weight_elems(&map, k->zero, P) * sizeof(floatX); /* ZeRO-3: head + 2 layers */
         p.bytes[GMEM_MASTER] = S * sizeof(float);
         p.bytes[GMEM_GRADS] = (grad_floats + S) * sizeof(float); /* the buckets, and the shard's sum */
         p.bytes[GMEM_ADAMW] = 2 * S * sizeof(float);
@@ -2982,7 +3000,7 @@ static void gpu_weights_upload(GpuGPT2* g, const float* params, const float* m, 
 static void gpu_offload_init(GpuGPT2* g, GPT2* host);
 
 static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion, int recompute,
-                                int full_state, int offload) {
+                                int full_state, int offload, size_t weight_elems) {
     memset(g, 0, sizeof(*g));
     g->config = host->config;
     memcpy(g->param_sizes, host->param_sizes, sizeof(g->param_sizes));
@@ -3001,8 +3019,10 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
     CUDA_CHECK(cudaStreamCreate(&g->stream));
     lt_init(&g->lt, LT_WORKSPACE_BYTES, LT_BIAS_COPY_ELEMS(c));
     size_t P = g->num_parameters;
-    g->params_memory = (floatX*)gpu_alloc(P * sizeof(floatX), GMEM_PARAMS);
-    parameters_point_x(&g->params, g->params_memory, c);
+    /* the bf16 weights: whole (P), or under ZeRO-3 the gathered head and two layers (dp_init points into them) */
+    ALWAYS(weight_elems == P || !full_state);
+    g->params_memory = (floatX*)gpu_alloc(weight_elems * sizeof(floatX), GMEM_PARAMS);
+    if (weight_elems == P) parameters_point_x(&g->params, g->params_memory, c);
     ALWAYS(!offload || full_state);
     if (full_state) {
         g->grads_memory = (float*)gpu_alloc(P * sizeof(float), GMEM_GRADS);
@@ -3054,7 +3074,7 @@ static void gpu_model_init_with(GpuGPT2* g, const GPT2* host, int B, int T, int 
 /* (test_gpt.cu's entries: one GPU, the whole state; --recompute 0, or a level) */
 [[maybe_unused]] static void gpu_model_init_level(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion,
                                                   int recompute) {
-    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1, 0);
+    gpu_model_init_with(g, host, B, T, gelu_fusion, recompute, 1, 0, host->num_parameters);
 }
 [[maybe_unused]] static void gpu_model_init(GpuGPT2* g, const GPT2* host, int B, int T, int gelu_fusion) {
     gpu_model_init_level(g, host, B, T, gelu_fusion, 0);
@@ -3145,6 +3165,23 @@ static const floatX* gpu_layer_input(const GpuGPT2* g, int l, int B, int T) {
     return l == 0 ? g->acts.encoded : gpu_layer_acts(g, l - 1, B, T).residual3;
 }
 
+/* Layer l's weights (as gpu_layer_grads): the per-layer tensors point at
+ * layer l's slices of the whole bf16 weights or, under ZeRO-3 (G6), into
+ * the buffer its gather fills, the 12 slices back to back in file order
+ * (the packed bucket); `backward`: for its backward (gathered again). */
+static ParameterTensorsX gpu_layer_params(GpuGPT2* g, int l, int backward) {
+    ParameterTensorsX r = g->params;
+    floatX** rp = (floatX**)&r;
+    const floatX* packed = g->layer_weights ? g->layer_weights(g->grads_ctx, l, backward) : NULL;
+    size_t L = (size_t)g->config.num_layers, at = 0;
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
+        size_t per_layer = g->param_sizes[k] / L;
+        rp[k] = packed ? (floatX*)packed + at : rp[k] + (size_t)l * per_layer;
+        at += per_layer;
+    }
+    return r;
+}
+
 /* GELU in the fc GEMM's epilogue? Not at levels 1 and 2, whose backward
  * recomputes fch_gelu from the kept fch with our kernel (see above
  * gpu_activation_sizes: the forward must have run that same kernel). */
@@ -3152,40 +3189,38 @@ static int gpu_gelu_in_epilogue(const GpuGPT2* g) {
     return g->gelu_fusion && (g->recompute == 0 || g->recompute == 3);
 }
 
-/* Layer l's forward from its input `residual` into `a` (gpu_layer_acts).
+/* Layer l's forward from its input `residual` into `a` (gpu_layer_acts),
+ * with its weights `lp` (gpu_layer_params).
  * `redo` 0: the forward, every step. `redo` = the --recompute level (1..3),
  * in backward: only the steps whose outputs that level did not keep, each
  * the very kernel, on the very inputs, the forward ran (level 2 writes the
  * kept mean and rstd again, with the same bits); never the last GEMM, whose
  * residual3 is kept. Not yet run on a GPU (levels 1..3). */
-static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const floatX* residual, int l, int B, int T,
-                              int redo) {
+static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const ParameterTensorsX* lp,
+                              const floatX* residual, int B, int T, int redo) {
     const GPT2Config* cfg = &g->config;
     int C = cfg->channels, NH = cfg->num_heads, N = B * T;
     cudaStream_t s = g->stream;
-    ParameterTensorsX p = g->params;
+    const ParameterTensorsX& p = *lp; /* layer l's slices (gpu_layer_params) */
     int all = redo == 0 || redo == 3; /* the GEMMs and attention */
     if (redo != 1)
-        layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C, s);
+        layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, p.ln1w, p.ln1b, N, C, s);
     if (all) {
-        matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, NULL, NULL,
-                           N, C, 3 * C);
+        matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw, p.qkvb, NULL, NULL, N, C, 3 * C);
         attention_forward_gpu(a->atty, a->lse, a->qkv, B, T, NH, C / NH, s);
         /* residual2 = residual + atty . attprojw^T + attprojb: one GEMM with beta = 1 */
-        matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C,
-                           residual, NULL, N, C, C);
+        matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw, p.attprojb, residual, NULL, N, C, C);
     }
     if (redo != 1)
-        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w + l * C, p.ln2b + l * C, N, C,
-                              s);
+        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w, p.ln2b, N, C, s);
     int epilogue = gpu_gelu_in_epilogue(g);
     if (all)
-        matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw + (size_t)l * 4 * C * C,
-                           p.fcb + l * 4 * C, NULL, epilogue ? a->fch : NULL, N, C, 4 * C);
+        matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw, p.fcb, NULL,
+                           epilogue ? a->fch : NULL, N, C, 4 * C);
     if (!epilogue) gelu_forward_gpu(a->fch_gelu, a->fch, (long long)N * 4 * C, s);
     if (redo == 0)
-        matmul_forward_gpu(&g->lt, s, a->residual3, a->fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C,
-                           a->residual2, NULL, N, 4 * C, C);
+        matmul_forward_gpu(&g->lt, s, a->residual3, a->fch_gelu, p.fcprojw, p.fcprojb, a->residual2, NULL, N, 4 * C,
+                           C);
 }
 
 /* The forward of the (B, T) tokens gpu_tokens_upload put on the device
@@ -3197,10 +3232,12 @@ static void gpu_forward_run(GpuGPT2* g, int B, int T, int targets, float dloss) 
     cudaStream_t s = g->stream;
     ParameterTensorsX p = g->params;
     GpuActivations a = g->acts;
+    if (g->weights_begin) g->weights_begin(g->grads_ctx, 0); /* ZeRO-3: the head gathered, layer 0 on its way */
     encoder_forward_gpu(a.encoded, g->dev.inputs, p.wte, p.wpe, B, T, C, s);
     for (int l = 0; l < L; l++) {
         GpuActivations al = gpu_layer_acts(g, l, B, T); /* layer l's slices, or the working set */
-        gpu_layer_forward(g, &al, gpu_layer_input(g, l, B, T), l, B, T, 0);
+        ParameterTensorsX lp = gpu_layer_params(g, l, 0);
+        gpu_layer_forward(g, &al, &lp, gpu_layer_input(g, l, B, T), B, T, 0);
     }
     const floatX* last = gpu_layer_input(g, L, B, T);
     layernorm_forward_gpu(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, (int)BT, C, s);
@@ -3272,6 +3309,7 @@ static void gpu_backward(GpuGPT2* g) {
     GpuActivations a = g->acts;
     GpuScratch sc = g->scratch;
 
+    if (g->weights_begin) g->weights_begin(g->grads_ctx, 1); /* ZeRO-3: layer L-1 on its way (the head is kept) */
     if (g->grads_begin) g->grads_begin(g->grads_ctx, L);
     /* dlnf = dlogits . wte; dwte += dlogits^T . lnf */
     matmul_backward_gpu(lt, s, sc.dbt_c, gr.wte, NULL, sc.part, a.logits, a.lnf, p.wte, NULL, N, C, Vp);
@@ -3282,25 +3320,24 @@ static void gpu_backward(GpuGPT2* g) {
     for (int l = L - 1; l >= 0; l--) {
         const floatX* residual = gpu_layer_input(g, l, B, T);
         GpuActivations al = gpu_layer_acts(g, l, B, T); /* layer l's slices, or the working set */
+        ParameterTensorsX lp = gpu_layer_params(g, l, 1); /* layer l's weights (ZeRO-3: gathered again) */
         /* what --recompute did not keep, again (not yet run on a GPU) */
-        if (g->recompute) gpu_layer_forward(g, &al, residual, l, B, T, g->recompute);
+        if (g->recompute) gpu_layer_forward(g, &al, &lp, residual, B, T, g->recompute);
         if (g->grads_begin) g->grads_begin(g->grads_ctx, l);
         ParameterTensors lg = gpu_layer_grads(g, l); /* layer l's slices */
         /* MLP */
         matmul_backward_gpu(lt, s, sc.dfch, lg.fcprojw, lg.fcprojb, sc.part, sc.dresidual, al.fch_gelu,
-                            p.fcprojw + (size_t)l * C * 4 * C, g->gelu_fusion ? al.fch : NULL, N, 4 * C, C);
+                            lp.fcprojw, g->gelu_fusion ? al.fch : NULL, N, 4 * C, C);
         if (!g->gelu_fusion) gelu_backward_gpu(sc.dfch, al.fch, sc.dfch, (long long)BT * 4 * C, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, al.ln2, p.fcw + (size_t)l * 4 * C * C,
-                            NULL, N, C, 4 * C);
-        layernorm_backward_gpu(sc.dresidual, lg.ln2w, lg.ln2b, sc.part, sc.dbt_c, al.residual2, p.ln2w + l * C,
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.fcw, lg.fcb, sc.part, sc.dfch, al.ln2, lp.fcw, NULL, N, C, 4 * C);
+        layernorm_backward_gpu(sc.dresidual, lg.ln2w, lg.ln2b, sc.part, sc.dbt_c, al.residual2, lp.ln2w,
                                al.ln2_mean, al.ln2_rstd, N, C, s);
         /* attention */
         matmul_backward_gpu(lt, s, sc.dbt_c, lg.attprojw, lg.attprojb, sc.part, sc.dresidual, al.atty,
-                            p.attprojw + (size_t)l * C * C, NULL, N, C, C);
+                            lp.attprojw, NULL, N, C, C);
         attention_backward_gpu(sc.dqkv, sc.attn_d, sc.dbt_c, al.qkv, al.atty, al.lse, B, T, NH, C / NH, s);
-        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, al.ln1,
-                            p.qkvw + (size_t)l * 3 * C * C, NULL, N, C, 3 * C);
-        layernorm_backward_gpu(sc.dresidual, lg.ln1w, lg.ln1b, sc.part, sc.dbt_c, residual, p.ln1w + l * C,
+        matmul_backward_gpu(lt, s, sc.dbt_c, lg.qkvw, lg.qkvb, sc.part, sc.dqkv, al.ln1, lp.qkvw, NULL, N, C, 3 * C);
+        layernorm_backward_gpu(sc.dresidual, lg.ln1w, lg.ln1b, sc.part, sc.dbt_c, residual, lp.ln1w,
                                al.ln1_mean, al.ln1_rstd, N, C, s);
         if (g->grads_end) g->grads_end(g->grads_ctx, l);
     }
@@ -3636,7 +3673,10 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
  *             the piece added into the shard's gradient; layer l - 1 fills
  *             the other slot meanwhile, and layer l - 2 waits until slot
  *             l % 2 has been reduced. The rest (wte, wpe, lnf) is the one
- *             whole bucket kept: its gradients are final only at the end.
+ *             whole bucket kept: its gradients are final only at the end;
+ *   --zero 3  ZeRO-3, the bf16 weights sharded too: ZeRO-2's gradients and
+ *             update, the weights gathered layer by layer where they are
+ *             used (above dp_gather_bucket; not run on a GPU).
  * Streams and events: every collective runs on the communication stream
  * (highest priority). When backward, on the compute stream, has finished a
  * bucket, an event recorded there lets the communication stream start that
@@ -3658,6 +3698,7 @@ static void mfu_format(char* out, size_t cap, double tokens_per_s, double fpt, d
  *   plain   2 P weights + 4 P gradients + 12 P master, m, v
  *   ZeRO-1  2 P + 4 P' (packed gradients) + 4 S (shard's gradient) + 12 S + 2 S (bf16 piece to send)
  *   ZeRO-2  2 P + 4 (2 layer slots + the rest, padded) + 4 S + 12 S + 2 S
+ *   ZeRO-3  2 (Pr + 2 Pl) gathered weights + 4 (2 layer slots + the rest) + 4 S + 12 S + 2 S (the shard)
  * One GPU with --zero 1|2 runs the same sharded code as one rank (W = 1):
  * the path to test when only one GPU is at hand.
  *
@@ -4179,7 +4220,13 @@ typedef struct {
     cudaEvent_t reduced;      /* communication: the step's reductions are done */
     cudaEvent_t updated;      /* compute: AdamW has written the bf16 shard */
     cudaEvent_t comm_idle;    /* communication: everything queued so far is done (the weights are whole) */
-    cudaEvent_t slot_free[3]; /* ZeRO-2: layer slots 0 and 1 and the rest's bucket have been reduced */
+    cudaEvent_t slot_free[3]; /* ZeRO-2/3: layer slots 0 and 1 and the rest's bucket have been reduced */
+    /* ZeRO-3: the gathered weights, in g->params_memory (dp_weight_elems; NULL otherwise) */
+    floatX* head;             /* (W rest.piece) wte | wpe | lnfw | lnfb packed: gathered at every forward, kept
+                                 through its backward */
+    floatX* layer_buf[2];     /* (W layer.piece) each: layer l's 12 slices packed, in buffer l % 2 */
+    cudaEvent_t w_free;       /* compute: what it has queued so far is done (a buffer's last reader among it) */
+    cudaEvent_t w_ready[3];   /* communication: layer buffer 0, 1, the head gathered */
     cudaEvent_t t_backward, t_reduced, t_gather0, t_gather1; /* timing */
     int armed;                /* this backward's end hooks reduce */
     int gathered;             /* this step ran the all-gather */
@@ -4196,7 +4243,7 @@ static void dp_layout(GpuDataParallel* dp, GpuComm* comm, const GPT2Config* c, i
     dp->world = comm->world;
     dp->L = c->num_layers;
     dp->active = comm->nccl != NULL;
-    dp->overlap = overlap || zero == 2;
+    dp->overlap = overlap || zero >= 2;
     dp_sizes(c, zero, comm->rank, comm->world, &dp->map, &dp->shard, &dp->grad_floats); /* (the plan's too) */
 }
 
@@ -4210,8 +4257,8 @@ static void dp_reduce_bucket(GpuDataParallel* dp, int b);
 
 static void dp_grads_begin(void* ctx, int b) {
     GpuDataParallel* dp = (GpuDataParallel*)ctx;
-    if (dp->zero != 2) return;
-    /* ZeRO-2: the slot must be reduced (layer b + 2, or the previous micro-batch) before backward refills it */
+    if (dp->zero < 2) return;
+    /* ZeRO-2/3: the slot must be reduced (layer b + 2, or the previous micro-batch) before backward refills it */
     cudaStream_t s = dp->g->stream;
     CUDA_CHECK(cudaStreamWaitEvent(s, dp->slot_free[b == dp->L ? 2 : b % 2], 0));
     CUDA_CHECK(cudaMemsetAsync(dp->bucket[b], 0, dp_bucket_floats(dp, b) * sizeof(float), s));
@@ -4278,13 +4325,78 @@ static void dp_reduce_bucket(GpuDataParallel* dp, int b) {
     CUDA_CHECK(cudaEventRecord(dp->slot_free[b == dp->L ? 2 : b % 2], cs));
 }
 
+/* ZeRO-3 (issue 15; not run on a GPU; checked on the CPU execution layer,
+ * scripts/test_cuda_zero3.sh). The bf16 weights are sharded as the master
+ * is: rank r keeps param_shard, its piece of every bucket (S), which AdamW
+ * (adamw_shard_kernel) writes in place; nothing is gathered after the
+ * update. They are gathered where they are used, by ncclAllGather of one
+ * bucket on the communication stream into a buffer that the layer's
+ * kernels and cuBLASLt calls read (gpu_layer_params), the CPU trainer's
+ * scheme (gptc/zero3.h): the head (wte | wpe | lnf) at the start of every
+ * forward, held through its backward (the LM head is wte: needed at the end
+ * of forward and the start of backward); layer l before its forward and
+ * again before its backward, into buffer l % 2, the next layer's gather (l
+ * + 1 in forward, l - 1 in backward) issued when layer l's kernels are
+ * queued, so that it runs while layer l computes. Order: a gather waits
+ * (w_free) for everything the compute stream queued before it (the
+ * buffer's last reader, layer l - 1 or l + 1, and the update that wrote the
+ * shard); the compute stream waits (w_ready) for the gather before the
+ * layer. The gradients are ZeRO-2's (two one-layer slots reduce-scattered
+ * as backward finishes each layer, the head's bucket at the end), so the
+ * weights read, the sums and the update are ZeRO-2's: the losses equal
+ * ZeRO-2's bit for bit. Bytes each rank sends per step, A micro-batches
+ * (flat; bf16 weights, fp32 gradients; P' = L Pl + Pr the padded buckets,
+ * Pl = W x layer piece, Pr = W x rest piece):
+ *   (W-1)/W x (4 B x P' x A reduce-scatter + 2 B x A (Pr + 2 L Pl) all-gather)
+ * against ZeRO-2's (W-1)/W x (4 P' A + 2 P'): per micro-batch one gather of
+ * the weights for forward and one more of the layers for backward (about
+ * 3 Psi for A = 1 counted in bf16 elements, the gradients' reduce-scatter
+ * as 2 Psi for its fp32). */
+
+/* Bucket b's bf16 pieces gathered into dst on the communication stream once
+ * the compute stream has done what it queued so far; w_ready[e] then. */
+static void dp_gather_bucket(GpuDataParallel* dp, int b, floatX* dst, int e) {
+    cudaStream_t cs = dp->comm->stream;
+    const BucketShape* s = shard_map_bucket(&dp->map, b);
+    CUDA_CHECK(cudaEventRecord(dp->w_free, dp->g->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cs, dp->w_free, 0));
+    gpu_levels_count(dp->comm, s->piece * (size_t)dp->world, s->piece, sizeof(floatX), 0, 1); /* (flat) */
+    NCCL_CHECK(ncclAllGather(dp->param_shard + shard_map_offset(&dp->map, b), dst, s->piece, ncclBfloat16,
+                             dp->comm->nccl, cs));
+    CUDA_CHECK(cudaEventRecord(dp->w_ready[e], cs));
+}
+
+/* GpuGPT2's weights_begin: a forward gathers the head (waited for at once:
+ * the encoder reads it) and starts layer 0's; a backward starts layer L-1's. */
+static void dp_weights_begin(void* ctx, int backward) {
+    GpuDataParallel* dp = (GpuDataParallel*)ctx;
+    int L = dp->L;
+    if (backward) {
+        dp_gather_bucket(dp, L - 1, dp->layer_buf[(L - 1) % 2], (L - 1) % 2);
+        return;
+    }
+    dp_gather_bucket(dp, L, dp->head, 2);
+    dp_gather_bucket(dp, 0, dp->layer_buf[0], 0);
+    CUDA_CHECK(cudaStreamWaitEvent(dp->g->stream, dp->w_ready[2], 0));
+}
+
+/* GpuGPT2's layer_weights: the next layer's gather started, then layer l's waited for. */
+static const floatX* dp_layer_weights(void* ctx, int l, int backward) {
+    GpuDataParallel* dp = (GpuDataParallel*)ctx;
+    int next = backward ? l - 1 : l + 1;
+    if (next >= 0 && next < dp->L) dp_gather_bucket(dp, next, dp->layer_buf[next % 2], next % 2);
+    CUDA_CHECK(cudaStreamWaitEvent(dp->g->stream, dp->w_ready[l % 2], 0));
+    return dp->layer_buf[l % 2];
+}
+
 /* Allocate what the mode needs, fill the master shard and the bf16 weights
- * from the host model, and hook into g's backward. */
+ * from the host model, and hook into g's backward (ZeRO-3: its forward too). */
 static void dp_init(GpuDataParallel* dp, GpuGPT2* g, const GPT2* host) {
     dp->g = g;
     if (!dp->active) return; /* one GPU, plain: gpu_model_init did everything */
-    cudaEvent_t* sync[] = {&dp->grads_ready, &dp->reduced, &dp->updated, &dp->comm_idle,
-                           &dp->slot_free[0], &dp->slot_free[1], &dp->slot_free[2]};
+    cudaEvent_t* sync[] = {&dp->grads_ready, &dp->reduced, &dp->updated, &dp->comm_idle, &dp->slot_free[0],
+                           &dp->slot_free[1], &dp->slot_free[2], &dp->w_free, &dp->w_ready[0], &dp->w_ready[1],
+                           &dp->w_ready[2]};
     for (size_t i = 0; i < sizeof(sync) / sizeof(sync[0]); i++)
         CUDA_CHECK(cudaEventCreateWithFlags(sync[i], cudaEventDisableTiming));
     cudaEvent_t* timing[] = {&dp->t_backward, &dp->t_reduced, &dp->t_gather0, &dp->t_gather1};
@@ -4324,6 +4436,20 @@ static void dp_init(GpuDataParallel* dp, GpuGPT2* g, const GPT2* host) {
     for (int b = 0; b <= L; b++) shard_pack_host(h + shard_map_offset(&dp->map, b), host->params_memory, &dp->map, b, dp->rank);
     CUDA_CHECK(cudaMemcpy(dp->master, h, S * sizeof(float), cudaMemcpyHostToDevice));
     free(h);
+    if (dp->zero == 3) { /* the shard's bf16 weights, rounded to nearest (as below); the buffers they are gathered into */
+        shard_round_kernel<<<ceil_div((long long)S, 256), 256, 0, g->stream>>>(dp->param_shard, dp->master, S,
+                                                                               dp->map_dev, 0, 0u);
+        KERNEL_CHECK();
+        dp->head = g->params_memory;
+        dp->layer_buf[0] = dp->head + W * rest->piece;
+        dp->layer_buf[1] = dp->layer_buf[0] + W * dp->map.layer.piece;
+        memset(&g->params, 0, sizeof(g->params)); /* the layers' come from gpu_layer_params */
+        for (int k = 0; k < rest->nseg; k++) ((floatX**)&g->params)[rest->k[k]] = dp->head + rest->pre[k];
+        g->weights_begin = dp_weights_begin;
+        g->layer_weights = dp_layer_weights;
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return;
+    }
     /* the whole bf16 weights, rounded to nearest as gpu_model_init does, through the gradient buffer in chunks */
     size_t P = g->num_parameters;
     for (size_t at = 0; at < P; at += dp->grad_floats) {
@@ -4341,7 +4467,8 @@ static void dp_free(GpuDataParallel* dp) {
     if (!dp->active) return;
     gpu_wait(dp->comm->stream, NULL);
     cudaEvent_t ev[] = {dp->grads_ready, dp->reduced, dp->updated, dp->comm_idle, dp->slot_free[0], dp->slot_free[1],
-                        dp->slot_free[2], dp->t_backward, dp->t_reduced, dp->t_gather0, dp->t_gather1};
+                        dp->slot_free[2], dp->w_free, dp->w_ready[0], dp->w_ready[1], dp->w_ready[2], dp->t_backward,
+                        dp->t_reduced, dp->t_gather0, dp->t_gather1};
     for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     void* mem[] = {dp->map_dev, dp->grad_shard, dp->master, dp->m, dp->v, dp->param_shard, dp->grad_memory};
     for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) gpu_release(mem[i]);
@@ -4349,6 +4476,8 @@ static void dp_free(GpuDataParallel* dp) {
     if (dp->g) {
         dp->g->grads_begin = dp->g->grads_end = NULL;
         dp->g->grad_buckets = NULL;
+        dp->g->weights_begin = NULL;
+        dp->g->layer_weights = NULL;
     }
     memset(dp, 0, sizeof(*dp));
 }
@@ -4362,8 +4491,10 @@ static void dp_print(const GpuDataParallel* dp, size_t P, int micro_batches) {
     }
     int nc = 0;
     NCCL_CHECK(ncclGetVersion(&nc));
-    static const char* const names[3] = {"plain (allreduce)", "ZeRO-1 (optimizer state sharded)",
-                                         "ZeRO-2 (optimizer state and gradients sharded)"};
+    static const char* const names[4] = {"plain (allreduce)", "ZeRO-1 (optimizer state sharded)",
+                                         "ZeRO-2 (optimizer state and gradients sharded)",
+                                         "ZeRO-3 (weights, gradients and optimizer state sharded; the weights gathered "
+                                         "layer by layer; not run on a GPU, checked on the CPU execution layer)"};
     printf("data parallel: %s over %d rank(s) met through %s, NCCL %d.%d.%d; this rank %d, GPU %d; reductions %s\n",
            names[dp->zero], dp->world, dp->comm->how, nc / 10000, (nc / 100) % 100, nc % 100, dp->rank,
            dp->comm->device, dp->overlap ? "overlap backward, bucket by bucket" : "after backward (--overlap 0)");
@@ -4382,6 +4513,18 @@ static void dp_print(const GpuDataParallel* dp, size_t P, int micro_batches) {
                2 * P * mb, 4 * P * mb, 12 * P * mb);
         bytes = 2.0 * (W - 1) / W * 4.0 * (double)P;
         printf("sent per rank and step: allreduce 2 (W-1)/W x 4 B x P = %.1f MB (fp32 gradients, ring)\n", bytes * mb);
+        return;
+    }
+    if (dp->zero == 3) { /* (the formula above dp_gather_bucket) */
+        double Pl = (double)dp->map.layer.piece * W, Pr = (double)dp->map.rest.piece * W, A = micro_batches;
+        printf("per-rank state: bf16 weights: the shard's %.1f MB + gathered %.1f MB (the head and 2 layers), fp32 "
+               "gradients %.1f MB (2 layer slots + the rest) + %.1f MB the shard's, fp32 master + AdamW %.1f MB "
+               "(shard of %zu)\n", 2 * S * mb, 2 * (Pr + 2 * Pl) * mb, 4.0 * dp->grad_floats * mb, 4 * S * mb,
+               12 * S * mb, dp->shard);
+        bytes = (W - 1) / W * (4.0 * Pp * A + 2.0 * A * (Pr + 2.0 * dp->L * Pl));
+        printf("sent per rank and step: (W-1)/W x (4 B x P' x %.0f reduce-scatter(s) + 2 B x %.0f x (Pr + 2 L Pl) "
+               "all-gathers) = %.1f MB (P' = %.0f, Pl = %.0f, Pr = %.0f padded; fp32 gradients, bf16 weights, ring)\n",
+               A, A, bytes * mb, Pp, Pl, Pr);
         return;
     }
     printf("per-rank state: bf16 weights %.0f MB (+ %.0f MB the shard's, to send), fp32 gradients %.0f MB (%s) "
@@ -4413,7 +4556,7 @@ static void dp_zero_grad(GpuDataParallel* dp) {
 /* Before each micro-batch's backward: plain and ZeRO-1 reduce only after the
  * last one (the gradients accumulate until then); ZeRO-2 after every one. */
 static void dp_arm(GpuDataParallel* dp, int last_micro_batch) {
-    dp->armed = dp->active && (dp->zero == 2 || last_micro_batch);
+    dp->armed = dp->active && (dp->zero >= 2 || last_micro_batch);
 }
 
 static void dp_backward_done(GpuDataParallel* dp) {
@@ -4513,7 +4656,7 @@ static double dp_step(GpuDataParallel* dp, const AdamWConfig* opt, float lr, int
             dp->param_shard, dp->master, dp->grad_shard, dp->m, dp->v, dp->shard, dp->map_dev, lr, opt->beta1,
             opt->beta2, bc1, bc2, opt->eps, opt->weight_decay, decay_mask, (float)norm, max_norm, seed);
         KERNEL_CHECK();
-        dp_gather_weights(dp);
+        if (dp->zero < 3) dp_gather_weights(dp); /* (ZeRO-3: the next forward gathers the new shard) */
     }
     CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
     return norm;
@@ -4614,7 +4757,7 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
     shard_round_kernel<<<ceil_div((long long)S, 256), 256, 0, g->stream>>>(dp->param_shard, dp->master, S, dp->map_dev,
                                                                            update >= 0, seed);
     KERNEL_CHECK();
-    dp_gather_weights(dp);
+    if (dp->zero < 3) dp_gather_weights(dp); /* (ZeRO-3: the next forward gathers) */
     CUDA_CHECK(cudaEventRecord(dp->comm_idle, dp->comm->stream));
     gpu_wait(dp->comm->stream, NULL);
     gpu_wait(g->stream, NULL);
@@ -4627,10 +4770,9 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
-    if (o->zero == 3) /* (issue 15: the GPU has the levels and --hierarchical; its weights are not sharded yet) */
-        return "--zero 3 (the weights sharded, gathered layer by layer) is the CPU trainer's (./train_gpt --zero 3, "
-               "gptc/zero3.h); train_gpt_cu has --zero 0, 1 and 2, each with --topology and --hierarchical 1: use "
-               "--zero 2 here, or train with ./train_gpt --zero 3";
+    if (o->qwz || o->qgz || o->hpz) /* (gptc/zeropp.h is the CPU trainer's; the GPU's --zero 3 gathers bf16) */
+        return "--qwz, --qgz and --hpz (ZeRO++) are the CPU trainer's (./train_gpt --zero 3 --qwz 8 ...); "
+               "train_gpt_cu's --zero 3 gathers the bf16 weights and reduces fp32 gradients: drop them here";
     if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
         return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
                "parallel), or drop it and shard the state across GPUs with --zero 1|2";
@@ -5016,7 +5158,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
     size_t best_need = 0, least = 0;
     GpuPlanKnobs smallest = mine;
     for (int offload = 0; offload <= 1; offload++)
-        for (int zero = 0; zero <= (W > 1 ? 2 : 0); zero++)
+        for (int zero = 0; zero <= (W > 1 ? 3 : 0); zero++)
             for (int r = 0; r < RECOMPUTE_LEVELS; r++)
                 for (long long B = seqs; B >= 1; B--) {
                     if (seqs % B || (offload && zero)) continue;
@@ -5069,11 +5211,13 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     if (!memory_check(memory_plan_total(&st->plan), st->free0, memory_headroom_total(&st->room), verdict,
                       sizeof(verdict))) {
         fprintf(stderr, "error: rank %d: %s: lower --batch-size, raise --recompute%s, or --offload 1 (--plan 1 lists "
-                "what fits)\n", comm->rank, verdict, comm->world > 1 && o->zero < 2 ? ", raise --zero" : "");
+                "what fits)\n", comm->rank, verdict, comm->world > 1 && o->zero < 3 ? ", raise --zero" : "");
         return -1;
     }
     printf("%s\n", verdict);
-    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active, o->offload);
+    size_t weights = st->dp.active ? dp_weight_elems(&st->dp.map, o->zero, host->num_parameters) : host->num_parameters;
+    gpu_model_init_with(&st->g, host, B, T, o->gelu_fusion, o->recompute, o->zero == 0 || !st->dp.active, o->offload,
+                        weights);
     st->have_model = 1;
     dp_init(&st->dp, &st->g, host);
     st->have_dp = 1;

@@ -7,9 +7,9 @@
 #   scripts/test_gpu_plan.sh [LOG_DIR]
 #
 # What must hold:
-#   1. a grid of 22 configurations (depths 1-4, B, T, --recompute 0-3,
+#   1. a grid of 26 configurations (depths 1-4, B, T, --recompute 0-3,
 #      --gelu-fusion, --cuda-graphs, gradient accumulation, snapshots, ZeRO
-#      0/1/2 on 1 rank and on 2 ranks under mpirun, --offload): every run's
+#      0-3 on 1 rank and on 2 ranks under mpirun, --offload): every run's
 #      --plan-check 1 says "equal" after setup and after training, i.e. the
 #      device-allocation ledger equals gpu_memory_plan_for component by
 #      component, byte for byte, its peak equals the plan's total, and the
@@ -18,7 +18,8 @@
 #   2. the ledger's model state and activations equal closed forms written
 #      here independently (python, from DESIGN.md's parameter count and the
 #      activation shapes): bf16 weights 2P, master 4P, gradients 4P, moments
-#      8P on one GPU; ZeRO's shard S from the padded buckets; --offload 1
+#      8P on one GPU; ZeRO's shard S from the padded buckets (ZeRO-3's bf16
+#      weights: the gathered head and two layers); --offload 1
 #      moves master and moments off the device (and 4P of pinned gradients
 #      appear on the host); the activations of each --recompute level;
 #   3. --offload 1 trains the same model bytes as --offload 0 (clipping
@@ -80,6 +81,7 @@ if zero and True:
     S = L * lp + rp
     buckets = S * W if zero == 1 else (2 * lp + rp) * W
     want.update({"fp32 master": 4 * S, "AdamW moments": 8 * S, "fp32 gradients": 4 * (buckets + S)})
+    if zero == 3: want["bf16 weights"] = 2 * (rp + 2 * lp) * W  # the head and two layers, gathered
 else:
     want.update({"fp32 gradients": 4 * P, "fp32 master": 0 if off else 4 * P, "AdamW moments": 0 if off else 8 * P,
                  "pinned: offload gradients": 4 * P if off else 0})
@@ -127,6 +129,9 @@ g20 2 2 2 64 2 3 0
 g21 2 3 1 32 2 2 0
 g22 2 1 4 64 1 0 0
 g23 2 2 2 64 0 2 1
+g24 1 2 2 64 3 1 0
+g25 2 2 2 64 3 0 0
+g26 2 3 1 32 3 3 0
 "
 while read -r name w L B T zero r off extra; do
     [ -n "$name" ] || continue
