@@ -12,8 +12,8 @@
  * ZeroHooks it fills (zero3.h calls them for every range it gathers or
  * reduces); the block codec is gptc/quant.h's (its error bound, tested in
  * dev/quant/test_quant.c). MPI when USE_MPI is defined; on one process the
- * same arithmetic without messages. Not run on a GPU (train_gpt_cu refuses
- * --zero 3). Defines: ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
+ * same arithmetic without messages. CPU only: train_gpt_cu's --zero 3
+ * gathers bf16 weights and refuses --qwz, --qgz and --hpz. Defines: ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
  * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
  * runs with GPTC_ZEROPP_DUMP=dir (below: what each hook sent and received,
  * off when unset) and re-derives it in scripts/zeropp_ref.py.
@@ -170,7 +170,7 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
  * scripts/zeropp_ref.py re-derives every gather, secondary and grad record
  * from the masters and the local gradients of all ranks, in numpy, from the
  * documented format alone; scripts/test_zeropp.sh runs it (and, with
- * MUTANTS=1, shows it failing on planted bugs). */
+ * ZEROPP_MUTANTS=1, make test-zeropp-mutants, shows it failing on planted bugs). */
 #define ZEROPP_DUMP_MAGIC 0x5a505044554d5031LL /* "ZPPDUMP1" */
 static void zeropp_dump(ZeroPP* z, int tag, int source, size_t a, size_t n, const float* x) {
     Levels* lv = z->d->lv;
