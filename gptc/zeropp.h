@@ -13,7 +13,8 @@
  * reduces); the block codec is gptc/quant.h's (its error bound, tested in
  * dev/quant/test_quant.c). MPI when USE_MPI is defined; on one process the
  * same arithmetic without messages. CPU only: train_gpt_cu's --zero 3
- * gathers bf16 weights and refuses --qwz, --qgz and --hpz. Defines: ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
+ * gathers bf16 weights and refuses --qwz, --qgz and --hpz. Defines:
+ * ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
  * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
  * runs with GPTC_ZEROPP_DUMP=dir (below: what each hook sent and received,
  * off when unset) and re-derives it in scripts/zeropp_ref.py.
