@@ -698,15 +698,17 @@ static int run_lock(RunLock* l, const char* output_dir, const char* shm_dir, int
  * and the kernel would go on writing its dirty pages back while the next
  * trainer's first steps run. Once the run is this job's (run_lock: no
  * other trainer can be writing), each rank removes its own state files';
- * rank 0 every rank's (those of a run resumed on fewer ranks) and the model
- * files'. (A file another rank removed first is no error.) */
+ * rank 0 every rank's (those of a run resumed on fewer ranks), the steps'
+ * "complete" markers' and the model files' (a marker cut short leaves an
+ * empty .tmp; test_failover's kills land there too). (A file another rank
+ * removed first is no error.) */
 static void partial_saves_remove(const char* output_dir, int rank) {
     if (!output_dir[0]) return;
-    for (int which = 0; which < 2 && (which == 0 || rank == 0); which++) {
+    static const char* const rank0_wild[] = {"/state_*_rank*.bin.tmp", "/state_*.complete.tmp", "/model_*.bin.tmp"};
+    for (int which = 0; which < 3 && (which == 0 || rank == 0); which++) {
         char wild[64], pattern[8400];
-        if (which == 0 && rank > 0) snprintf(wild, sizeof(wild), "/state_*_rank%d.bin.tmp", rank);
-        else if (which == 0) snprintf(wild, sizeof(wild), "/state_*_rank*.bin.tmp");
-        else snprintf(wild, sizeof(wild), "/model_*.bin.tmp");
+        if (rank > 0) snprintf(wild, sizeof(wild), "/state_*_rank%d.bin.tmp", rank);
+        else snprintf(wild, sizeof(wild), "%s", rank0_wild[which]);
         glob_pattern(pattern, sizeof(pattern), output_dir, wild);
         glob_t g;
         if (glob(pattern, 0, NULL, &g) != 0) continue;

@@ -254,17 +254,17 @@ quiet=$(timeout -k 10 60 $BIN $COMMON -b 6 -x 2 --snapshot-every 1 --shm-dir "$s
 [ "$warned" = 1 ] && { [ "$quiet" = 0 ] || [ "$(stat -f -c %T "$shm")" != tmpfs ]; } &&
     check ok "--shm-dir on a disk folder: one warning that snapshots are written back to disk; on a tmpfs none" ||
     check FAIL "--shm-dir on a disk folder warns, on a tmpfs not" "disk: $warned warning(s), tmpfs: $quiet"
-# planted: a dead trainer's partial saves of every rank and of the model are
-# removed when the next trainer takes the run; a file of another name stays
+# planted: a dead trainer's partial saves of every rank, of a step's
+# "complete" marker and of the model are removed when the next trainer takes the run; a file of another name stays
 run=partial
 mkdir -p "$dir/$run"
-for f in state_00000099_rank0.bin.tmp state_00000099_rank1.bin.tmp model_00000099.bin.tmp notes.tmp; do
+for f in state_00000099_rank0.bin.tmp state_00000099_rank1.bin.tmp state_00000099.complete.tmp model_00000099.bin.tmp notes.tmp; do
     head -c 4096 /dev/zero > "$dir/$run/$f"
 done
 timeout -k 10 60 $BIN $COMMON -b 6 -x 2 -o "$dir/$run" > "$dir/$run.out" 2>&1
 rc=$?
-[ $rc -eq 0 ] && [ "$(cd "$dir/$run" && ls *.tmp)" = notes.tmp ] && [ "$(grep -c '^resume: removed .*: a save cut short' "$dir/$run.out")" = 3 ] &&
-    check ok "partial saves planted (rank 0's, rank 1's, the model's): removed by the next trainer, with a line each; notes.tmp kept" ||
+[ $rc -eq 0 ] && [ "$(cd "$dir/$run" && ls *.tmp)" = notes.tmp ] && [ "$(grep -c '^resume: removed .*: a save cut short' "$dir/$run.out")" = 4 ] &&
+    check ok "partial saves planted (rank 0's, rank 1's, a complete marker, the model's): removed by the next trainer, with a line each; notes.tmp kept" ||
     check FAIL "partial saves removed by the next trainer, other files kept" "exit $rc; left: $(cd "$dir/$run" && ls *.tmp | tr '\n' ' '); $(grep '^resume: removed' "$dir/$run.out" | head -3)"
 
 # a replaced host: rank 1 is killed and its own memory snapshots are gone
