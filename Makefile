@@ -152,10 +152,17 @@ test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
 test-asan: train_gpt test_gpt_asan $(TOKENIZER_FILES)
 	ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan
 
+# (glibc malloc told to keep what torch frees, not to unmap it, and to ask for
+# transparent huge pages (glibc >= 2.35; ignored where THP is off): each
+# float64 step of GPT-2 124M allocates GBs of temporaries, and on these VMs a
+# fresh 4 KB page costs its first touch again (~0.35 GB/s). One step at load
+# 2-6: backward 93 s -> 22 s kept -> 11 s with huge pages, AdamW 38 -> 7 -> 4 s;
+# the reference's bytes are the same. scripts/bench_torch.sh's KEEP_HEAP=1)
 $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
 	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "error: $(PYTHON) has no torch: apt-get install python3-torch python3-numpy (or run make test-fast)"; exit 1; }
 	mkdir -p $(FIXTURE_124M)
-	$(PYTHON) scripts/gpt2_reference.py --init 12,768,12,1024,50257 --seed 1337 --B 2 --T 64 --steps 3 \
+	MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
+		$(PYTHON) scripts/gpt2_reference.py --init 12,768,12,1024,50257 --seed 1337 --B 2 --T 64 --steps 3 \
 		--data-seed 42 --out-model $(FIXTURE_124M)/gpt2_124M_model.bin.tmp --out-ref $@.tmp
 	mv $(FIXTURE_124M)/gpt2_124M_model.bin.tmp $(FIXTURE_124M)/gpt2_124M_model.bin
 	mv $@.tmp $@
