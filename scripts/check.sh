@@ -7,6 +7,11 @@
 # fails when the test does. With CHECK_START set (a `date +%s`), each line ends
 # with the seconds since then. Each script prints its own last line,
 # "N passed, N failed", and exits non-zero on a failure.
+#   $CLEAN_ENV COMMAND...         runs COMMAND without an outer launcher's
+#                                 rank variables (Slurm's, Open MPI's, PMI's,
+#                                 torchrun's): under an outer job they would
+#                                 make every trainer a test starts think it is
+#                                 one of that job's ranks
 passed=0
 failed=0
 check() {
@@ -14,3 +19,5 @@ check() {
     if [ "$1" = ok ]; then passed=$((passed + 1)); mark="ok  "; else failed=$((failed + 1)); fi
     echo "$mark $2${3:+  $3}${CHECK_START:+  [$(( $(date +%s) - CHECK_START ))s]}"
 }
+CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
+    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"

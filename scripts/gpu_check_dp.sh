@@ -49,8 +49,7 @@ BENCH_STEPS=${BENCH_STEPS:-10}
 LOSS_TOL=${LOSS_TOL:-2e-3}
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START ))s; }
-passed=0
-failed=0
+. scripts/check.sh # $passed, $failed, $CLEAN_ENV; this script's own check below also gathers the summary gpu_check.sh prints
 summary=()
 check() { # check ok|FAIL what [detail]
     if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
@@ -68,9 +67,6 @@ else
 fi
 [ "$NGPU" -ge 1 ] || { echo "gpu_check_dp: no GPU"; exit 77; }
 
-# the launcher variables of an outer job would make every process think it is one of its ranks
-CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
-    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 
 TOY=$LOG/toy.bin # (in this run's log folder: two runs at once never share it)
 [ -f $TOY ] || $PY scripts/toy_shard.py $TOY 400000 256 0 > /dev/null || { echo "gpu_check_dp: cannot write $TOY"; exit 1; }

@@ -57,8 +57,6 @@ for b in "$BIN" "$CPU"; do
 done
 echo "test_cuda_levels: logs in $LOG"
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
-    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 TOY=$LOG/toy.bin
 $PY scripts/toy_shard.py "$TOY" 200000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
 C=64; L=2; Vp=256; maxT=64; W=4; N=2; K=2

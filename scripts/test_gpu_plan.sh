@@ -41,14 +41,7 @@ BIN=./train_gpt_cu_cpu
 PY=/usr/bin/python3
 [ -x $BIN ] || { echo "test_gpu_plan: $BIN not built: make train_gpt_cu_cpu"; exit 1; }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
-    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
-passed=0
-failed=0
-check() { # check ok|FAIL "what" "detail"
-    if [ "$1" = ok ]; then passed=$((passed + 1)); echo "ok    $2${3:+ ($3)}"
-    else failed=$((failed + 1)); echo "FAIL  $2${3:+ ($3)}"; fi
-}
+. scripts/check.sh # check ok|FAIL what [detail], $passed, $failed, $CLEAN_ENV
 TOY=$LOG/toy.bin
 $PY scripts/toy_shard.py "$TOY" 200000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
 BASE="--channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --lr 3e-3 --warmup-steps 2

@@ -45,8 +45,6 @@ SMALL="--model d2 --channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 
        --batch-size 2 --total-batch-size 768 --steps 3 --save-every 2 --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0
        --sample-every 0"
 # (768 tokens a step: 6 sequences, whole micro-batches of B=2 on 1, 2 and 3 ranks)
-CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
-    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 
 # gpus NAME W FLAGS...: W emulated GPUs (W = 1: one process, no mpirun), output in $LOG/NAME/
 gpus() {
