@@ -814,6 +814,34 @@ static void test_init(void) {
         free(par);
     }
     check(fill_ok, "rng_fill_normal: bitwise the serial rng_normal loop, and the state after it", "");
+    { /* the fast init (gptc/util.h's rng_fill_normal_lanes): 1M normals bitwise, its recompute path taken, and
+       * its own log/cos within 2^-44 of glibc's (the 2^-40 it relies on, with room); a planted 2^-38 error
+       * in the fast value, trusted, is caught by the same bitwise comparison */
+        size_t n = 1000003;
+        float* seq = xmalloc_floats(n);
+        float* fast = xmalloc_floats(n);
+        Rng r1, r2;
+        rng_init(&r1, 424242);
+        r2 = r1;
+        double worst = 0.0;
+        size_t planted_caught = 0;
+        for (size_t j = 0; j < n; j++) {
+            uint32_t a = rng_u32(&r1), b = rng_u32(&r1);
+            double ref = 0.02 * rng_normal_of(a, b), mine = rng_normal_fast(a, b, 0.02);
+            seq[j] = (float)ref;
+            double rel = fabs(mine - ref) / fabs(ref);
+            if (rel > worst) worst = rel;
+            planted_caught += (float)(mine * (1.0 + 0x1p-38)) != seq[j];
+        }
+        size_t redone = rng_fill_normal_lanes(r2, fast, n, 0.02);
+        char d[160];
+        snprintf(d, sizeof(d), "worst relative difference %.3g (2^%.1f), %zu of %zu recomputed, planted error: %zu "
+                 "normals differ", worst, log2(worst > 0 ? worst : 1e-300), redone, n, planted_caught);
+        check(memcmp(seq, fast, n * sizeof(float)) == 0 && redone > 0 && worst < 0x1p-44 && worst > 0.0 &&
+              planted_caught > 0, "fast init: 1M normals bitwise rng_normal's; its log/cos within 2^-44 of glibc's", d);
+        free(seq);
+        free(fast);
+    }
     c = config_from_depth(12);
     check(parameter_count(&c) == 124475904ull, "d12 has 124,475,904 parameters (Vp = 50304)", "");
     gpt2_free(&a);

@@ -2260,7 +2260,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     train_memory_print(model, dist);
     test_hooks_print(1);
     timing_print(dist, "communicator ready", dist->t_comm);
-    double mark = startup_begin();
+    StartupMark mark = startup_begin();
     if (saver_init(saver, dist, model, o) != 0) return -1;
     startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
@@ -2402,7 +2402,7 @@ static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const 
  * Returns 0 or -1. */
 static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* dist) {
     GPT2 model;
-    double mark = startup_begin();
+    StartupMark mark = startup_begin();
     if (model_from_options(&model, o) != 0) return -1;
     startup_end(SU_MODEL, mark);
     const GPT2Config* c = &model.config;

@@ -11,7 +11,8 @@
  * ledger_record, ledger_release, ledger_floats, ledger_malloc, ledger_free,
  * ledger_mark_setup, ledger_print; big_alloc, big_touch, huge_pages_mode
  * (the fast start: big buffers on huge pages, first-touched in parallel);
- * StartupClock, startup, startup_begin, startup_end, startup_loaded.
+ * StartupClock, startup, StartupMark, startup_begin, startup_end, startup_loaded,
+ * process_cpu_ms.
  *
  * What it counts: the bytes asked of the allocator (n floats = 4n bytes;
  * xmalloc_floats's rounding to 64 bytes and malloc's own headers are left
@@ -146,6 +147,46 @@ static void big_touch(void* p, size_t bytes, int write) {
     (void)sum;
 }
 
+/* How big_populate faulted the pages in: 1 MADV_POPULATE_WRITE, 0 a touch
+ * per page (a kernel before 5.14, or a refusal), -1 not yet asked. */
+static int big_populate_how = -1;
+
+/* Fault the fresh pages of p[0, bytes) in, writable, each OpenMP thread its
+ * static share (the split big_touch makes, and the layers' loops: on a NUMA
+ * host a page lands on the node of the thread that uses it), in one
+ * madvise(MADV_POPULATE_WRITE) a thread (Linux 5.14): the kernel maps the
+ * share in one call instead of one trap per page. Measured on this 2-core
+ * VM (2026-12, loaded): 1 GiB in 0.17-0.25 s populated against 3.0-5.3 s
+ * touched, both 262,144 page faults by getrusage; the pages are the same
+ * zeroed ones. (What the populate does not pay, the hypervisor's own
+ * backing of a guest page never used before, ~1.5 s/GiB here, is paid by
+ * the first real write instead: the init, the first step.) Where madvise
+ * refuses (EINVAL: an older kernel; anything else), the share is touched
+ * page by page, as before. */
+static void big_populate(void* p, size_t bytes) {
+    unsigned char* base = (unsigned char*)p;
+    const size_t pages = (bytes + 4095) / 4096;
+    int touched = 0;
+#pragma omp parallel reduction(+ : touched)
+    {
+        size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t lo = pages / nt * t + (t < pages % nt ? t : pages % nt), hi = lo + pages / nt + (t < pages % nt);
+        int done = 0;
+#ifdef MADV_POPULATE_WRITE
+        if (hi > lo && big_populate_how != 0) {
+            size_t end = hi * 4096 < bytes ? hi * 4096 : bytes;
+            done = madvise(base + lo * 4096, end - lo * 4096, MADV_POPULATE_WRITE) == 0;
+        }
+#endif
+        if (!done && hi > lo) {
+            volatile unsigned char* v = base;
+            for (size_t i = lo; i < hi; i++) v[i * 4096] = 0;
+            touched = 1;
+        }
+    }
+    if (bytes >= 4096) big_populate_how = touched ? 0 : 1;
+}
+
 /* Where the start-up's time went, printed after the first step
  * (gptc/saver.h's startup_print): big_alloc's own time and bytes, and each
  * phase's time without the allocations inside it (startup_begin/_end). */
@@ -154,13 +195,24 @@ static const char* const SU_NAMES[SU_PHASES] = {"model init/load", "tokenizer + 
                                                "standby wait", "state load"};
 typedef struct {
     double alloc_ms;   /* in big_alloc: mmap, madvise, the first touch */
+    double alloc_cpu;  /* ...its CPU time (the process's, all threads: what the load of other jobs does not move) */
     size_t alloc_bytes;
     double phase_ms[SU_PHASES];
+    double phase_cpu[SU_PHASES];
     double loaded_ms;  /* time_ms() when the state was loaded (the first step starts) */
+    double loaded_cpu; /* the process's CPU time by then */
     long loaded_faults, loaded_major; /* the process's page faults (minor, major) by then */
 } StartupClock;
 
 static StartupClock startup;
+
+/* The CPU time this process has used so far, all its threads, user and
+ * kernel (the page faults' clearing is kernel time), in ms. */
+static double process_cpu_ms(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
+    return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-3;
+}
 
 /* The state is loaded: the first step starts now (its time and its page
  * faults are counted from here: a first step that faults much more than
@@ -168,23 +220,34 @@ static StartupClock startup;
 static void startup_loaded(void) {
     struct rusage ru;
     startup.loaded_ms = time_ms();
+    startup.loaded_cpu = process_cpu_ms();
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
         startup.loaded_faults = ru.ru_minflt;
         startup.loaded_major = ru.ru_majflt;
     }
 }
 
-/* A phase begins: its mark (now, less the allocations so far). */
-static double startup_begin(void) { return time_ms() - startup.alloc_ms; }
+/* A phase begins: its mark (now, less the allocations so far); its CPU
+ * mark likewise (startup_end takes both: the phase's own time in each). */
+typedef struct {
+    double ms, cpu;
+} StartupMark;
+static StartupMark startup_begin(void) {
+    StartupMark m = {time_ms() - startup.alloc_ms, process_cpu_ms() - startup.alloc_cpu};
+    return m;
+}
 
 /* ...and ends: its time, less the allocations inside it. */
-static void startup_end(int phase, double mark) { startup.phase_ms[phase] += time_ms() - startup.alloc_ms - mark; }
+static void startup_end(int phase, StartupMark mark) {
+    startup.phase_ms[phase] += time_ms() - startup.alloc_ms - mark.ms;
+    startup.phase_cpu[phase] += process_cpu_ms() - startup.alloc_cpu - mark.cpu;
+}
 
 /* `bytes` of zeroed memory, 2 MB-aligned, on huge pages where the kernel
  * offers them, first-touched in parallel (above). *mapped: the length to
  * munmap. */
 static void* big_alloc(size_t bytes, size_t* mapped) {
-    double t0 = time_ms();
+    double t0 = time_ms(), c0 = process_cpu_ms();
     size_t len = (bytes + 4095) & ~(size_t)4095;
     size_t over = len + HUGE_PAGE_BYTES;
     unsigned char* raw = (unsigned char*)mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -197,9 +260,10 @@ static void* big_alloc(size_t bytes, size_t* mapped) {
 #ifdef MADV_HUGEPAGE
     if (len >= HUGE_PAGE_BYTES && huge_pages_wanted()) (void)madvise(p, len, MADV_HUGEPAGE); /* refused where THP is off */
 #endif
-    big_touch(p, len, 1);
+    big_populate(p, len);
     *mapped = len;
     startup.alloc_ms += time_ms() - t0;
+    startup.alloc_cpu += process_cpu_ms() - c0;
     startup.alloc_bytes += len;
     return p;
 }

@@ -69,7 +69,7 @@ static int train_run_init(TrainRun* r, const GPT2Config* c, const Options* o, co
     r->grad_accum = r->total / (r->B * r->T * world);
     printf("batch: B=%d T=%d on %d rank(s), %d tokens per step (%d micro-batches)\n", r->B, r->T, world, r->total,
            r->grad_accum);
-    double mark = startup_begin();
+    StartupMark mark = startup_begin();
     if (dataloader_init(&r->train, train_pattern, r->B, r->T, rank, world, c->vocab_size, o->shuffle,
                         (uint64_t)o->seed) != 0)
         return -1;

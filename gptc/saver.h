@@ -162,14 +162,30 @@ typedef struct {
     int snapshots;
     int last_failed;       /* the last disk write failed on some rank */
     char lock_file[4400];  /* the slots' lock (gptc/state.h's run_lock), removed with them */
+    /* the fast start: own slots mapped at start, their pages faulted in
+     * after the first step by this thread (and by the copier, the resume:
+     * whoever needs a slot first; gptc/state.h's slot_prepare) */
+    pthread_t preparer;
+    int preparer_busy;     /* started and not joined */
+    int preparer_stop;     /* (atomic) saver_free: end now */
 #ifdef USE_MPI
     MPI_Request send[OWN_SLOTS];  /* replica of own slot k on its way to rank r + 1 */
     MPI_Request recv[HELD_SLOTS]; /* replica arriving from rank r - 1 */
 #endif
 } Saver;
 
+/* A slot's pages are all there, or the run cannot go on: an error that
+ * says what to do (one that would have been a SIGBUS mid-copy). */
+static void slot_ready(Slot* sl, int parallel) {
+    int err = slot_prepare(sl, parallel);
+    CHECK(err == 0, "cannot reserve %.2f GB for the snapshot slot %s (%s): its file system filled up since the start; "
+          "free space there (or point --shm-dir elsewhere, or run with --snapshot-every 0) and run again with "
+          "--resume 1", sl->bytes / 1e9, sl->path[0] ? sl->path : "(anonymous)", strerror(err == EFAULT ? ENOSPC : err));
+}
+
 static void* saver_copier_main(void* arg) {
     Saver* sv = (Saver*)arg;
+    slot_ready(&sv->own[sv->fill], 0); /* (prepared at the first snapshot; at once after) */
     slot_fill(&sv->own[sv->fill], &sv->info, sv->params, sv->m, sv->v, &sv->copied, sv->all_params,
               sv->all_params ? sv->model_params : NULL);
     return NULL;
@@ -203,9 +219,41 @@ static void shm_dir_check(const char* shm_dir, int rank) {
                 "point --shm-dir at a tmpfs such as /dev/shm\n", shm_dir);
 }
 
+/* The own slots' pages, one after the other, on a background thread
+ * started after the first step (saver_prepare_start). */
+static void* saver_preparer_main(void* arg) {
+    Saver* sv = (Saver*)arg;
+    for (int k = 0; k < sv->nslots; k++) {
+        slot_prepare_work(&sv->own[k], &sv->preparer_stop);
+        if (__atomic_load_n(&sv->preparer_stop, __ATOMIC_ACQUIRE)) break;
+    }
+    return NULL;
+}
+
+/* The first step is done: fault the rest of the own slots in, in the
+ * background (the fast start: nothing of it before the first step). */
+static void saver_prepare_start(Saver* sv) {
+    int todo = 0;
+    for (int k = 0; k < sv->nslots; k++) todo |= sv->own[k].base && sv->own[k].next < sv->own[k].chunks;
+    if (!todo || sv->preparer_busy) return;
+    sv->preparer_stop = 0;
+    CHECK(pthread_create(&sv->preparer, NULL, saver_preparer_main, sv) == 0, "cannot start the slot preparer thread");
+    sv->preparer_busy = 1;
+}
+
+/* Stop the preparer (what it left undone is done by whoever needs a slot). */
+static void saver_prepare_stop(Saver* sv) {
+    if (!sv->preparer_busy) return;
+    __atomic_store_n(&sv->preparer_stop, 1, __ATOMIC_RELEASE);
+    CHECK(pthread_join(sv->preparer, NULL) == 0, "cannot join the slot preparer thread");
+    sv->preparer_busy = 0;
+}
+
 /* Map the slots (what an earlier process left in them stays, for
- * state_resume to read). Returns 0 or -1 (with a message on this rank;
- * collective). */
+ * state_resume to read). The own slots' pages are faulted in later (the
+ * fast start: after the first step, or when a resume reads one), except
+ * for a standby, which has the time now. Returns 0 or -1 (with a message
+ * on this rank; collective). */
 static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options* o) {
     memset(sv, 0, sizeof(*sv));
     sv->newest = sv->pinned = -1;
@@ -218,18 +266,19 @@ static int saver_init(Saver* sv, const Dist* d, const GPT2* model, const Options
     sv->nslots = sv->memory ? OWN_SLOTS : 1;
     size_t bytes = state_bytes(d->save_hi - d->save_lo);
     CHECK(d->world == 1 || bytes / 4 <= (size_t)INT32_MAX, "a state of %zu bytes is too large for one MPI message", bytes);
-    int ok = 1;
+    int ok = 1, defer = !o->standby[0];
+    size_t pending = 0; /* the deferred slots' bytes, for the room check */
     char path[4400];
     for (int k = 0; k < sv->nslots && ok; k++) {
         slot_path(path, sizeof(path), o, d->rank, d->rank, k);
-        ok = slot_map(&sv->own[k], sv->memory ? path : NULL, bytes) == 0;
+        ok = slot_map(&sv->own[k], sv->memory ? path : NULL, bytes, defer, &pending) == 0;
     }
     for (int k = 0; k < HELD_SLOTS && ok && sv->memory && d->world > 1; k++) {
         int of = (d->rank + d->world - 1) % d->world;
         slot_path(path, sizeof(path), o, of, d->rank, k);
         size_t lo, hi;
         dist_slice(d, model->num_parameters, of, &lo, &hi);
-        ok = slot_map(&sv->held[k], path, state_bytes(hi - lo)) == 0;
+        ok = slot_map(&sv->held[k], path, state_bytes(hi - lo), 0, &pending) == 0; /* (MPI writes them: at once) */
     }
     if (sv->memory && ok) shm_dir_check(o->shm_dir, d->rank); /* (the folder exists by now) */
     if (sv->memory) run_lock_path(sv->lock_file, sizeof(sv->lock_file), o->output_dir, o->shm_dir, d->rank, 1);
@@ -443,12 +492,14 @@ static int train_run_bad_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* model
 /* On an error: let the background threads finish (no collectives: the
  * other ranks may be gone), keep the memory snapshots for a resume. */
 static void saver_abandon(Saver* sv) {
+    saver_prepare_stop(sv);
     if (sv->copier_busy) CHECK(pthread_join(sv->copier, NULL) == 0, "cannot join the snapshot thread");
     if (sv->writer_busy) CHECK(pthread_join(sv->writer, NULL) == 0, "cannot join the state writer thread");
     sv->copier_busy = sv->writer_busy = 0;
 }
 
 static void saver_free(Saver* sv, int remove_memory) {
+    saver_prepare_stop(sv);
     ledger_free(sv->model_params);
     for (int k = 0; k < OWN_SLOTS; k++) slot_unmap(&sv->own[k], remove_memory);
     for (int k = 0; k < HELD_SLOTS; k++) slot_unmap(&sv->held[k], remove_memory);
@@ -661,7 +712,7 @@ static float* state_replica_exchange(const Dist* d, const Options* o, const int*
  * and this rank's slice of the moments, and its record into *s (a replica:
  * `replica`, `floats` long). 1 if it worked. */
 static int state_load_into(StateSource src, TrainRun* r, const Dist* d, GPT2* model, const Options* o,
-                           const Saver* sv, int step, int own_slot, const float* replica, long long floats,
+                           Saver* sv, int step, int own_slot, const float* replica, long long floats,
                            StateInfo* s, float* full) {
     char path[4400];
     int32_t h[HEADER_INTS];
@@ -670,6 +721,7 @@ static int state_load_into(StateSource src, TrainRun* r, const Dist* d, GPT2* mo
     if (src == SOURCE_DISK) return state_load_disk(r, d, model, o, step, s, full) == 0;
     if (src == SOURCE_OWN && sv->memory) { /* the slot is mapped already: straight from memory */
         slot_path(path, sizeof(path), o, d->rank, d->rank, own_slot);
+        slot_ready(&sv->own[own_slot], 1); /* its pages, by all threads, before the copy reads them */
         return state_load_record(sv->own[own_slot].base, sv->own[own_slot].bytes, path, s, full, m_at,
                                  v_at) == 0 && s->step == step;
     }
@@ -682,7 +734,7 @@ static int state_load_into(StateSource src, TrainRun* r, const Dist* d, GPT2* mo
                                         full, m_at, v_at) == 0 && s->step == step;
 }
 static int state_load_from(StateSource src, TrainRun* r, const Dist* d, GPT2* model, const Options* o,
-                           const Saver* sv, int step, int own_slot, const float* replica, long long floats,
+                           Saver* sv, int step, int own_slot, const float* replica, long long floats,
                            StateInfo* s) {
     float* full = dist_params_full(d, model);
     int ok = state_load_into(src, r, d, model, o, sv, step, own_slot, replica, floats, s, full);
@@ -734,7 +786,7 @@ static void state_sources_print(const Dist* d, StateSource src, int step) {
  * step, with a warning. Returns the step to continue from (0 when there is
  * none), or -1 when a state of this run cannot continue it (a clear error:
  * what differs). Collective. */
-static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, const Saver* sv) {
+static int state_resume(TrainRun* r, const Dist* d, GPT2* model, const Options* o, Saver* sv) {
     int W = d->world;
     StateInfo now = state_info_of(r, d, model, o, 0), s;
     uint64_t id;
@@ -972,19 +1024,28 @@ static void test_hook_standby_setup(void) {
 }
 
 /* The start-up, from the process start to the first step done, split
- * (gptc/ledger.h's StartupClock): what the fast start (issue 17) measures. */
+ * (gptc/ledger.h's StartupClock): what the fast start (issue 17) measures.
+ * Two lines: the wall clock, and the process's CPU time in the same phases
+ * (all threads, user + kernel: on a shared machine the wall clock moves
+ * with the other jobs' load, the CPU time much less). */
 static void startup_print(const Dist* d) {
     if (d->rank != 0) return;
     double total = unix_ms() - d->t_start, first = time_ms() - startup.loaded_ms, rest = total - first;
-    char line[1024];
+    double cpu_first = process_cpu_ms() - startup.loaded_cpu;
+    char line[1024], cpu[512];
     int n = snprintf(line, sizeof(line), "start-up: %.0f ms from process start to the first step done: allocate + "
-                     "first touch %.0f ms (%.2f GB, %d threads; huge pages %s, transparent huge pages: %s)", total,
+                     "first touch %.0f ms (%.2f GB, %d threads, %s; huge pages %s, transparent huge pages: %s)", total,
                      startup.alloc_ms, startup.alloc_bytes / 1e9, num_threads(),
+                     big_populate_how == 1 ? "MADV_POPULATE_WRITE" : big_populate_how == 0 ? "a write per page" : "none",
                      huge_pages_wanted() ? "asked" : "not asked (GPTC_HUGE_PAGES=1 asks)", huge_pages_mode());
+    int m = snprintf(cpu, sizeof(cpu), "start-up CPU time (the process's, all threads, user + kernel): allocate + first "
+                     "touch %.0f ms", startup.alloc_cpu);
     rest -= startup.alloc_ms;
     for (int k = 0; k < SU_PHASES; k++) {
-        if (k != SU_WAIT || startup.phase_ms[k] > 0)
+        if (k != SU_WAIT || startup.phase_ms[k] > 0) {
             n += snprintf(line + n, sizeof(line) - (size_t)n, ", %s %.0f ms", SU_NAMES[k], startup.phase_ms[k]);
+            m += snprintf(cpu + m, sizeof(cpu) - (size_t)m, ", %s %.0f ms", SU_NAMES[k], startup.phase_cpu[k]);
+        }
         rest -= startup.phase_ms[k];
     }
     struct rusage ru;
@@ -993,7 +1054,9 @@ static void startup_print(const Dist* d) {
         minor = ru.ru_minflt - startup.loaded_faults;
         major = ru.ru_majflt - startup.loaded_major;
     }
-    printf("%s, first step %.0f ms (%ld page faults, %ld from disk), other %.0f ms\n", line, first, minor, major, rest);
+    printf("%s, first step %.0f ms (%ld page faults, %ld from disk), other %.0f ms; random init: %zu normals drawn\n",
+           line, first, minor, major, rest, rng_normals_filled);
+    printf("%s, first step %.0f ms; before the first step %.0f ms in all\n", cpu, cpu_first, startup.loaded_cpu);
 }
 
 /* After step `step`'s update (0-based; the run started at `start`): say a
@@ -1009,6 +1072,7 @@ static int train_run_after_step(TrainRun* r, Saver* sv, const Dist* d, GPT2* mod
         run_lock_settle(&r->lock); /* a promoted standby: the locks it inherited, held for real by now */
         timing_print(d, "first step done", unix_ms());
         startup_print(d);
+        saver_prepare_start(sv); /* the snapshot slots' pages, from now on, in the background */
     }
     heartbeat_write(o, r->rank, step + 1);
     if (s->finite && !s->spike) {

@@ -9,7 +9,7 @@
  * put_i64, get_i64; LossWatch (losswatch_spike, losswatch_accept); StateInfo,
  * state_bytes, state_path, state_header_make, state_header_parse,
  * state_read_header, state_read_arrays, state_load_record; Slot (slot_map,
- * slot_unmap, slot_fill); state_differs; run_id_format, run_id_read;
+ * slot_prepare, slot_unmap, slot_fill); state_differs; run_id_format, run_id_read;
  * run_tag; RunLock (run_lock, run_lock_path, run_unlock: one trainer per run
  * directory; run_lock_settle: a promoted standby's locks, inherited from a
  * process still being torn down; process_exiting); partial_saves_remove.
@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h> /* fstatvfs: slot_shortfall */
 
 /* A model file holds the weights only; resuming a run bit for bit needs the
  * rest too: the AdamW moments (this rank's shard under ZeRO), the step, the
@@ -348,49 +349,126 @@ static int state_load_record(const unsigned char* base, size_t bytes, const char
 }
 
 /* A snapshot slot: one state record in memory, backed by a file in
- * /dev/shm (or anonymous memory when snapshots stay private), mapped and
- * reserved up front (posix_fallocate: a full /dev/shm is an error now, not
- * a SIGBUS mid-run) and touched once, so taking a snapshot never faults. */
+ * /dev/shm (or anonymous memory when snapshots stay private), mapped at
+ * start, its pages faulted in (reserved: a full /dev/shm is an error, not
+ * a SIGBUS mid-run) before anything writes them, so taking a snapshot never
+ * faults. Fault them in all at start (slot_map's `defer` 0) or later
+ * (`defer` 1: the fast start, issue 17): then slot_prepare faults them in,
+ * in chunks that any number of threads take in turn (a background thread
+ * while the first steps run, and whoever needs the slot first: the copier
+ * before it fills it, a resume before it reads it), and waits for the
+ * chunks others took. */
+#define SLOT_CHUNK ((size_t)32 << 20) /* 32 MiB per madvise */
 typedef struct {
     char path[4400];     /* "" = anonymous */
     unsigned char* base; /* (bytes) the record */
     size_t bytes;
+    long chunks;         /* its SLOT_CHUNK-sized chunks; slot_prepare's counters (atomic): */
+    long next;           /* the next chunk to fault in */
+    long done;           /* chunks faulted in (or failed): all of them = prepared */
+    int err;             /* the errno of a chunk that could not be had (a full /dev/shm), 0 */
 } Slot;
 
-/* Map `bytes` of the file slot `fd` shared at *base and fault every page
- * in, writable, by all threads, keeping what the file holds. 0; 1 when the
- * kernel lacks MADV_POPULATE_WRITE (nothing mapped: the caller reserves the
- * pages another way); -1 (errno set) when the pages cannot be had: a full
- * /dev/shm is an error now, not a SIGBUS mid-run. */
-static int slot_populate(int fd, size_t bytes, unsigned char** base) {
+/* Fault chunk c of the slot in, writable, keeping what the file holds: 0,
+ * or the errno (EINVAL: a kernel before 5.14; EFAULT, ENOMEM: the pages
+ * cannot be had, a full /dev/shm). */
+static int slot_chunk_populate(const Slot* sl, long c) {
+    size_t off = (size_t)c * SLOT_CHUNK, len = sl->bytes - off < SLOT_CHUNK ? sl->bytes - off : SLOT_CHUNK;
 #ifdef MADV_POPULATE_WRITE
-    unsigned char* p = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == (unsigned char*)MAP_FAILED) return -1;
-    const size_t chunk = (size_t)32 << 20; /* 32 MiB per madvise, shared out among the threads */
-    long chunks = (long)((bytes + chunk - 1) / chunk);
-    int err = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(max : err)
-    for (long c = 0; c < chunks; c++) {
-        size_t off = (size_t)c * chunk, len = bytes - off < chunk ? bytes - off : chunk;
-        if (madvise(p + off, len, MADV_POPULATE_WRITE) != 0) err = errno;
+    return madvise(sl->base + off, len, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+#else
+    (void)len;
+    return EINVAL;
+#endif
+}
+
+/* Take chunks of the slot and fault them in until none is left (or *stop
+ * is set: the background thread told to end). */
+static void slot_prepare_work(Slot* sl, const int* stop) {
+    for (;;) {
+        if (stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) return;
+        long c = __atomic_fetch_add(&sl->next, 1, __ATOMIC_ACQ_REL);
+        if (c >= sl->chunks) return;
+        int err = slot_chunk_populate(sl, c);
+        if (err) __atomic_store_n(&sl->err, err, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&sl->done, 1, __ATOMIC_ACQ_REL);
     }
-    if (err == 0) {
-        *base = p;
-        return 0;
+}
+
+/* The slot's pages are faulted in when this returns: what is left of them
+ * by the calling thread (`parallel`: and the OpenMP threads), then a wait
+ * for the chunks other threads took. 0, or the errno of a chunk that could
+ * not be had. Cheap once prepared (two loads). */
+static int slot_prepare(Slot* sl, int parallel) {
+    if (!sl->base) return 0;
+    if (__atomic_load_n(&sl->done, __ATOMIC_ACQUIRE) < sl->chunks) {
+        if (parallel) {
+#pragma omp parallel
+            slot_prepare_work(sl, NULL);
+        } else {
+            slot_prepare_work(sl, NULL);
+        }
+        while (__atomic_load_n(&sl->done, __ATOMIC_ACQUIRE) < sl->chunks) {
+            struct timespec ts = {0, 50000}; /* 50 us: a chunk takes milliseconds */
+            nanosleep(&ts, NULL);
+        }
     }
-    munmap(p, bytes);
+    return __atomic_load_n(&sl->err, __ATOMIC_ACQUIRE);
+}
+
+/* Map `bytes` of the file slot `fd` shared at *base and fault every page
+ * in, writable, by all threads, keeping what the file holds (`defer`: the
+ * first page only, the rest left to slot_prepare). 0; 1 when the kernel
+ * lacks MADV_POPULATE_WRITE (nothing mapped: the caller reserves the pages
+ * another way); -1 (errno set) when the pages cannot be had: a full
+ * /dev/shm is an error now, not a SIGBUS mid-run. */
+static int slot_populate(Slot* sl, int fd, int defer) {
+#ifdef MADV_POPULATE_WRITE
+    sl->base = (unsigned char*)mmap(NULL, sl->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (sl->base == (unsigned char*)MAP_FAILED) {
+        sl->base = NULL;
+        return -1;
+    }
+    int err = slot_chunk_populate(sl, 0); /* (also asks whether the kernel can) */
+    sl->next = sl->done = 1;
+    if (err == 0) err = defer ? 0 : slot_prepare(sl, 1);
+    if (err == 0) return 0;
+    munmap(sl->base, sl->bytes);
+    sl->base = NULL;
     if (err == EINVAL) return 1; /* a kernel before 5.14 */
     errno = err;
     return -1;
 #else
-    (void)fd; (void)bytes; (void)base;
+    (void)sl; (void)fd; (void)defer;
     return 1;
 #endif
 }
 
-static int slot_map(Slot* sl, const char* path, size_t bytes) {
+/* How many bytes short the file system holding slot file `fd` is of what a
+ * slot of `bytes` still needs (its file's blocks are its already) plus
+ * *pending, what the slots deferred before it need (increased by this
+ * one's): 0 when there is room or it cannot be told. A deferred slot
+ * reserves its pages as they are faulted in, so the room is checked at
+ * start instead: a full /dev/shm still says so at once in the usual case
+ * (and, filled meanwhile by another process, when the slot is prepared). */
+static size_t slot_shortfall(int fd, size_t bytes, size_t* pending) {
+    struct statvfs fs;
+    struct stat st;
+    if (fstatvfs(fd, &fs) != 0 || fstat(fd, &st) != 0) return 0;
+    size_t have = (size_t)st.st_blocks * 512, need = (bytes > have ? bytes - have : 0) + *pending;
+    size_t avail = (size_t)fs.f_bavail * (size_t)fs.f_frsize;
+    *pending = need;
+    return need > avail ? need - avail : 0;
+}
+
+/* Map a slot of `bytes` (path NULL: anonymous). `defer` 1: only map it
+ * (and check the room for it and for the slots deferred before it: their
+ * bytes in *pending), its pages left to slot_prepare. 0, or -1 after a
+ * message. */
+static int slot_map(Slot* sl, const char* path, size_t bytes, int defer, size_t* pending) {
     memset(sl, 0, sizeof(*sl));
     sl->bytes = bytes;
+    sl->chunks = (long)((bytes + SLOT_CHUNK - 1) / SLOT_CHUNK);
     if (!path) {
         sl->base = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     } else {
@@ -402,13 +480,21 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
         }
         struct stat st;
         int rc = fstat(fd, &st) == 0 && (size_t)st.st_size != bytes ? ftruncate(fd, (off_t)bytes) : 0;
+        size_t short_by = rc == 0 && defer ? slot_shortfall(fd, bytes, pending) : 0;
+        if (short_by) {
+            FILE_ERROR(path, "no room for the snapshot slots (%.2f GB each; %.2f GB short): free space there, "
+                       "point --shm-dir elsewhere, or run with --snapshot-every 0", bytes / 1e9, short_by / 1e9);
+            close(fd);
+            remove(path);
+            return -1;
+        }
         /* a standby maps the slots the active trainer writes, and a file slot
          * keeps its contents (a snapshot from before a crash must survive
          * until it is replaced): the pages are reserved and mapped without
          * writing them. All threads fault them in (MADV_POPULATE_WRITE,
          * Linux 5.14: as a write would, without writing), which is what
          * slot set-up costs: on these VMs a fresh page is ~10 us */
-        int pop = rc == 0 ? slot_populate(fd, bytes, &sl->base) : -1;
+        int pop = rc == 0 ? slot_populate(sl, fd, defer) : -1;
         if (pop == 0) {
             close(fd);
             ledger_record(MEM_SNAPSHOTS, sl->base, bytes);
@@ -425,6 +511,7 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
         }
         /* MAP_POPULATE: the kernel maps every page now, in one call */
         sl->base = (unsigned char*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        sl->next = sl->done = sl->chunks; /* prepared */
         close(fd);
     }
     if (sl->base == (unsigned char*)MAP_FAILED) {
@@ -432,11 +519,19 @@ static int slot_map(Slot* sl, const char* path, size_t bytes) {
         fprintf(stderr, "error: cannot map %.2f GB for a snapshot slot: %s\n", bytes / 1e9, strerror(errno));
         return -1;
     }
-    if (!path) { /* fresh memory: huge pages, touched in parallel (gptc/ledger.h's big_alloc) */
+    if (!path) { /* fresh memory: huge pages, faulted in by chunks (now, or by slot_prepare) */
 #ifdef MADV_HUGEPAGE
         (void)madvise(sl->base, bytes, MADV_HUGEPAGE);
 #endif
-        big_touch(sl->base, bytes, 1);
+        int err = slot_chunk_populate(sl, 0);
+        if (err == EINVAL) { /* a kernel before 5.14: touched in parallel now (gptc/ledger.h) */
+            big_touch(sl->base, bytes, 1);
+            sl->next = sl->done = sl->chunks;
+        } else {
+            if (err) __atomic_store_n(&sl->err, err, __ATOMIC_RELEASE);
+            sl->next = sl->done = 1;
+            if (!defer) (void)slot_prepare(sl, 1);
+        }
     }
     ledger_record(MEM_SNAPSHOTS, sl->base, bytes);
     return 0;

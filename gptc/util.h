@@ -8,7 +8,8 @@
  * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; FileLock
  * (file_lock, file_unlock: one process at a time); HEADER_INTS (the
  * 256-int32 header of every llm.c file); Rng with rng_init, rng_u32,
- * rng_uniform, rng_normal (seeded, one uint64 of state), rng_jump, rng_fill_normal
+ * rng_uniform, rng_normal, rng_normal_of (seeded, one uint64 of state), rng_jump, rng_fill_normal
+ * (rng_normal_fast, rng_fill_normal_lanes: the fast init)
  * (the same normals, drawn by all threads).
  */
 #ifndef GPTC_UTIL_H
@@ -342,11 +343,16 @@ static uint32_t rng_u32(Rng* rng) {
 /* uniform in [0, 1) with 24 random bits */
 static float rng_uniform(Rng* rng) { return (rng_u32(rng) >> 8) / 16777216.0f; }
 
-/* standard normal, computed in double */
-static double rng_normal(Rng* rng) {
-    double u1 = ((rng_u32(rng) >> 8) + 1.0) / 16777217.0; /* (0, 1] */
-    double u2 = (rng_u32(rng) >> 8) / 16777216.0;
+/* standard normal, computed in double, from two draws a and b (Box-Muller) */
+static double rng_normal_of(uint32_t a, uint32_t b) {
+    double u1 = ((a >> 8) + 1.0) / 16777217.0; /* (0, 1) */
+    double u2 = (b >> 8) / 16777216.0;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+static double rng_normal(Rng* rng) {
+    uint32_t a = rng_u32(rng);
+    return rng_normal_of(a, rng_u32(rng));
 }
 
 /* Jump ahead: the state `draws` rng_u32 calls later, in about 64 x 64 bit
@@ -391,19 +397,134 @@ static void rng_jump(Rng* rng, uint64_t draws) {
         if (draws & 1) rng->state = rng_matvec(t->col[j], rng->state);
 }
 
+/* The fast init (issue 17): (float)(std * rng_normal) for n normals from
+ * `start`, into p[0, n), the same bits as the loop of rng_normal, about
+ * twice as fast. GPT-2 124M's init is 124M normals, each a log, a cos and a
+ * sqrt of glibc's in double: ~38 ns a normal on one core here (2026-12,
+ * thread CPU time), 2 s of the start on 2 cores. Here RNG_LANES streams
+ * (each jumped to the start of its n/RNG_LANES normals) are drawn side by
+ * side, so the compiler's vector instructions do them together, and the
+ * log and the cos are our own, in plain arithmetic:
+ *   log(u1) = e ln2 + 2 atanh(t), u1 = 2^e m, m in [sqrt(1/2), sqrt(2)),
+ *     t = (m - 1)/(m + 1) (|t| < 0.172), atanh's series to t^21 (its
+ *     next term < 2^-55 of it), ln2 in two parts (fdlibm's: e ln2_hi exact);
+ *   cos(x), x = 2 pi u2 in [0, 2 pi): x = k pi/2 + r, |r| <= pi/4, r by
+ *     fma with pi/2 in three parts (Cody-Waite; k <= 4: the first product
+ *     and difference exact), then +-cos r or +-sin r by Taylor to r^16 /
+ *     r^17 (next terms < 2^-55 of them).
+ * Each differs from glibc's by a few units of the last place (2^-50 at
+ * most, glibc's own error included), so the double std * rad * cos
+ * differs from the reference's by far less than 2^-40 of it: where
+ * rounding it to float gives the same float at both ends of +-2^-40, the
+ * reference rounds to that float too. Where not (~2 in 10^5 normals: a
+ * double near the middle of two floats), that normal is recomputed with
+ * rng_normal_of itself. test_gpt checks the bits against the serial loop. */
+#define RNG_LANES 8
+static double rng_bits_to_double(uint64_t u) {
+    double x;
+    memcpy(&x, &u, sizeof(x));
+    return x;
+}
+
+static uint64_t rng_double_bits(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+/* std * (our normal) from draws a, b, as a double (see above). */
+static inline double rng_normal_fast(uint32_t a, uint32_t b, double std) {
+    double u1 = ((a >> 8) + 1.0) / 16777217.0, u2 = (b >> 8) / 16777216.0; /* as rng_normal_of */
+    /* log(u1), u1 in (0, 1), always normal */
+    uint64_t bits = rng_double_bits(u1);
+    double e = (double)((int64_t)(bits >> 52) - 1023);
+    double m = rng_bits_to_double((bits & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull); /* [1, 2) */
+    int high = m > 1.4142135623730951;
+    m = high ? m * 0.5 : m;
+    e = high ? e + 1.0 : e;
+    double t = (m - 1.0) / (m + 1.0), z = t * t;
+    double q = 1.0 / 21;
+    q = q * z + 1.0 / 19; q = q * z + 1.0 / 17; q = q * z + 1.0 / 15; q = q * z + 1.0 / 13;
+    q = q * z + 1.0 / 11; q = q * z + 1.0 / 9; q = q * z + 1.0 / 7; q = q * z + 1.0 / 5; q = q * z + 1.0 / 3;
+    double log_m = 2.0 * t + 2.0 * t * (z * q);
+    double lg = e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + log_m);
+    double rad = sqrt(-2.0 * lg);
+    /* cos(x): the x of rng_normal_of, bit for bit */
+    double x = 2.0 * M_PI * u2;
+    double k = (x * 0.63661977236758134308 + 6755399441055744.0) - 6755399441055744.0; /* nearest integer to x/(pi/2) */
+    double r = fma(-k, 1.57079632679489655800e+00, x);
+    r = fma(-k, 6.12323399573676603587e-17, r);
+    r = fma(-k, -1.49738490485916983962e-33, r);
+    double rr = r * r;
+    double S = 1.0 / 355687428096000.0; /* sin r = r - r^3/3! + ... + r^17/17! */
+    S = S * rr - 1.0 / 1307674368000.0; S = S * rr + 1.0 / 6227020800.0; S = S * rr - 1.0 / 39916800.0;
+    S = S * rr + 1.0 / 362880.0; S = S * rr - 1.0 / 5040.0; S = S * rr + 1.0 / 120.0; S = S * rr - 1.0 / 6.0;
+    double sin_r = r + r * (rr * S);
+    double C = 1.0 / 20922789888000.0; /* cos r = 1 - r^2/2! + ... + r^16/16! */
+    C = C * rr - 1.0 / 87178291200.0; C = C * rr + 1.0 / 479001600.0; C = C * rr - 1.0 / 3628800.0;
+    C = C * rr + 1.0 / 40320.0; C = C * rr - 1.0 / 720.0; C = C * rr + 1.0 / 24.0; C = C * rr - 0.5;
+    double cos_r = 1.0 + rr * C;
+    int quadrant = (int)k & 3; /* cos(r + k pi/2) */
+    double c = quadrant == 0 ? cos_r : quadrant == 1 ? -sin_r : quadrant == 2 ? -cos_r : sin_r;
+    return std * (rad * c);
+}
+
+/* p[0, n) from `start`, on the calling thread (above). Returns how many
+ * normals were recomputed the reference's way. */
+static size_t rng_fill_normal_lanes(Rng start, float* p, size_t n, double std) {
+    const size_t per = n / RNG_LANES; /* lane l: p[l per, (l + 1) per); the rest after, one by one */
+    uint64_t state[RNG_LANES];
+    for (int l = 0; l < RNG_LANES; l++) {
+        state[l] = start.state;
+        rng_jump(&start, 2 * (uint64_t)per);
+    }
+    size_t redone = 0;
+    for (size_t i = 0; i < per; i++) {
+        uint32_t a[RNG_LANES], b[RNG_LANES];
+        float f[RNG_LANES];
+        int sure[RNG_LANES];
+#pragma omp simd
+        for (int l = 0; l < RNG_LANES; l++) { /* two rng_u32 draws a lane */
+            uint64_t s = state[l];
+            s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+            a[l] = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 32);
+            s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+            b[l] = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 32);
+            state[l] = s;
+        }
+#pragma omp simd
+        for (int l = 0; l < RNG_LANES; l++) {
+            double v = rng_normal_fast(a[l], b[l], std);
+            f[l] = (float)v;
+            sure[l] = (float)(v * (1.0 - 0x1p-40)) == (float)(v * (1.0 + 0x1p-40));
+        }
+        for (int l = 0; l < RNG_LANES; l++) {
+            if (!sure[l]) {
+                f[l] = (float)(std * rng_normal_of(a[l], b[l]));
+                redone++;
+            }
+            p[(size_t)l * per + i] = f[l];
+        }
+    }
+    for (size_t j = RNG_LANES * per; j < n; j++) p[j] = (float)(std * rng_normal(&start));
+    return redone;
+}
+
 /* p[0..n) = std * rng_normal, the numbers a loop of rng_normal would give
  * from `rng` (which ends n normals, 2n draws, further on), computed by all
- * threads: each jumps to the start of its share. (GPT-2's init: 124M normals
- * with a log and a cos each are seconds on one core.) */
+ * threads: each jumps to the start of its share, and draws it the fast way
+ * (rng_fill_normal_lanes). */
+static size_t rng_normals_filled; /* by rng_fill_normal, in all (the start-up line: 0 on a resume) */
 static void rng_fill_normal(Rng* rng, float* p, size_t n, double std) {
     Rng start = *rng;
+    rng_normals_filled += n;
 #pragma omp parallel
     {
         size_t T = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
         size_t lo = n / T * t + (t < n % T ? t : n % T), hi = lo + n / T + (t < n % T);
         Rng r = start;
         rng_jump(&r, 2 * (uint64_t)lo);
-        for (size_t j = lo; j < hi; j++) p[j] = (float)(std * rng_normal(&r));
+        (void)rng_fill_normal_lanes(r, p + lo, hi - lo, std);
     }
     rng_jump(rng, 2 * (uint64_t)n);
 }

@@ -157,6 +157,23 @@ for data in s1 s3; do
             check FAIL "$data-np$np: --shuffle 0 and 1 end with different models (the check sees the batch order)"
     done
 done
+# the start-up lines (issue 17's fast start): wall clock and CPU time, each with every phase; a fresh start
+# draws the random init, a resumed one draws none (its weights come from the state). Tested on s1-np1-shuffle0's
+# uninterrupted run and its resume after step 1; the same check on the fresh run's line, expecting none, must fail
+startup_check() { # $1: the run's output, $2: "fresh" or "resumed": 0 when its start-up lines say so
+    local n
+    n=$(sed -n 's/^start-up: .*; random init: \([0-9]*\) normals drawn$/\1/p' "$1")
+    [ "$(grep -c '^start-up: ' "$1")" = 1 ] && [ "$(grep -c '^start-up CPU time' "$1")" = 1 ] || return 1
+    for phase in "allocate + first touch" "model init/load" "snapshot slots" "state load" "first step"; do
+        [ "$(grep '^start-up' "$1" | grep -c "$phase [0-9]* ms")" = 2 ] || return 1
+    done
+    if [ "$2" = fresh ]; then [ -n "$n" ] && [ "$n" -gt 0 ]; else [ "$n" = 0 ]; fi
+}
+s1=$dir/s1-np1-shuffle0
+startup_check "$s1.ref.out" fresh && startup_check "$s1.from1.out" resumed && ! startup_check "$s1.ref.out" resumed &&
+    check ok "start-up lines: every phase in wall and CPU time; the random init drawn on a fresh start, none on a resume" ||
+    check FAIL "start-up lines: every phase in wall and CPU time; the random init drawn on a fresh start, none on a resume" \
+        "$(grep -h '^start-up' "$s1.ref.out" "$s1.from1.out" | cut -c1-400)"
 # 2 micro-batches per step (gradient accumulation; steps that cross shards and epochs)
 run_config s1-np1-shuffle1-accum2 s1 1 1 "--total-batch-size 64"
 run_config s3-np2-shuffle1-accum2-zero1 s3 2 1 "--total-batch-size 64 --zero 1"
