@@ -3476,7 +3476,10 @@ static void gpu_adamw_update(GpuGPT2* g, const AdamWConfig* opt, float lr, int t
  * update dp_zero_grad's memset is skipped, gpu_offload_grads_zeroed). The
  * host waits for the update (gpu_offload_sync) before it reads or writes
  * the host arrays itself: samples and checkpoints, a resume's or a
- * rollback's upload; a snapshot's stream waits for the last piece; the next
+ * rollback's upload; a snapshot's stream waits for the last piece (and the
+ * Saver's thread must have copied the snapshot out of the host arrays
+ * before the next update writes them: the loop waits for it, while the
+ * GPU still runs the backward); the next
  * update waits for the last one's host functions (done already: the
  * backward waited for them). Not overlapped: the forward's layer l with the
  * host's AdamW of layer l itself. CUDA graphs are off with --offload 1: a
@@ -5576,6 +5579,7 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
         StepOutcome s = {0.0, 0, 0, 0.0};
         saver_before_update(&saver); /* the snapshot handed over before the last update is copied out */
         gpu_snapshot_hand_over(&gs, &saver, dist, host, o); /* the last boundary's copies, before master, m, v change */
+        if (g.offload) saver_before_update(&saver); /* --offload 1: the update writes the very arrays the Saver copies */
         SpikeGate gate = {&r.watch, o->spike_z, test_hook_spike(&r, step + 1), 0, 0.0};
         double norm = dp_step(&dp, &r.opt, lr, step + 1, o->grad_clip, gpu_update_seed(o->seed, step), r.grad_accum,
                               &gate, &s.loss, &s.finite);
