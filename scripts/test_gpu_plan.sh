@@ -39,7 +39,7 @@
 #      forward without its wait for each layer's update (the layer reports the
 #      race), and an update that blocks the host until it is done (the
 #      overlap count says 0).
-# About 7 minutes on two shared cores. Last line "gpu plan: N passed, N
+# About 5 minutes on two shared cores. Last line "gpu plan: N passed, N
 # failed"; exit status non-zero on failure.
 cd "$(dirname "$0")/.." || exit 1
 LOG=${1:-$(mktemp -d /tmp/gptc_gpu_plan.XXXXXX)}
