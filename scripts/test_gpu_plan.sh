@@ -23,15 +23,22 @@
 #      moves master and moments off the device (and 4P of pinned gradients
 #      appear on the host); the activations of each --recompute level;
 #   3. --offload 1 trains the same model bytes as --offload 0 (clipping
-#      active: --grad-clip 0.5), on one GPU and on 2 ranks plain data
-#      parallel, and resumes from its own training state to the same bytes;
+#      active: --grad-clip 0.5, a norm above it), on one GPU and on 2 ranks
+#      plain data parallel, and at --recompute 3 over 6 steps with
+#      validation between them; resumes from its own training state to the
+#      same bytes; and overlaps: the forward after each update (a training
+#      step's or a validation's) had its layer 0 launched while the host's
+#      AdamW still had pieces to run (the "offload: ..." line);
 #   4. --plan prints the candidates and a choice; with the emulated GPU's
 #      memory set to the budget (CUDA_CPU_MEMORY_MB) the default flags fail
 #      the memory check, and the choice trains with plan == allocation;
 #      a budget only --offload 1 fits makes it the choice; a budget nothing
 #      fits gives the error naming the smallest;
-#   5. the check fails on two bugs planted in copies of train_gpt.cu: a plan
-#      that forgets a buffer, and a cudaMalloc past the ledger.
+#   5. the check fails on bugs planted in copies of train_gpt.cu: a plan
+#      that forgets a buffer, and a cudaMalloc past the ledger; --offload 1's
+#      forward without its wait for each layer's update (the layer reports the
+#      race), and an update that blocks the host until it is done (the
+#      overlap count says 0).
 # About 5 minutes on two shared cores. Last line "gpu plan: N passed, N
 # failed"; exit status non-zero on failure.
 cd "$(dirname "$0")/.." || exit 1
@@ -141,13 +148,29 @@ done <<< "$GRID"
 
 # ---- 3. --offload 1 trains the same bytes ----------------------------------------------
 TRAIN="--model d2 -b 4 -t 64 --steps 4 --grad-clip 0.5 --save-every 2"
+clipped() { grep -o 'norm [0-9.]*' "$LOG/$1.log" | awk '$2 > 0.5' | wc -l; } # NAME: steps whose norm was clipped
 for w in 1 2; do
     for off in 0 1; do run "offload${off}_w$w" $w $TRAIN --offload $off --output-dir "$LOG/offload${off}_w$w"; done
     a=$LOG/offload0_w$w/model_00000004.bin
     b=$LOG/offload1_w$w/model_00000004.bin
-    ok=$([ -s "$a" ] && cmp -s "$a" "$b" && echo ok || echo FAIL)
+    ok=$([ -s "$a" ] && cmp -s "$a" "$b" && [ "$(clipped "offload1_w$w")" -gt 0 ] && echo ok || echo FAIL)
     check $ok "--offload 1 on $w rank(s) (plain data parallel on 2): the same model bytes after 4 steps as --offload 0 (clipping active)" \
         "$(grep -o 'norm [0-9.]*' "$LOG/offload1_w$w.log" | head -2 | tr '\n' ' ')"
+done
+# --recompute 3 (each layer's forward again in backward), 6 steps, a validation forward after every second update
+RC3="--model d2 -b 4 -t 64 --steps 6 --grad-clip 0.5 --recompute 3 --val-data $TOY --val-every 2 --val-batches 1"
+for off in 0 1; do run "offload${off}_r3" 1 $RC3 --offload $off --output-dir "$LOG/offload${off}_r3"; done
+a=$LOG/offload0_r3/model_00000006.bin
+b=$LOG/offload1_r3/model_00000006.bin
+ok=$([ -s "$a" ] && cmp -s "$a" "$b" && [ "$(clipped offload1_r3)" -gt 0 ] && grep -q "val loss" "$LOG/offload1_r3.log" && echo ok || echo FAIL)
+check $ok "--offload 1 at --recompute 3, 6 steps with validation between: the same model bytes as --offload 0 (clipping active)" \
+    "$(clipped offload1_r3) of 6 norms over 0.5; $(grep -c 'val loss' "$LOG/offload1_r3.log") validations"
+# the overlap: "offload: U updates; after O of the F followed by a forward, ..." with O = F >= U - 1 > 0
+for name in offload1_w1 offload1_w2 offload1_r3; do
+    read -r u o f <<< "$(sed -n 's/^offload: \([0-9]*\) updates; after \([0-9]*\) of the \([0-9]*\) followed by a forward.*/\1 \2 \3/p' "$LOG/$name.log" | head -n 1)"
+    ok=$([ -n "$u" ] && [ "$u" -gt 1 ] && [ "$o" = "$f" ] && [ "$f" -ge $((u - 1)) ] && echo ok || echo FAIL)
+    check $ok "$name: the forward after each update was launched before the host's AdamW finished (overlapped)" \
+        "$(grep -m 1 -o '^offload: .*' "$LOG/$name.log" | cut -c1-150)"
 done
 # resumed: offload1_w1's folder without its final state and model, resumed with --offload 1
 rm -rf "$LOG/offload_resumed"
@@ -209,7 +232,7 @@ check $ok "--plan with a budget nothing fits: an error naming the smallest confi
 FLAGS=$(make -s --no-print-directory print-cpu-app-flags)
 LIBS=$(make -s --no-print-directory print-cpu-app-libs)
 LAYER=$(make -s --no-print-directory print-cpu-layer)
-# mutant NAME SED_EXPR WANT_REGEX WHAT
+# mutant NAME SED_EXPR WANT_REGEX WHAT [RUN_FLAGS]: the run must fail, saying WANT_REGEX
 mutant() {
     sed "$2" train_gpt.cu > "$LOG/$1.cu"
     if cmp -s train_gpt.cu "$LOG/$1.cu"; then check FAIL "mutant $1: the sed changed nothing (update this script)"; return; fi
@@ -218,15 +241,32 @@ mutant() {
         check FAIL "mutant $1 builds" "$(tail -n 3 "$LOG/$1.build")"
         return
     fi
-    $CLEAN_ENV timeout 300 "$LOG/$1" $BASE --plan-check 1 --model d2 -b 2 -t 32 --steps 1 > "$LOG/$1.log" 2>&1 < /dev/null
+    $CLEAN_ENV timeout 300 "$LOG/$1" $BASE ${5:---plan-check 1 --model d2 -b 2 -t 32 --steps 1} > "$LOG/$1.log" 2>&1 < /dev/null
     local rc=$?
     check $([ $rc -ne 0 ] && grep -q "$3" "$LOG/$1.log" && echo ok || echo FAIL) "mutant $1 caught: $4" \
-        "rc=$rc: $(grep -m 1 -o "plan-check: rank 0, after setup: [^:]*: .*" "$LOG/$1.log" | cut -c1-120)"
+        "rc=$rc: $(grep -m 1 -o "plan-check: rank 0, after setup: [^:]*: .*\|race between streams: .\{90\}" "$LOG/$1.log" | cut -c1-120)"
 }
 mutant plan_forgets_bias 's/p.bytes\[GMEM_CUBLASLT\] = LT_WORKSPACE_BYTES + LT_BIAS_COPY_ELEMS(c) \* sizeof(floatX);/p.bytes[GMEM_CUBLASLT] = LT_WORKSPACE_BYTES;/' \
     "cuBLASLt: the plan says" "the plan leaves out cuBLASLt's bias copy (8C bytes)"
 mutant stray_cudamalloc 's/^    void\* dmem = gpu_alloc(tbytes, GMEM_STEP_INPUTS);/&\n    { void* stray; CUDA_CHECK(cudaMalloc(\&stray, 4096)); }/' \
     "an allocation bypassed gpu_alloc" "4 KB cudaMalloc'd past the ledger (cudaMemGetInfo sees it)"
+OFF="--model d2 -b 2 -t 32 --steps 3 --grad-clip 0.5 --offload 1 --output-dir $LOG/offload_mutants"
+mutant offload_no_layer_wait 's|gpu_offload_wait(g, s, 1 + l);|;|' "race between streams: 'bf16_round_range_kernel'" \
+    "--offload 1's forward without its wait for layer l's update: the rounding of a layer's new weights races with the forward's read of them" "$OFF"
+# an update that waits for itself before returning: it trains (the same bytes), but the count says no overlap
+sed 's|^    o->updates++;|&\n    gpu_offload_sync(g);|' train_gpt.cu > "$LOG/offload_blocking.cu"
+if ! cmp -s train_gpt.cu "$LOG/offload_blocking.cu" && { $PY dev/cuda/cpu/translate.py "$LOG/offload_blocking.cu" "$LOG/offload_blocking.t.cu" &&
+     g++ $FLAGS -c -o "$LOG/offload_blocking.o" "$LOG/offload_blocking.t.cu" &&
+     g++ -o "$LOG/offload_blocking" "$LOG/offload_blocking.o" $LAYER $LIBS; } > "$LOG/offload_blocking.build" 2>&1; then
+    rm -rf "$LOG/offload_mutants"
+    $CLEAN_ENV timeout 300 "$LOG/offload_blocking" $BASE $OFF > "$LOG/offload_blocking.log" 2>&1 < /dev/null
+    rc=$?
+    ok=$([ $rc -eq 0 ] && grep -q "^offload: 3 updates; after 0 of the 2 followed by a forward" "$LOG/offload_blocking.log" && echo ok || echo FAIL)
+    check $ok "mutant offload_blocking caught: an update that blocks the host until its last piece is done counts no overlap" \
+        "rc=$rc: $(grep -m 1 -o '^offload: .*' "$LOG/offload_blocking.log" | cut -c1-90)"
+else
+    check FAIL "mutant offload_blocking builds" "$(tail -n 3 "$LOG/offload_blocking.build")"
+fi
 
 echo "gpu plan: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -170,6 +170,7 @@ static cudaStreamCaptureMode thread_capture_mode = cudaStreamCaptureModeGlobal; 
 
 static std::vector<uint64_t> host_vc;  // what the host has waited for
 static const Op* current = nullptr;    // the operation running now
+static int host_fn_stream = -1;        // a cudaLaunchHostFunc function runs now, on this stream (-1: none)
 static const char* last_api = "(none)";
 static cudaError_t last_error = cudaSuccess;
 static cudaError_t sticky_error = cudaSuccess;  // a kernel that failed: every later call returns it
@@ -502,6 +503,10 @@ static void access(uintptr_t a, size_t n, bool write, bool kernel) {
 
 // An instrumented access: from a kernel, or from host code (an error).
 __attribute__((noinline)) static void hooked(uintptr_t a, size_t n, bool write) {
+    if (host_fn_stream >= 0)
+        fatal("a host function (cudaLaunchHostFunc, stream %d) %s %zu bytes at %s: it runs on the host, where device "
+              "memory is not host memory (copy the data to pinned host memory on the stream before it)",
+              host_fn_stream, write ? "writes" : "reads", n, describe_address(a).c_str());
     if (!current)
         fatal("host code %s %zu bytes at %s: device memory is not host memory (copy it with cudaMemcpy)",
               write ? "writes" : "reads", n, describe_address(a).c_str());
@@ -595,6 +600,17 @@ extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC
 extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 
 namespace cuda_cpu {
+
+// CUDA's documentation of cudaLaunchHostFunc: "The host function must not
+// make any CUDA API calls" (a GPU may answer cudaErrorNotPermitted, or
+// deadlock: the function holds the stream the call may wait for). The layer
+// reports every call made from inside one, whatever it is.
+static void host_fn_check(const char* call) {
+    if (host_fn_stream >= 0)
+        fatal("%s called from inside a host function (cudaLaunchHostFunc on stream %d): CUDA forbids any CUDA call "
+              "there; do it on the host thread, ordered after the function by an event recorded behind it",
+              call, host_fn_stream);
+}
 
 // ---- 5. the scheduler ----------------------------------------------------------------------
 
@@ -827,6 +843,7 @@ static cudaError_t submit(int s, const char* name, std::vector<Range> ranges, st
 cudaError_t enqueue(cudaStream_t stream, const char* name, std::vector<Range> ranges, std::function<void()> body,
                     bool run_now) {
     arena_init();
+    host_fn_check(name);
     int s = stream_index(stream);
     if (s < 0) return cudaErrorInvalidResourceHandle;
     return submit(s, name, std::move(ranges), std::move(body), run_now);
@@ -843,6 +860,7 @@ void launch_enqueue(const char* name, const void* key, dim3 grid, dim3 block, si
                     std::function<void()> body) {
     arena_init();
     last_api = name;
+    host_fn_check(name);
     int s = stream_index(stream);
     if (s < 0) {
         fprintf(stderr, "cuda_cpu: kernel '%s' launched on a stream that is not live (destroyed or never created)\n", name);
@@ -877,6 +895,7 @@ using namespace cuda_cpu;
 #define API(name)                                   \
     arena_init();                                   \
     last_api = name;                                \
+    host_fn_check(name);                            \
     if (sticky_error != cudaSuccess) return sticky_error
 
 // ---- memory ----
@@ -1141,6 +1160,36 @@ cudaError_t cudaDeviceSynchronize(void) {
     if (cudaError_t e = device_sync_check("cudaDeviceSynchronize")) return set_error(e);
     sync_device();
     return sticky_error;
+}
+
+// A host function in stream order (cudaLaunchHostFunc's documentation): an
+// operation like any other, so it runs after the work enqueued before it on
+// the stream (and what that waited for) and before the work after it; other
+// streams are not ordered with it except through events. It runs on the host
+// thread when a synchronisation needs it, as any operation here, with the
+// arena PROT_NONE (host code: device memory is not host memory; an
+// instrumented access is reported as the host function's) and every CUDA call
+// from inside it reported (host_fn_check). Not called after a kernel failed
+// (a sticky error), as CUDA does not call it "in the event of an error in the
+// CUDA context". Not modelled in a stream capture (a host node): fatal.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+    API("cudaLaunchHostFunc");
+    int s = stream_index(stream);
+    if (s < 0) return set_error(cudaErrorInvalidResourceHandle);
+    if (!fn) return set_error(cudaErrorInvalidValue);
+    if (streams[s].capture)
+        fatal("cudaLaunchHostFunc during stream capture (a host node) is not modelled by the CPU layer");
+    return set_error(submit(s, "cudaLaunchHostFunc", {}, [fn, user_data, s] {
+        if (sticky_error != cudaSuccess) return;
+        device_mode_leave();  // (run_op entered it: the function is host code)
+        const Op* op = current;
+        current = nullptr;
+        host_fn_stream = s;
+        fn(user_data);
+        host_fn_stream = -1;
+        current = op;
+        device_mode_enter();
+    }, false));
 }
 
 // ---- events ----

@@ -247,6 +247,58 @@ static int case_streams_write_while_read() {
 }
 static int case_streams_missing_wait() { return streams_case(0); }
 
+// ---- host functions (cudaLaunchHostFunc) ----
+// On stream a: x filled, copied to pinned `in`; a host function sums `in`
+// into pinned `out` (and counts its calls); `out` copied back to y. The
+// function must run after the copy before it and before the copy after it.
+// `plant` 1: the function calls CUDA (cudaMemsetAsync), which CUDA forbids;
+// 2: it reads device memory.
+struct HostFnArgs {
+    const float* in;  // pinned, n floats
+    float* out;       // pinned, 1 float
+    int n;
+    int calls;
+    int plant;
+    float* dev;       // device memory (for plant 2)
+    cudaStream_t s;
+};
+static void CUDART_CB host_sum(void* p) {
+    HostFnArgs* a = (HostFnArgs*)p;
+    a->calls++;
+    float sum = 0.0f;
+    for (int i = 0; i < a->n; i++) sum += a->in[i];
+    a->out[0] = sum;
+    if (a->plant == 1) cudaMemsetAsync(a->dev, 0, sizeof(float), a->s);  // the misuse: a CUDA call in a host function
+    if (a->plant == 2) a->out[0] += a->dev[0];                            // the misuse: device memory read on the host
+}
+static int host_fn_case(int plant) {
+    const int n = 256;
+    float *x = dev_floats(n), *y = dev_floats(1), *in = nullptr, *out = nullptr;
+    CK(cudaMallocHost(&in, n * sizeof(float)));
+    CK(cudaMallocHost(&out, sizeof(float)));
+    cudaStream_t a;
+    CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    HostFnArgs args = {in, out, n, 0, plant, x, a};
+    out[0] = -1.0f;
+    fill_kernel<<<1, n, 0, a>>>(x, 1.0f, n);  // x[i] = 1 + i: sum = n + n(n-1)/2
+    CK(cudaMemcpyAsync(in, x, n * sizeof(float), cudaMemcpyDeviceToHost, a));
+    CK(cudaLaunchHostFunc(a, host_sum, &args));
+    CK(cudaMemcpyAsync(y, out, sizeof(float), cudaMemcpyHostToDevice, a));
+    float h = 0.0f;
+    CK(cudaMemcpyAsync(in, y, sizeof(float), cudaMemcpyDeviceToHost, a));  // (the sum, back through the device)
+    CK(cudaStreamSynchronize(a));
+    h = in[0];
+    const float want = (float)n + (float)n * (n - 1) / 2.0f;
+    if (args.calls != 1 || h != want) {
+        fprintf(stderr, "host function called %d times, the sum through the device %g, not %g\n", args.calls, h, want);
+        return 1;
+    }
+    return 0;
+}
+static int case_host_fn_ok() { return host_fn_case(0); }
+static int case_host_fn_calls_cuda() { return host_fn_case(1); }
+static int case_host_fn_reads_device() { return host_fn_case(2); }
+
 static int warp_case(unsigned mask) {
     float *in = dev_floats(32), *out = dev_floats(1);
     fill_kernel<<<1, 32>>>(in, 1.0f, 32);
@@ -664,6 +716,9 @@ static const Case cases[] = {
     {"streams_ok", case_streams_ok, 0, "", "two streams ordered by an event: no report, right result"},
     {"streams_missing_wait", case_streams_missing_wait, 86, "race between streams", "a missing cudaStreamWaitEvent between two streams is reported, naming both"},
     {"streams_write_while_read", case_streams_write_while_read, 86, "race between streams", "a kernel overwriting what another stream reads, unordered, is reported"},
+    {"host_fn_ok", case_host_fn_ok, 0, "", "cudaLaunchHostFunc runs once, after the copy before it and before the copy after it on its stream"},
+    {"host_fn_calls_cuda", case_host_fn_calls_cuda, 86, "called from inside a host function", "a host function calling CUDA (cudaMemsetAsync) is reported"},
+    {"host_fn_reads_device", case_host_fn_reads_device, 86, "a host function (cudaLaunchHostFunc", "a host function reading device memory is reported"},
     {"shuffle_ok", case_shuffle_ok, 0, "", "a warp sum with the full mask"},
     {"shuffle_wrong_mask", case_shuffle_wrong_mask, 2, "leaves out", "a shuffle with a mask that leaves out calling lanes fails the launch (719)"},
     {"shared_ok", case_shared_ok, 0, "", "1 KB of dynamic shared memory"},
