@@ -4492,7 +4492,9 @@ static size_t dp_bucket_floats(const GpuDataParallel* dp, int b) {
  * gptc/zeropp.h's records, in this layout (scripts/zeropp_ref.py --layout
  * buckets --gather bf16): a = the bucket's offset in the shard and n = W
  * piece for gathers and reductions (rank q's piece at q piece of the
- * record), the masters and grad_shard as [rank S, + S), the secondary in
+ * record), the masters (without qwZ: the bf16 shard that is gathered, which
+ * AdamW rounded stochastically from the master) and grad_shard as [rank S,
+ * + S), the secondary in
  * the same shard-major order ([j N S, + N S)), the gathered weights as the
  * bf16 buffer's values. Each record waits for the stream (a debugging aid:
  * unset it to time anything). */
@@ -4650,8 +4652,10 @@ static void gpu_zeropp_gather(GpuDataParallel* dp, int b, floatX* dst) {
     size_t p = shard_map_bucket(&dp->map, b)->piece, off = shard_map_offset(&dp->map, b), W = (size_t)dp->world;
     size_t N = (size_t)z->N, K = (size_t)z->K, j = (size_t)z->local, node = (size_t)z->node;
     int dump = z->dump && lv->counting, cut = 0;
-    if (dump && z->dump_step != lv->steps) /* the step's first gather: the master it gathers from */
-        z->dump_step = lv->steps, gpu_zeropp_dump(dp, 1, 0, (size_t)dp->rank * dp->shard, dp->shard, dp->master, 0);
+    if (dump && z->dump_step != lv->steps) /* the step's first gather: what it gathers from (qwZ: the fp32 master, */
+        z->dump_step = lv->steps,           /* else the bf16 shard that AdamW rounded from it) */
+            gpu_zeropp_dump(dp, 1, 0, (size_t)dp->rank * dp->shard, dp->shard,
+                            z->qwz ? (const void*)dp->master : (const void*)dp->param_shard, !z->qwz);
     if (z->hpz && lv->counting) {
         if (z->sec_step != lv->steps) z->sec_step = lv->steps, z->sec_filled = 0; /* a new step: new weights */
         if (dp->backward) z->sec_filled = 1; /* the first forward gathered every bucket */
@@ -4862,7 +4866,7 @@ static void dp_gather_bucket(GpuDataParallel* dp, int b, floatX* dst, int e) {
     const BucketShape* s = shard_map_bucket(&dp->map, b);
     CUDA_CHECK(cudaEventRecord(dp->w_free, dp->g->stream));
     CUDA_CHECK(cudaStreamWaitEvent(cs, dp->w_free, 0));
-    if (dp->zpp) { /* ZeRO++: qwZ's slots, hpZ's secondary (above) */
+    if (dp->zpp && (dp->zpp->qwz || dp->zpp->hpz)) { /* ZeRO++: qwZ's slots, hpZ's secondary (above) */
         gpu_zeropp_gather(dp, b, dst);
         CUDA_CHECK(cudaEventRecord(dp->w_ready[e], cs));
         return;
