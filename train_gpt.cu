@@ -36,8 +36,10 @@
  * as the CPU trainer's gptc/zero3.h. --zero 3 (the bf16 weights sharded
  * too, each layer all-gathered before its forward and its backward; not run
  * on a GPU; checked on the CPU execution layer, make test-cuda-zero3: bit
- * for bit --zero 2's losses); ZeRO++ (--qwz, --qgz, --hpz) is the CPU
- * trainer's only.
+ * for bit --zero 2's losses); ZeRO++ on it (--qwz, --qgz, --hpz: the CPU
+ * trainer's gptc/zeropp.h over NCCL, below dp_bucket_floats; not run on a
+ * GPU; checked on the CPU execution layer, make test-cuda-zeropp: the wire
+ * bit for bit a numpy re-implementation's).
  *
  * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
  * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the

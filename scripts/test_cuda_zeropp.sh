@@ -54,9 +54,13 @@
 #   - planted bugs, each in a copy of train_gpt.cu built through the layer:
 #     a dequantisation reading the next element's block scale FAILS the wire
 #     check (the run itself finishes; with MORE_MUTANTS=1 also hpZ's
-#     secondary cut in the first step only, ~70 s more); qgZ releasing a
-#     gradient slot (slot_free) before its kernels have read it (a missing
-#     wait) is reported by the layer's race check between streams;
+#     secondary cut in the first step only, ~70 s more); qwZ's quantisation
+#     queued on the compute stream, so that no event orders it before the
+#     all-gather of its slots (a missing wait), is reported by the layer's
+#     race check between streams. (A slot_free recorded before qgZ's
+#     kernels is not such a bug under ZeRO-3: the next gather's w_ready,
+#     which the compute stream waits for before the slot is reused, is
+#     queued after them);
 #   - refused with a clear error: --qwz without --zero 3.
 # About 5 minutes on two shared cores. The last line is "cuda zeropp: N
 # passed, N failed"; exit status non-zero on failure.
@@ -239,20 +243,19 @@ wire_mutant next_scale "a dequantisation reads the next element's block scale (-
 [ -n "${MORE_MUTANTS:-}" ] && wire_mutant stale_secondary "hpZ's secondary cut in the first step only (--qwz 8 --hpz 1, 2x2)" \
     'if (z->sec_step != lv->steps) z->sec_step = lv->steps, z->sec_filled = 0;' \
     'if (z->sec_step < 0) z->sec_step = lv->steps, z->sec_filled = 0;' 4 2x2 --qwz 8 --hpz 1
-# the ordering: qgZ's gradient slot released before its kernels read it (slot_free recorded too early)
-if mutant early_slot_free 'gpu_zeropp_reduce(dp, b, shard_part);
-        CUDA_CHECK(cudaEventRecord(dp->slot_free[b == dp->L ? 2 : b % 2], cs));' \
-    'CUDA_CHECK(cudaEventRecord(dp->slot_free[b == dp->L ? 2 : b % 2], cs)); /* planted: too early */
-        gpu_zeropp_reduce(dp, b, shard_part);'; then
-    BIN_SAVED=$BIN BIN=$LOG/early_slot_free
-    NODUMP=1 gpus race_slot 2 --zero 3 --qgz 4 --steps 1
+# the ordering: qwZ's quantisation queued on the compute stream, where no event orders it before the
+# all-gather of its slots on the communication stream (nor after that stream's last read of them)
+if mutant unordered_quant 'quant_encode_gpu(mine, dp->master + off, NULL, p, z->qwz, z->block, cs);' \
+    'quant_encode_gpu(mine, dp->master + off, NULL, p, z->qwz, z->block, dp->g->stream); /* planted */'; then
+    BIN_SAVED=$BIN BIN=$LOG/unordered_quant
+    NODUMP=1 gpus race_quant 2 --zero 3 --qwz 8 --steps 1
     rc=$?
     BIN=$BIN_SAVED
-    check "$([ $rc -ne 0 ] && grep -q "race between streams" "$LOG/race_slot.log" && echo ok)" \
-        "planted: qgZ releases a gradient slot (slot_free) before its kernels read it: the layer reports a race between streams" \
-        "rc=$rc; $(grep -m 1 -o "race between streams: '[^']*' ([^)]*) [a-z]*" "$LOG/race_slot.log")"
+    check "$([ $rc -ne 0 ] && grep -q -E "race between streams|not ordered before it" "$LOG/race_quant.log" && echo ok)" \
+        "planted: qwZ's slots quantised on the compute stream, unordered with their all-gather: the layer reports it" \
+        "rc=$rc; $(grep -m 1 -o -E "race between streams: '[^']*' ([^)]*) [a-z]*|read of [0-9]* bytes at [^,]*, which nothing has written" "$LOG/race_quant.log")"
 else
-    check FAIL "planted early_slot_free built" "$(tail -n 2 "$LOG/early_slot_free.build")"
+    check FAIL "planted unordered_quant built" "$(tail -n 2 "$LOG/unordered_quant.build")"
 fi
 
 # ---- refused ----------------------------------------------------------------------------
