@@ -288,7 +288,7 @@ static void test_memory_plan_recompute(void) {
 static void test_memory_plan_state(void) {
     GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
     size_t P = 124475904;
-    GpuPlanKnobs k = {16, 1024, 0, 0, 0, 1, 0, 0};
+    GpuPlanKnobs k = {16, 1024, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1};
     MemoryPlan one = gpu_memory_plan_for(&c, &k);
     k.offload = 1;
     MemoryPlan off = gpu_memory_plan_for(&c, &k);

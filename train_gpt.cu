@@ -3011,7 +3011,7 @@ static MemoryPlan gpu_memory_plan_for(const GPT2Config* c, const GpuPlanKnobs* k
 
 /* One GPU, --zero 0 (test_gpt.cu's plans). */
 [[maybe_unused]] static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, int recompute) {
-    GpuPlanKnobs k = {B, T, recompute, 0, 0, 1, 0, 0};
+    GpuPlanKnobs k = {B, T, recompute, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1};
     return gpu_memory_plan_for(c, &k);
 }
 
@@ -5677,7 +5677,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
             for (int r = 0; r < RECOMPUTE_LEVELS; r++)
                 for (long long B = seqs; B >= 1; B--) {
                     if (seqs % B || (offload && zero)) continue;
-                    GpuPlanKnobs k = {(int)B, T, r, zero, comm->rank, W, W > 1 || zero > 0, offload};
+                    GpuPlanKnobs k = {(int)B, T, r, zero, comm->rank, W, W > 1 || zero > 0, offload, 0, 0, 0, 0, 0, 1};
                     MemoryPlan q = gpu_memory_plan_for(&c, &k);
                     size_t need = memory_plan_total(&q), other = need;
                     size_t show[7] = {q.bytes[GMEM_PARAMS] + q.bytes[GMEM_ZERO], q.bytes[GMEM_MASTER], q.bytes[GMEM_GRADS],
