@@ -122,7 +122,7 @@
 typedef struct ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5 } ncclResult_t;
-typedef enum { ncclUint64, ncclFloat, ncclFloat64, ncclBfloat16 } ncclDataType_t;
+typedef enum { ncclUint8, ncclUint64, ncclFloat, ncclFloat64, ncclBfloat16 } ncclDataType_t;
 typedef enum { ncclSum } ncclRedOp_t;
 static const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not in this build"; }
 static const char* ncclGetLastError(ncclComm_t) { return GPU_NO_NCCL_HINT; }
@@ -150,6 +150,10 @@ static ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclR
 static ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
     return ncclInvalidUsage;
 }
+static ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+    return ncclInvalidUsage;
+}
+static ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
 #endif
 /* ncclCommSplit (NCCL 2.18, 2023) builds the communicators per level (G6);
  * an older NCCL trains flat and refuses --hierarchical 1, saying why. */
