@@ -31,6 +31,7 @@
 #   make test-gpu-plan     the GPU memory plan == its device allocation, --offload, on the CPU layer (~5 min)
 #   make test-cuda-levels  train_gpt.cu's --topology, bytes per level, --hierarchical 1 on 4 emulated GPUs (~6 min)
 #   make test-cuda-zero3   train_gpt.cu's --zero 3 on 2-4 emulated GPUs: = --zero 2 bit for bit, plan, bytes, states, planted races (~4.5 min)
+#   make test-cuda-zeropp  train_gpt.cu's ZeRO++ (--qwz, --qgz, --hpz) on 2 and 2x2 emulated GPUs: the wire = zeropp_ref.py bit for bit, bytes, plan, losses, resume, planted bugs (~4 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -523,6 +524,12 @@ test-cuda-levels: train_gpt_cu_cpu train_gpt
 test-cuda-zero3: train_gpt_cu_cpu
 	scripts/test_cuda_zero3.sh
 
+# train_gpt.cu's ZeRO++ on --zero 3 (qwZ, hpZ, qgZ over NCCL) on 2 and 4 (2x2) emulated GPUs: every gather and
+# reduction against scripts/zeropp_ref.py bit for bit, bytes per level = zeropp_bytes.py --gpu, plan == ledger,
+# losses against plain --zero 3, a resume, three planted bugs caught (scripts/test_cuda_zeropp.sh; ~4 min, not in make test)
+test-cuda-zeropp: train_gpt_cu_cpu
+	scripts/test_cuda_zeropp.sh
+
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
@@ -533,7 +540,7 @@ print-cpu-app-libs:
 print-cpu-layer:
 	@echo $(CPU_LAYER)
 
-.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
+.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
 
 # NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
 # emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2

@@ -288,11 +288,11 @@ static void test_memory_plan_recompute(void) {
 static void test_memory_plan_state(void) {
     GPT2Config c = {1024, 50257, 50304, 12, 12, 768};
     size_t P = 124475904;
-    GpuPlanKnobs k = {16, 1024, 0, 0, 0, 1, 0, 0};
+    GpuPlanKnobs k = {16, 1024, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1};
     MemoryPlan one = gpu_memory_plan_for(&c, &k);
     k.offload = 1;
     MemoryPlan off = gpu_memory_plan_for(&c, &k);
-    GpuPlanKnobs z = {16, 1024, 0, 1, 3, 4, 1, 0};
+    GpuPlanKnobs z = {16, 1024, 0, 1, 3, 4, 1, 0, 0, 0, 0, 0, 0, 1};
     MemoryPlan zero = gpu_memory_plan_for(&c, &z);
     size_t state1 = one.bytes[GMEM_PARAMS] + one.bytes[GMEM_MASTER] + one.bytes[GMEM_GRADS] + one.bytes[GMEM_ADAMW];
     size_t Pp = zero.bytes[GMEM_GRADS] / 4 * 4 / 5; /* grads = 4 (W S + S), W = 4: 4 W S = 4/5 of it */

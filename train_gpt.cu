@@ -36,8 +36,10 @@
  * as the CPU trainer's gptc/zero3.h. --zero 3 (the bf16 weights sharded
  * too, each layer all-gathered before its forward and its backward; not run
  * on a GPU; checked on the CPU execution layer, make test-cuda-zero3: bit
- * for bit --zero 2's losses); ZeRO++ (--qwz, --qgz, --hpz) is the CPU
- * trainer's only.
+ * for bit --zero 2's losses); ZeRO++ on it (--qwz, --qgz, --hpz: the CPU
+ * trainer's gptc/zeropp.h over NCCL, below dp_bucket_floats; not run on a
+ * GPU; checked on the CPU execution layer, make test-cuda-zeropp: the wire
+ * bit for bit a numpy re-implementation's).
  *
  * Build (see the Makefile's CUDA section for every flag; it finds NCCL in the
  * CUDA toolkit, the system, NCCL_HOME or PyTorch's pip wheel, or builds the
@@ -120,7 +122,7 @@
 typedef struct ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclSuccess = 0, ncclInvalidUsage = 5 } ncclResult_t;
-typedef enum { ncclUint64, ncclFloat, ncclFloat64, ncclBfloat16 } ncclDataType_t;
+typedef enum { ncclUint8, ncclUint64, ncclFloat, ncclFloat64, ncclBfloat16 } ncclDataType_t;
 typedef enum { ncclSum } ncclRedOp_t;
 static const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not in this build"; }
 static const char* ncclGetLastError(ncclComm_t) { return GPU_NO_NCCL_HINT; }
@@ -148,6 +150,10 @@ static ncclResult_t ncclReduce(const void*, void*, size_t, ncclDataType_t, ncclR
 static ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
     return ncclInvalidUsage;
 }
+static ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+    return ncclInvalidUsage;
+}
+static ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
 #endif
 /* ncclCommSplit (NCCL 2.18, 2023) builds the communicators per level (G6);
  * an older NCCL trains flat and refuses --hierarchical 1, saying why. */
@@ -2082,6 +2088,137 @@ __global__ void accumulate_kernel(float* dst, const float* src, size_t n) {
     if (i < n) dst[i] += src[i];
 }
 
+/* ---- ZeRO++'s block codec on the device (issue 15: qwZ, qgZ; not run on
+ * a GPU, checked on the CPU execution layer only, scripts/test_cuda_zeropp.sh)
+ * The format is gptc/quant.h's, bit for bit (its header comment): a piece
+ * of n floats quantises into one slot, ceil(n / block) fp32 scales then the
+ * codes (n bytes INT8, ceil(n / 2) INT4: the low nibble first), padded to 4
+ * bytes; scale s = fl(m / qmax) of the block's m = max|x| (raised an ulp
+ * while subnormal and qmax s < m, lowered while qmax s overflows; 0 for an
+ * all-zero block, NaN when any element is not finite), code q = x / s in
+ * double rounded half to even, deq = fl(q s). Every fp32 product and sum is
+ * written __fmul_rn / __fadd_rn so that nvcc cannot fuse them into an FMA
+ * (the CPU reference rounds each on its own). */
+
+/* element k of a slot of n floats, dequantised (one fp32 rounding) */
+__device__ inline float quant_slot_element(const uint8_t* slot, size_t n, size_t k, int bits, int block) {
+    const float* scales = (const float*)slot;
+    const uint8_t* payload = slot + 4 * ((n + (size_t)block - 1) / (size_t)block);
+    int code = bits == 8 ? (int)(int8_t)payload[k] : (((payload[k >> 1] >> ((k & 1) * 4)) & 0xF) ^ 8) - 8;
+    return __fmul_rn((float)code, scales[k / (size_t)block]);
+}
+
+/* x (n) quantised into slot, in two kernels (quant_encode_gpu); residual
+ * (n, or NULL): error feedback, v = x + residual is what is quantised and
+ * residual becomes v - deq (0 in a block whose scale is 0 or NaN).
+ * 1. quant_scale_kernel, one warp per block of the format (grid: ceil(nb /
+ *    8) blocks of 256 threads): the lanes stride over its elements for m =
+ *    max |v| (exact in any order), a shuffle reduction, lane 0 writes s. */
+__global__ void quant_scale_kernel(uint8_t* slot, const float* x, const float* residual, size_t n, int bits, int block) {
+    size_t nb = (n + (size_t)block - 1) / (size_t)block;
+    size_t b = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (b >= nb) return; /* (a whole warp: its lanes share b) */
+    size_t lo = b * (size_t)block, hi = lo + (size_t)block < n ? lo + (size_t)block : n;
+    float m = 0.0f;
+    int nonfinite = 0;
+    for (size_t i = lo + (size_t)lane; i < hi; i += 32) {
+        float a = fabsf(residual ? __fadd_rn(x[i], residual[i]) : x[i]);
+        nonfinite |= !(a <= FLT_MAX); /* NaN compares false, Inf is above */
+        m = a > m ? a : m;
+    }
+    for (int o = 16; o > 0; o >>= 1) { /* m and nonfinite over the warp, in every lane */
+        float other = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+        m = other > m ? other : m;
+        nonfinite |= __shfl_xor_sync(0xFFFFFFFFu, nonfinite, o);
+    }
+    if (lane) return;
+    int qmax = bits == 8 ? 127 : 7;
+    float s = 0.0f; /* gptc/quant.h's quant_scale_of */
+    if (nonfinite) s = NAN;
+    else if (m > 0.0f) {
+        s = __fdiv_rn(m, (float)qmax);
+        if (s < FLT_MIN) /* subnormal: up to the first s with qmax s >= m */
+            while ((double)s * qmax < (double)m) s = nextafterf(s, INFINITY);
+        while (isinf(__fmul_rn((float)qmax, s))) s = nextafterf(s, 0.0f); /* m near FLT_MAX */
+    }
+    ((float*)slot)[b] = s;
+}
+
+/* 2. quant_code_kernel, one thread per 4-byte word of the payload (its 4
+ *    INT8 or 8 INT4 codes, which may straddle two blocks; codes past n are
+ *    0, so the padding is zeros): q = rint(v / s) in double, packed, the
+ *    word written whole (adjacent bytes are never written by two threads). */
+__global__ void quant_code_kernel(uint8_t* slot, const float* x, float* residual, size_t n, int bits, int block) {
+    size_t nb = (n + (size_t)block - 1) / (size_t)block, per = bits == 8 ? 4 : 8;
+    size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (w >= (n + per - 1) / per) return;
+    const float* scales = (const float*)slot;
+    uint32_t word = 0;
+    for (size_t e = 0; e < per; e++) {
+        size_t i = w * per + e;
+        if (i >= n) break;
+        float s = scales[i / (size_t)block];
+        float v = residual ? __fadd_rn(x[i], residual[i]) : x[i];
+        int live = s > 0.0f; /* 0 or NaN: the code 0, the residual 0 */
+        int q = live ? (int)rint((double)v / (double)s) : 0;
+        word |= bits == 8 ? (uint32_t)(uint8_t)(int8_t)q << (8 * e) : (uint32_t)(q & 0xF) << (4 * e);
+        if (residual) residual[i] = live ? __fsub_rn(v, __fmul_rn((float)q, s)) : 0.0f;
+    }
+    ((uint32_t*)(slot + 4 * nb))[w] = word; /* little-endian: element 4w + e in byte e (INT4: the low nibble first) */
+}
+
+/* both, on stream s */
+static void quant_encode_gpu(uint8_t* slot, const float* x, float* residual, size_t n, int bits, int block,
+                             cudaStream_t s) {
+    size_t nb = quant_num_blocks(n, block), words = (quant_payload_bytes(n, bits) + 3) / 4;
+    quant_scale_kernel<<<ceil_div((long long)nb, 8), 256, 0, s>>>(slot, x, residual, n, bits, block);
+    KERNEL_CHECK();
+    quant_code_kernel<<<ceil_div((long long)words, 256), 256, 0, s>>>(slot, x, residual, n, bits, block);
+    KERNEL_CHECK();
+}
+
+/* qwZ's arrival: dst (W piece) = the W slots dequantised, rank q's piece at q
+ * piece from its slot slot_of[q] of `slots` (sb bytes each), rounded to
+ * nearest bf16. One thread an element. */
+__global__ void qwz_decode_kernel(floatX* dst, const uint8_t* slots, const int* slot_of, size_t sb, size_t piece,
+                                  int W, int bits, int block) {
+    size_t d = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= (size_t)W * piece) return;
+    size_t q = d / piece, k = d % piece;
+    dst[d] = __float2bfloat16_rn(quant_slot_element(slots + (size_t)slot_of[q] * sb, piece, k, bits, block));
+}
+
+/* qgZ, hop 0's sums: partial (N piece) = for each node p the rank's own
+ * values of the piece of rank who[j N + p] (this rank's local index j),
+ * plus, in fp32 and in the order t = 1 .. K-1, the dequantised slot of the
+ * node peer j - t (mod K): recv holds peer i's N slots at i N. */
+__global__ void qgz_hop0_kernel(float* partial, const float* bucket, const int* who, const uint8_t* recv, size_t sb,
+                                size_t piece, int N, int K, int j, int bits, int block) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)N * piece) return;
+    size_t p = e / piece, k = e % piece;
+    float acc = bucket[(size_t)who[(size_t)j * N + p] * piece + k];
+    for (int t = 1; t < K; t++) {
+        int from = (j - t + K) % K;
+        acc = __fadd_rn(acc, quant_slot_element(recv + ((size_t)from * N + p) * sb, piece, k, bits, block));
+    }
+    partial[e] = acc;
+}
+
+/* qgZ, hop 1 and the owner's shard: grad (piece) += mine + the other nodes'
+ * dequantised partial sums of this rank's piece, in the order t = 1 .. N-1
+ * from node p - t (mod N) (recv holds node i's slot at i). */
+__global__ void qgz_hop1_kernel(float* grad, const float* mine, const uint8_t* recv, size_t sb, size_t piece, int N,
+                                int p, int bits, int block) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= piece) return;
+    float acc = mine[k];
+    for (int t = 1; t < N; t++)
+        acc = __fadd_rn(acc, quant_slot_element(recv + (size_t)((p - t + N) % N) * sb, piece, k, bits, block));
+    grad[k] = __fadd_rn(grad[k], acc);
+}
+
 /* Unpacking a bucket: dst[dst_s + i] = src[src_s + i] for i < n_s, one
  * slice s per blockIdx.y; 8 bf16 at a time when every offset and length is
  * a multiple of 8. */
@@ -2752,6 +2889,7 @@ typedef struct {
     int rank, world;
     int comm;          /* an NCCL communicator: several ranks, or ZeRO even on one (gpu_comm_init) */
     int offload;       /* --offload 1: master weights and moments in pinned host memory (G8) */
+    int qwz, qgz, feedback, hpz, block, nodes; /* ZeRO++ on --zero 3 (gpu_zeropp_sizes); nodes: gpu_levels_init's */
 } GpuPlanKnobs;
 
 /* ZeRO's per-rank sizes (dp_layout's): S, the shard's elements, and the
@@ -2765,6 +2903,43 @@ static void dp_sizes(const GPT2Config* c, int zero, int rank, int world, ShardMa
     *shard = shard_map_elements(map);
     *grad_floats = zero == 1 ? *shard * (size_t)world
                  : zero >= 2 ? (2 * map->layer.piece + map->rest.piece) * (size_t)world : 0;
+}
+
+/* ZeRO++'s device buffers on a rank (issue 15; gpu_zeropp_init allocates
+ * them, the memory plan counts them: both call this). Every piece of a
+ * bucket has the same length (the layer's or the rest's piece), so a slot
+ * is the same size on every rank: sb = quant_slot_bytes(piece) (gptc/quant.h).
+ *   slot_of, who  (W ints each) the place of rank q's slot in (local, node)
+ *                 order, and its inverse;
+ *   send, recv    (W sb bytes each, sb of the larger piece in INT8): qwZ's
+ *                 gathered slots (send only), qgZ's outgoing and incoming;
+ *   partial       qgZ (N piece floats): hop 0's N partial sums;
+ *   secondary     hpZ (N S bf16): this local index's part of every bucket;
+ *   residual      --qgz-feedback ((W + N) S floats): hop 0's by (rank, place
+ *                 in the shard), hop 1's by (node, place in the shard). */
+typedef struct {
+    size_t slots, partial, secondary, residual, ints; /* bytes each send/recv buffer; floats; bf16; floats; ints */
+    int slot_buffers;                                  /* 0, 1 (qwZ) or 2 (qgZ) */
+} GpuZeroPPSizes;
+
+static GpuZeroPPSizes gpu_zeropp_sizes(const ShardMap* map, size_t S, int W, int N, int qwz, int qgz, int feedback,
+                                       int hpz, int block) {
+    GpuZeroPPSizes z;
+    memset(&z, 0, sizeof(z));
+    if (!(qwz || qgz || hpz)) return z;
+    size_t most = map->layer.piece > map->rest.piece ? map->layer.piece : map->rest.piece;
+    z.ints = 2 * (size_t)W;
+    z.slot_buffers = qgz ? 2 : qwz ? 1 : 0;
+    z.slots = z.slot_buffers ? (size_t)W * quant_slot_bytes(most, 8, block) : 0;
+    z.partial = qgz ? (size_t)N * most : 0;
+    z.secondary = hpz ? (size_t)N * S : 0;
+    z.residual = feedback ? (size_t)(W + N) * S : 0;
+    return z;
+}
+
+static size_t gpu_zeropp_bytes(const GpuZeroPPSizes* z) {
+    return z->ints * sizeof(int) + (size_t)z->slot_buffers * z->slots + z->partial * sizeof(float) +
+           z->secondary * sizeof(floatX) + z->residual * sizeof(float);
 }
 
 /* The bf16 weights on the device (GpuGPT2's params_memory): all P, or under
@@ -2800,6 +2975,11 @@ static MemoryPlan gpu_memory_plan_for(const GPT2Config* c, const GpuPlanKnobs* k
         p.bytes[GMEM_GRADS] = (grad_floats + S) * sizeof(float); /* the buckets, and the shard's sum */
         p.bytes[GMEM_ADAMW] = 2 * S * sizeof(float);
         p.bytes[GMEM_ZERO] = S * sizeof(floatX) + sizeof(ShardMap);
+        if (k->zero == 3) { /* ZeRO++'s buffers */
+            GpuZeroPPSizes z = gpu_zeropp_sizes(&map, S, k->world, k->nodes, k->qwz, k->qgz, k->feedback, k->hpz,
+                                                k->block);
+            p.bytes[GMEM_ZERO] += gpu_zeropp_bytes(&z);
+        }
     } else {
         p.bytes[GMEM_GRADS] = P * sizeof(float);
         if (k->offload) {
@@ -2832,7 +3012,7 @@ static MemoryPlan gpu_memory_plan_for(const GPT2Config* c, const GpuPlanKnobs* k
 
 /* One GPU, --zero 0 (test_gpt.cu's plans). */
 [[maybe_unused]] static MemoryPlan gpu_memory_plan(const GPT2Config* c, int B, int T, int recompute) {
-    GpuPlanKnobs k = {B, T, recompute, 0, 0, 1, 0, 0};
+    GpuPlanKnobs k = {B, T, recompute, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1};
     return gpu_memory_plan_for(c, &k);
 }
 
@@ -4196,7 +4376,7 @@ static void gpu_levels_count(GpuComm* cm, size_t n, size_t piece, size_t elem, i
  * 1 when there is more than one node), and under it the communicators per
  * level. 0, or -1 after a message (every rank sees the same flags and
  * hosts, so all fail alike). Collective. */
-static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, int report) {
+static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, int report, int split) {
     GpuLevels* lv = &cm->lv;
     int W = cm->world;
     memset(lv, 0, sizeof(*lv));
@@ -4230,12 +4410,14 @@ static int gpu_levels_init(GpuComm* cm, const char* topology, int hierarchical, 
     if (lv->hierarchical < 0) return -1;
     lv->node = lv->node_of[cm->rank];
     lv->local = lv->local_of[cm->rank];
-    if (!lv->hierarchical || W == 1) return 0;
+    if (!(lv->hierarchical || split) || W == 1) return 0; /* (split: ZeRO++ talks by level, gpu_zeropp_gather) */
+    if (!lv->hierarchical && lv->per_node == 0) return 0; /* (unequal nodes: ZeRO++ refuses them, gpu_zeropp_problem) */
 #if GPU_HAVE_SPLIT
     NCCL_CHECK(ncclCommSplit(cm->nccl, lv->node, lv->local, &lv->intra, NULL));
     NCCL_CHECK(ncclCommSplit(cm->nccl, lv->local, lv->node, &lv->inter, NULL));
     return 0;
 #else
+    if (!lv->hierarchical) return 0; /* (ZeRO++ says what it misses: gpu_zeropp_problem) */
     int v = 0;
     if (GPU_HAVE_NCCL) NCCL_CHECK(ncclGetVersion(&v));
     if (cm->rank == 0)
@@ -4370,6 +4552,22 @@ static void gpu_levels_reduce_to_owners(GpuComm* cm, float* bucket, size_t piece
 
 /* ---- gradients and weights across the ranks ----------------------------- */
 
+/* ZeRO++ on --zero 3 (gpu_zeropp_init; NULL in GpuDataParallel without its flags). */
+typedef struct {
+    int qwz, qgz, feedback, hpz, block; /* the flags: bits (0: bf16 gathers, fp32 reductions), 0/1, block */
+    int N, K, node, local;   /* nodes, ranks per node, this rank's node and index in it */
+    int* who;                /* (W) host: the world rank of (local j, node p) at j N + p */
+    int* who_dev;            /* (W) the same on the device */
+    int* slot_of;            /* (W) device: rank q's slot, local_of[q] N + node_of[q] */
+    uint8_t *send, *recv;    /* (W sb) each (gpu_zeropp_sizes) */
+    float* partial;          /* qgZ (N piece) */
+    floatX* secondary;       /* hpZ (N S): bucket b's [local N piece, + N piece) at N offset(b) */
+    float* residual;         /* --qgz-feedback ((W + N) S) */
+    int sec_step, sec_filled; /* the step it was cut in (GpuLevels.steps), and whether the cut is complete */
+    FILE* dump;              /* GPTC_ZEROPP_DUMP: this rank's records (gptc/zeropp.h's format), else NULL */
+    int dump_step, dump_sec_step;
+} GpuZeroPP;
+
 typedef struct {
     GpuComm* comm;
     GpuGPT2* g;
@@ -4403,6 +4601,9 @@ typedef struct {
     cudaEvent_t t_backward, t_reduced, t_gather0, t_gather1; /* timing */
     int armed;                /* this backward's end hooks reduce */
     int gathered;             /* this step ran the all-gather */
+    int backward;             /* ZeRO-3: the gathers being issued are backward's (dp_weights_begin's flag) */
+    GpuZeroPP* zpp;           /* ZeRO++ (--qwz, --qgz, --hpz), or NULL */
+    int zpp_flags[5];         /* qwz, qgz, feedback, hpz, block: dp_zeropp_flags, before dp_init */
     double exposed_ms, gather_ms; /* sums over steps: reduction left after backward, all-gather */
     int steps_timed;
 } GpuDataParallel;
@@ -4423,6 +4624,312 @@ static void dp_layout(GpuDataParallel* dp, GpuComm* comm, const GPT2Config* c, i
 /* Bucket b's padded length (W pieces). */
 static size_t dp_bucket_floats(const GpuDataParallel* dp, int b) {
     return shard_map_bucket(&dp->map, b)->piece * (size_t)dp->world;
+}
+
+/* ---- ZeRO++ on --zero 3: qwZ, hpZ, qgZ over NCCL ---------------------------
+ * Issue 15; not run on a GPU: every kernel and collective below ran on the
+ * CPU execution layer only (emulated GPUs = MPI ranks, NCCL over MPI;
+ * scripts/test_cuda_zeropp.sh). The CPU trainer's semantics (gptc/zeropp.h,
+ * whose header tells the story), on the GPU's bucket layout: the unit is a
+ * bucket (a layer's 12 slices packed, or the rest: wte | wpe | lnf), whose
+ * W pieces all have the same length `piece`, rank q's at q piece; so a
+ * slot has one size sb = quant_slot_bytes(piece) on every rank and each
+ * level's exchange is one NCCL collective or group of equal messages. The
+ * machine is gpu_levels_init's: N nodes of K ranks, communicators intra
+ * (ranked by local index j) and inter (ranked by node p), from ncclCommSplit.
+ *   qwZ (--qwz 8|4), a gathered bucket: quant_encode_gpu quantises this
+ *     rank's piece of the fp32 master (not the bf16 shard) into its slot at
+ *     (j N + p) sb of `send`; ncclAllGather over inter (each slot to the ranks
+ *     with its j: (N-1) sb bytes inter-node), then over intra of the N slots
+ *     of each j as one bundle ((K-1) N sb intra-node), both in place;
+ *     qwz_decode_kernel dequantises all W slots (this rank's own too) into
+ *     the bf16 gather buffer, rounded to nearest: every rank computes with
+ *     bf16(deq(q(master))).
+ *   hpZ (--hpz 1): local index j keeps `secondary`, bucket b's elements [j N
+ *     piece, (j+1) N piece) in bf16 (N S in all), copied out of the gather
+ *     buffer by each step's first forward (before any backward); from the
+ *     step's first backward gather on (backward, and the forwards of later
+ *     micro-batches) a bucket is ncclAllGather'ed from the node's
+ *     secondaries over intra: (K-1) N piece x 2 bytes intra-node, nothing
+ *     across. Validation, outside a step, gathers from the primary shards.
+ *     Alone it gathers the very bf16 of plain --zero 3: bit for bit its run.
+ *   qgZ (--qgz 4|8), a reduced bucket (this rank's packed gradients): hop 0,
+ *     every piece owned by another local index quantised (error feedback:
+ *     residual + v, what was lost kept) and sent as N slots per node peer by
+ *     ncclSend/ncclRecv in one group over intra ((K-1) N sb intra-node);
+ *     qgz_hop0_kernel sums in fp32 the rank's own values and the peers'
+ *     dequantised slots for the N pieces of its local index; hop 1, each of
+ *     those partial sums but its own node's quantised once and sent to the
+ *     node that owns it, one group over inter ((N-1) sb inter-node);
+ *     qgz_hop1_kernel adds the other nodes' into its own and the result into
+ *     grad_shard. The sum orders are the CPU's (peers j-1, j-2, ... at hop
+ *     0; nodes p-1, p-2, ... at hop 1).
+ * Everything runs on the communication stream, ordered after the events
+ * plain ZeRO-3 has (w_free before a gather, grads_ready before a reduction,
+ * slot_free after it), and shares its buffers (send, recv) because that
+ * stream runs one thing at a time. GPTC_ZEROPP_DUMP=dir writes
+ * gptc/zeropp.h's records, in this layout (scripts/zeropp_ref.py --layout
+ * buckets --gather bf16): a = the bucket's offset in the shard and n = W
+ * piece for gathers and reductions (rank q's piece at q piece of the
+ * record), the masters (without qwZ: the bf16 shard that is gathered, which
+ * AdamW rounded stochastically from the master) and grad_shard as [rank S,
+ * + S), the secondary in
+ * the same shard-major order ([j N S, + N S)), the gathered weights as the
+ * bf16 buffer's values. Each record waits for the stream (a debugging aid:
+ * unset it to time anything). */
+
+/* one record: header then n fp32 (gptc/zeropp.h's zeropp_dump) */
+static void gpu_zeropp_record(GpuDataParallel* dp, int tag, int source, size_t a, size_t n, const float* host) {
+    GpuZeroPP* z = dp->zpp;
+    GpuLevels* lv = &dp->comm->lv;
+    int64_t h[8] = {ZEROPP_DUMP_MAGIC, tag, lv->steps, dp->backward, source, (int64_t)a, (int64_t)n, 0};
+    CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(host, sizeof(float), n, z->dump) == n,
+          "GPTC_ZEROPP_DUMP: writing rank %d's record failed (disk full?): unset it or free space", dp->rank);
+}
+
+/* n elements of device memory (bf16 when `half`, else fp32), read on the
+ * communication stream once what it has queued is done, as fp32 on the host
+ * (malloc'd: the caller frees it). */
+static float* gpu_zeropp_fetch(GpuDataParallel* dp, const void* dev, size_t n, int half) {
+    cudaStream_t cs = dp->comm->stream;
+    float* host = xmalloc_floats(n ? n : 1);
+    if (half) {
+        uint16_t* raw = (uint16_t*)xmalloc(n * sizeof(uint16_t) + 1);
+        CUDA_CHECK(cudaMemcpyAsync(raw, dev, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, cs));
+        gpu_wait(cs, NULL);
+        for (size_t i = 0; i < n; i++) { /* bf16 is the top half of an fp32: exact */
+            uint32_t u = (uint32_t)raw[i] << 16;
+            memcpy(host + i, &u, sizeof(u));
+        }
+        free(raw);
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, cs));
+        gpu_wait(cs, NULL);
+    }
+    return host;
+}
+
+static void gpu_zeropp_dump(GpuDataParallel* dp, int tag, int source, size_t a, size_t n, const void* dev, int half) {
+    float* host = gpu_zeropp_fetch(dp, dev, n, half);
+    gpu_zeropp_record(dp, tag, source, a, n, host);
+    free(host);
+}
+
+/* hpZ's secondary, in shard-major order (rank j N + i's pieces at i S + offset(b)) */
+static void gpu_zeropp_dump_secondary(GpuDataParallel* dp) {
+    GpuZeroPP* z = dp->zpp;
+    size_t S = dp->shard, N = (size_t)z->N;
+    float* sec = gpu_zeropp_fetch(dp, z->secondary, N * S, 1);
+    float* out = xmalloc_floats(N * S);
+    for (int b = 0; b <= dp->L; b++) {
+        size_t p = shard_map_bucket(&dp->map, b)->piece, off = shard_map_offset(&dp->map, b);
+        for (size_t i = 0; i < N; i++) memcpy(out + i * S + off, sec + N * off + i * p, p * sizeof(float));
+    }
+    gpu_zeropp_record(dp, 3, 2, (size_t)z->local * N * S, N * S, out);
+    free(sec);
+    free(out);
+}
+
+/* The flags, before dp_init allocates (gpu_train_build). */
+static void dp_zeropp_flags(GpuDataParallel* dp, const Options* o) {
+    int f[5] = {o->qwz, o->qgz, o->qgz_feedback, o->hpz, o->quant_block};
+    memcpy(dp->zpp_flags, f, sizeof(f));
+}
+
+/* What ZeRO++ needs of the machine, before anything is allocated: nodes of
+ * equal size, and a communicator per level. NULL or the problem. */
+static const char* gpu_zeropp_problem(const GpuComm* cm, const Options* o) {
+    if (!(o->qwz || o->qgz || o->hpz) || cm->world == 1) return NULL;
+    if (cm->lv.per_node == 0)
+        return "--qwz/--qgz/--hpz need nodes of equal size: give --topology NxK (or launch the same number of "
+               "ranks on every host)";
+    if (!cm->lv.intra || !cm->lv.inter)
+        return "--qwz/--qgz/--hpz talk by level over communicators split from the world's (ncclCommSplit, NCCL 2.18 "
+               "or newer), which this build cannot make: drop them, or rebuild against a newer NCCL";
+    return NULL;
+}
+
+/* Allocate ZeRO++'s buffers (gpu_zeropp_sizes, all in the ledger as
+ * GMEM_ZERO), its maps and the dump; dp_init calls it under --zero 3. */
+static void gpu_zeropp_init(GpuDataParallel* dp) {
+    int* f = dp->zpp_flags;
+    if (!(f[0] || f[1] || f[3])) return;
+    const GpuLevels* lv = &dp->comm->lv;
+    int W = dp->world;
+    GpuZeroPP* z = (GpuZeroPP*)xmalloc(sizeof(GpuZeroPP));
+    memset(z, 0, sizeof(*z));
+    z->qwz = f[0], z->qgz = f[1], z->feedback = f[2], z->hpz = f[3], z->block = f[4];
+    z->N = W > 1 ? lv->nodes : 1, z->K = W > 1 ? lv->per_node : 1;
+    z->node = W > 1 ? lv->node : 0, z->local = W > 1 ? lv->local : 0;
+    ALWAYS(z->N * z->K == W);
+    z->sec_step = z->dump_step = z->dump_sec_step = -1;
+    GpuZeroPPSizes s = gpu_zeropp_sizes(&dp->map, dp->shard, W, z->N, z->qwz, z->qgz, z->feedback, z->hpz, z->block);
+    z->who = (int*)xmalloc(sizeof(int) * (size_t)W);
+    int* slot_of = (int*)xmalloc(sizeof(int) * (size_t)W);
+    for (int q = 0; q < W; q++) {
+        slot_of[q] = W > 1 ? lv->local_of[q] * z->N + lv->node_of[q] : 0;
+        z->who[slot_of[q]] = q;
+    }
+    z->who_dev = (int*)gpu_alloc(sizeof(int) * (size_t)W, GMEM_ZERO);
+    z->slot_of = (int*)gpu_alloc(sizeof(int) * (size_t)W, GMEM_ZERO);
+    CUDA_CHECK(cudaMemcpy(z->who_dev, z->who, sizeof(int) * (size_t)W, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(z->slot_of, slot_of, sizeof(int) * (size_t)W, cudaMemcpyHostToDevice));
+    free(slot_of);
+    if (s.slot_buffers >= 1) z->send = (uint8_t*)gpu_alloc(s.slots, GMEM_ZERO);
+    if (s.slot_buffers >= 2) z->recv = (uint8_t*)gpu_alloc(s.slots, GMEM_ZERO);
+    z->partial = (float*)gpu_alloc(s.partial * sizeof(float), GMEM_ZERO);
+    z->secondary = (floatX*)gpu_alloc(s.secondary * sizeof(floatX), GMEM_ZERO);
+    z->residual = (float*)gpu_alloc(s.residual * sizeof(float), GMEM_ZERO);
+    if (z->residual) CUDA_CHECK(cudaMemset(z->residual, 0, s.residual * sizeof(float))); /* nothing lost yet */
+    dp->zpp = z;
+    const char* dir = getenv("GPTC_ZEROPP_DUMP");
+    if (dir && *dir) { /* gptc/zeropp.h's config record */
+        char path[4096];
+        CHECK(snprintf(path, sizeof(path), "%s/rank%d.bin", dir, dp->rank) < (int)sizeof(path),
+              "GPTC_ZEROPP_DUMP=%s: the path is too long", dir);
+        z->dump = fopen(path, "wb");
+        CHECK(z->dump != NULL, "GPTC_ZEROPP_DUMP: cannot create %s: make the folder (or unset it)", path);
+        int64_t h[8] = {ZEROPP_DUMP_MAGIC, 0, (int64_t)dp->shard, z->K, W, z->N, 0, 0};
+        int64_t g[8] = {z->qwz, z->qgz, z->feedback, z->hpz, z->block, z->node, z->local,
+                        (int64_t)dp->g->num_parameters};
+        CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(g, sizeof(g), 1, z->dump) == 1,
+              "GPTC_ZEROPP_DUMP: writing %s failed (disk full?)", path);
+    }
+    if (dp->rank == 0) {
+        printf("ZeRO++ (not run on a GPU; checked on the CPU execution layer): weights gathered %s",
+               z->qwz ? (z->qwz == 8 ? "as INT8 blocks from the fp32 master" : "as INT4 blocks from the fp32 master")
+                      : "in bf16");
+        if (z->hpz) printf(", after each step's first forward from hpZ's node-local bf16 secondary (%zu a rank)",
+                           s.secondary);
+        printf("; gradients reduced %s", z->qgz ? (z->qgz == 8 ? "as INT8 by level" : "as INT4 by level") : "in fp32");
+        if (z->feedback) printf(" with error feedback (%zu floats a rank, reset on resume)", s.residual);
+        if (z->qwz || z->qgz) printf("; blocks of %d, one fp32 scale each", z->block);
+        printf("; %d node(s) x %d; %.2f MB of buffers\n", z->N, z->K, gpu_zeropp_bytes(&s) / 1048576.0);
+    }
+}
+
+static void gpu_zeropp_free(GpuDataParallel* dp) {
+    GpuZeroPP* z = dp->zpp;
+    if (!z) return;
+    CHECK(!z->dump || fclose(z->dump) == 0, "GPTC_ZEROPP_DUMP: closing rank %d's file failed (disk full?)", dp->rank);
+    void* mem[] = {z->who_dev, z->slot_of, z->send, z->recv, z->partial, z->secondary, z->residual};
+    for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) gpu_release(mem[i]);
+    free(z->who);
+    free(z);
+    dp->zpp = NULL;
+}
+
+/* Bucket b (pieces of p) into dst (W p bf16) on the communication stream,
+ * which has waited for the compute stream (dp_gather_bucket): from hpZ's
+ * secondary inside a step once its first forward is gathered, else from
+ * the primary shards, as qwZ slots or bf16 (cutting the secondary when
+ * this is a step's first forward). */
+static void gpu_zeropp_gather(GpuDataParallel* dp, int b, floatX* dst) {
+    GpuZeroPP* z = dp->zpp;
+    GpuLevels* lv = &dp->comm->lv;
+    cudaStream_t cs = dp->comm->stream;
+    size_t p = shard_map_bucket(&dp->map, b)->piece, off = shard_map_offset(&dp->map, b), W = (size_t)dp->world;
+    size_t N = (size_t)z->N, K = (size_t)z->K, j = (size_t)z->local, node = (size_t)z->node;
+    int dump = z->dump && lv->counting, cut = 0;
+    if (dump && z->dump_step != lv->steps) /* the step's first gather: what it gathers from (qwZ: the fp32 master, */
+        z->dump_step = lv->steps,           /* else the bf16 shard that AdamW rounded from it) */
+            gpu_zeropp_dump(dp, 1, 0, (size_t)dp->rank * dp->shard, dp->shard,
+                            z->qwz ? (const void*)dp->master : (const void*)dp->param_shard, !z->qwz);
+    if (z->hpz && lv->counting) {
+        if (z->sec_step != lv->steps) z->sec_step = lv->steps, z->sec_filled = 0; /* a new step: new weights */
+        if (dp->backward) z->sec_filled = 1; /* the first forward gathered every bucket */
+        if (z->sec_filled) {
+            if (dump && z->dump_sec_step != lv->steps) z->dump_sec_step = lv->steps, gpu_zeropp_dump_secondary(dp);
+            if (K > 1) {
+                gpu_levels_add(lv, LEVEL_INTRA, (double)((K - 1) * N * p * sizeof(floatX)));
+                NCCL_CHECK(ncclAllGather(z->secondary + N * off, dst, N * p, ncclBfloat16, lv->intra, cs));
+            } else {
+                CUDA_CHECK(cudaMemcpyAsync(dst, z->secondary + N * off, W * p * sizeof(floatX),
+                                           cudaMemcpyDeviceToDevice, cs));
+            }
+            if (dump) gpu_zeropp_dump(dp, 2, 2, off, W * p, dst, 1);
+            return;
+        }
+        cut = 1;
+    }
+    if (z->qwz) {
+        size_t sb = quant_slot_bytes(p, z->qwz, z->block);
+        uint8_t* mine = z->send + (j * N + node) * sb;
+        quant_encode_gpu(mine, dp->master + off, NULL, p, z->qwz, z->block, cs);
+        if (N > 1) { /* across nodes first: this rank's slot to the ranks with its local index (in place) */
+            gpu_levels_add(lv, LEVEL_INTER, (double)((N - 1) * sb));
+            NCCL_CHECK(ncclAllGather(mine, z->send + j * N * sb, sb, ncclUint8, lv->inter, cs));
+        }
+        if (K > 1) { /* then inside the node: the N slots of each local index as one bundle (in place) */
+            gpu_levels_add(lv, LEVEL_INTRA, (double)((K - 1) * N * sb));
+            NCCL_CHECK(ncclAllGather(z->send + j * N * sb, z->send, N * sb, ncclUint8, lv->intra, cs));
+        }
+        qwz_decode_kernel<<<ceil_div((long long)(W * p), 256), 256, 0, cs>>>(dst, z->send, z->slot_of, sb, p, (int)W,
+                                                                             z->qwz, z->block);
+        KERNEL_CHECK();
+    } else {
+        gpu_levels_count(dp->comm, p * W, p, sizeof(floatX), 0, 1); /* (flat) */
+        NCCL_CHECK(ncclAllGather(dp->param_shard + off, dst, p, ncclBfloat16, dp->comm->nccl, cs));
+    }
+    if (dump) gpu_zeropp_dump(dp, 2, z->qwz ? 1 : 0, off, W * p, dst, 1);
+    if (cut) /* this local index's part of the bucket into the secondary */
+        CUDA_CHECK(cudaMemcpyAsync(z->secondary + N * off, dst + j * N * p, N * p * sizeof(floatX),
+                                   cudaMemcpyDeviceToDevice, cs));
+}
+
+/* qgZ: bucket b's packed gradients (W p, on the communication stream, which
+ * has waited for them) summed over the ranks, this rank's piece added into
+ * shard_part (its place in grad_shard). */
+static void gpu_zeropp_reduce(GpuDataParallel* dp, int b, float* shard_part) {
+    GpuZeroPP* z = dp->zpp;
+    GpuLevels* lv = &dp->comm->lv;
+    cudaStream_t cs = dp->comm->stream;
+    size_t p = shard_map_bucket(&dp->map, b)->piece, off = shard_map_offset(&dp->map, b), W = (size_t)dp->world;
+    size_t S = dp->shard, sb = quant_slot_bytes(p, z->qgz, z->block);
+    int N = z->N, K = z->K, j = z->local, node = z->node, bits = z->qgz;
+    const float* bucket = dp->bucket[b];
+    int dump = z->dump && lv->counting;
+    if (dump) gpu_zeropp_dump(dp, 4, 0, off, W * p, bucket, 0);
+    float* res0 = z->residual;                      /* hop 0's: (W, S), by the piece's rank and place */
+    float* res1 = res0 ? res0 + W * S : NULL;        /* hop 1's: (N, S), by destination node and place */
+    if (K > 1) { /* hop 0: the pieces of the other local indices, quantised, N slots to each node peer */
+        for (int i = 0; i < K * N; i++) {
+            if (i / N == j) continue;
+            size_t q = (size_t)z->who[i];
+            quant_encode_gpu(z->send + (size_t)i * sb, bucket + q * p, res0 ? res0 + q * S + off : NULL, p, bits,
+                             z->block, cs);
+        }
+        NCCL_CHECK(ncclGroupStart());
+        for (int t = 1; t < K; t++) {
+            int to = (j + t) % K, from = (j - t + K) % K;
+            gpu_levels_add(lv, LEVEL_INTRA, (double)((size_t)N * sb));
+            NCCL_CHECK(ncclSend(z->send + (size_t)to * N * sb, (size_t)N * sb, ncclUint8, to, lv->intra, cs));
+            NCCL_CHECK(ncclRecv(z->recv + (size_t)from * N * sb, (size_t)N * sb, ncclUint8, from, lv->intra, cs));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+    }
+    qgz_hop0_kernel<<<ceil_div((long long)N * (long long)p, 256), 256, 0, cs>>>(z->partial, bucket, z->who_dev, z->recv,
+                                                                              sb, p, N, K, j, bits, z->block);
+    KERNEL_CHECK();
+    if (N > 1) { /* hop 1: each other node's partial sum, quantised once, to the rank of this index there */
+        for (int q = 0; q < N; q++) {
+            if (q == node) continue;
+            quant_encode_gpu(z->send + (size_t)q * sb, z->partial + (size_t)q * p,
+                             res1 ? res1 + (size_t)q * S + off : NULL, p, bits, z->block, cs);
+        }
+        NCCL_CHECK(ncclGroupStart());
+        for (int t = 1; t < N; t++) {
+            int to = (node + t) % N, from = (node - t + N) % N;
+            gpu_levels_add(lv, LEVEL_INTER, (double)sb);
+            NCCL_CHECK(ncclSend(z->send + (size_t)to * sb, sb, ncclUint8, to, lv->inter, cs));
+            NCCL_CHECK(ncclRecv(z->recv + (size_t)from * sb, sb, ncclUint8, from, lv->inter, cs));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+    }
+    qgz_hop1_kernel<<<ceil_div((long long)p, 256), 256, 0, cs>>>(shard_part, z->partial + (size_t)node * p, z->recv, sb,
+                                                                 p, N, node, bits, z->block);
+    KERNEL_CHECK();
+    if (dump) gpu_zeropp_dump(dp, 5, 0, (size_t)dp->rank * S, S, dp->grad_shard, 0);
 }
 
 /* The backward hooks (GpuGPT2's grads_begin / grads_end). */
@@ -4483,6 +4990,11 @@ static void dp_reduce_bucket(GpuDataParallel* dp, int b) {
         return;
     }
     float* shard_part = dp->grad_shard + shard_map_offset(&dp->map, b);
+    if (dp->zpp && dp->zpp->qgz) { /* ZeRO++'s qgZ (gpu_zeropp_reduce), in place of the fp32 reduce-scatter */
+        gpu_zeropp_reduce(dp, b, shard_part);
+        CUDA_CHECK(cudaEventRecord(dp->slot_free[b == dp->L ? 2 : b % 2], cs));
+        return;
+    }
     float* mine = dp->bucket[b] + (size_t)dp->rank * s->piece; /* in place: rank r's piece of the bucket */
     if (by_level) gpu_levels_reduce_to_owners(dp->comm, dp->bucket[b], s->piece, cs); /* the sum lands at mine */
     else gpu_levels_count(dp->comm, W * s->piece, s->piece, sizeof(float), 1, 0);
@@ -4533,6 +5045,11 @@ static void dp_gather_bucket(GpuDataParallel* dp, int b, floatX* dst, int e) {
     const BucketShape* s = shard_map_bucket(&dp->map, b);
     CUDA_CHECK(cudaEventRecord(dp->w_free, dp->g->stream));
     CUDA_CHECK(cudaStreamWaitEvent(cs, dp->w_free, 0));
+    if (dp->zpp && (dp->zpp->qwz || dp->zpp->hpz)) { /* ZeRO++: qwZ's slots, hpZ's secondary (above) */
+        gpu_zeropp_gather(dp, b, dst);
+        CUDA_CHECK(cudaEventRecord(dp->w_ready[e], cs));
+        return;
+    }
     gpu_levels_count(dp->comm, s->piece * (size_t)dp->world, s->piece, sizeof(floatX), 0, 1); /* (flat) */
     NCCL_CHECK(ncclAllGather(dp->param_shard + shard_map_offset(&dp->map, b), dst, s->piece, ncclBfloat16,
                              dp->comm->nccl, cs));
@@ -4544,6 +5061,7 @@ static void dp_gather_bucket(GpuDataParallel* dp, int b, floatX* dst, int e) {
 static void dp_weights_begin(void* ctx, int backward) {
     GpuDataParallel* dp = (GpuDataParallel*)ctx;
     int L = dp->L;
+    dp->backward = backward; /* (ZeRO++'s hpZ: backward's gathers come from the node) */
     if (backward) {
         dp_gather_bucket(dp, L - 1, dp->layer_buf[(L - 1) % 2], (L - 1) % 2);
         return;
@@ -4557,6 +5075,7 @@ static void dp_weights_begin(void* ctx, int backward) {
 static const floatX* dp_layer_weights(void* ctx, int l, int backward) {
     GpuDataParallel* dp = (GpuDataParallel*)ctx;
     int next = backward ? l - 1 : l + 1;
+    dp->backward = backward;
     if (next >= 0 && next < dp->L) dp_gather_bucket(dp, next, dp->layer_buf[next % 2], next % 2);
     CUDA_CHECK(cudaStreamWaitEvent(dp->g->stream, dp->w_ready[l % 2], 0));
     return dp->layer_buf[l % 2];
@@ -4620,6 +5139,7 @@ static void dp_init(GpuDataParallel* dp, GpuGPT2* g, const GPT2* host) {
         for (int k = 0; k < rest->nseg; k++) ((floatX**)&g->params)[rest->k[k]] = dp->head + rest->pre[k];
         g->weights_begin = dp_weights_begin;
         g->layer_weights = dp_layer_weights;
+        gpu_zeropp_init(dp); /* (nothing without --qwz, --qgz, --hpz) */
         CUDA_CHECK(cudaDeviceSynchronize());
         return;
     }
@@ -4643,6 +5163,7 @@ static void dp_free(GpuDataParallel* dp) {
                         dp->slot_free[2], dp->w_free, dp->w_ready[0], dp->w_ready[1], dp->w_ready[2], dp->t_backward,
                         dp->t_reduced, dp->t_gather0, dp->t_gather1};
     for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
+    gpu_zeropp_free(dp);
     void* mem[] = {dp->map_dev, dp->grad_shard, dp->master, dp->m, dp->v, dp->param_shard, dp->grad_memory};
     for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) gpu_release(mem[i]);
     free(dp->bucket);
@@ -4943,9 +5464,6 @@ static void dp_state_upload(GpuDataParallel* dp, const float* params, const floa
 /* What the flags ask that this build cannot do (checked before any GPU is
  * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
 static const char* gpu_options_problem(const Options* o) {
-    if (o->qwz || o->qgz || o->hpz) /* (gptc/zeropp.h is the CPU trainer's; the GPU's --zero 3 gathers bf16) */
-        return "--qwz, --qgz and --hpz (ZeRO++) are the CPU trainer's (./train_gpt --zero 3 --qwz 8 ...); "
-               "train_gpt_cu's --zero 3 gathers the bf16 weights and reduces fp32 gradients: drop them here";
     if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
         return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
                "parallel), or drop it and shard the state across GPUs with --zero 1|2";
@@ -5229,7 +5747,8 @@ static double gpu_device_print(void) {
  * GPU; checked on the CPU execution layer, scripts/test_gpu_plan.sh) ---- */
 
 static GpuPlanKnobs gpu_plan_knobs(const Options* o, int B, int T, const GpuComm* comm) {
-    GpuPlanKnobs k = {B, T, o->recompute, o->zero, comm->rank, comm->world, comm->nccl != NULL, o->offload};
+    GpuPlanKnobs k = {B, T, o->recompute, o->zero, comm->rank, comm->world, comm->nccl != NULL, o->offload,
+                      o->qwz, o->qgz, o->qgz_feedback, o->hpz, o->quant_block, comm->lv.nodes};
     return k;
 }
 
@@ -5336,7 +5855,7 @@ static int gpu_plan_print(const Options* o, const GpuComm* comm) {
             for (int r = 0; r < RECOMPUTE_LEVELS; r++)
                 for (long long B = seqs; B >= 1; B--) {
                     if (seqs % B || (offload && zero)) continue;
-                    GpuPlanKnobs k = {(int)B, T, r, zero, comm->rank, W, W > 1 || zero > 0, offload};
+                    GpuPlanKnobs k = {(int)B, T, r, zero, comm->rank, W, W > 1 || zero > 0, offload, 0, 0, 0, 0, 0, 1};
                     MemoryPlan q = gpu_memory_plan_for(&c, &k);
                     size_t need = memory_plan_total(&q), other = need;
                     size_t show[7] = {q.bytes[GMEM_PARAMS] + q.bytes[GMEM_ZERO], q.bytes[GMEM_MASTER], q.bytes[GMEM_GRADS],
@@ -5376,6 +5895,12 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     const GPT2Config* c = &host->config;
     int B = st->r.B, T = st->r.T;
     dp_layout(&st->dp, comm, c, o->zero, o->overlap);
+    dp_zeropp_flags(&st->dp, o);
+    const char* zpp = gpu_zeropp_problem(comm, o);
+    if (zpp) {
+        if (comm->rank == 0) fprintf(stderr, "error: %s\n", zpp);
+        return -1;
+    }
     GpuPlanKnobs k = gpu_plan_knobs(o, B, T, comm);
     st->plan = gpu_memory_plan_for(c, &k);
     memory_plan_print(&st->plan);
@@ -5661,7 +6186,7 @@ int main(int argc, char** argv) {
         gpu_comm_free(&comm, 1);
         return EXIT_FAILURE;
     }
-    if (gpu_levels_init(&comm, o.topology, o.hierarchical, o.comm_levels) != 0) { /* nodes, communicators per level */
+    if (gpu_levels_init(&comm, o.topology, o.hierarchical, o.comm_levels, o.zero == 3 && (o.qwz || o.qgz || o.hpz)) != 0) { /* nodes, communicators per level */
         gpu_comm_free(&comm, 0); /* (every rank fails alike, with nothing in flight) */
         return EXIT_FAILURE;
     }

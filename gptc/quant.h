@@ -11,7 +11,8 @@
  * Included by dev/quant/test_quant.c; meant for train_gpt.c's data-parallel
  * section (--zero 3 with qwZ/hpZ/qgZ), which includes it after its own
  * MPI_CHECK. The quantisation needs only gptc/util.h; the collectives are
- * compiled with -DUSE_MPI. Not run on a GPU (the NCCL twin is not written).
+ * compiled with -DUSE_MPI. The GPU's kernels for the same format are in
+ * train_gpt.cu (quant_scale_kernel, quant_code_kernel; not run on a GPU).
  * Defines: QUANT_MAX_LEVELS, quant_qmax, quant_num_blocks,
  * quant_payload_bytes, quant_slot_bytes, quant_scale_of, quant_encode,
  * quant_decode, quant_decode_add, quant_error_bound; with USE_MPI:

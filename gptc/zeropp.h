@@ -12,8 +12,9 @@
  * ZeroHooks it fills (zero3.h calls them for every range it gathers or
  * reduces); the block codec is gptc/quant.h's (its error bound, tested in
  * dev/quant/test_quant.c). MPI when USE_MPI is defined; on one process the
- * same arithmetic without messages. CPU only: train_gpt_cu's --zero 3
- * gathers bf16 weights and refuses --qwz, --qgz and --hpz. Defines:
+ * same arithmetic without messages. The GPU twin (train_gpt.cu, "ZeRO++ on
+ * --zero 3", over NCCL on its bucket layout; checked on the CPU execution
+ * layer only) follows these semantics and writes the same dump. Defines:
  * ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
  * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
  * runs with GPTC_ZEROPP_DUMP=dir (below: what each hook sent and received,

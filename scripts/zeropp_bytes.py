@@ -7,6 +7,15 @@ scripts/bench_zero.sh to compare with the trainer's counters.
   zeropp_bytes.py L C Vp maxT W N K qwz qgz hpz block [A]
 prints "intra inter bwd_intra bwd_inter": bytes per step summed over the
 ranks (all of it, and of it backward's weight gathers), A micro-batches.
+
+  zeropp_bytes.py --gpu HIER L C Vp maxT W N K qwz qgz hpz block A
+the same for train_gpt_cu's --zero 3 (train_gpt.cu, "ZeRO++ on --zero 3"),
+HIER = its --hierarchical as resolved (1: fp32 gradients by level): the
+ranges are its buckets (a layer's 12 slices, or wte | wpe | lnf), each of
+W equal pieces padded to a multiple of 64 (so every slot has one size);
+the weights travel in bf16 (2 bytes) unless qwZ; the head is gathered at
+every micro-batch's forward and every bucket, the head's too, is reduced
+at every micro-batch (ZeRO-2's reduction).
 """
 import sys
 
@@ -76,6 +85,54 @@ def step_bytes(L, C, Vp, maxT, W, N, K, qwz, qgz, hpz, block, A=1):
     return out
 
 
+def gpu_step_bytes(hier, L, C, Vp, maxT, W, N, K, qwz, qgz, hpz, block, A):
+    layer, rest = 12 * C * C + 13 * C, Vp * C + maxT * C + 2 * C
+    piece = lambda n: -(-n // (64 * W)) * 64  # each rank's piece of a bucket (DP_ALIGN = 64)
+    out = [0, 0, 0, 0]
+
+    def add(i, e, backward=False):
+        out[0] += i
+        out[1] += e
+        if backward:
+            out[2] += i
+            out[3] += e
+
+    def gather(p, secondary, backward):
+        n = W * p
+        if secondary:
+            add(2 * N * (K - 1) * n, 0, backward)
+        elif qwz:
+            sb = slot(p, qwz, block)
+            add(W * (K - 1) * N * sb, W * (N - 1) * sb, backward)
+        else:
+            add(2 * (K - 1) * n, 2 * (N - 1) * K * n, backward)
+
+    def reduce(p):
+        n = W * p
+        if qgz:
+            sb = slot(p, qgz, block)
+            add(W * (K - 1) * N * sb, W * (N - 1) * sb)
+        elif hier:
+            add(4 * N * (K - 1) * n, 4 * (N - 1) * n)
+        else:
+            add(4 * (K - 1) * n, 4 * (N - 1) * K * n)
+
+    pl, pr = piece(layer), piece(rest)
+    for m in range(A):
+        gather(pr, hpz and m > 0, False)  # forward: the head, then every layer (micro-batch 0 cuts the secondary)
+        for _ in range(L):
+            gather(pl, hpz and m > 0, False)
+        for _ in range(L):  # backward: every layer again
+            gather(pl, hpz, True)
+        for _ in range(L):  # every bucket's gradients, each micro-batch
+            reduce(pl)
+        reduce(pr)
+    return out
+
+
 if __name__ == "__main__":
-    a = [int(x) for x in sys.argv[1:]]
-    print(*step_bytes(*a))
+    if sys.argv[1] == "--gpu":
+        print(*gpu_step_bytes(*[int(x) for x in sys.argv[2:]]))
+    else:
+        a = [int(x) for x in sys.argv[1:]]
+        print(*step_bytes(*a))

@@ -4,6 +4,15 @@
 
     zeropp_ref.py DIR --np W --topology NxK --params P --steps S
                   [--qwz 0|4|8] [--qgz 0|4|8] [--feedback 0|1] [--hpz 0|1] [--block B]
+                  [--layout flat|buckets] [--gather fp32|bf16]
+
+--layout buckets --gather bf16: train_gpt_cu's dumps (train_gpt.cu, "ZeRO++
+on --zero 3"): the shard is the dump's own (the buckets' pieces, padded),
+a gathered or reduced record is a whole bucket, a = its offset in every
+rank's shard, n = W x its piece, rank q's piece at q n / W of the record
+and at q shard + a of the masters; the gathers and the secondary hold bf16
+values, so they are compared with deq(q(.)) (or the master) rounded to
+nearest bf16. The default (flat, fp32) is the CPU trainer's.
 
 Written from the documented format only (gptc/quant.h's and gptc/zeropp.h's
 header comments; the record layout is zeropp.h's "GPTC_ZEROPP_DUMP"):
@@ -108,14 +117,28 @@ def quant(x, bits, block, res=None):
     return deq, r
 
 
-def pieces(a, n, shard, W):
-    """[(q, lo, hi)] of the ranks whose shard meets [a, a + n), flat indices."""
+def pieces(a, n, shard, W, buckets=False):
+    """[(q, lo, hi, at)] of the ranks whose shard meets the record (a, n):
+    [lo, hi) in the masters' indices (rank q's shard at q shard), at = where
+    the piece starts in the record. Flat: the range [a, a + n); buckets: one
+    piece of n / W a rank, at q shard + a."""
     out = []
     for q in range(W):
+        if buckets:
+            c = n // W
+            out.append((q, q * shard + a, q * shard + a + c, q * c))
+            continue
         lo, hi = max(a, q * shard), min(a + n, (q + 1) * shard)
         if hi > lo:
-            out.append((q, lo, hi))
+            out.append((q, lo, hi, lo - a))
     return out
+
+
+def bf16(x):
+    """fp32 -> the nearest bf16 (ties to even), as fp32; NaN stays NaN"""
+    u = x.astype(F32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(F32)
+    return np.where(np.isnan(x), x, r).astype(F32)
 
 
 def bits_equal(x, y):
@@ -146,10 +169,14 @@ def main():
     ap.add_argument("--feedback", type=int, default=0)
     ap.add_argument("--hpz", type=int, default=0)
     ap.add_argument("--block", type=int, default=256)
+    ap.add_argument("--layout", choices=["flat", "buckets"], default="flat")
+    ap.add_argument("--gather", choices=["fp32", "bf16"], default="fp32")
     o = ap.parse_args()
     N, K = (int(v) for v in o.topology.split("x"))
     W, P = o.np, o.params
     assert N * K == W
+    bk = o.layout == "buckets"
+    rnd = bf16 if o.gather == "bf16" else (lambda x: x)
     shard = -(-P // W)
     results = []
 
@@ -158,6 +185,9 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {what}" + (f" | {note}" if note else ""))
 
     dumps = [read_dump(os.path.join(o.dir, f"rank{r}.bin")) for r in range(W)]
+    if bk:  # the buckets' padded pieces: the shard is what the dump says (at least ceil(P / W))
+        shard = max(shard, dumps[0][0]["shard"])
+    M = W * shard  # the masters' indices
     # the config each rank wrote, against what this script was told
     cfg_ok = True
     for r, d in enumerate(dumps):
@@ -177,7 +207,7 @@ def main():
     steps = sorted({x["step"] for x in recs[0]})
     check(steps == list(range(o.steps)), f"records in steps 0..{o.steps - 1}", f"steps {steps}")
     gather_hook = o.qwz or o.hpz
-    res0 = [np.zeros(P, F32) for _ in range(W)] if o.feedback else None
+    res0 = [np.zeros(M, F32) for _ in range(W)] if o.feedback else None
     res1 = [np.zeros((N, shard), F32) for _ in range(W)] if o.feedback else None
     stats = dict(gather=[0, 0], secondary=[0, 0], grad=[0, 0])
     first_bad = {}
@@ -197,24 +227,27 @@ def main():
             if not ok:
                 continue
             master = np.concatenate([m[0]["x"] for m in ms])
-            check(not master[P:].any(), f"step {step}: the shards' padding beyond P is zero")
+            if not bk:  # (buckets: the padding is inside each bucket, and gathered like the rest)
+                check(not master[P:].any(), f"step {step}: the shards' padding beyond P is zero")
         # gathers: every one against deq(q(master pieces)) (or the master in fp32)
         gi = [i for i in idx if recs[0][i]["tag"] == 2]
-        want_full = np.full(W * shard, np.nan, F32)
-        covered = np.zeros(P, np.int32)
+        want_full = np.full(M, np.nan, F32)
+        covered = np.zeros(M, np.int32)
         seen_bwd = False
         for i in gi:
             x0 = recs[0][i]
             a, n, bwd = x0["a"], x0["n"], x0["bwd"]
             want = np.zeros(n, F32)
-            for q, lo, hi in pieces(a, n, shard, W):
+            ps = pieces(a, n, shard, W, bk)
+            for q, lo, hi, at in ps:
                 piece = master[lo:hi]
-                want[lo - a:hi - a] = quant(piece, o.qwz, o.block)[0] if o.qwz else piece
+                want[at:at + hi - lo] = rnd(quant(piece, o.qwz, o.block)[0] if o.qwz else piece)
             seen_bwd |= bool(bwd)
             src_want = 2 if (o.hpz and seen_bwd) else (1 if o.qwz else 0)
             if not seen_bwd:
-                covered[a:a + n] += 1
-                want_full[a:a + n] = want
+                for q, lo, hi, at in ps:
+                    covered[lo:hi] += 1
+                    want_full[lo:hi] = want[at:at + hi - lo]
             for r in range(W):
                 g = recs[r][i]
                 ok = g["src"] == src_want and bits_equal(g["x"], want)
@@ -222,7 +255,8 @@ def main():
                       f"{g['src']} (want {src_want}): " + (diff_note(g["x"], want) if not bits_equal(g["x"], want) else "same"))
         if gather_hook:
             # a forward before the first backward: each micro-batch's forward covers [0, P) once
-            ok = covered.min() >= 1 and np.all(covered == covered[0])
+            cov = covered if bk else covered[:P]
+            ok = cov.min() >= 1 and np.all(cov == cov[0])
             check(ok, f"step {step}: the forward gathers before the first backward cover [0, P) evenly",
                   f"each element {covered.min()}..{covered.max()} times")
         # hpZ's secondary: this node rank's part of the step's first forward weights
@@ -232,7 +266,8 @@ def main():
                 continue
             j, lo = r % K, (r % K) * N * shard
             want = want_full[lo:lo + N * shard].copy()
-            want[np.maximum(P - lo, 0):] = 0  # the padding beyond P
+            if not bk:
+                want[np.maximum(P - lo, 0):] = 0  # the padding beyond P
             ok = len(sec) == 1 and sec[0]["a"] == lo and bits_equal(sec[0]["x"], want)
             tally("secondary", ok, f"rank {r} (local {j}) step {step}: " +
                   (diff_note(sec[0]["x"], want) if len(sec) == 1 else f"{len(sec)} secondary records"))
@@ -240,15 +275,17 @@ def main():
         if o.qgz:
             grad = [np.zeros(shard, F32) for _ in range(W)]
             ri = [i for i in idx if recs[0][i]["tag"] in (4, 5)]
-            reduced = np.zeros(P, np.int32)
+            reduced = np.zeros(M, np.int32)
             for k in range(0, len(ri), 2):
                 i, i5 = ri[k], ri[k + 1] if k + 1 < len(ri) else None
                 x0 = recs[0][i]
                 a, n = x0["a"], x0["n"]
-                reduced[a:a + n] += 1
                 srcs = [recs[r][i]["x"] for r in range(W)]
-                ps = pieces(a, n, shard, W)
-                own = {q: (lo, hi) for q, lo, hi in ps}
+                ps = pieces(a, n, shard, W, bk)
+                own = {q: (lo, hi) for q, lo, hi, at in ps}
+                rat = {q: at - lo for q, lo, hi, at in ps}  # master index + rat[q] = the place in the record
+                for q, lo, hi, at in ps:
+                    reduced[lo:hi] += 1
                 partial = {}  # (rank, node of the owner) -> fp32 partial sum
                 for r in range(W):  # hop 0: inside node p, onto local index j
                     p, j = divmod(r, K)
@@ -257,11 +294,11 @@ def main():
                         if q not in own:
                             continue
                         lo, hi = own[q]
-                        acc = srcs[r][lo - a:hi - a].copy()
+                        acc = srcs[r][lo + rat[q]:hi + rat[q]].copy()
                         for t in range(1, K):
                             s = p * K + (j - t) % K
                             rr = res0[s][lo:hi] if res0 is not None else None
-                            deq, nr = quant(srcs[s][lo - a:hi - a], o.qgz, o.block, rr)
+                            deq, nr = quant(srcs[s][lo + rat[q]:hi + rat[q]], o.qgz, o.block, rr)
                             if nr is not None:
                                 res0[s][lo:hi] = nr
                             acc = (acc + deq).astype(F32)
@@ -285,8 +322,9 @@ def main():
                     ok = g is not None and g["tag"] == 5 and bits_equal(g["x"], grad[r])
                     tally("grad", ok, f"rank {r} step {step} after reducing [{a}, +{n}): " +
                           (diff_note(g["x"], grad[r]) if g is not None and g["tag"] == 5 else "no grad_shard record"))
-            check(reduced.min() >= 1, f"step {step}: the reductions cover [0, P)",
-                  f"each element {reduced.min()}..{reduced.max()} times")
+            red = reduced if bk else reduced[:P]
+            check(red.min() >= 1, f"step {step}: the reductions cover [0, P)",
+                  f"each element {red.min()}..{red.max()} times")
     names = dict(gather="gathered weights (forward and backward) = deq(q(master pieces)) at their offsets",
                  secondary="hpZ's secondary = the step's first forward weights, this node rank's part",
                  grad="grad_shard after each qgZ reduction = the hierarchical quantised sum, bit for bit")

@@ -34,6 +34,13 @@ inline float __uint_as_float(unsigned int u) {
 }
 inline float __expf(float x) { return expf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// IEEE round-to-nearest fp32 arithmetic that nvcc never fuses into an FMA (the host
+// compiler does not either: -std=c++17 turns contraction off), for code whose bits must
+// match a CPU reference (train_gpt.cu's ZeRO++ kernels).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 template <typename T> inline T __ldg(const T* p) { return *p; }
 // CUDA's min and max for mixed integer and float arguments (nvcc's math headers declare them for host code too).
 template <typename A, typename B> inline std::common_type_t<A, B> min(A a, B b) { return b < a ? b : a; }
