@@ -2265,6 +2265,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
     if (o->standby[0]) {
+        big_write_all(); /* (gptc/ledger.h: a spare writes its pages now, not after the failure) */
         test_hook_standby_setup();
         timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
         mark = startup_begin();
