@@ -76,8 +76,6 @@ CHECK_START=$START
 [ -x "$BIN" ] || { echo "test_cuda_zeropp: $BIN not built: make test-cuda-zeropp"; exit 1; }
 echo "test_cuda_zeropp: logs in $LOG"
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
-    -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 TOY=$LOG/toy.bin
 $PY scripts/toy_shard.py "$TOY" 400000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
 C=64; L=3; Vp=256; maxT=64; T=64; B=2; A=2; STEPS=2; BLOCK=64
