@@ -48,16 +48,9 @@
 # passed, N failed"; exit status non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
-BIN=${BIN:-./train_gpt_cu_cpu}
-PY=${PYTHON:-/usr/bin/python3}
-LOG=${LOG:-$(mktemp -d /tmp/gptc_cuda_zero3.XXXXXX)}
-mkdir -p "$LOG"
-START=$(date +%s)
-CHECK_START=$START
-. scripts/check.sh
-[ -x "$BIN" ] || { echo "test_cuda_zero3: $BIN not built: make test-cuda-zero3"; exit 1; }
-echo "test_cuda_zero3: logs in $LOG"
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+. scripts/check.sh         # check ok|FAIL what [detail], $passed, $failed, $CLEAN_ENV
+. scripts/emulated_gpus.sh # emulated_begin, emulated_run, emulated_final, emulated_lines
+emulated_begin cuda_zero3 test-cuda-zero3 # $BIN $PY $LOG $START $MPIRUN
 TOY=$LOG/toy.bin
 $PY scripts/toy_shard.py "$TOY" 400000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
 C=64; L=3; Vp=256; maxT=64; T=64; B=2; A=2; STEPS=3
@@ -65,20 +58,9 @@ SMALL="--model d$L --channels $C --num-heads 2 --max-seq-len $maxT --vocab-size 
        --batch-size $B --steps $STEPS --lr 3e-3 --warmup-steps 2 --weight-decay 0.1 --val-every 0 --sample-every 0"
 
 # gpus NAME W FLAGS...: W emulated GPUs (MPI ranks), A micro-batches; rank 0's output in NAME.log, checkpoints in NAME/
-gpus() {
-    local name=$1 w=$2
-    shift 2
-    $CLEAN_ENV timeout -k 10 300 $MPIRUN -np "$w" -x GPTC_RUN_ID="cuda-zero3-$$-$name" \
-        sh -c 'log=$1; shift; exec "$@" > "$log.rank$OMPI_COMM_WORLD_RANK.log" 2>&1' sh "$LOG/$name" \
-        "$BIN" --init mpi --comm-timeout 120 $SMALL --total-batch-size $(( w * B * T * A )) -o "$LOG/$name" \
-        --log-file "$LOG/$name.jsonl" "$@" < /dev/null > "$LOG/$name.mpirun.log" 2>&1
-    local rc=$?
-    cp "$LOG/$name.rank0.log" "$LOG/$name.log" 2>/dev/null
-    echo "rc=$rc" >> "$LOG/$name.log"
-    return $rc
-}
-final() { echo "$LOG/$1/model_0000000$STEPS.bin"; }
-lines() { grep -o "\"$2\": [-0-9.e+]*" "$LOG/$1.jsonl"; } # every logged value of a field
+gpus() { emulated_run "$@"; }
+final() { emulated_final "$1"; }
+lines() { emulated_lines "$1" "$2"; } # every logged value of a field
 # equal A B: the losses, norms (and val losses) as logged and the final models, both runs complete
 equal() {
     [ "$(lines "$1" loss | wc -l)" -eq "$STEPS" ] && cmp -s <(lines "$1" loss) <(lines "$2" loss) &&

@@ -66,16 +66,9 @@
 # passed, N failed"; exit status non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
-BIN=${BIN:-./train_gpt_cu_cpu}
-PY=${PYTHON:-/usr/bin/python3}
-LOG=${LOG:-$(mktemp -d /tmp/gptc_cuda_zeropp.XXXXXX)}
-mkdir -p "$LOG"
-START=$(date +%s)
-CHECK_START=$START
-. scripts/check.sh
-[ -x "$BIN" ] || { echo "test_cuda_zeropp: $BIN not built: make test-cuda-zeropp"; exit 1; }
-echo "test_cuda_zeropp: logs in $LOG"
-MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+. scripts/check.sh         # check ok|FAIL what [detail], $passed, $failed, $CLEAN_ENV
+. scripts/emulated_gpus.sh # emulated_begin, emulated_run, emulated_final, emulated_lines
+emulated_begin cuda_zeropp test-cuda-zeropp # $BIN $PY $LOG $START $MPIRUN
 TOY=$LOG/toy.bin
 $PY scripts/toy_shard.py "$TOY" 400000 256 0 > /dev/null || { echo "cannot write $TOY"; exit 1; }
 C=64; L=3; Vp=256; maxT=64; T=64; B=2; A=2; STEPS=2; BLOCK=64
@@ -86,21 +79,13 @@ SMALL="--model d$L --channels $C --num-heads 2 --max-seq-len $maxT --vocab-size 
 
 # gpus NAME W FLAGS...: W emulated GPUs (MPI ranks), the dumps in NAME.dump/ (NODUMP=1: none); rank 0's output in NAME.log
 gpus() {
-    local name=$1 w=$2 dump=""
-    shift 2
-    rm -rf "$LOG/$name.dump"
-    [ -z "${NODUMP:-}" ] && dump=$LOG/$name.dump && mkdir -p "$dump"
-    $CLEAN_ENV GPTC_ZEROPP_DUMP="$dump" timeout -k 10 300 $MPIRUN -np "$w" -x GPTC_RUN_ID="cuda-zeropp-$$-$name" \
-        -x GPTC_ZEROPP_DUMP sh -c 'log=$1; shift; exec "$@" > "$log.rank$OMPI_COMM_WORLD_RANK.log" 2>&1' sh "$LOG/$name" \
-        "$BIN" --init mpi --comm-timeout 120 $SMALL --total-batch-size $(( w * B * T * A )) -o "$LOG/$name" \
-        --log-file "$LOG/$name.jsonl" "$@" < /dev/null > "$LOG/$name.mpirun.log" 2>&1
-    local rc=$?
-    cp "$LOG/$name.rank0.log" "$LOG/$name.log" 2>/dev/null
-    echo "rc=$rc" >> "$LOG/$name.log"
-    return $rc
+    local dump=""
+    rm -rf "$LOG/$1.dump"
+    [ -z "${NODUMP:-}" ] && dump=$LOG/$1.dump && mkdir -p "$dump"
+    GPTC_ZEROPP_DUMP="$dump" EMULATED_EXPORT=GPTC_ZEROPP_DUMP emulated_run "$@"
 }
-final() { echo "$LOG/$1/model_0000000$STEPS.bin"; }
-lines() { grep -o "\"$2\": [-0-9.e+]*" "$LOG/$1.jsonl"; }
+final() { emulated_final "$1"; }
+lines() { emulated_lines "$1" "$2"; }
 # ref NAME W NxK FLAGS...: zeropp_ref.py's verdict on NAME's dumps (its output in NAME.ref)
 ref() {
     local name=$1 w=$2 topo=$3
