@@ -37,8 +37,9 @@
 #   - without --topology the nodes are the hosts: one node of 2 here, flat
 #     (--hierarchical's default), nothing sent across nodes;
 #   - refused, with a message: --topology 3x2 on 4 ranks, ranks launched
-#     with different --topology (an error on every rank, not a hang), ZeRO++'s
-#     --qwz (the GPU's --zero 3: scripts/test_cuda_zero3.sh).
+#     with different --topology (an error on every rank, not a hang).
+# (The GPU's --zero 3: scripts/test_cuda_zero3.sh; ZeRO++ on it, which this
+# script checked was refused before it was built: scripts/test_cuda_zeropp.sh.)
 # The last line is "cuda levels: N passed, N failed"; exit status non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -178,10 +179,6 @@ $CLEAN_ENV timeout -k 10 120 $MPIRUN -np 2 -x GPTC_RUN_ID="cuda-levels-$$-mixed"
 rc=$?
 check "$([ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'other --topology/--hierarchical flags than rank 0' "$LOG"/mixed.rank*.log && echo ok)" \
     "ranks launched with different --topology: an error, not a hang" "rc=$rc; $(grep -h -m 1 error "$LOG"/mixed.rank*.log | head -n 1 | cut -c1-90)"
-$CLEAN_ENV "$BIN" $SMALL --batch-size 2 --zero 3 --qwz 8 > "$LOG/zero3.log" 2>&1
-rc=$?
-check "$([ $rc -ne 0 ] && grep -q 'train_gpt --zero 3 --qwz 8' "$LOG/zero3.log" && echo ok)" \
-    "--zero 3 --qwz 8 (ZeRO++) on the GPU trainer: refused, naming the CPU trainer's" "$(grep -m 1 error "$LOG/zero3.log" | cut -c1-100)"
 
 # ---- planted (full run): every piece summed across nodes onto node 0, not its owner's -----
 # (a copy of train_gpt.cu built through the layer, ~1 min; the loss check above must reject it)
