@@ -21,7 +21,7 @@
 #   2. a rank of the standby job SIGKILLed while it waits: its mpirun ends
 #      the job, the supervisor starts another, the run is untouched;
 #   3. two failures faster than a standby job's set-up (GPTC_STANDBY_SETUP_MS:
-#      2 s more): the second is a cold relaunch;
+#      0.8 s more): the second is a cold relaunch;
 #   4. a standby job promoted where there is no snapshot and no state on
 #      disk: it says so and starts from step 0.
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
@@ -31,7 +31,7 @@ QUICK=0
 [ "${1:-}" = --quick ] && { QUICK=1; shift; }
 BIN_MPI=${1:-./train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
-STEPS=36
+STEPS=160
 command -v mpirun > /dev/null && [ -x "$BIN_MPI" ] || { echo "skipped: no mpirun or $BIN_MPI (make train_gpt_mpi)"; echo "0 passed, 0 failed"; exit 0; }
 dir=$(mktemp -d /tmp/gptc_spare_ranks.XXXXXX)
 shm=$(mktemp -d /dev/shm/gptc_spare_ranks.XXXXXX)
@@ -73,9 +73,16 @@ spare_run() { # spare_run NAME [FLAGS]: supervised, in the background ($sup)
         $CMD ${2:---snapshot-every 1} -o "$dir/$run" --log-file "$dir/$run.jsonl" > "$dir/$run.out" 2>&1 &
     sup=$!
 }
-# the active job's rank $3 SIGKILLed at heartbeat step >= $1 once standby job number $2 is ready; the kill's unix ms in $killed
+# the active job's rank $3 SIGKILLed $1 steps after standby job number $2 is
+# ready (its heartbeat step then + $1: a tiny model's step takes ~12 ms and a
+# standby job's set-up ~20 steps, so a step fixed in advance could come
+# before the spare is ready, or the run end before it); the kill's unix ms
+# in $killed, the heartbeat step it aimed at in $kill_step
 kill_rank_when_spare_ready() {
-    wait_count "$dir/$run.out" '^\[spare\] standby: ready' "$2" && wait_hb "$dir/$run.hb" "$1" || return 1
+    wait_count "$dir/$run.out" '^\[spare\] standby: ready' "$2" || return 1
+    kill_step=$(( $(hb_step "$dir/$run.hb" || echo 0) + $1 ))
+    [ "$kill_step" -lt $((STEPS - 2)) ] || { echo "note: the run was at step $kill_step of $STEPS when standby job $2 was ready"; return 1; }
+    wait_hb "$dir/$run.hb" "$kill_step" || return 1
     local p
     p=$(rank_pid "$3")
     [ -n "$p" ] && kill -KILL "$p" && killed=$(now_ms)
@@ -96,12 +103,12 @@ finish() { # finish LABEL EXTRA_CONDITION_RESULT DETAIL
 
 # 1. two kills at random steps of random ranks, a standby job ready each time
 spare_run killed
-s1=$((3 + RANDOM % 8)); r1=$((RANDOM % 2)); s2=$((s1 + 6 + RANDOM % 8)); r2=$((RANDOM % 2))
-ok=no ms=""
-if kill_rank_when_spare_ready $s1 1 $r1; then
-    k1=$killed
-    if wait_count "$dir/$run.out" "recovery: attempt 2 (hot spare)" 1 && kill_rank_when_spare_ready $s2 2 $r2; then
-        k2=$killed
+o1=$((1 + RANDOM % 8)); r1=$((RANDOM % 2)); o2=$((1 + RANDOM % 8)); r2=$((RANDOM % 2))
+ok=no ms="" s1="?" s2="?"
+if kill_rank_when_spare_ready $o1 1 $r1; then
+    k1=$killed s1=$kill_step
+    if wait_count "$dir/$run.out" "recovery: attempt 2 (hot spare)" 1 && kill_rank_when_spare_ready $o2 2 $r2; then
+        k2=$killed s2=$kill_step
         wait_count "$dir/$run.out" "recovery: attempt 3 (hot spare)" 1 &&
             ms="kill -> first resumed step $(( $(first_step_at 2) - k1 )) ms and $(( $(first_step_at 3) - k2 )) ms" && ok=ok
     fi
@@ -125,7 +132,7 @@ finish "standby job (2 ranks): its rank 1 SIGKILLed while waiting: replaced, no 
     "$([ $ok = ok ] && grep -q 'after 0 restart(s)' "$dir/$run.out" && echo ok || echo "$ok")" ""
 
 # 3. two failures faster than a standby job's set-up: the second relaunches cold
-export GPTC_STANDBY_SETUP_MS=2000
+export GPTC_STANDBY_SETUP_MS=800
 spare_run twice
 unset GPTC_STANDBY_SETUP_MS
 ok=no
