@@ -21,8 +21,11 @@
  * chooses the fastest that fits, then exits; --auto 1 trains with that
  * choice (B, the total, --zero and ZeRO++'s flags set in the options as if
  * given, before zeropp_init reads them), and --snapshot-every auto sets the
- * Young/Daly interval (plan_runtime). --hierarchical is not a knob here: the
- * model takes it as the levels resolved it (on with several nodes).
+ * Young/Daly interval (plan_runtime). With several nodes of equal size and
+ * --hierarchical -1 (auto, the default) every mode whose reduction it
+ * changes (all but qgZ's, which has its own two hops) is weighed twice,
+ * hierarchical and flat ("+flat" in the table), and --auto 1 sets the
+ * winner's --hierarchical; --hierarchical 0 or 1 given is kept as given.
  *
  * Bytes are allocated bytes, and they are also resident bytes: every buffer
  * in the plan is written in full at setup (zeroed, copied, or the snapshot
@@ -310,6 +313,7 @@ static int plan_config(const Options* o, GPT2Config* c) {
 typedef struct {
     int B, zero;
     int qwz, hpz, qgz;   /* ZeRO++ on ZeRO 3 (gptc/zeropp.h's flags) */
+    int hier;            /* --hierarchical: reductions by level (several nodes) */
     long long accum, total;
     size_t need;
     double ms;
@@ -324,26 +328,36 @@ static const int PLAN_MODES[][4] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3
                                     {3, 0, 1, 0}, {3, 8, 1, 0}, {3, 8, 1, 4}};
 #define PLAN_EXACT_MODES 5
 
-/* The comm knobs of a candidate: the levels as this run has them (gptc/zero3.h: nodes of equal size, else one). */
-static CommKnobs plan_comm_knobs(const Options* o, const Dist* d, int zero, int qwz, int hpz, int qgz) {
+/* The comm knobs of a candidate: the levels as this run has them (gptc/zero3.h: nodes of equal size, else one),
+ * reduced by level when `hier`. */
+static CommKnobs plan_comm_knobs(const Options* o, const Dist* d, int zero, int qwz, int hpz, int qgz, int hier) {
     CommKnobs k = comm_knobs_flat(d->world, zero, o->overlap);
     if (d->lv && d->lv->per_node > 0) {
         k.nodes = d->lv->nodes;
         k.per_node = d->lv->per_node;
-        k.hierarchical = d->lv->hierarchical;
+        k.hierarchical = hier;
     }
     k.qwz = qwz, k.hpz = hpz, k.qgz = qgz, k.block = o->quant_block;
     return k;
 }
 
-/* "--zero 3 --hpz 1 --qwz 8 --qgz 4" (or "" on one rank) into buf; `compact`: "3+hpZ+qwZ8+qgZ4" for the table. */
-static const char* plan_mode_name(char* buf, size_t size, int world, int zero, int qwz, int hpz, int qgz, int compact) {
-    if (compact) snprintf(buf, size, "%d%s%s%s", zero, qwz ? (qwz == 8 ? "+qwZ8" : "+qwZ4") : "", hpz ? "+hpZ" : "",
-                          qgz ? (qgz == 8 ? "+qgZ8" : "+qgZ4") : "");
+/* "--zero 3 --hpz 1 --qwz 8 --qgz 4" (or "" on one rank) into buf, and " --hierarchical 0|1" when the planner
+ * weighed both (`hier` 0 or 1; -1: it did not); `compact`: "3+hpZ+qwZ8+qgZ4" for the table, "+flat" when a flat
+ * reduction was weighed beside the hierarchical one and this is it. */
+static const char* plan_mode_name(char* buf, size_t size, int world, int zero, int qwz, int hpz, int qgz, int hier,
+                                  int compact) {
+    if (compact) snprintf(buf, size, "%d%s%s%s%s", zero, qwz ? (qwz == 8 ? "+qwZ8" : "+qwZ4") : "", hpz ? "+hpZ" : "",
+                          qgz ? (qgz == 8 ? "+qgZ8" : "+qgZ4") : "", hier == 0 ? "+flat" : "");
     else if (world <= 1) snprintf(buf, size, "%s", "");
-    else snprintf(buf, size, " --zero %d%s%s%s", zero, hpz ? " --hpz 1" : "", qwz ? (qwz == 8 ? " --qwz 8" : " --qwz 4") : "",
-                  qgz ? (qgz == 8 ? " --qgz 8" : " --qgz 4") : "");
+    else snprintf(buf, size, " --zero %d%s%s%s%s", zero, hpz ? " --hpz 1" : "", qwz ? (qwz == 8 ? " --qwz 8" : " --qwz 4") : "",
+                  qgz ? (qgz == 8 ? " --qgz 8" : " --qgz 4") : "", hier < 0 ? "" : hier ? " --hierarchical 1" : " --hierarchical 0");
     return buf;
+}
+
+/* Whether --plan weighs flat and hierarchical reduction for this mode: several nodes of equal size, --hierarchical
+ * -1 (auto), and a reduction that it changes (qgZ reduces by its own two hops either way). */
+static int plan_weighs_hier(const Options* o, const Dist* d, int qgz) {
+    return d->world > 1 && d->lv && d->lv->per_node > 0 && d->lv->nodes > 1 && o->hierarchical < 0 && !qgz;
 }
 
 /* --plan (print everything), --auto 1 (choose), and the runtime model's
@@ -422,10 +436,14 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
     memset(&small, 0, sizeof(small));
     for (long long B = 1; B <= S; B++) {
         if (S % B || B > INT32_MAX) continue;
-        for (int m = 0; m < modes; m++) {
+        for (int mh = 0; mh < 2 * modes; mh++) { /* each mode, hierarchical (as the levels resolved it), then flat */
+            int m = mh / 2, flat = mh % 2;
             int z = d->world > 1 ? PLAN_MODES[m][0] : o->zero, qwz = PLAN_MODES[m][1], hpz = PLAN_MODES[m][2];
             int qgz = PLAN_MODES[m][3];
             if (o->quant_block % 2 && (qwz == 4 || qgz == 4)) continue; /* (INT4 packs pairs: an even block) */
+            int weigh = plan_weighs_hier(o, d, qgz);
+            if (flat && !weigh) continue;
+            int hier = flat ? 0 : d->lv && d->lv->per_node > 0 ? d->lv->hierarchical : 0;
             PlanKnobs kc = k;
             kc.B = (int)B;
             kc.zero = z;
@@ -434,14 +452,15 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
             if (d->world <= 1) kc.qwz = o->qwz, kc.hpz = o->hpz, kc.qgz = o->qgz; /* (one rank: the flags as given) */
             size_t n = plan_peak_over_ranks(kc);
             int fits = n <= usable;
-            CommKnobs ck = plan_comm_knobs(o, d, z, kc.qwz, kc.hpz, kc.qgz);
+            CommKnobs ck = plan_comm_knobs(o, d, z, kc.qwz, kc.hpz, kc.qgz, hier);
             StepTime st = runtime_step(cal, &c, (int)B, o->seq_len, (int)(S / B), &ck);
             char name[64];
             if (print)
                 printf("  %8lld %8lld %-16s %14zu %10.1f %5s %10.1f %10.0f %10.2f %13.0f %13.0f\n", B, S / B,
-                       plan_mode_name(name, sizeof(name), d->world, z, kc.qwz, kc.hpz, kc.qgz, 1), n, n * mb,
-                       fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle, st.sent[0], st.sent[1]);
-            PlanChoice cand = {(int)B, z, kc.qwz, kc.hpz, kc.qgz, S / B, total, n, st.step, {st.sent[0], st.sent[1]}};
+                       plan_mode_name(name, sizeof(name), d->world, z, kc.qwz, kc.hpz, kc.qgz, weigh ? hier : -1, 1),
+                       n, n * mb, fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle, st.sent[0], st.sent[1]);
+            PlanChoice cand = {(int)B, z, kc.qwz, kc.hpz, kc.qgz, weigh ? hier : -1, S / B, total, n, st.step,
+                               {st.sent[0], st.sent[1]}};
             if (fits && (out->B == 0 || st.step < out->ms)) *out = cand;
             if (!small.B || n < small.need) small = cand;
         }
@@ -452,7 +471,7 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
                 "with %lld micro-batches%s%s, needs %zu bytes (%.1f MB) per rank; give more memory (--memory-budget), "
                 "more ranks with ZeRO, a shorter --seq-len or a smaller model\n", 100 * PLAN_HEADROOM, budget, how,
                 small.B, small.accum, d->world > 1 ? " and" : "",
-                plan_mode_name(flags, sizeof(flags), d->world, small.zero, small.qwz, small.hpz, small.qgz, 0),
+                plan_mode_name(flags, sizeof(flags), d->world, small.zero, small.qwz, small.hpz, small.qgz, small.hier, 0),
                 small.need, small.need * mb);
         return -1;
     }
@@ -460,7 +479,7 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
         printf("choice: --batch-size %d --total-batch-size %lld%s (%lld micro-batches per step): predicted %.1f ms "
                "per step, %.0f tokens/s, peak %.1f MB per rank (the fastest that fits); bytes sent per step: %s %.0f, "
                "%s %.0f summed over the ranks\n", out->B, total,
-               plan_mode_name(flags, sizeof(flags), d->world, out->zero, out->qwz, out->hpz, out->qgz, 0), out->accum,
+               plan_mode_name(flags, sizeof(flags), d->world, out->zero, out->qwz, out->hpz, out->qgz, out->hier, 0), out->accum,
                out->ms, total / (out->ms / 1e3), out->need * mb, LEVEL_NAMES[0], out->sent[0], LEVEL_NAMES[1],
                out->sent[1]);
     return 0;
@@ -485,14 +504,14 @@ static int plan_runtime(Options* o, Dist* d) {
     if (dist_sum(d, rc) < -0.5) return -1;
     if (o->plan) return 0;
     if (o->auto_plan) { /* rank 0's choice, for every rank */
-        int* knobs[5] = {&ch.B, &ch.zero, &ch.qwz, &ch.hpz, &ch.qgz};
-        for (int i = 0; i < 5; i++) *knobs[i] = (int)dist_sum(d, d->rank == 0 ? *knobs[i] : 0);
+        int* knobs[6] = {&ch.B, &ch.zero, &ch.qwz, &ch.hpz, &ch.qgz, &ch.hier};
+        for (int i = 0; i < 6; i++) *knobs[i] = (int)dist_sum(d, d->rank == 0 ? *knobs[i] : 0);
         ch.total = (long long)dist_sum(d, d->rank == 0 ? (double)ch.total : 0.0);
         char flags[96];
         printf("auto: --batch-size %d --total-batch-size %lld%s (%lld micro-batches): predicted %.1f ms per step, "
                "%.0f tokens/s, peak %.1f MB per rank, the fastest of the candidates that fit in %.0f%% of "
                "--memory-budget %s (--plan 1 lists them); bytes sent per step: %s %.0f, %s %.0f summed over the "
-               "ranks\n", ch.B, ch.total, plan_mode_name(flags, sizeof(flags), d->world, ch.zero, ch.qwz, ch.hpz, ch.qgz, 0),
+               "ranks\n", ch.B, ch.total, plan_mode_name(flags, sizeof(flags), d->world, ch.zero, ch.qwz, ch.hpz, ch.qgz, ch.hier, 0),
                ch.accum, ch.ms, ch.total / (ch.ms / 1e3), ch.need / (1024.0 * 1024.0), 100 * PLAN_HEADROOM,
                o->memory_budget, LEVEL_NAMES[0], ch.sent[0], LEVEL_NAMES[1], ch.sent[1]);
         o->batch_size = ch.B; /* as if given as flags (zeropp_init reads the ZeRO++ ones next, train_gpt.c's main) */
@@ -501,12 +520,13 @@ static int plan_runtime(Options* o, Dist* d) {
             o->zero = d->zero = ch.zero;
             o->qwz = ch.qwz, o->hpz = ch.hpz, o->qgz = ch.qgz;
             if (!o->qgz) o->qgz_feedback = 0;
+            if (ch.hier >= 0) o->hierarchical = d->lv->hierarchical = ch.hier; /* (weighed: several equal nodes) */
         }
     }
     if (o->snapshot_auto) {
         long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * d->world;
         int accum = (int)(total / ((long long)o->batch_size * o->seq_len * d->world));
-        CommKnobs ck = plan_comm_knobs(o, d, o->zero, o->qwz, o->hpz, o->qgz);
+        CommKnobs ck = plan_comm_knobs(o, d, o->zero, o->qwz, o->hpz, o->qgz, d->lv && d->lv->hierarchical);
         StepTime st = runtime_step(&cal, &c, o->batch_size, o->seq_len, accum < 1 ? 1 : accum, &ck);
         double snap = runtime_snapshot_ms(&cal, &c, d->world, o->zero), interval = 0.0;
         int every = young_daly_steps(snap, o->mtbf, st.step, &interval);

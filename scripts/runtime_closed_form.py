@@ -27,7 +27,13 @@ The model, as gptc/runtime.h's header states it:
             latency + the ranks' mean bytes sent / its rate), plus 2 latencies
             of the inter level; bytes from scripts/zeropp_bytes.py (ZeRO-3)
             or zero3.h's header formulas (ZeRO 0-2, hierarchical); messages
-            counted from zero3.h's and zeropp.h's headers.
+            counted from zero3.h's and zeropp.h's headers; a "+flat" row
+            (--hierarchical 0, weighed beside the hierarchical one) reduces
+            flat: each range's owner pieces sent straight to their owners
+            (4 (K - 1) n bytes inside the nodes and 4 (W - K) n across,
+            summed over the ranks; plain: an allreduce per layer slice,
+            twice that), one message per owner piece on every rank, at the
+            inter level's latency (a world collective's).
 """
 import sys
 import zeropp_bytes as zb
@@ -94,7 +100,7 @@ def main():
                 + ms(head_msgs, 4 * head, net["red"])
         return c + 2 * a
 
-    def zero3_levels(accum, qwz, hpz, qgz):
+    def zero3_levels(accum, qwz, hpz, qgz, hier):
         """messages and codec elements summed over the ranks (zeropp.h's header), then the bytes (zeropp_bytes)"""
         msgs = [0.0, 0.0]
         enc = {8: 0.0, 4: 0.0}
@@ -120,35 +126,42 @@ def main():
                 msgs[1] += W * (N - 1)
                 enc[qgz] += (N - 1) * n_
                 dec[qgz] += (N - 1) * n_
-            else:
+            elif hier:
                 pieces = owners(a_, n_)
                 msgs[0] += pieces * W if K > 1 else 0
                 msgs[1] += pieces * N
-        sent = zb.step_bytes(L, C, Vp, maxT, W, N, K, qwz, qgz, hpz, block, accum)[:2]
+            else:
+                msgs[1] += owners(a_, n_) * W
+        sent = zb.step_bytes(L, C, Vp, maxT, W, N, K, qwz, qgz, hpz, block, accum, hier=hier)[:2]
         quant = sum(enc[b] * qenc[b] + dec[b] * qdec[b] for b in (8, 4)) / W * 1e-6
         return sent, msgs, quant
 
-    def level_messages(z, accum):
+    def level_messages(z, accum, hier):
         """ZeRO 0-2 by level, hierarchical, summed over the ranks: plain, the allreduce of P (K reduces of its
         nonzero pieces and an all-gather inside the node, an allreduce across); ZeRO-1/2 an intra reduce per owner
         piece on every rank and an inter one on the N ranks of the owner's index; the all-gather (a world collective:
         the inter level's latency)"""
+        if z == 0 and not hier:  # (--overlap 1: an allreduce per layer slice, then the head's two)
+            return [0, W * (12 * L + 2)]
         if z == 0:
             s_ = -(-P // K)
             nonzero = sum(1 for i in range(K) if min(P, (i + 1) * s_) > i * s_)
             return [W * (nonzero + 1), N * nonzero]
         msgs = [0, W]
         for a_, n_ in layer_ranges * (accum if z == 2 else 1) + head_ranges:
-            msgs[0] += owners(a_, n_) * W
-            msgs[1] += owners(a_, n_) * N
+            if hier:
+                msgs[0] += owners(a_, n_) * W
+                msgs[1] += owners(a_, n_) * N
+            else:
+                msgs[1] += owners(a_, n_) * W
         return msgs
 
-    def level_bytes(z):
-        """ZeRO 0-2 by level, hierarchical (gptc/zero3.h's header): flat all-gather of the padded shards"""
+    def level_bytes(z, hier):
+        """ZeRO 0-2 by level, hierarchical (gptc/zero3.h's header) or flat: flat all-gather of the padded shards"""
         gather = [4 * W * (K - 1) * shard, 4 * W * (W - K) * shard]
         if z == 0:
-            return [8 * N * (K - 1) * P, 8 * (N - 1) * P]
-        red = lambda n: [4 * N * (K - 1) * n, 4 * (N - 1) * n]
+            return [8 * N * (K - 1) * P, 8 * (N - 1) * P] if hier else [8 * (K - 1) * P, 8 * (W - K) * P]
+        red = (lambda n: [4 * N * (K - 1) * n, 4 * (N - 1) * n]) if hier else (lambda n: [4 * (K - 1) * n, 4 * (W - K) * n])
         r = [0, 0]  # (--overlap 1: ZeRO-1 reduces the layers' ranges once a step, ZeRO-2 every micro-batch)
         for a_, n_ in layer_ranges * (accum_now[0] if z == 2 else 1) + head_ranges:
             x = red(n_)
@@ -167,6 +180,7 @@ def main():
         qwz = 8 if "qwZ8" in mode else 4 if "qwZ4" in mode else 0
         qgz = 4 if "qgZ4" in mode else 8 if "qgZ8" in mode else 0
         hpz = 1 if "hpZ" in mode else 0
+        hier = 0 if "+flat" in mode else 1
         accum_now[0] = accum
         want = compute(B, accum, z)
         check_time = True  # (every row's time is checked)
@@ -176,14 +190,14 @@ def main():
             want += one_level_comm(accum, z)
             want_sent = None
         elif z == 3:
-            sent, msgs, quant = zero3_levels(accum, qwz, hpz, qgz)
+            sent, msgs, quant = zero3_levels(accum, qwz, hpz, qgz, hier)
             want_sent = sent
             want += quant + 2 * links[1][0] * 1e-3
             for e in (0, 1):
                 want += (msgs[e] * links[e][0] * 1e-3 + sent[e] / (links[e][1] * 1e6)) / W
         else:  # ZeRO 0-2 by level (hierarchical)
-            want_sent = level_bytes(z)
-            msgs = level_messages(z, accum)
+            want_sent = level_bytes(z, hier)
+            msgs = level_messages(z, accum, hier)
             want += 2 * links[1][0] * 1e-3
             for e in (0, 1):
                 want += (msgs[e] * links[e][0] * 1e-3 + want_sent[e] / (links[e][1] * 1e6)) / W

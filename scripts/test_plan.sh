@@ -23,13 +23,17 @@
 #   - the runtime model's step time for every candidate equals its closed
 #     form computed independently in Python from a planted calibration
 #     (scripts/runtime_closed_form.py): 1 rank; 2 ranks, ZeRO 0-3; 2x2 with
-#     stated links, ZeRO 0-3 (hierarchical) and ZeRO++ by level (time and
-#     bytes per level);
+#     stated links, ZeRO 0-3 and ZeRO++ by level, hierarchical and flat
+#     (time and bytes per level);
 #     a planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) is caught;
 #   - only ZeRO-3 fits (2x2, 14.2 MB a rank): --plan chooses it and --auto 1
 #     trains with it (ledger == plan on 4 ranks); with --auto-quantise 1 and
 #     slow stated cross-node links (--link-gbs) ZeRO++ is chosen, and the
 #     bytes it sends per level each step equal the model's (--comm-levels 1);
+#   - flat or hierarchical reduction weighed (several nodes, --hierarchical
+#     -1): with slow stated links inside the nodes flat is chosen, and
+#     --auto 1 trains flat with the predicted bytes per level; --hierarchical
+#     1 given is kept;
 #   - --auto 1 trains with the choice (1 and 2 ranks), whose peak RSS stays
 #     under the budget; an impossible budget stops it with the clear error;
 #   - --snapshot-every auto sets the Young/Daly interval;
@@ -46,6 +50,8 @@
 # (2026-12-01): 53 passed, at a load average of 10 (under nice 19).
 # With ZeRO-3/ZeRO++ in the planner (2026-12-01): 61 passed, 137 s at a load
 # average of 7-8 (the new checks 20 s of it, under nice 19).
+# With flat/hierarchical weighed (2026-12-01, quiet AVX-512 VM): 64 passed in
+# 37 s.
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-./train_gpt}
@@ -190,9 +196,9 @@ v=$(closed 2 1 2 "$dir/plan.out")
 $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1
 rc=$?
 v=$(closed 4 2 2 "$dir/plan.out")
-[ $rc -eq 0 ] && grep -q "^links (rates stated by --link-gbs" "$dir/plan.out" && grep -q "^candidates 21, wrong 0" <<< "$v" &&
+[ $rc -eq 0 ] && grep -q "^links (rates stated by --link-gbs" "$dir/plan.out" && grep -q "^candidates 39, wrong 0" <<< "$v" && grep -q "3+hpZ+flat" "$dir/plan.out" &&
     grep -q "3+qwZ8+hpZ+qgZ4" "$dir/plan.out" &&
-    check ok "... 4 ranks as 2x2, --link-gbs 10,0.005, --auto-quantise 1: ZeRO 0-3 and ZeRO++ by level, hierarchical (time and bytes per level)" "$v" ||
+    check ok "... 4 ranks as 2x2, --link-gbs 10,0.005, --auto-quantise 1: ZeRO 0-3 and ZeRO++ by level, hierarchical and flat (+flat) where it matters (time and bytes per level)" "$v" ||
     check FAIL "runtime model vs its closed form, 2x2" "status $rc: $v"
 GPTC_INJECT_RUNTIME_ERROR=2 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
 v2=$(closed 2 1 2 "$dir/plan.out" | head -1)
@@ -236,6 +242,31 @@ got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0
     [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
     check ok "--auto 1 trains with ZeRO++ as if given the flags; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
     check FAIL "--auto 1 with ZeRO++: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:' "$dir/run.out" | head -2)"
+
+# flat or hierarchical reduction, weighed (--hierarchical -1, several nodes): with the links inside the nodes
+# stated 2000x slower than across them, every mode's flat row (which sends (K - 1) n inside a node where
+# hierarchical sends N (K - 1) n) is the faster, so the choice is flat, and --auto 1 trains flat ("flat
+# reduction" in the bytes line) with the predicted bytes per level, exactly; --hierarchical 1 given is kept:
+# no flat rows, and the choice names it
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.005,10 > "$dir/plan.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3 .*--hierarchical 0 " "$dir/plan.out" && grep -q " 3+flat " "$dir/plan.out" &&
+    [ "$(awk 'NF == 11 && $3 ~ /^[0-3](\+hpZ)?\+flat$/' "$dir/plan.out" | wc -l)" -eq "$(awk 'NF == 11 && $3 ~ /^[0-3](\+hpZ)?$/' "$dir/plan.out" | wc -l)" ] &&
+    check ok "2x2, --link-gbs 0.005,10 (slow inside the nodes): each mode weighed flat (+flat) and hierarchical, flat chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
+    check FAIL "flat chosen under slow intra-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
+run 4 $Z3 --auto 1 --link-gbs 0.005,10 --comm-levels 1 --plan-check 1
+rc=$?
+want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
+got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
+[ $rc -eq 0 ] && grep -q "^auto: .* --hierarchical 0 " "$dir/run.out" && grep -q "^bytes sent per step by level (2 node(s) x 2 rank(s), flat reduction)" "$dir/run.out" &&
+    [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
+    check ok "--auto 1 trains with the flat reduction it chose; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
+    check FAIL "--auto 1 with a flat choice: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:|by level' "$dir/run.out" | head -3)"
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.005,10 --hierarchical 1 > "$dir/plan.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^choice: " "$dir/plan.out" && ! grep -q "+flat\|--hierarchical" "$dir/plan.out" &&
+    check ok "--hierarchical 1 given: kept (no flat rows, the choice as given)" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
+    check FAIL "--hierarchical 1 given to --plan" "status $rc: $(grep -E 'error|choice|flat' "$dir/plan.out" | head -2)"
 
 # --auto 1: trains with the choice, which fits; its peak resident memory stays under the budget
 AUTO="--model d4 --channels 128 --num-heads 4 --max-seq-len 64 -t 64 -d 1024 -i $dir/big.bin --threads 1 -x 1 --val-every 0 --sample-every 0 --auto 1 --plan-check 1"

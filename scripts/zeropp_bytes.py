@@ -43,10 +43,11 @@ def pieces(a, n, shard, W):
     return [max(0, min(a + n, (q + 1) * shard) - max(a, q * shard)) for q in range(W)]
 
 
-def step_bytes(L, C, Vp, maxT, W, N, K, qwz, qgz, hpz, block, A=1):
+def step_bytes(L, C, Vp, maxT, W, N, K, qwz, qgz, hpz, block, A=1, hier=None):
     P, head, layers = ranges(L, C, Vp, maxT)
     shard = -(-P // W)
-    hier = N > 1  # --hierarchical -1: on with more than one node
+    if hier is None:
+        hier = N > 1  # --hierarchical -1: on with more than one node
     S = lambda r, bits: sum(slot(c, bits, block) for c in pieces(r[0], r[1], shard, W))
     out = [0, 0, 0, 0]
 
