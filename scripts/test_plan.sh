@@ -212,7 +212,9 @@ v4=$(closed 4 2 2 "$dir/plan.out" | head -1)
 # --plan chooses ZeRO 3 (no quantised candidate unless --auto-quantise 1), --auto 1 trains with it within the plan
 # (ledger == plan on every rank; peak RSS the plan's + Open MPI's own); with slow stated links across nodes and
 # --auto-quantise 1 the choice is ZeRO++ (qwZ + hpZ + qgZ INT4), and the bytes it sends per level each step are
-# exactly the predicted ones (--comm-levels 1)
+# exactly the predicted ones (--comm-levels 1). (The stated cross-node link, 0.5 MB/s, keeps ZeRO++'s lead when
+# the machine is busy: at 4 ms a message, the median MPI latency measured with 4 ranks on 2 busy cores, 5 MB/s
+# gave the choice to hpZ alone.)
 Z3="--model d16 --channels 64 --num-heads 2 --max-seq-len 32 --vocab-size 256 -i $dir/train.bin --threads 1 -t 32 -d 256 -x 2 --val-every 0 --sample-every 0 --topology 2x2 --memory-budget 14200000"
 $MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 > "$dir/plan.out" 2>&1
 rc=$?
@@ -229,12 +231,12 @@ ok=$(echo "$hwm" | awk -v a=$MPI_ALLOWANCE_MB '{ x = $1 - $2; print (x >= -0.03 
     grep -q "^step *2/2" "$dir/run.out" && [ "$ok" = ok ] &&
     check ok "--auto 1 trains 2 steps with ZeRO 3 on 2x2: ledger == plan on 4 ranks, the predicted peak (the ledger's + GEMM buffers) <= 95% of the budget; peak RSS = that + Open MPI's own (< $MPI_ALLOWANCE_MB MB), over the budget by it" "$(echo "$line" | sed 's/.*peak RSS/peak RSS/')" ||
     check FAIL "--auto 1 with ZeRO 3 on 2x2" "status $rc, '$hwm': $(grep -E 'error|auto:|plan check' "$dir/run.out" | head -3)"
-$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --auto-quantise 1 --link-gbs 10,0.005 > "$dir/plan.out" 2>&1
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --auto-quantise 1 --link-gbs 10,0.0005 > "$dir/plan.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/plan.out" && grep -q " 3+qwZ8+hpZ " "$dir/plan.out" &&
-    check ok "--auto-quantise 1 --link-gbs 10,0.005 (slow across nodes): ZeRO++'s candidates listed, qwZ + hpZ + qgZ INT4 chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" ||
+    check ok "--auto-quantise 1 --link-gbs 10,0.0005 (slow across nodes): ZeRO++'s candidates listed, qwZ + hpZ + qgZ INT4 chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" ||
     check FAIL "ZeRO++ chosen under slow inter-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
-run 4 $Z3 --auto 1 --auto-quantise 1 --link-gbs 10,0.005 --comm-levels 1 --plan-check 1
+run 4 $Z3 --auto 1 --auto-quantise 1 --link-gbs 10,0.0005 --comm-levels 1 --plan-check 1
 rc=$?
 want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
 got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
@@ -244,17 +246,18 @@ got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0
     check FAIL "--auto 1 with ZeRO++: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:' "$dir/run.out" | head -2)"
 
 # flat or hierarchical reduction, weighed (--hierarchical -1, several nodes): with the links inside the nodes
-# stated 2000x slower than across them, every mode's flat row (which sends (K - 1) n inside a node where
+# stated 20000x slower than across them (the margin holds at 4 ms a message, the median MPI latency of 4 ranks
+# on 2 busy cores), every mode's flat row (which sends (K - 1) n inside a node where
 # hierarchical sends N (K - 1) n) is the faster, so the choice is flat, and --auto 1 trains flat ("flat
 # reduction" in the bytes line) with the predicted bytes per level, exactly; --hierarchical 1 given is kept:
 # no flat rows, and the choice names it
-$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.005,10 > "$dir/plan.out" 2>&1
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.0005,10 > "$dir/plan.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3 .*--hierarchical 0 " "$dir/plan.out" && grep -q " 3+flat " "$dir/plan.out" &&
     [ "$(awk 'NF == 11 && $3 ~ /^[0-3](\+hpZ)?\+flat$/' "$dir/plan.out" | wc -l)" -eq "$(awk 'NF == 11 && $3 ~ /^[0-3](\+hpZ)?$/' "$dir/plan.out" | wc -l)" ] &&
-    check ok "2x2, --link-gbs 0.005,10 (slow inside the nodes): each mode weighed flat (+flat) and hierarchical, flat chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
+    check ok "2x2, --link-gbs 0.0005,10 (slow inside the nodes): each mode weighed flat (+flat) and hierarchical, flat chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
     check FAIL "flat chosen under slow intra-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
-run 4 $Z3 --auto 1 --link-gbs 0.005,10 --comm-levels 1 --plan-check 1
+run 4 $Z3 --auto 1 --link-gbs 0.0005,10 --comm-levels 1 --plan-check 1
 rc=$?
 want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
 got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
@@ -262,7 +265,7 @@ got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0
     [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
     check ok "--auto 1 trains with the flat reduction it chose; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
     check FAIL "--auto 1 with a flat choice: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:|by level' "$dir/run.out" | head -3)"
-$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.005,10 --hierarchical 1 > "$dir/plan.out" 2>&1
+$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.0005,10 --hierarchical 1 > "$dir/plan.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^choice: " "$dir/plan.out" && ! grep -q "+flat\|--hierarchical" "$dir/plan.out" &&
     check ok "--hierarchical 1 given: kept (no flat rows, the choice as given)" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
