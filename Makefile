@@ -32,6 +32,7 @@
 #   make test-cuda-levels  train_gpt.cu's --topology, bytes per level, --hierarchical 1 on 4 emulated GPUs (~6 min)
 #   make test-cuda-zero3   train_gpt.cu's --zero 3 on 2-4 emulated GPUs: = --zero 2 bit for bit, plan, bytes, states, planted races (~4.5 min)
 #   make test-cuda-zeropp  train_gpt.cu's ZeRO++ (--qwz, --qgz, --hpz) on 2 and 2x2 emulated GPUs: the wire = zeropp_ref.py bit for bit, bytes, plan, losses, resume, planted bugs (~4 min)
+#   make test-cuda-spare   train_gpt.cu's hot spare (--standby) on 1 and 2 emulated GPUs: promoted after a SIGKILL bit for bit, dismissed, refused (~1 min)
 #   make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2 min)
 
 CC ?= gcc
@@ -530,6 +531,13 @@ test-cuda-zero3: train_gpt_cu_cpu
 test-cuda-zeropp: train_gpt_cu_cpu
 	scripts/test_cuda_zeropp.sh
 
+# train_gpt.cu's hot spare (--standby FIFO, issue 17) under scripts/supervise.py --spare 1: the trainer (one
+# process, and a rank of 2 emulated GPUs under mpirun) SIGKILLed once the spare is ready, the spare promoted and
+# cmp-identical to an uninterrupted run (every step's loss too); a spare dismissed (exit 0, no byte changed); the
+# refusals (scripts/test_cuda_spare.sh; ~1 min, not in make test)
+test-cuda-spare: train_gpt_cu_cpu
+	scripts/test_cuda_spare.sh
+
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
@@ -540,7 +548,7 @@ print-cpu-app-libs:
 print-cpu-layer:
 	@echo $(CPU_LAYER)
 
-.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
+.PHONY: test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants print-cpu-app-flags print-cpu-app-libs print-cpu-layer
 
 # NCCL over MPI for the CPU layer (dev/cuda/cpu/nccl_mpi.cpp; NCCL.md): each
 # emulated GPU is one MPI rank. The self-test runs alone, under mpirun -np 2

@@ -69,7 +69,11 @@
  * flat arrays (dp_state_to_host; synchronous), and a resume packs each rank's
  * shards out of the flat state (dp_state_upload), so a state moves between
  * rank counts, --zero modes and the CPU trainer. STATUS: run on 1-3 emulated
- * GPUs (scripts/test_zero_states.sh, test_gpt.cu), not yet on a GPU.
+ * GPUs (scripts/test_zero_states.sh, test_gpt.cu), not yet on a GPU. A hot
+ * spare (--standby FIFO under scripts/supervise.py --spare 1, issue 17;
+ * gpu_standby) does the whole set-up, device and communicator included, and
+ * waits; promoted, it resumes from the newest memory snapshot (not run on a
+ * GPU; checked on the CPU execution layer, make test-cuda-spare).
  *
  * Memory (issue 14; not run on a GPU; checked on the CPU execution layer):
  * every cudaMalloc / cudaMallocHost goes through one ledger by component
@@ -5473,8 +5477,13 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
         return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
                "yet: give --batch-size, --zero and --snapshot-every N";
-    if (o->standby[0]) /* (the standby's wait sits in train_gpt.c's train_setup; the GPU trainer has its own set-up) */
-        return "--standby is train_gpt's (the CPU trainer's hot spare); the GPU trainer has none yet: drop it";
+    /* a hot spare (gpu_train_resume) stands by as one process or as a whole job under mpirun: rank 0 reads the
+     * FIFO and its word reaches the other ranks through MPI (standby_wait_ranks), which ranks that met through a
+     * file or a TCP port do not share (gpu_train_states_decide catches the rest: no states, no standby) */
+    if (o->standby[0] && (!strncmp(o->init, "file:", 5) || !strncmp(o->init, "tcp:", 4)))
+        return "--standby with ranks that meet through --init file:/tcp: cannot stand by together (rank 0's 'go' "
+               "reaches the other ranks through MPI): run the spare as one process, or build train_gpt_cu_mpi and "
+               "start the whole standby job under mpirun (--init mpi)";
     /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
 #if !GPU_HAVE_NCCL
     /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
@@ -5719,6 +5728,12 @@ static void gpu_train_free(GpuTrainState* st, int failed, int world) {
 static int gpu_train_states_decide(GpuTrainState* st, const GpuComm* comm, const Options* o) {
     const char* no_states = o->output_dir[0] ? gpu_states_problem(comm, o) : "no --output-dir";
     st->states = no_states == NULL;
+    if (!st->states && o->standby[0]) { /* (a spare takes the run over from its newest state: none, nothing to do) */
+        fprintf(stderr, "error: --standby: a hot spare takes the run over from its training states, which this run "
+                "cannot keep (%s): run the spare as one process, or as a standby job under mpirun (train_gpt_cu_mpi "
+                "--init mpi)\n", no_states);
+        return -1;
+    }
     if (!st->states && (o->resume || o->stop_at || o->snapshot_every)) {
         fprintf(stderr, "error: --resume, --stop-at and --snapshot-every need training states, which this run cannot "
                 "keep: %s\n", no_states);
@@ -5952,9 +5967,36 @@ static void gpu_memory_after_first_step(const GpuTrainState* st) {
            memory_headroom_total(&st->room) / 1048576.0);
 }
 
-/* The Saver and the state to resume from (with training states), the
- * random init put off until now, and the weights on the device. The step
- * to start from, or -1. */
+/* A hot spare (--standby FIFO, issue 17; not run on a GPU; checked on the
+ * CPU execution layer only, scripts/test_cuda_spare.sh), as train_gpt.c's
+ * train_setup: everything is set up by now (the device memory, cuBLASLt's
+ * handles, the kernels, the NCCL communicator, the data, the snapshot slots
+ * mapped: read, never written) and no lock is held; it waits for 'go' on
+ * the FIFO (several ranks under mpirun: the whole job, standby_wait_ranks),
+ * then takes the run's locks, and gpu_train_resume loads the newest state.
+ * (On a GPU the spare holds a second copy of the run's device memory: the
+ * memory check in gpu_train_build counts what the active trainer holds, so
+ * a GPU without room for both refuses the spare before it waits.) 1:
+ * promoted, 0: dismissed (said), -1 after a message. Collective. */
+static int gpu_standby(GpuTrainState* st, const Options* o, Dist* dist) {
+    ALWAYS(st->states); /* (gpu_train_states_decide refused a standby without) */
+    big_write_all(); /* the host's big buffers' pages written now, not after the failure (gptc/ledger.h) */
+    test_hook_standby_setup();
+    timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
+    int go = standby_wait_ranks(o, dist);
+    if (go <= 0) {
+        if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);
+        return go;
+    }
+    printf("standby: promoted: taking the run over\n");
+    st->r.lock.heir = 1; /* a lock its dying holder's kernel teardown still keeps counts as ours (gptc/state.h) */
+    return train_run_claim(&st->r, o) == 0 ? 1 : -1;
+}
+
+/* The Saver, a hot spare's wait (--standby: gpu_standby), the state to
+ * resume from (with training states), the random init put off until now,
+ * and the weights on the device. The step to start from, -1 after a
+ * message, or STANDBY_DISMISSED (train_gpt.c). */
 static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm) {
     Dist* dist = &comm->dist; /* rank and world for train_gpt.c's helpers; with states, the slices too */
     timing_print(dist, "communicator ready", dist->t_comm);
@@ -5968,6 +6010,10 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
         gpu_snapshots_init(&st->gs, host, st->g.offload);
         if (saver_init(&st->saver, dist, host, o) != 0) return -1;
         st->have_saver = 1;
+    }
+    if (o->standby[0]) {
+        int go = gpu_standby(st, o, dist);
+        if (go <= 0) return go == 0 ? STANDBY_DISMISSED : -1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
     int start = st->states ? train_run_resume(&st->r, &st->saver, dist, host, o) : 0; /* as train() */
@@ -5987,8 +6033,8 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
 
 /* Set up a run in `st`, piece by piece (gpu_train_free releases what was
  * set up): the TrainRun, training states or not, the device, its memory,
- * the model, the Saver and the state to resume from. The step to start
- * from, or -1 after a message. */
+ * the model, the Saver, a hot spare's wait and the state to resume from.
+ * The step to start from, -1 after a message, or STANDBY_DISMISSED. */
 static int gpu_train_setup(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
                            const char* train_pattern, const char* val_pattern) {
     if (train_run_init(&st->r, &host->config, o, train_pattern, val_pattern, comm->rank, comm->world) != 0) return -1;
@@ -6073,6 +6119,7 @@ static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, Gpu
 static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
                            const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
     int start = gpu_train_setup(st, host, o, comm, train_pattern, val_pattern);
+    if (start == STANDBY_DISMISSED) return 0; /* a spare not needed: nothing was written, the memory stays */
     if (start < 0) return -1;
     Dist* dist = &comm->dist;
     int rank = comm->rank, world = comm->world;
