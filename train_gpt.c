@@ -2264,20 +2264,9 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     if (saver_init(saver, dist, model, o) != 0) return -1;
     startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
-    if (o->standby[0]) {
-        big_write_all(); /* (gptc/ledger.h: a spare writes its pages now, not after the failure) */
-        test_hook_standby_setup();
-        timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
-        mark = startup_begin();
-        int go = standby_wait_ranks(o, dist); /* (several ranks: the whole job stands by) */
-        startup_end(SU_WAIT, mark);
-        if (go <= 0) {
-            if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);
-            return go == 0 ? STANDBY_DISMISSED : -1;
-        }
-        printf("standby: promoted: taking the run over\n");
-        r->lock.heir = 1; /* a lock its dying holder's kernel teardown still keeps counts as ours (gptc/state.h) */
-        if (train_run_claim(r, o) != 0) return -1;
+    if (o->standby[0]) { /* a hot spare: set up, it waits here (gptc/saver.h) */
+        int go = standby_take_over(r, o, dist);
+        if (go <= 0) return go == 0 ? STANDBY_DISMISSED : -1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
     mark = startup_begin();

@@ -5980,17 +5980,7 @@ static void gpu_memory_after_first_step(const GpuTrainState* st) {
  * promoted, 0: dismissed (said), -1 after a message. Collective. */
 static int gpu_standby(GpuTrainState* st, const Options* o, Dist* dist) {
     ALWAYS(st->states); /* (gpu_train_states_decide refused a standby without) */
-    big_write_all(); /* the host's big buffers' pages written now, not after the failure (gptc/ledger.h) */
-    test_hook_standby_setup();
-    timing_print(dist, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
-    int go = standby_wait_ranks(o, dist);
-    if (go <= 0) {
-        if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);
-        return go;
-    }
-    printf("standby: promoted: taking the run over\n");
-    st->r.lock.heir = 1; /* a lock its dying holder's kernel teardown still keeps counts as ours (gptc/state.h) */
-    return train_run_claim(&st->r, o) == 0 ? 1 : -1;
+    return standby_take_over(&st->r, o, dist); /* (gptc/saver.h, as train_gpt.c's train_setup) */
 }
 
 /* The Saver, a hot spare's wait (--standby: gpu_standby), the state to

@@ -15,7 +15,7 @@
  * state_replica_exchange, state_load_from, state_resume_none,
  * state_sources_print); heartbeat_write,
  * plumbing_wanted, timing_print; standby_wait, standby_wait_ranks (a hot spare's wait, --standby: one
- * process, or every rank of a standby job); startup_print; inject_at, test_hook_nan, test_hook_spike,
+ * process, or every rank of a standby job), standby_take_over; startup_print; inject_at, test_hook_nan, test_hook_spike,
  * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
  * train() and gpu_train() share: train_run_resume, StepOutcome,
  * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
@@ -1021,6 +1021,29 @@ static void test_hook_standby_setup(void) {
     fflush(stdout);
     struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* A hot spare's turn, after its set-up (train_setup in train_gpt.c,
+ * gpu_standby in the CUDA twin): its big buffers' pages written now, not
+ * after the failure (gptc/ledger.h), then the wait; promoted, it takes the
+ * run's locks as the heir of the trainer that died (a lock its dying
+ * holder's kernel teardown still keeps counts as ours: gptc/state.h).
+ * Returns 1 promoted, 0 dismissed (said: nothing was written), -1 after a
+ * message. */
+static int standby_take_over(TrainRun* r, const Options* o, const Dist* d) {
+    big_write_all();
+    test_hook_standby_setup();
+    timing_print(d, "standby ready", unix_ms()); /* (supervise.py: promotable from here) */
+    StartupMark mark = startup_begin();
+    int go = standby_wait_ranks(o, d); /* (several ranks: the whole job stands by) */
+    startup_end(SU_WAIT, mark);
+    if (go <= 0) {
+        if (go == 0) printf("standby: dismissed (no 'go' on %s): exiting, the run untouched\n", o->standby);
+        return go;
+    }
+    printf("standby: promoted: taking the run over\n");
+    r->lock.heir = 1;
+    return train_run_claim(r, o) == 0 ? 1 : -1;
 }
 
 /* The start-up, from the process start to the first step done, split
