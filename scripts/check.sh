@@ -7,6 +7,13 @@
 # fails when the test does. With CHECK_START set (a `date +%s`), each line ends
 # with the seconds since then. Each script prints its own last line,
 # "N passed, N failed", and exits non-zero on a failure.
+#   steps_table LOG               "step loss lr norm" for steps 1..$STEPS of a
+#                                 --log-file, each from the last line logged
+#                                 for it (a resumed run appends the steps it
+#                                 does again); "N missing" for a step never
+#                                 logged (the caller sets $STEPS)
+#   same_steps LOG REF            every step's last logged values equal REF's,
+#                                 as text
 #   $CLEAN_ENV COMMAND...         runs COMMAND without an outer launcher's
 #                                 rank variables (Slurm's, Open MPI's, PMI's,
 #                                 torchrun's): under an outer job they would
@@ -21,3 +28,8 @@ check() {
 }
 CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
     -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
+steps_table() {
+    sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": \([^,]*\), "norm": \([^,]*\),.*/\1 \2 \3 \4/p' "$1" |
+        awk -v n="$STEPS" '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
+}
+same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }

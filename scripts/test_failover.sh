@@ -102,14 +102,7 @@ declare -A PROC=( [one]=train_gpt [np2-zero1]=train_gpt_mpi [np2-zero0]=train_gp
 declare -A REF=( [one]=one [np2-zero1]=np2-zero1 [np2-zero0]=np2-zero0 [one-mem]=one [np2-zero1-mem]=np2-zero1 )
 FINAL=$(printf "model_%08d.bin" $STEPS)
 
-# "step loss lr norm" for every step, from the last line logged for it (a
-# resumed run appends the steps it does again)
-steps_table() {
-    sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": \([^,]*\), "norm": \([^,]*\),.*/\1 \2 \3 \4/p' "$1" |
-        awk -v n=$STEPS '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
-}
-# every step's last logged values equal the reference's, as text
-same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }
+# (steps_table, same_steps: scripts/check.sh)
 
 # processes below pid $1, depth first
 descendants() { local c; for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }

@@ -48,14 +48,6 @@ CMD="$MPIRUN -np 2 $dir/train_gpt_mpi --model d2 --channels 128 --num-heads 2 --
      -i $dir/train.bin -j $dir/val.bin -t 64 -b 3 --zero 1 --lr 3e-3 --warmup-steps 2 --val-every 4 --val-batches 2
      --sample-every 0 --threads 1 --shuffle 1 -x $STEPS --save-every 8 --keep-last 2 --shm-dir $shm"
 FINAL=$(printf "model_%08d.bin" $STEPS)
-steps_table() { $PY -c '
-import json, sys
-rows = {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if "loss" in r and "step" in r: rows[r["step"]] = (r["loss"], r.get("lr"), r.get("norm"))
-for s in sorted(rows): print(s, *rows[s])' "$1"; }
-same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }
 hb_step() { local w="" s="" r=""; { read -r w s r < "$1"; } 2>/dev/null; [[ "$s" =~ ^[0-9]+$ ]] && echo "$s"; }
 wait_hb() { local i; for ((i = 0; i < 1200; i++)); do [ "$(hb_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 wait_count() { local i; for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done; return 1; }
