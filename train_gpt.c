@@ -2369,7 +2369,10 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     memset(&saver, 0, sizeof(saver)); /* (saver_free of a zeroed Saver frees nothing) */
     int remove_memory = 0;
     int rc = train_steps(&r, &saver, model, o, tok, dist, &remove_memory);
-    if (rc == 0 && o->plan_check) rc = plan_check(&r, o, dist, model); /* the ledger == the memory plan */
+    if (rc == 0 && o->plan_check) { /* the ledger == the memory plan, once the snapshot slots' pages are all in */
+        saver_prepare_finish(&saver); /* (the fast start faults them in behind the first steps) */
+        rc = plan_check(&r, o, dist, model);
+    }
     if (rc != 0) saver_abandon(&saver); /* an error, said where it happened: no collectives from here */
     saver_free(&saver, rc == 0 && remove_memory);
     train_run_free(&r);

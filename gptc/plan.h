@@ -28,9 +28,10 @@
  * winner's --hierarchical; --hierarchical 0 or 1 given is kept as given.
  *
  * Bytes are allocated bytes, and they are also resident bytes: every buffer
- * in the plan is written in full at setup (zeroed, copied, or the snapshot
- * slots touched page by page) or in the first step (activations, scratch,
- * the sampler's buffers when it runs), so after one step the resident
+ * in the plan is written in full at setup (zeroed or copied), in the first
+ * step (activations, scratch, the sampler's buffers when it runs) or, for
+ * the snapshot slots, page by page behind the first steps (the fast start's
+ * preparer: --plan-check waits for it), so after that the resident
  * memory is the plan plus what the process holds besides (program, libc,
  * OpenMP and MPI, the GEMM's packing buffers: estimated here, one per
  * thread). The peak is the largest of: the total after setup plus the

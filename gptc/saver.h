@@ -15,7 +15,7 @@
  * state_replica_exchange, state_load_from, state_resume_none,
  * state_sources_print); heartbeat_write,
  * plumbing_wanted, timing_print; standby_wait, standby_wait_ranks (a hot spare's wait, --standby: one
- * process, or every rank of a standby job), standby_take_over; startup_print; inject_at, test_hook_nan, test_hook_spike,
+ * process, or every rank of a standby job), standby_take_over; saver_prepare_finish; startup_print; inject_at, test_hook_nan, test_hook_spike,
  * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
  * train() and gpu_train() share: train_run_resume, StepOutcome,
  * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
@@ -245,6 +245,14 @@ static void saver_prepare_start(Saver* sv) {
 static void saver_prepare_stop(Saver* sv) {
     if (!sv->preparer_busy) return;
     __atomic_store_n(&sv->preparer_stop, 1, __ATOMIC_RELEASE);
+    CHECK(pthread_join(sv->preparer, NULL) == 0, "cannot join the slot preparer thread");
+    sv->preparer_busy = 0;
+}
+
+/* Let the preparer finish: every own slot's pages in (--plan-check, which
+ * counts them resident, waits for this after a run of a step or two). */
+static void saver_prepare_finish(Saver* sv) {
+    if (!sv->preparer_busy) return;
     CHECK(pthread_join(sv->preparer, NULL) == 0, "cannot join the slot preparer thread");
     sv->preparer_busy = 0;
 }

@@ -73,6 +73,13 @@ run() {
     else timeout -k 10 120 $MPIRUN -np "$np" "$MPIBIN" "$@" > "$dir/run.out" 2>&1; fi
 }
 
+# the bytes per level --auto 1 predicted ($want) and those counted at each step ($got: one line when every step
+# sent the same), from $dir/run.out
+auto_bytes() {
+    want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
+    got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
+}
+
 # the grid
 Ts=(8 16 32)
 for i in $(seq 0 32); do
@@ -238,8 +245,7 @@ rc=$?
     check FAIL "ZeRO++ chosen under slow inter-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
 run 4 $Z3 --auto 1 --auto-quantise 1 --link-gbs 10,0.0005 --comm-levels 1 --plan-check 1
 rc=$?
-want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
-got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
+auto_bytes
 [ $rc -eq 0 ] && grep -q "^auto: .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/run.out" && grep -q "^ZeRO++: weights gathered as INT8" "$dir/run.out" &&
     [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
     check ok "--auto 1 trains with ZeRO++ as if given the flags; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
@@ -259,8 +265,7 @@ rc=$?
     check FAIL "flat chosen under slow intra-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
 run 4 $Z3 --auto 1 --link-gbs 0.0005,10 --comm-levels 1 --plan-check 1
 rc=$?
-want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
-got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
+auto_bytes
 [ $rc -eq 0 ] && grep -q "^auto: .* --hierarchical 0 " "$dir/run.out" && grep -q "^bytes sent per step by level (2 node(s) x 2 rank(s), flat reduction)" "$dir/run.out" &&
     [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
     check ok "--auto 1 trains with the flat reduction it chose; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
