@@ -15,8 +15,8 @@
  * state_replica_exchange, state_load_from, state_resume_none,
  * state_sources_print); heartbeat_write,
  * plumbing_wanted, timing_print; standby_wait, standby_wait_ranks (a hot spare's wait, --standby: one
- * process, or every rank of a standby job), standby_take_over; saver_prepare_finish; startup_print; inject_at, test_hook_nan, test_hook_spike,
- * test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
+ * process, or every rank of a standby job), standby_take_over; saver_prepare_finish; startup_print;
+ * inject_at, test_hook_nan, test_hook_spike, test_hooks_print (the test hooks GPTC_INJECT_*); and the loop's tail that
  * train() and gpu_train() share: train_run_resume, StepOutcome,
  * train_run_after_step, Boundary, train_run_boundary, train_run_stop,
  * train_run_report, train_run_final_save.
