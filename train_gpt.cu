@@ -6017,6 +6017,7 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
     else if (deferred)
         dp_state_upload(&st->dp, host->params_memory, NULL, NULL, o->seed, -1);
     timing_print(dist, "state loaded", unix_ms());
+    startup_loaded(); /* (the start-up line's first step is counted from here, as train_gpt.c's) */
     heartbeat_write(o, comm->rank, start);
     return start;
 }
