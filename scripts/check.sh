@@ -14,6 +14,9 @@
 #                                 logged (the caller sets $STEPS)
 #   same_steps LOG REF            every step's last logged values equal REF's,
 #                                 as text
+#   hb_step HEARTBEAT             the step in a --heartbeat file ("" when none yet)
+#   wait_hb HEARTBEAT STEP        until it reports STEP or more (60 s at most)
+#   wait_count FILE PATTERN N     until N lines of FILE match PATTERN (60 s at most)
 #   $CLEAN_ENV COMMAND...         runs COMMAND without an outer launcher's
 #                                 rank variables (Slurm's, Open MPI's, PMI's,
 #                                 torchrun's): under an outer job they would
@@ -33,3 +36,6 @@ steps_table() {
         awk -v n="$STEPS" '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
 }
 same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }
+hb_step() { local word="" step="" rest=""; { read -r word step rest < "$1"; } 2>/dev/null; [[ "$step" =~ ^[0-9]+$ ]] && echo "$step"; }
+wait_hb() { local i; for ((i = 0; i < 1200; i++)); do [ "$(hb_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+wait_count() { local i; for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done; return 1; }

@@ -56,15 +56,11 @@ CMD="$BIN --model d2 --channels 64 --num-heads 2 --max-seq-len 32 --vocab-size 2
      --snapshot-every 1 --save-every 8 --shm-dir $shm"
 FINAL=$(printf "model_%08d.bin" $STEPS)
 
-# Helpers (as scripts/test_spare_ranks.sh's): every step logged, each step's
-# last logged loss, lr and norm equal (steps_table, same_steps:
-# scripts/check.sh); the heartbeat's step; waits for a heartbeat step and
-# for the N-th line matching a pattern (at most 60 s); the active trainer,
-# by its lock (a spare takes none until promoted).
+# Helpers (steps_table, same_steps, hb_step, wait_hb, wait_count:
+# scripts/check.sh): every step logged, each step's last logged loss, lr and
+# norm equal; the active trainer, by its lock (a spare takes none until
+# promoted); rank R's, by its snapshot lock.
 same_steps_all() { ! steps_table "$1" | grep -q missing && same_steps "$1" "$2"; }
-hb_step() { local w="" s="" r=""; { read -r w s r < "$1"; } 2>/dev/null; [[ "$s" =~ ^[0-9]+$ ]] && echo "$s"; }
-wait_hb() { local i; for ((i = 0; i < 1200; i++)); do [ "$(hb_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.05; done; return 1; }
-wait_count() { local i; for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done; return 1; }
 lock_holder() { sed -n 's/^pid \([0-9]*\) .*/\1/p' "$1/.lock" 2>/dev/null; }
 rank_pid() { sed -n 's/^pid \([0-9]*\) .*/\1/p' "$shm"/gptc-*-at$1.lock 2>/dev/null | head -1; } # rank R's snapshot lock
 fingerprint() { # every file of the folders given, with its size and checksum (a missing folder: nothing)

@@ -110,8 +110,7 @@ proc_state() { local s; read -r s 2>/dev/null < "/proc/$1/stat" || return 1; s=$
 proc_gone() { case "$(proc_state "$1")" in ""|Z|X) return 0 ;; esac; return 1; } # exited (a zombie counts)
 proc_attempt() { { tr '\0' '\n' < "/proc/$1/environ"; } 2>/dev/null | sed -n 's/^GPTC_ATTEMPT=//p'; }
 
-# the step in heartbeat file $1 ("step N <ms>"), or nothing
-hb_step() { local word="" step="" rest=""; { read -r word step rest < "$1"; } 2>/dev/null; [[ "$step" =~ ^[0-9]+$ ]] && echo "$step"; }
+# (hb_step, wait_hb, wait_count: scripts/check.sh)
 
 # killer ROOT NAME KILLS SEED HEARTBEAT LOG: SIGKILL one live NAME process
 # below ROOT, of an attempt not killed before, up to KILLS times; one line per
@@ -428,14 +427,8 @@ rc=$?
     check ok "SIGTERM to the supervisor: passed to the trainer, no restart, exit 143" ||
     check FAIL "SIGTERM to the supervisor: passed to the trainer, no restart, exit 143" "exit $rc: $(tail -2 "$dir/$run.out")"
 
-# A hot spare (supervise.py --spare 1). Helpers: the lines of FILE that
-# match PATTERN, counted, waited for (at most 60 s); a process by a word of
-# its command line, among the supervisor's descendants.
-wait_count() { # wait_count FILE PATTERN N
-    local i
-    for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done
-    return 1
-}
+# A hot spare (supervise.py --spare 1). Helper: a process by a word of its
+# command line, among the supervisor's descendants.
 job_with() { # job_with ROOT WORD [NOT]: a train_gpt process below ROOT whose command line has WORD (and not NOT)
     local p c
     for p in $(descendants "$1"); do
@@ -445,7 +438,6 @@ job_with() { # job_with ROOT WORD [NOT]: a train_gpt process below ROOT whose co
     done
 }
 lock_holder() { sed -n 's/^pid \([0-9]*\) .*/\1/p' "$dir/$run/.lock" 2>/dev/null; } # the active trainer (a promoted spare too)
-wait_hb() { local i; for ((i = 0; i < 1200; i++)); do [ "$(hb_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 spare_run() { # spare_run NAME [FLAGS]: the supervised one-mem run, in the background ($sup)
     run=spare-$1
     timeout -k 10 120 $SUP --spare 1 --heartbeat "$dir/$run.hb" --recovery-log "$dir/$run.rec.jsonl" -- \
