@@ -2196,18 +2196,49 @@ static int rendezvous_said(int rank, const char* text) {
     return found;
 }
 
+/* A TCP port no socket holds now, as the kernel hands out for port 0 (a
+ * fixed or pid-derived port can be taken by another job's listener: CI
+ * once failed so, every rank exiting 1). */
+static int free_tcp_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0, "socket failed: %s", strerror(errno));
+    struct sockaddr_in a;
+    socklen_t n = sizeof(a);
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    CHECK(bind(fd, (struct sockaddr*)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr*)&a, &n) == 0,
+          "cannot get a free port: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* "exit codes ..." and, when one failed, the first line rank 0 and rank 1
+ * wrote, so that a failure says why. */
+static void rendezvous_detail(char* detail, size_t cap, const int* st, int world) {
+    int n = snprintf(detail, cap, "exit codes");
+    for (int r = 0; r < world; r++) n += snprintf(detail + n, cap - (size_t)n, " %d", st[r]);
+    for (int r = 0; r < 2 && n < (int)cap - 1; r++) {
+        char path[600];
+        size_t len = 0;
+        snprintf(path, sizeof(path), "%s/rdv%d.err", tmpdir, r);
+        char* s = st[r] != 0 ? file_read_all(path, &len) : NULL;
+        if (s && len) n += snprintf(detail + n, cap - (size_t)n, "; rank %d: %.*s", r, (int)strcspn(s, "\n"), s);
+        free(s);
+    }
+}
+
 /* The rendezvous that starts NCCL without MPI (train_gpt.cu): processes
  * forked here stand in for ranks on other hosts. */
 static void test_rendezvous(void) {
-    char file_spec[600], tcp_spec[64], detail[200];
+    char file_spec[600], tcp_spec[64], detail[600];
     snprintf(file_spec, sizeof(file_spec), "file:%s/rendezvous", tmpdir);
-    int port = 20000 + (int)(getpid() % 20000);
     int st[4];
     for (int k = 0; k < 2; k++) {
-        snprintf(tcp_spec, sizeof(tcp_spec), "tcp:localhost:%d", port + k);
+        snprintf(tcp_spec, sizeof(tcp_spec), "tcp:localhost:%d", free_tcp_port());
         const char* spec = k ? tcp_spec : file_spec;
         rendezvous_ranks(spec, 3, -1, -1, 200, 20.0, st);
-        snprintf(detail, sizeof(detail), "exit codes %d %d %d", st[0], st[1], st[2]);
+        rendezvous_detail(detail, sizeof(detail), st, 3);
         check(st[0] == 0 && st[1] == 0 && st[2] == 0, k ? "rendezvous tcp: 3 ranks get rank 0's bytes (rank 0 late)"
                                                         : "rendezvous file: 3 ranks get rank 0's bytes (rank 0 late)", detail);
     }
@@ -2227,7 +2258,7 @@ static void test_rendezvous(void) {
     check(st[0] == 0 && st[1] == 0 && st[2] == 0 && access(path, F_OK) != 0,
           "rendezvous file: a stale record of another run is ignored, and every file is removed after", detail);
     /* a rank that never comes: rank 0 gives up in time and names it */
-    snprintf(tcp_spec, sizeof(tcp_spec), "tcp:127.0.0.1:%d", port + 2);
+    snprintf(tcp_spec, sizeof(tcp_spec), "tcp:127.0.0.1:%d", free_tcp_port());
     const char* specs[2] = {file_spec, tcp_spec};
     const char* says[2] = {"rank 2 of 3 never answered", "rank 2 of 3 never connected"};
     for (int k = 0; k < 2; k++) {
@@ -2240,7 +2271,7 @@ static void test_rendezvous(void) {
               detail);
     }
     /* a rank of another launch (other GPTC_RUN_ID) is turned away */
-    snprintf(tcp_spec, sizeof(tcp_spec), "tcp:localhost:%d", port + 3);
+    snprintf(tcp_spec, sizeof(tcp_spec), "tcp:localhost:%d", free_tcp_port());
     rendezvous_ranks(tcp_spec, 2, -1, 1, 0, 1.5, st);
     snprintf(detail, sizeof(detail), "exit codes %d %d", st[0], st[1]);
     check(st[0] == 1 && st[1] == 1 && rendezvous_said(1, "another run"), "rendezvous tcp: a rank of another run is turned away",
