@@ -31,6 +31,11 @@
  *   t_elementwise = ELEM_BYTES*C bytes per token per layer (two LayerNorms,
  *                 two residual adds, GELU, forward and backward) over the
  *                 bandwidth those same kernels reach at the model's C.
+ *   in place:     the layers' part of t_gemm, t_attention and
+ *                 t_elementwise times f, a layer inside the step over its
+ *                 kernels alone, measured with the trainer's own forward
+ *                 and backward of 1 and of 2 layers of this width
+ *                 (calib_layer_factor; v4; 1.2-1.25 at C=128, 1.0-1.1 at C=768 on a Zen 4 VM).
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
  *   t_zero2     = ZeRO-2 and 3: each layer's bucket zeroed before backward
@@ -135,7 +140,8 @@
  * OpenMP thread), so its buffers never count in the parent's peak memory
  * (the memory plan's VmHWM check); the MPI pings run in every rank at once.
  * The compute is cached in a text file (the first line names the format,
- * "gptc calibration v3": v2's numbers and the codec's four): <--output-dir>/calibration.txt when there is one, else
+ * "gptc calibration v4": v3's numbers and the layer factor f; a file of
+ * an older version is replaced): <--output-dir>/calibration.txt when there is one, else
  * $XDG_CACHE_HOME/gptc/calibration.txt (~/.cache/...), one line per key:
  * CPU model, threads, ranks, the binary (its size and mtime), and the shape
  * measured (C, NH, Vp, Tc). GPTC_CALIBRATE=1 measures again.
@@ -165,7 +171,8 @@
 
 #define ELEM_BYTES 152.0 /* per token per layer, / C: LN fwd 2 x 8, residual 2 x 12, GELU 32 + 48, LN bwd 2 x 16 */
 #define CE_BYTES 28.0    /* per logit: forward max, exp, sum, scale (20), backward scale (8) */
-#define CALIB_FORMAT "gptc calibration v3"
+#define CALIB_FORMAT "gptc calibration v4"
+#define CALIB_FORMAT_ANY "gptc calibration v" /* (an older version's file is replaced, not appended to) */
 #define CALIB_SYNC_MS 2.0 /* the compute segment between calib_sync's meetings, ms now */
 
 /* The five weight shapes of the model's GEMMs, (K, OC): the layers' qkv
@@ -196,6 +203,7 @@ typedef struct {
     double rs_gbs, rs_floats;         /* MPI_Reduce_scatter_block of ZeRO-1's padded buffer (at most 2^21 floats): GB/s */
     double sync_ms;                   /* a meeting of the ranks amid compute, beyond the transfer, now (calib_sync) */
     double quant_ns[2][2];            /* gptc/quant.h per element: [0] quant_slot_encode, [1] quant_slot_decode; INT8, INT4 */
+    double layer_factor;              /* a layer inside the step over its kernels alone (calib_layer_factor) */
     double level_alpha_us[NUM_LEVELS]; /* per level (intra-node, inter-node): latency of its communicator (fastest) */
     double level_gbs[NUM_LEVELS];     /* and its link rate: GB/s a rank sends (gptc/zero3.h's counting); 0 = none */
     int level_stated;                 /* --link-gbs gave level_gbs (else measured at this start) */
@@ -254,16 +262,23 @@ static void calib_evict(void) {
     do {                                                             \
         (out_ms) = 1e30;                                             \
         double spent_ = 0.0;                                         \
-        int cpu_ = num_threads() == 1;                               \
         for (int r_ = 0; r_ < 5 && (r_ < 3 || spent_ < 40.0); r_++) { \
-            calib_evict();                                           \
-            double t0_ = time_ms(), c0_ = cpu_ ? calib_cpu_ms() : 0.0; \
-            body;                                                    \
-            double t_ = time_ms() - t0_;                             \
-            spent_ += t_;                                            \
-            if (cpu_) t_ = fmin(t_, calib_cpu_ms() - c0_);           \
+            double t_;                                               \
+            CALIB_ONCE(t_, spent_, body);                            \
             if (t_ < (out_ms)) (out_ms) = t_;                        \
         }                                                            \
+    } while (0)
+/* One such run: its ms (CPU time when less, one thread) into t, its wall
+ * time added to spent. */
+#define CALIB_ONCE(t, spent, body)                                   \
+    do {                                                             \
+        int cpu_ = num_threads() == 1;                               \
+        calib_evict();                                               \
+        double t0_ = time_ms(), c0_ = cpu_ ? calib_cpu_ms() : 0.0;   \
+        body;                                                        \
+        (t) = time_ms() - t0_;                                       \
+        (spent) += (t);                                              \
+        if (cpu_) (t) = fmin((t), calib_cpu_ms() - c0_);             \
     } while (0)
 
 static float* calib_floats(size_t n, float value) {
@@ -286,8 +301,67 @@ static void calib_gemm_rows(int C, int Vp, double rows[2]) {
     rows[1] = top >= 512 ? 512 : top < 48 ? 48 : 8 * floor(top / 8);
 }
 
-/* The compute rates, measured with the trainer's own kernels at the shape. */
-static void calib_compute(Calibration* cal) {
+/* A layer inside the step against its kernels measured alone: the
+ * trainer's own gpt2_forward + gpt2_backward of 1 and of 2 layers of
+ * this width (B = rows[1] / Tc sequences of Tc tokens, a
+ * vocabulary of 128: the classifier is measured alone above), the fastest
+ * of 3-7 steps each, the two in turn (a slow spell of the VM then
+ * slows both, not one); a layer is the difference, over what the
+ * kernels' rates predict for it (its four GEMMs forward and backward,
+ * attention, the elementwise mix). runtime_step scales those terms by it.
+ * Why: on a Zen 4 VM (2 MB of L2) the layers' GEMMs ran 8-17% and
+ * attention 12-18% slower inside the step than alone, each with its caches
+ * evicted (dev/cpu/profile_plan, 2026-12-01), and the model was 1-18% under
+ * the measured step. The factor carries the calibration's own noise too
+ * (the kernels' sum for a layer of C=768 read 21.4-25.0 ms in three starts,
+ * the probe's layer 24.2-24.9 ms): f times the kernels' prediction is the
+ * probe's layer exactly at its N, and elsewhere scales as the kernels do.
+ * Held to 0.8-1.6 (a factor outside is noise, not the machine). Cost: 3
+ * layer steps x 3-7, and one 2-layer model's weights, gradients and
+ * activations faulted in (~0.2-0.3 s at C=768 here). */
+static double calib_layer_factor(const Calibration* cal) {
+    int B = (int)cal->rows[1] / cal->Tc > 1 ? (int)cal->rows[1] / cal->Tc : 1, T = cal->Tc;
+    double N = (double)B * T, ms[2] = {1e30, 1e30}, spent = 0.0;
+    int* tokens = (int*)xmalloc(sizeof(int) * (size_t)N);
+    for (int i = 0; i < (int)N; i++) tokens[i] = (int)((i * 2654435761u) % 128u);
+    GPT2Config c;
+    memset(&c, 0, sizeof(c));
+    c.max_seq_len = T;
+    c.vocab_size = c.padded_vocab_size = 128;
+    c.num_layers = 2;
+    c.num_heads = cal->NH;
+    c.channels = cal->C;
+    GPT2 m; /* one model of 2 layers, run as 1 (num_layers = 1: its first layer, whose slices start at offset 0 of
+             * every buffer) and as 2: one model's memory to fault in, not two */
+    gpt2_init_random(&m, &c, 1337);
+    m.grads_memory = ledger_floats(MEM_GRADIENTS, m.num_parameters); /* (so gpt2_alloc_training makes no AdamW state:
+                                                                     * none is used here) */
+    m.num_grads = m.num_parameters;
+    parameters_point(&m.grads, m.grads_memory, &m.config);
+    gpt2_alloc_training(&m, B, T);
+    gpt2_forward(&m, tokens, tokens, B, T); /* pages touched */
+    gpt2_backward(&m, 1.0f);
+    for (int r = 0; r < 7 && (r < 3 || spent < 100.0); r++)
+        for (int k = 0; k < 2; k++) {
+            double t;
+            m.config.num_layers = 1 + k;
+            CALIB_ONCE(t, spent, { gpt2_forward(&m, tokens, tokens, B, T); gpt2_backward(&m, 1.0f); });
+            ms[k] = fmin(ms[k], t);
+        }
+    m.config.num_layers = 2;
+    gpt2_free(&m);
+    free(tokens);
+    double layer = ms[1] - ms[0], kernels = B * cal->attn_ms + ELEM_BYTES * cal->C * N / (cal->elem_gbs * 1e6);
+    for (int pass = 0; pass < 2; pass++)
+        for (int q = 0; q < SHAPE_HEAD; q++) kernels += cal->gemm_fixed[pass][q] + cal->gemm_row[pass][q] * N;
+    double f = layer / kernels;
+    return f > 1.6 ? 1.6 : f > 0.8 ? f : 0.8; /* (NaN: 0.8) */
+}
+
+/* The compute rates, measured with the trainer's own kernels at the shape;
+ * `in_place`: also calib_layer_factor (its models' memory counts in the
+ * allocation ledger: only in calib_compute_forked's child), else 1. */
+static void calib_compute(Calibration* cal, int in_place) {
     double t0 = time_ms(), ms;
     int C = cal->C, NH = cal->NH, Vp = cal->Vp, T = cal->Tc;
     calib_junk = xmalloc_floats(CALIB_JUNK_FLOATS);
@@ -425,6 +499,7 @@ static void calib_compute(Calibration* cal) {
         cal->quant_ns[1][b] = ms * 1e6 / (double)nq;
     }
     free(xq); free(slot);
+    cal->layer_factor = in_place ? calib_layer_factor(cal) : 1.0;
     free(calib_junk);
     calib_junk = NULL;
     cal->ms = time_ms() - t0;
@@ -628,7 +703,7 @@ static int calib_compute_forked(Calibration* cal) {
     }
     if (pid == 0) {
         close(fd[0]);
-        calib_compute(cal);
+        calib_compute(cal, 1);
         ssize_t w = write(fd[1], cal, sizeof(*cal));
         _exit(w == (ssize_t)sizeof(*cal) ? 0 : 1);
     }
@@ -686,7 +761,7 @@ static void calib_path(Calibration* cal, const char* output_dir) {
 }
 
 /* The cached numbers, in the file's order (the header line names them). */
-#define CALIB_NUMBERS (2 + 4 * NUM_SHAPES + 13)
+#define CALIB_NUMBERS (2 + 4 * NUM_SHAPES + 14)
 static void calib_numbers(Calibration* cal, double* v[CALIB_NUMBERS]) {
     int n = 0;
     v[n++] = &cal->rows[0];
@@ -706,6 +781,7 @@ static void calib_numbers(Calibration* cal, double* v[CALIB_NUMBERS]) {
     v[n++] = &cal->share_gflops;
     for (int e = 0; e < 2; e++)
         for (int b = 0; b < 2; b++) v[n++] = &cal->quant_ns[e][b];
+    v[n++] = &cal->layer_factor;
     v[n++] = &cal->ms;
     ALWAYS(n == CALIB_NUMBERS);
 }
@@ -752,21 +828,22 @@ static void calib_save(const Calibration* cal) {
     int fresh = !f;
     if (f) {
         char line[64] = "";
-        int ours = fgets(line, sizeof(line), f) && !strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT));
+        int read = fgets(line, sizeof(line), f) != NULL;
         fclose(f);
-        if (!ours) {
+        if (!read || strncmp(line, CALIB_FORMAT_ANY, strlen(CALIB_FORMAT_ANY))) {
             fprintf(stderr, "warning: %s is not a gptc calibration file: not written\n", cal->path);
             return;
         }
+        fresh = strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT)) != 0; /* an older version's: its lines dropped */
     }
-    if (!(f = fopen(cal->path, "a"))) {
+    if (!(f = fopen(cal->path, fresh ? "w" : "a"))) {
         fprintf(stderr, "warning: cannot write the calibration cache %s: %s\n", cal->path, strerror(errno));
         return;
     }
     if (fresh) fprintf(f, "%s: key|rows(2), per GEMM shape (qkv attproj fc fcproj classifier) forward then backward: "
                        "fixed ms, ms per row; attention ms per sequence, elementwise GB/s, cross-entropy GB/s, "
                        "zero/norm/AdamW ns per float, AdamW GB/s, fc GFLOP/s, quantise INT8/INT4 and dequantise INT8/INT4 ns per "
-                       "element, ms\n", CALIB_FORMAT);
+                       "element, a layer in the step over its kernels, ms\n", CALIB_FORMAT);
     double* v[CALIB_NUMBERS];
     calib_numbers((Calibration*)cal, v);
     fprintf(f, "%s|", cal->key);
@@ -789,8 +866,9 @@ static void calibration_print(const Calibration* cal) {
     }
     printf("; attention %.2f ms per sequence (T=%d); LayerNorm/GELU/residual %.1f GB/s; cross-entropy %.1f GB/s; "
            "zero/norm/AdamW %.2f/%.2f/%.2f ns per float; quantise INT8/INT4 %.2f/%.2f, dequantise %.2f/%.2f ns per "
-           "element", cal->attn_ms, cal->Tc, cal->elem_gbs, cal->ce_gbs, cal->zero_ns, cal->norm_ns, cal->adamw_ns,
-           cal->quant_ns[0][0], cal->quant_ns[0][1], cal->quant_ns[1][0], cal->quant_ns[1][1]);
+           "element; a layer inside the step %.3f x its kernels alone", cal->attn_ms, cal->Tc, cal->elem_gbs, cal->ce_gbs,
+           cal->zero_ns, cal->norm_ns, cal->adamw_ns, cal->quant_ns[0][0], cal->quant_ns[0][1], cal->quant_ns[1][0],
+           cal->quant_ns[1][1], cal->layer_factor);
     double load[3] = {0, 0, 0};
     FILE* f = fopen("/proc/loadavg", "r");
     if (f) {
@@ -867,7 +945,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
     if (hit) {
         cal->cached = 1;
     } else {
-        if (calib_compute_forked(cal) != 0) calib_compute(cal); /* (forked before this process's first OpenMP team) */
+        if (calib_compute_forked(cal) != 0) calib_compute(cal, 0); /* (forked before this process's first OpenMP team) */
         if (d->rank == 0) calib_save(cal);
     }
     calib_network(cal, d, parameter_count(c));
@@ -1138,14 +1216,15 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
     d.world = world;
     d.zero = zero;
     dist_geometry(&d, c);
+    double f = cal->layer_factor; /* a layer's kernels inside the step: their time alone x f */
     for (int q = 0; q < NUM_SHAPES; q++) {
-        double calls = q == SHAPE_HEAD ? 1 : L;
+        double calls = q == SHAPE_HEAD ? 1 : L * f;
         s.gemm += calls * (gemm_ms(cal, 0, q, N) + gemm_ms(cal, 1, q, N));
         s.weights += calls * (cal->gemm_fixed[0][q] + cal->gemm_fixed[1][q]);
     }
     double Tr = (double)T / cal->Tc; /* (T > 128: the T^2 work of longer sequences) */
-    s.attention = B * L * cal->attn_ms * Tr * Tr;
-    s.elementwise = ELEM_BYTES * C * N * L / (cal->elem_gbs * 1e6);
+    s.attention = B * L * f * cal->attn_ms * Tr * Tr;
+    s.elementwise = ELEM_BYTES * C * N * L * f / (cal->elem_gbs * 1e6);
     s.softmax = CE_BYTES * N * Vp / (cal->ce_gbs * 1e6);
     double n = (double)(d.hi - d.lo); /* the parameters this rank updates */
     if (zero >= 2) /* each layer's bucket zeroed before backward writes it; the owned half added into the shard */

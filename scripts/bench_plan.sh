@@ -7,7 +7,10 @@
 # 1. A grid of configurations (depths 2..12, small widths, B, T, 1-2 ranks,
 #    ZeRO 0/1/2, gradient accumulation): the step time --plan predicts for
 #    the configuration (its candidate row) beside the median of the measured
-#    steps 2..STEPS (step 1 touches the memory), and the error.
+#    steps 2..STEPS (step 1 touches the memory), and the error. Each is the
+#    median over REPS (3) processes, a prediction and a run in turn: on
+#    these VMs one process runs up to ~10% faster or slower than the next
+#    (the same calibration, 8 times: its in-place layer probe 7.5-8.7 ms).
 # 2. Memory-constrained scenarios (GPT-2 350M's shape scaled to this
 #    machine: L=6 C=256 NH=4, V=50257, T=64; 1 rank: 1024 tokens a step under
 #    480 MB, where B=16 does not fit; 2 ranks: 512 tokens under 330 MB each,
@@ -27,6 +30,7 @@ BIN=${1:-./train_gpt}
 MPIBIN=${2:-./train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 STEPS=${STEPS:-8}
+REPS=${REPS:-3} # processes per configuration, predicted and measured in turn: the medians are compared
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 dir=$(mktemp -d /tmp/gptc_bench_plan.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
@@ -55,10 +59,17 @@ measured() {
     sed -n 's/^step *\([0-9]*\)\/.*| \([0-9.]*\) ms |.*/\1 \2/p' "$dir/run.out" | awk '$1 > 1 { print $2 }' | sort -g |
         awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2), a[1] }'
 }
+medians() { # "a b ..." per process: the median of each column over the processes
+    printf "%s\n" "$@" | awk '{ for (i = 1; i <= NF; i++) v[i, NR] = $i; if (NF > nf) nf = NF }
+        END { for (i = 1; i <= nf; i++) { n = 0; for (r = 1; r <= NR; r++) if ((i, r) in v) a[++n] = v[i, r]
+                  for (x = 2; x <= n; x++) for (y = x; y > 1 && a[y] < a[y - 1]; y--) { t = a[y]; a[y] = a[y - 1]; a[y - 1] = t }
+                  printf "%s%s", (i > 1 ? " " : ""), n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+              print "" }'
+}
 err() { awk -v p="$1" -v m="$2" 'BEGIN { if (p > 0 && m > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }'; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
-echo "== 1. predicted vs measured step time (steps 2..$STEPS; 1 thread per rank) =="
+echo "== 1. predicted vs measured step time (steps 2..$STEPS; 1 thread per rank; the medians of $REPS processes each) =="
 echo "   idle: the model at a whole core per thread vs the fastest measured step (the one least disturbed);"
 echo "   now: the model at the speed measured at start (share: the GEMM rate now over the calibrated one) vs the median step"
 printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "configuration" "idle" "fastest" "error" "share" "now" "median" "error" "load"
@@ -85,8 +96,13 @@ for g in "${grid[@]}"; do
     shift 2
     flags="$* --max-seq-len 128 --vocab-size 4096 -i $dir/small.bin --threads 1"
     b=$(echo "$flags" | sed -n 's/.*-b \([0-9]*\).*/\1/p')
-    read -r pnow pidle share <<< "$(predicted "$np" "$b" "$z" $flags --zero "$z")"
-    read -r mmed mmin <<< "$(measured "$np" $flags --zero "$z")"
+    ps=() ms=()
+    for ((rep = 0; rep < REPS; rep++)); do # (predicted and measured in turn: each process lands on its own speed)
+        ps+=("$(predicted "$np" "$b" "$z" $flags --zero "$z")")
+        ms+=("$(measured "$np" $flags --zero "$z")")
+    done
+    read -r pnow pidle share <<< "$(medians "${ps[@]}")"
+    read -r mmed mmin <<< "$(medians "${ms[@]}")"
     ei=$(err "$pidle" "$mmin")
     en=$(err "$pnow" "$mmed")
     errs_idle+=("$ei")

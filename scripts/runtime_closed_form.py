@@ -15,7 +15,9 @@ k" and one line per wrong figure.
 
 The model, as gptc/runtime.h's header states it:
   compute = accum (GEMMs + attention + elementwise + cross-entropy
-            + ZeRO-2/3's buckets) + optimizer + ZeRO++'s codec;
+            + ZeRO-2/3's buckets) + optimizer + ZeRO++'s codec, the
+            layers' GEMMs, attention and elementwise times the layer
+            factor f;
   one node, no stated links: ZeRO 0 allreduce alpha + 4P/allreduce rate;
             ZeRO-1 reduce + all-gather of 4P; ZeRO-2 per micro-batch 13 L
             messages and 4 L layer bytes at the reduce rate, the head's 2
@@ -53,6 +55,7 @@ def main():
     attn, elem, ce, zero_ns, norm_ns, adamw_ns = v[22:28]
     qenc = {8: v[30], 4: v[31]}
     qdec = {8: v[32], 4: v[33]}
+    lf = v[34]  # a layer inside the step over its kernels alone: the layers' GEMMs, attention, elementwise times f
     Tc = min(T, 128)
     net = links = None
     for line in open(out):
@@ -74,8 +77,8 @@ def main():
 
     def compute(B, accum, z):
         Nr = B * T
-        gemm = sum((1 if s == 4 else L) * (fixed[p][s] + row[p][s] * Nr) for s in range(5) for p in range(2))
-        micro = gemm + B * L * attn * (T / Tc) ** 2 + 152.0 * C * Nr * L / (elem * 1e6) + 28.0 * Nr * Vp / (ce * 1e6)
+        gemm = sum((1 if s == 4 else L * lf) * (fixed[p][s] + row[p][s] * Nr) for s in range(5) for p in range(2))
+        micro = gemm + lf * (B * L * attn * (T / Tc) ** 2 + 152.0 * C * Nr * L / (elem * 1e6)) + 28.0 * Nr * Vp / (ce * 1e6)
         n = P if (z == 0 or W == 1) else min(shard, P)  # rank 0's parameters to update
         grad_alloc = P if z == 0 else shard * W if z == 1 else head
         if W == 1 and z in (1, 2):  # (one rank: the same shard geometry)

@@ -165,10 +165,20 @@ line1=$(grep '^calibration (' "$dir/plan.out")
 rc2=$?
 line2=$(grep '^calibration (' "$dir/plan2.out")
 ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p')
-[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v3" "$dir/cal/calibration.txt" &&
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$ms" ] && [ "$ms" -lt 1000 ] && grep -q "^gptc calibration v4" "$dir/cal/calibration.txt" &&
     [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 1 ] && grep -q "^calibration (cached" <<< "$line2" &&
     check ok "calibration measured in $ms ms, written to the output dir's calibration.txt, then reused" "$(echo "$line2" | cut -c1-160)..." ||
     check FAIL "calibration cache" "status $rc1/$rc2: '$line1' then '$line2'"
+# a cache of an older format (v3: without the layer factor) is replaced, not appended to, and not warned about
+cp "$dir/cal/calibration.txt" "$dir/cal.v4"
+printf 'gptc calibration v3: key|...\ncpu=old threads=1|1 2 3\n' > "$dir/cal/calibration.txt"
+"$BIN" $CAL > "$dir/plan.out" 2>&1
+[ $? -eq 0 ] && head -1 "$dir/cal/calibration.txt" | grep -q "^gptc calibration v4" && ! grep -q "cpu=old" "$dir/cal/calibration.txt" &&
+    [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 1 ] && ! grep -q "not a gptc calibration" "$dir/plan.out" &&
+    grep -q "^calibration (measured now.* a layer inside the step [0-9.]* x its kernels alone" "$dir/plan.out" &&
+    check ok "a v3 cache is replaced by a v4 one (with the layer factor), without a warning" "$(grep -o 'a layer inside the step [0-9.]*' "$dir/plan.out")" ||
+    check FAIL "older calibration cache" "$(head -2 "$dir/cal/calibration.txt"; grep -i 'calib' "$dir/plan.out" | cut -c1-200)"
+cp "$dir/cal.v4" "$dir/cal/calibration.txt"
 "$BIN" $CAL --threads 2 > "$dir/plan.out" 2>&1
 [ $? -eq 0 ] && grep -q "^calibration (measured now" "$dir/plan.out" && [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 2 ] &&
     check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
@@ -176,11 +186,11 @@ ms=$(echo "$line1" | sed -n 's/^calibration (measured now, \([0-9]*\) ms.*/\1/p'
 # the runtime model against its closed form, computed independently (scripts/runtime_closed_form.py): the cached
 # calibration's numbers replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward;
 # attention per sequence; the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float; quantise and
-# dequantise ns per element, INT8 and INT4), then each candidate's idle ms/step must be the formula's: 1 rank;
+# dequantise ns per element, INT8 and INT4; the layer factor), then each candidate's idle ms/step must be the formula's: 1 rank;
 # 2 ranks on one node (ZeRO 0-3, the measured MPI latency and rates as printed); 4 ranks as 2 nodes of 2 with
 # stated link rates and ZeRO++'s candidates, hierarchical reduction (time, and bytes per level: ZeRO-3's from
 # scripts/zeropp_bytes.py, ZeRO 0-2's from gptc/zero3.h's header formulas). A planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) must be caught.
-NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 1.5 2.5 0.5 1.25 12"
+NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 1.5 2.5 0.5 1.25 1.15 12"
 PLAN2="$CAL -d 128"
 PLAN4="$CAL -d 256 --topology 2x2 --auto-quantise 1 --link-gbs 10,0.005"
 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1 && $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1 # (their cache lines)

@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     cal.NH = c.num_heads;
     cal.Vp = c.padded_vocab_size;
     cal.Tc = T < 128 ? T : 128;
-    calib_compute(&cal);
+    calib_compute(&cal, 1);
     cal.share = 1.0;
     GPT2 model;
     gpt2_init_random(&model, &c, 1337);
@@ -128,14 +128,15 @@ int main(int argc, char** argv) {
     /* the model's phases (one micro-batch + the optimizer), split as the replay is */
     double N = (double)B * T, lf = 0, lb = 0;
     for (int k = 0; k < SHAPE_HEAD; k++) {
-        lf += c.num_layers * gemm_ms(&cal, 0, k, N);
-        lb += c.num_layers * gemm_ms(&cal, 1, k, N);
+        lf += c.num_layers * cal.layer_factor * gemm_ms(&cal, 0, k, N);
+        lb += c.num_layers * cal.layer_factor * gemm_ms(&cal, 1, k, N);
     }
     double model_ms[PH_N] = {lf, lb, gemm_ms(&cal, 0, SHAPE_HEAD, N), gemm_ms(&cal, 1, SHAPE_HEAD, N), st.attention,
                              st.elementwise, st.softmax, st.optimizer};
     printf("profile L=%d C=%d NH=%d Vp=%d B=%d T=%d (%d reps, %d thread(s)); calibration %.0f ms; model weights term %.2f ms "
-           "(the fixed part of the GEMMs)\n", c.num_layers, c.channels, c.num_heads, c.padded_vocab_size, B, T, reps,
-           num_threads(), cal.ms, st.weights);
+           "(the fixed part of the GEMMs); the layers' kernels x %.3f (a layer inside the step over its kernels alone)\n",
+           c.num_layers, c.channels, c.num_heads, c.padded_vocab_size, B, T, reps, num_threads(), cal.ms, st.weights,
+           cal.layer_factor);
     printf("%-18s %10s %10s %8s %10s %8s\n", "phase", "median", "model", "error", "fastest", "error");
     double sum_meas = 0, sum_model = 0;
     for (int k = 0; k < PH_N; k++) {
