@@ -15,7 +15,7 @@
 #   make test-failover  runs killed and hung under scripts/supervise.py (also with a hot spare) end bit for bit as uninterrupted ones
 #   make test-failover-long  that, and the 2-rank hot spare (a standby mpirun job): killed ranks, a killed spare, two failures, no state
 #   make test-resume    a run stopped and resumed at any step sees the batches an uninterrupted one sees
-#   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; 70-105 s; not in make test)
+#   make test-slurm     the Slurm scripts under a one-node Slurm the test starts itself (root, slurm-wlm, munge; ~42 s; not in make test)
 #   make test-eval  the multiple-choice eval (--eval-file, HellaSwag) against PyTorch float64, 1 and 2 ranks (~37 s of CPU)
 #   make test-hf    Hugging Face GPT-2 checkpoints in and out against PyTorch (no download, no transformers; seconds)
 #   make test-quant ZeRO++'s quantised collectives (gptc/quant.h: INT8/INT4 blocks, qwZ, qgZ, hpZ) under mpirun -np 1, 2, 4

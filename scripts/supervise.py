@@ -92,8 +92,11 @@ cleaned up behind it. With an mpirun command the spare is a whole standby
 job, a second `mpirun -np N` with `--standby FIFO` (rank 0 reads the FIFO,
 the other ranks wait for its word): Open MPI cannot put a new process in
 one dead rank's place, so when any rank dies, mpirun ends the rest, and the
-standby job is promoted once mpirun has exited (README, "A hot spare").
-Not under srun (a second job step needs resources of its own).
+standby job is promoted once mpirun has exited (README, "A hot spare";
+with --mca odls_base_sigkill_timeout 0, 9-17 ms after a rank's SIGKILL
+here). Under srun the standby job is a second job step of the same
+allocation, `srun --overlap` (standby_command); srun --kill-on-bad-exit=1
+ends the active step when a rank dies.
 
 Left out on purpose: backoff between restarts, e-mail/alerts, replacing a
 dead node (under Slurm that is the job's business: see
@@ -173,7 +176,8 @@ def options_parse(argv):
                              "[a file in a temporary directory, removed at exit]")
     parser.add_argument("--spare", type=int, default=0, metavar="N",
                         help="keep N standby trainers (0 or 1) set up and waiting (`--standby FIFO`), promoted at "
-                             "once when the active trainer fails (one process only, not under mpirun/srun) [0]")
+                             "once when the active trainer fails (one process, or a whole standby job under mpirun "
+                             "or srun) [0]")
     parser.add_argument("--recovery-log", default="", metavar="FILE.jsonl",
                         help="append one JSON record per (re)start, and one at the end; empty = none [\"\"]")
     split = argv.index("--") if "--" in argv else len(argv)
@@ -184,9 +188,6 @@ def options_parse(argv):
                      "--output-dir out/run --save-every 100")
     if args.spare not in (0, 1):
         parser.error("--spare must be 0 or 1")
-    if args.spare and os.path.basename(args.command[0]) == "srun":
-        parser.error("--spare under srun is not built (a standby job step would need its own allocation); use mpirun, "
-                     "or leave --spare out")
     if args.retries < 0 or args.stale_s <= 0 or args.startup_s <= 0:
         parser.error("--retries must be >= 0, --stale-s and --startup-s > 0")
     for flag in ("--heartbeat", "--resume", "--standby"):
@@ -426,13 +427,26 @@ def on_signal(signum, frame):
     _signal_received.append(signum)
 
 
+def standby_command(command):
+    """The command a standby job runs: under srun a second job step in the
+    same allocation, so `srun --overlap` (Slurm 20.11+): it shares the CPUs
+    (and memory) of the running step instead of waiting for CPUs of its own,
+    which the allocation does not have. Its ranks sleep while they wait (rank
+    0 on the FIFO, the others in a tested MPI_Ibcast), so the sharing costs
+    the active step nothing but their set-up."""
+    if os.path.basename(command[0]) == "srun" and "--overlap" not in command:
+        return command[:1] + ["--overlap"] + command[1:]
+    return command
+
+
 def attempt_spawn(args, a, extra):
     """Start the command for attempt `a` (with `extra` flags after ours) and
     its output pumps. False (a.reason set) when it cannot start."""
     env = dict(os.environ, GPTC_RUN_ID=a.run_id, GPTC_ATTEMPT=str(a.n))
     a.at["spawned"] = wall_ms()
+    command = standby_command(args.command) if a.standby else args.command
     try:
-        a.proc = subprocess.Popen(args.command + ["--resume", "1", "--heartbeat", args.heartbeat] + extra, env=env,
+        a.proc = subprocess.Popen(command + ["--resume", "1", "--heartbeat", args.heartbeat] + extra, env=env,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   start_new_session=True)
     except OSError as e:

@@ -39,6 +39,12 @@
 #      12): the job runs again (Restarts=1, "restart 1" in its output), the
 #      trainer resumes from its newest state (not step 0), and the final model
 #      is cmp-identical;
+#   4. slurm_supervised.sbatch with GPTC_SPARE=1 (a standby job step, srun
+#      --overlap) and memory snapshots, 200 steps: a rank of the active step
+#      SIGKILLed 1-8 steps after the standby step is ready: promoted (hot
+#      spare), both ranks resume from their own snapshots in memory, the job
+#      completes, the final model and every step are those of a 200-step
+#      mpirun run;
 #   and the checker rejects a model with one weight changed.
 # The last line is "N passed, N failed"; the exit status is non-zero on a failure.
 set -u
@@ -199,11 +205,15 @@ env -u SLURM_CONF timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe -
 
 # "step loss lr norm" for every step, from the last line logged for it (a
 # resumed run logs again the steps it does again)
-steps_table() {
+steps_table() { # steps_table LOG [STEPS]
     sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": \([^,]*\), "norm": \([^,]*\),.*/\1 \2 \3 \4/p' "$1" |
-        awk -v n=$STEPS '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
+        awk -v n="${2:-$STEPS}" '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
 }
-same_model() { cmp -s "$dir/ref/$FINAL" "$1/$FINAL" && diff <(steps_table "$dir/ref/log.jsonl") <(steps_table "$1/log.jsonl") > /dev/null; }
+same_model() { # same_model OUT [REF STEPS]: the final model cmp-identical, every step's loss, lr and norm equal
+    local ref=${2:-$dir/ref} n=${3:-$STEPS}
+    cmp -s "$ref/$(printf "model_%08d.bin" "$n")" "$1/$(printf "model_%08d.bin" "$n")" &&
+        diff <(steps_table "$ref/log.jsonl" "$n") <(steps_table "$1/log.jsonl" "$n") > /dev/null
+}
 # job state (PENDING RUNNING COMPLETED FAILED ...) and restart count, from slurmctld
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
 wait_job() { # wait_job ID SECONDS: until it has ended; prints its final state
@@ -277,4 +287,38 @@ resumed=$(sed -n 's/^resume: continuing after step \([0-9]*\).*/\1/p' "$dir/req.
     check ok "slurm_supervised.sbatch: $how, job $job ran again (Restarts=1), resumed after step $resumed, final model cmp-identical" "($(( $(date +%s%3N) - t )) ms)" ||
     check FAIL "slurm_supervised.sbatch: requeued job resumes and ends cmp-identical" \
         "job $job $s, Restarts=$(job_field "$job" Restarts), resumed after step ${resumed:-none}, done: ${how:-nothing}; $(tail -n 3 "$dir/req.out")"
+
+# ---- 4. slurm_supervised.sbatch with a standby step (GPTC_SPARE=1: srun --overlap), a rank of the active step SIGKILLed ----
+# 200 steps (a standby step's set-up takes longer than the 36 steps above), memory snapshots in a tmpfs; its own reference
+LONG=200
+shm=$(mktemp -d /dev/shm/gptc_slurm.XXXXXX)
+# shellcheck disable=SC2086
+env -u SLURM_CONF timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -np 2 \
+    "$BIN_MPI" --threads 1 $FLAGS -x $LONG --save-every 20 --train-data "$dir/train.bin" --val-data "$dir/val.bin" \
+    -o "$dir/ref_long" --log-file "$dir/ref_long/log.jsonl" > "$dir/ref_long.out" 2>&1
+t=$(date +%s%3N)
+out=$dir/spare
+# shellcheck disable=SC2086
+job=$(GPTC_OUT=$out GPTC_SPARE=1 GPTC_STALE_S=30 GPTC_STARTUP_S=60 $SBATCH --output="$dir/spare.out" \
+      scripts/slurm_supervised.sbatch $FLAGS -x $LONG --save-every 20 --snapshot-every 1 --shm-dir "$shm")
+how=""
+for _ in $(seq 600); do grep -q '^\[spare\] standby: ready' "$dir/spare.out" 2>/dev/null && break; sleep 0.1; done
+if grep -q '^\[spare\] standby: ready' "$dir/spare.out" && wait_step "$out/heartbeat" $(( $(hb_step "$out/heartbeat") + 1 + RANDOM % 8 )); then
+    victims=() # the active step's ranks: not the standby's (their command line has --standby)
+    for p in $(ranks); do tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q -- '--standby ' || victims+=("$p"); done
+    if [ ${#victims[@]} -eq 2 ] && [ "$(hb_step "$out/heartbeat")" -lt $((LONG - 10)) ]; then
+        victim=${victims[RANDOM % 2]}
+        kill -KILL "$victim" && killed=$(date +%s%3N) && how="SIGKILL of active rank pid $victim at step $(hb_step "$out/heartbeat") with the standby step ready"
+    fi
+fi
+s=$(wait_job "$job" 120)
+hot=$(grep -c 'recovery: attempt 2 (hot spare)' "$dir/spare.out")
+resumed_at=$(sed -n 's/^timing: first step done at \([0-9]*\).*/\1/p' "$dir/spare.out" | sed -n 2p) # the promoted step's
+[ -n "$how" ] && [ -n "$resumed_at" ] && how="$how; kill -> first resumed step $((resumed_at - killed)) ms"
+[ -n "$how" ] && [ "$s" = COMPLETED ] && [ "$hot" = 1 ] && grep -q '^resume: continuing after step [0-9]*; rank 0 from its own snapshot in memory, rank 1 from its own snapshot in memory' "$dir/spare.out" &&
+    same_model "$out" "$dir/ref_long" $LONG &&
+    check ok "slurm_supervised.sbatch, GPTC_SPARE=1: $how; promoted (hot spare), resumed from memory, job $job COMPLETED, final model cmp-identical" "($(( $(date +%s%3N) - t )) ms; $(grep -o 'recovery: attempt 2 (hot spare).*' "$dir/spare.out" | cut -c1-120))" ||
+    check FAIL "slurm_supervised.sbatch, GPTC_SPARE=1: a rank SIGKILLed, the standby step promoted, cmp-identical" \
+        "job $job $s, hot spare promotions ${hot:-0}, done: ${how:-nothing}; $(grep -hE 'supervisor|spare|resume:|error' "$dir/spare.out" | tail -n 6)"
+rm -rf "$shm"
 exit 0 # finish (the EXIT trap) stops the cluster and prints the counts
