@@ -1582,9 +1582,11 @@ static void dist_init(Dist* d, int* argc, char*** argv) {
     d->world = 1;
 #ifdef USE_MPI
     int provided = 0;
+    StartupMark mark = startup_begin();
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &d->rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &d->world));
+    startup_end(SU_COMM, mark);
 #else
     (void)argc;
     (void)argv;

@@ -4222,6 +4222,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     }
     cm->dist.rank = cm->rank;
     cm->dist.world = cm->world;
+    StartupMark mark = startup_begin(); /* the CUDA context: the start-up line's "device set-up" */
     int ndev = 0;
     CUDA_CHECK(cudaGetDeviceCount(&ndev));
     cm->device = cm->local_rank % ndev;
@@ -4229,6 +4230,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     size_t total_mem = 0;
     CUDA_CHECK(cudaFree(0)); /* the context, now: the memory check starts from what is free after it */
     CUDA_CHECK(cudaMemGetInfo(&cm->free_at_start, &total_mem));
+    startup_end(SU_DEVICE, mark);
     if (cm->world == 1 && !sharded) {
         cm->dist.t_comm = unix_ms();
         return 0;
@@ -4238,6 +4240,8 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
             sharded ? " under --zero 1|2" : "", GPU_NO_NCCL_HINT);
     return -1;
 #endif
+    mark = startup_begin(); /* NCCL, the id's exchange included: the start-up line's "communicator" (with MPI_Init:
+                             * dist_init) */
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (cm->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -4254,6 +4258,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     cm->d_slots = (uint64_t*)gpu_alloc(slots * sizeof(uint64_t), GMEM_COMM);
     cm->h_slots = (uint64_t*)gpu_alloc_host(slots * sizeof(uint64_t), GMEM_HOST_COMM);
     cm->dist.t_comm = unix_ms();
+    startup_end(SU_COMM, mark);
     return 0;
 }
 
@@ -5997,8 +6002,10 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
 #endif
         dist->zero = 0;
         dist_setup_model(dist, host); /* each rank's slice of the state: [save_lo, save_hi) */
+        StartupMark mark = startup_begin();
         gpu_snapshots_init(&st->gs, host, st->g.offload);
         if (saver_init(&st->saver, dist, host, o) != 0) return -1;
+        startup_end(SU_SLOTS, mark);
         st->have_saver = 1;
     }
     if (o->standby[0]) {
@@ -6006,16 +6013,19 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
         if (go <= 0) return go == 0 ? STANDBY_DISMISSED : -1;
     }
     timing_print(dist, "model ready", unix_ms()); /* built, its memory and the snapshot slots mapped */
+    StartupMark mark = startup_begin();
     int start = st->states ? train_run_resume(&st->r, &st->saver, dist, host, o) : 0; /* as train() */
     if (start < 0) return -1;
+    if (start > 0) /* the state's weights and moments; bf16 as the update of step start - 1 rounded them */
+        dp_state_upload(&st->dp, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
+    startup_end(SU_LOAD, mark);
+    mark = startup_begin();
     int deferred = host->init_deferred;
     ALWAYS(!deferred || st->states); /* (deferred only under --resume) */
     if (start == 0 && deferred) gpt2_fill_random(host, host->init_seed); /* no state: the init after all */
     host->init_deferred = 0;
-    if (start > 0) /* the state's weights and moments; bf16 as the update of step start - 1 rounded them */
-        dp_state_upload(&st->dp, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
-    else if (deferred)
-        dp_state_upload(&st->dp, host->params_memory, NULL, NULL, o->seed, -1);
+    if (start == 0 && deferred) dp_state_upload(&st->dp, host->params_memory, NULL, NULL, o->seed, -1);
+    startup_end(SU_MODEL, mark);
     timing_print(dist, "state loaded", unix_ms());
     startup_loaded(); /* (the start-up line's first step is counted from here, as train_gpt.c's) */
     heartbeat_write(o, comm->rank, start);
@@ -6038,8 +6048,10 @@ static int gpu_train_setup(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     if (gpu_train_states_decide(st, comm, o) != 0) return -1;
     test_hooks_print(0);
     if (gpu_comm_check_agreement(comm, host, o, o->zero, &st->r.train) != 0) return -1;
+    StartupMark mark = startup_begin();
     st->peak = gpu_device_print();
     if (gpu_train_build(st, host, o, comm) != 0) return -1;
+    startup_end(SU_DEVICE, mark); /* the device memory, cuBLASLt, the weights uploaded, the communication buffers */
     st->fpt = flops_per_token(&host->config, host->num_parameters, st->r.T);
     return gpu_train_resume(st, host, o, comm);
 }
@@ -6224,10 +6236,12 @@ int main(int argc, char** argv) {
         gpu_comm_free(&comm, 1);
         return EXIT_FAILURE;
     }
+    StartupMark mark = startup_begin();
     if (gpu_levels_init(&comm, o.topology, o.hierarchical, o.comm_levels, o.zero == 3 && (o.qwz || o.qgz || o.hpz)) != 0) { /* nodes, communicators per level */
         gpu_comm_free(&comm, 0); /* (every rank fails alike, with nothing in flight) */
         return EXIT_FAILURE;
     }
+    startup_end(SU_COMM, mark);
     /* ranks other than 0 train silently: their errors still go to stderr */
     if (comm.rank != 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "warning: rank %d prints\n", comm.rank);
     if (o.plan) { /* the device memory plan and its candidates, then exit */

@@ -210,9 +210,13 @@ static void big_write_all(void) {
 /* Where the start-up's time went, printed after the first step
  * (gptc/saver.h's startup_print): big_alloc's own time and bytes, and each
  * phase's time without the allocations inside it (startup_begin/_end). */
-enum { SU_MODEL, SU_DATA, SU_SLOTS, SU_WAIT, SU_LOAD, SU_PHASES };
-static const char* const SU_NAMES[SU_PHASES] = {"model init/load", "tokenizer + data", "snapshot slots",
-                                               "standby wait", "state load"};
+enum { SU_COMM, SU_DEVICE, SU_MODEL, SU_DATA, SU_SLOTS, SU_WAIT, SU_LOAD, SU_PHASES };
+static const char* const SU_NAMES[SU_PHASES] = {"communicator", "device set-up", "model init/load",
+                                               "tokenizer + data", "snapshot slots", "standby wait", "state load"};
+/* the phases every start-up line names, 0 ms or not (the others: only when they took time; the communicator is
+ * MPI_Init under MPI, and the GPU trainer's NCCL (the rendezvous and ncclCommInitRank, the levels' splits); the
+ * device set-up is the GPU trainer's: its CUDA context, its memory, cuBLASLt, the communication buffers) */
+static const unsigned char SU_ALWAYS[SU_PHASES] = {0, 0, 1, 1, 1, 0, 1};
 typedef struct {
     double alloc_ms;   /* in big_alloc: mmap, madvise, the first touch */
     double alloc_cpu;  /* ...its CPU time (the process's, all threads: what the load of other jobs does not move) */

@@ -1073,7 +1073,7 @@ static void startup_print(const Dist* d) {
                      "touch %.0f ms", startup.alloc_cpu);
     rest -= startup.alloc_ms;
     for (int k = 0; k < SU_PHASES; k++) {
-        if (k != SU_WAIT || startup.phase_ms[k] > 0) {
+        if (SU_ALWAYS[k] || startup.phase_ms[k] >= 0.5) { /* (printed as 1 ms or more) */
             n += snprintf(line + n, sizeof(line) - (size_t)n, ", %s %.0f ms", SU_NAMES[k], startup.phase_ms[k]);
             m += snprintf(cpu + m, sizeof(cpu) - (size_t)m, ", %s %.0f ms", SU_NAMES[k], startup.phase_cpu[k]);
         }
