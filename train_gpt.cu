@@ -3722,9 +3722,8 @@ static void gpu_offload_init(GpuGPT2* g, GPT2* host) {
     size_t P = g->num_parameters, L = (size_t)g->config.num_layers;
     g->offload = 1;
     g->off_host = host;
-    if (!host->m_memory) host->m_memory = (float*)calloc(P, sizeof(float)); /* (gpt2_free frees them) */
-    if (!host->v_memory) host->v_memory = (float*)calloc(P, sizeof(float));
-    CHECK(host->m_memory && host->v_memory, "--offload 1: out of host memory for the AdamW moments (%zu floats each)", P);
+    if (!host->m_memory) host->m_memory = ledger_floats(MEM_ADAMW, P); /* (gpt2_free frees them) */
+    if (!host->v_memory) host->v_memory = ledger_floats(MEM_ADAMW, P);
     float* arrays[3] = {host->params_memory, host->m_memory, host->v_memory};
     for (int k = 0; k < 3; k++) CUDA_CHECK(cudaHostRegister(arrays[k], P * sizeof(float), cudaHostRegisterDefault));
     GpuOffload* o = (GpuOffload*)xmalloc(sizeof(GpuOffload));
@@ -5562,9 +5561,10 @@ typedef struct {
 static void gpu_snapshots_init(GpuSnapshots* gs, GPT2* host, int pinned) {
     memset(gs, 0, sizeof(*gs));
     gs->P = host->num_parameters;
-    if (!host->m_memory) host->m_memory = (float*)calloc(gs->P, sizeof(float));
-    if (!host->v_memory) host->v_memory = (float*)calloc(gs->P, sizeof(float));
-    CHECK(host->m_memory && host->v_memory, "out of memory for the host's AdamW moments (%zu floats each)", gs->P);
+    /* in the host ledger, as the CPU trainer's (gptc/ledger.h: huge pages, touched in parallel at start, written
+     * by a hot spare before it waits: big_write_all) */
+    if (!host->m_memory) host->m_memory = ledger_floats(MEM_ADAMW, gs->P);
+    if (!host->v_memory) host->v_memory = ledger_floats(MEM_ADAMW, gs->P);
     gs->params = host->params_memory;
     gs->m = host->m_memory;
     gs->v = host->v_memory;
