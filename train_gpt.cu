@@ -57,9 +57,12 @@
  * probabilities; the materialised variant it replaced is dev/cuda/attention.cu's
  * variant 1.
  *
- * Left out for now (honest list): activation recomputation; CUDA graphs; a bf16
- * gradient-accumulation option; overlapping the ZeRO weight all-gather with
- * the next forward; overlapping a ZeRO snapshot's gather with the next step.
+ * Left out for now (honest list): CUDA graphs with several GPUs, --zero,
+ * --spike-z or --offload 1 (--cuda-graphs captures one GPU's plain step:
+ * gpu_train_build says why when it is off); a bf16 gradient-accumulation
+ * option; overlapping the ZeRO-1/2 weight all-gather with the next forward;
+ * overlapping a ZeRO snapshot's gather with the next step. (Activation
+ * recomputation, once on this list, is --recompute.)
  *
  * Training states (G7): train_gpt.c's format and Saver, unchanged, so a state
  * written here resumes in train_gpt and the other way round: the fp32 master
@@ -5951,7 +5954,7 @@ static int gpu_train_build(GpuTrainState* st, GPT2* host, const Options* o, GpuC
      * loss summed on the host) and a spike rule needs the loss on the host before the update */
     const char* no_graphs = !o->cuda_graphs ? "--cuda-graphs 0"
                             : st->dp.active ? "several GPUs (not yet captured)"
-                            : o->zero != 0  ? "--zero 1/2 (not yet captured)"
+                            : o->zero != 0  ? "--zero 1, 2 or 3 (not yet captured)"
                             : o->spike_z > 0.0f ? "--spike-z (the host decides each update)"
                             : o->offload ? "--offload 1: the forward waits for the host's update layer by layer, on "
                                            "events a capture cannot wait for" : NULL;

@@ -587,6 +587,13 @@ static void calib_network(Calibration* cal, const Dist* d, size_t P) {
             calls[j - 1] = t;
         }
     cal->net_alpha_now_us = dist_sum(d, d->rank == 0 ? calls[10] * 1e3 : 0.0);
+    /* (Known weakness, 2026-12-01: on 2 ranks here this 1 MB allreduce read 1.1, 1.6, 1.6 and 6.7 GB/s in four
+     * starts. Open MPI takes its temporary buffers from malloc each call, fresh pages above glibc's mmap
+     * threshold, and that threshold moves with the process's earlier frees: a probe gave 1.2-1.4 GB/s by default
+     * and 7.9-8.2 GB/s with the threshold at 64 MB. The step's per-slice reductions amid backward ran at ~1.25
+     * GB/s (d2 C128, 2 ranks: 26-27 ms a step against 20 ms on one), so a fast reading puts 2-rank steps low.
+     * Raising the threshold in the trainer made ZeRO-1's reduce-scatter ~9% faster and the overlapped ZeRO-0
+     * step no faster: not kept.) */
     size_t n = (size_t)1 << 18;
     float* buf = calib_floats(n, 1.0f);
     float* all = calib_floats(n, 0.0f);
