@@ -35,7 +35,9 @@
  *                 t_elementwise times f, a layer inside the step over its
  *                 kernels alone, measured with the trainer's own forward
  *                 and backward of 1 and of 2 layers of this width
- *                 (calib_layer_factor; v4; 1.2-1.25 at C=128, 1.0-1.1 at C=768 on a Zen 4 VM).
+ *                 (calib_layer_factor; v4; on a Zen 4 VM 1.18-1.25 at C=128, one
+ *                 thread, once 1.40; 0.9-1.1 at C=768, twice 1.43-1.51
+ *                 with 2 threads).
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
  *   t_zero2     = ZeRO-2 and 3: each layer's bucket zeroed before backward

@@ -101,6 +101,7 @@ cleanup() {
 finish() {
     local left
     left=$(cleanup)
+    [ -n "${shm:-}" ] && rm -rf "$shm" # (case 4's snapshots, when it stopped early)
     [ -z "${left// /}" ] && check ok "Slurm stopped: no daemon, step or trainer of this cluster left running" ||
         check FAIL "Slurm stopped: no daemon, step or trainer of this cluster left running" "left: $left"
     [ "$(ls -la --time-style=full-iso /etc/slurm 2>&1; cat /etc/slurm/*.conf 2>/dev/null | md5sum)" = "$etc_before" ] &&
