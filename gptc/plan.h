@@ -95,7 +95,8 @@ static void cpu_memory_plan(CpuMemoryPlan* p, const PlanKnobs* k) {
     p->setup[MEM_ZERO] = d.zero ? (d.shard + (d.zero >= 2 ? 2 * d.layer_floats : 0)) * F : 0;
     if (d.zero == 3) p->setup[MEM_ZERO] += (d.head_floats + 2 * d.layer_floats) * F; /* gathered (gptc/zero3.h) */
     ZeroPPSizes zpp = zeropp_sizes(&d, c, k->nodes, k->qwz, k->qgz, k->qgz_feedback, k->hpz, k->quant_block);
-    p->setup[MEM_ZERO] += (zpp.secondary + zpp.residual + zpp.partial) * F + zpp.slot_buffers * zpp.slots; /* ZeRO++ */
+    p->setup[MEM_ZERO] += (zpp.secondary + zpp.residual + zpp.partial) * F + zpp.slot_buffers * zpp.slots +
+                          zpp.gather; /* ZeRO++ */
     size_t sizes[NUM_ACTIVATION_TENSORS > NUM_KVCACHE_TENSORS ? NUM_ACTIVATION_TENSORS : NUM_KVCACHE_TENSORS];
     activation_sizes(sizes, c, k->B, k->T);
     p->setup[MEM_ACTIVATIONS] = tensors_floats(sizes, NUM_ACTIVATION_TENSORS) * F;

@@ -78,10 +78,13 @@ static const char* const LEVEL_NAMES[NUM_LEVELS] = {"intra-node", "inter-node"};
 /* Where ZeRO++ (gptc/zeropp.h: qwZ's quantised weight gather, hpZ's
  * node-local weight copy, qgZ's quantised gradient reduction, on top of
  * gptc/quant.h) plugs in. NULL: the fp32 collectives below. The hooks
- * block (nothing of theirs is in flight) and count their own bytes. */
+ * count their own bytes; the reduction blocks, a gather is started and
+ * then waited for (in flight meanwhile, as the fp32 ones). */
 typedef struct {
-    /* gather n floats of the flat range [at, at + n) of the sharded weights into dst (ZeRO-3) */
-    void (*gather)(void* ctx, float* dst, size_t at, size_t n);
+    /* start gathering n floats of the flat range [at, at + n) of the sharded weights into dst (ZeRO-3), as gather
+     * `slot` (layer buffer b's slice i: b LAYER_TENSORS + i; the head's two ranges: 2 LAYER_TENSORS, + 1) */
+    void (*gather)(void* ctx, float* dst, size_t at, size_t n, int slot);
+    void (*gather_wait)(void* ctx, int slot); /* ...and finish it: the weights are in dst after this */
     /* sum the flat range [at, at + n) of the gradients (this rank's values at src) over the ranks;
      * this rank's shard of the sum is added into its grad_shard (ZeRO-2/3's reductions) */
     void (*reduce)(void* ctx, float* src, size_t at, size_t n);
@@ -375,12 +378,12 @@ static void levels_print(Dist* d) {
 /* Start gathering the flat range [a, a + n) of the sharded weights into
  * dst: rank q sends its part (MPI_Iallgatherv; `cd` holds the 2W counts and
  * displacements until it completes). One rank: a copy. */
-static void zero3_gather_start(Dist* d, float* dst, size_t a, size_t n, int* cd, void* request) {
+static void zero3_gather_start(Dist* d, float* dst, size_t a, size_t n, int* cd, void* request, int slot) {
     const float* shard = d->model->params_memory; /* [lo, lo + shard) */
     Levels* lv = d->lv;
     double before[NUM_LEVELS] = {lv->sent[0], lv->sent[1]};
     if (lv->counting) d->gathered += (double)n; /* (a step's: not validation's) */
-    if (lv->hooks.gather) lv->hooks.gather(lv->hooks.ctx, dst, a, n); /* counts its own bytes */
+    if (lv->hooks.gather) lv->hooks.gather(lv->hooks.ctx, dst, a, n, slot); /* counts its own bytes */
     else levels_count(d, a, n, d->shard, 0, 1);
     if (lv->backward)
         for (int e = 0; e < NUM_LEVELS; e++) lv->sent_bwd_gather[e] += lv->sent[e] - before[e];
@@ -415,23 +418,25 @@ static void zero3_layer_start(Dist* d, int l) {
         size_t i = (size_t)(k - LAYER_TENSORS_BEGIN);
         request = &lv->req[b][i];
         zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer,
-                           lv->counts + (b * LAYER_TENSORS + i) * 2 * (size_t)d->world, request);
+                           lv->counts + (b * LAYER_TENSORS + i) * 2 * (size_t)d->world, request, (int)(b * LAYER_TENSORS + i));
 #else
-        zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer, NULL, request);
+        zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer, NULL, request,
+                           b * LAYER_TENSORS + (k - LAYER_TENSORS_BEGIN));
 #endif
         at += per_layer;
     }
     lv->layer_in[b] = l;
-    lv->pending[b] = d->world > 1 && !lv->hooks.gather;
+    lv->pending[b] = d->world > 1 || lv->hooks.gather;
 }
 
 static void zero3_layer_wait(Dist* d, int b) {
+    Levels* lv = d->lv;
+    if (lv->pending[b] && lv->hooks.gather)
+        for (int i = 0; i < LAYER_TENSORS; i++) lv->hooks.gather_wait(lv->hooks.ctx, b * LAYER_TENSORS + i);
 #ifdef USE_MPI
-    if (d->lv->pending[b]) MPI_CHECK(MPI_Waitall(LAYER_TENSORS, d->lv->req[b], MPI_STATUSES_IGNORE));
-#else
-    (void)d;
+    else if (lv->pending[b]) MPI_CHECK(MPI_Waitall(LAYER_TENSORS, lv->req[b], MPI_STATUSES_IGNORE));
 #endif
-    d->lv->pending[b] = 0;
+    lv->pending[b] = 0;
 }
 
 /* The forward/backward hook (GPT2.layer_weights): layer -1, the head,
@@ -458,10 +463,13 @@ static float* zero3_layer_weights(void* ctx, int l, int backward) {
         cd = head_cd;
         reqs[0] = &req[0], reqs[1] = &req[1];
 #endif
-        zero3_gather_start(d, lv->head, 0, embed, cd, reqs[0]);
-        zero3_gather_start(d, lv->head + embed, P - 2 * C, 2 * C, cd ? cd + 2 * d->world : NULL, reqs[1]);
+        zero3_gather_start(d, lv->head, 0, embed, cd, reqs[0], 2 * LAYER_TENSORS);
+        zero3_gather_start(d, lv->head + embed, P - 2 * C, 2 * C, cd ? cd + 2 * d->world : NULL, reqs[1],
+                           2 * LAYER_TENSORS + 1);
+        if (lv->hooks.gather)
+            for (int s = 0; s < 2; s++) lv->hooks.gather_wait(lv->hooks.ctx, 2 * LAYER_TENSORS + s);
 #ifdef USE_MPI
-        MPI_CHECK(MPI_Waitall(2, req, MPI_STATUSES_IGNORE));
+        if (!lv->hooks.gather) MPI_CHECK(MPI_Waitall(2, req, MPI_STATUSES_IGNORE));
         free(head_cd);
 #endif
         d->comm_ms += time_ms() - t0;

@@ -82,14 +82,49 @@
  * scripts/test_zeropp.sh checks these against the trainer's counters.
  * Memory per rank (MEM_ZERO, in the ledger and the plan: zeropp_sizes):
  * hpZ's secondary N shard floats; feedback's residuals P + N shard floats;
- * qwZ/qgZ's slots (the largest range's sum_q slot(c_q) in INT8 bytes, two
- * buffers with qgZ) and qgZ's partial sums (the largest range's floats).
- * Everything here blocks (no overlap with compute yet).
+ * qgZ's two slot buffers (the largest range's sum_q slot(c_q) in INT8
+ * bytes each) and its partial sums (the largest range's floats); qwZ's
+ * gather regions (zeropp_regions: each layer slice's slots twice, for the
+ * two layer buffers, and the head's two ranges unless qgZ's buffers hold
+ * them).
+ * Overlap: a gather is started (this rank's piece quantised, the first
+ * hop's MPI_Iallgatherv posted: across nodes, or inside the one node;
+ * hpZ's and fp32's single MPI_Iallgatherv) and finished when gptc/zero3.h
+ * waits for its layer (qwZ: the second hop, the bundles inside the node,
+ * blocking, then every slot dequantised); meanwhile the layer before
+ * computes, as with zero3.h's own fp32 gathers. The exchange moves the
+ * same bytes as the pairwise rings it replaced (bit for bit the same
+ * weights: test_zeropp's wire check). On one machine Open MPI moves them
+ * inside MPI calls, so the overlap hides the posting, not the transfer
+ * (gptc/runtime.h); a network that moves them by itself hides more. The
+ * reductions (qgZ) block.
  */
 #ifndef GPTC_ZEROPP_H
 #define GPTC_ZEROPP_H
 
 #include "quant.h" /* defines: quant_slot_bytes, quant_slot_encode, quant_slot_decode, quant_error_bound */
+
+/* The gathers in flight (gptc/zero3.h's slots: layer buffer b's slice i at
+ * b LAYER_TENSORS + i, the head's two ranges after them): each is started
+ * by zeropp_gather and finished by zeropp_gather_wait, so that the next
+ * layer's gather is in flight while this layer computes, as zero3.h's own
+ * fp32 gathers are. Its collective's counts and displacements (2W ints), and
+ * under qwZ its slots (a region of `gather` of its own), stay put until then. */
+#define ZEROPP_SLOTS (2 * LAYER_TENSORS + 2)
+typedef struct {
+    float* dst;
+    size_t a, n;
+    int source;    /* 0 fp32 primary, 1 qwZ primary, 2 hpZ secondary (the dump's) */
+    int cut;       /* the step's first forward: this rank's part goes into the secondary when it arrives */
+    int dump;      /* inside a step with GPTC_ZEROPP_DUMP: the record, when it arrives */
+    int active;
+    int* cd;       /* (2W) */
+    uint8_t* slots; /* qwZ: this range's slots, (local, node) order, in a region of `room` bytes */
+    size_t room;
+#ifdef USE_MPI
+    MPI_Request req;
+#endif
+} ZeroPPGather;
 
 typedef struct {
     Dist* d;
@@ -99,12 +134,15 @@ typedef struct {
     size_t* cnt;             /* (W) the current range's piece of each world rank */
     size_t* off;             /* (K N + 1) its slots' offsets, in (local, node) order */
     size_t* poff;            /* (N + 1) qgZ: the partial sums' offsets */
-    int* cd;                 /* (2 W) counts and displacements */
+    int* cd;                 /* (ZEROPP_SLOTS, 2 W) each gather's counts and displacements (pend[slot].cd) */
+    ZeroPPGather pend[ZEROPP_SLOTS]; /* the gathers in flight, by zero3.h's slot */
+    uint8_t* gather;         /* qwZ (gather_bytes): every slot's region of slots, at region[slot] */
+    size_t region[ZEROPP_SLOTS + 1], gather_bytes;
     float* secondary;        /* hpZ (N shard): the flat range [sec_lo, sec_lo + N shard) */
     size_t sec_lo;
     int sec_step, sec_filled; /* the step it was cut in (Levels.steps), and whether the cut is complete */
     float* residual;         /* --qgz-feedback (P + N shard): hop 0 by flat index, hop 1 by (node, place in shard) */
-    uint8_t *send, *recv;    /* (slot_bytes) each: qwZ send only, qgZ both */
+    uint8_t *send, *recv;    /* (slot_bytes) each: qgZ's */
     float* partial;          /* qgZ (n_max): the N partial sums of this rank's local index */
     size_t slot_bytes, n_max, residual_floats;
     FILE* dump;              /* GPTC_ZEROPP_DUMP (below): this rank's records, else NULL */
@@ -114,8 +152,46 @@ typedef struct {
 typedef struct {
     size_t secondary, residual, partial; /* floats */
     size_t slots;                        /* bytes, each buffer */
-    int slot_buffers;                    /* 0, 1 (qwZ) or 2 (qgZ) */
+    int slot_buffers;                    /* 0, or 2 (qgZ's send and receive) */
+    size_t gather;                       /* bytes: qwZ's regions, one per gather slot (zeropp_regions) */
 } ZeroPPSizes;
+
+/* The slots of the flat range [a, a + n), all ranks' pieces, in bytes (INT8: INT4's are smaller). */
+static size_t zeropp_range_slots(const Dist* d, size_t a, size_t n, int block) {
+    size_t total = 0;
+    for (int q = 0; q < d->world; q++) total += quant_slot_bytes(levels_piece(a, n, d->shard, q), 8, block);
+    return total;
+}
+
+/* qwZ's regions, one per gather slot (zeropp_gather): layer buffer b's
+ * slice i at b LAYER_TENSORS + i, as large as that slice's slots in the
+ * layer that needs most; then, `head` set, the head's two ranges (else
+ * they use qgZ's send and receive buffers: a head gather is waited for
+ * where it starts, and a reduction never runs meanwhile). off
+ * (ZEROPP_SLOTS + 1): their offsets; returns the total bytes. d:
+ * dist_geometry's. */
+static size_t zeropp_regions(const Dist* d, const GPT2Config* c, int block, int head, size_t* off) {
+    size_t sizes[NUM_PARAMETER_TENSORS], P = parameter_count(c), L = (size_t)c->num_layers, C = (size_t)c->channels;
+    size_t most[LAYER_TENSORS];
+    parameter_sizes(sizes, c);
+    for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
+        size_t n = sizes[k] / L, m = 0;
+        for (size_t l = 0; l < L; l++) {
+            size_t t = zeropp_range_slots(d, d->offsets[k] + l * n, n, block);
+            m = t > m ? t : m;
+        }
+        most[k - LAYER_TENSORS_BEGIN] = m;
+    }
+    off[0] = 0;
+    for (int s = 0; s < ZEROPP_SLOTS; s++) {
+        size_t r = s < 2 * LAYER_TENSORS ? most[s % LAYER_TENSORS]
+                   : !head                  ? 0
+                   : s == 2 * LAYER_TENSORS ? zeropp_range_slots(d, 0, sizes[0] + sizes[1], block)
+                                            : zeropp_range_slots(d, P - 2 * C, 2 * C, block);
+        off[s + 1] = off[s] + (r + 63) / 64 * 64; /* (each region 64-byte aligned) */
+    }
+    return off[ZEROPP_SLOTS];
+}
 
 /* What ZeRO++'s buffers take on a rank (the trainer's allocation and the
  * memory plan, gptc/plan.h, both call this). d: dist_geometry's. */
@@ -128,7 +204,9 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
     parameter_sizes(sizes, c);
     z.secondary = hpz ? (size_t)N * d->shard : 0;
     z.residual = feedback ? P + (size_t)N * d->shard : 0;
-    z.slot_buffers = qgz ? 2 : qwz ? 1 : 0;
+    size_t region[ZEROPP_SLOTS + 1];
+    z.gather = qwz ? zeropp_regions(d, c, block, !qgz, region) : 0;
+    z.slot_buffers = qgz ? 2 : 0;
     if (!z.slot_buffers) return z;
     /* the ranges: the head's two, each layer's slices; the largest slot total and range */
     size_t ranges[2 + 2 * NUM_PARAMETER_TENSORS][2], nr = 0;
@@ -136,19 +214,15 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
     ranges[nr][0] = P - 2 * C, ranges[nr][1] = 2 * C, nr++;
     for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++)
         for (size_t l = 0; l < L; l++) {
-            size_t a = d->offsets[k] + l * (sizes[k] / L), n = sizes[k] / L, total = 0;
-            for (int q = 0; q < d->world; q++) total += quant_slot_bytes(levels_piece(a, n, d->shard, q), 8, block);
+            size_t a = d->offsets[k] + l * (sizes[k] / L), n = sizes[k] / L, total = zeropp_range_slots(d, a, n, block);
             z.slots = total > z.slots ? total : z.slots;
             z.partial = n > z.partial ? n : z.partial;
         }
     for (size_t r = 0; r < nr; r++) {
-        size_t total = 0;
-        for (int q = 0; q < d->world; q++)
-            total += quant_slot_bytes(levels_piece(ranges[r][0], ranges[r][1], d->shard, q), 8, block);
+        size_t total = zeropp_range_slots(d, ranges[r][0], ranges[r][1], block);
         z.slots = total > z.slots ? total : z.slots;
         z.partial = ranges[r][1] > z.partial ? ranges[r][1] : z.partial;
     }
-    if (!qgz) z.partial = 0;
     return z;
 }
 
@@ -208,7 +282,6 @@ static void zeropp_layout(ZeroPP* z, size_t a, size_t n, int bits) {
     z->off[0] = 0;
     for (int i = 0; i < z->K * z->N; i++)
         z->off[i + 1] = z->off[i] + (bits ? quant_slot_bytes(z->cnt[z->who[i]], bits, z->block) : 0);
-    ALWAYS(z->off[z->K * z->N] <= z->slot_bytes || !bits);
 }
 
 /* where rank q's piece of [a, a + n) begins, in the range */
@@ -227,61 +300,94 @@ static void zeropp_sendrecv(MPI_Comm comm, const void* send, size_t send_bytes, 
 }
 #endif
 
-/* qwZ: the range [a, a + n) into dst, quantised (header comment). */
-static void zeropp_qwz_gather(ZeroPP* z, float* dst, size_t a, size_t n) {
+
+/* qwZ, started: this rank's piece quantised into its slot; the first hop's
+ * collective posted (across nodes: the slots of this local index, one per
+ * node, MPI_Iallgatherv over inter; one node: the bundles over intra). Every
+ * byte is counted now, the second hop's too (zero3.h attributes a gather's
+ * bytes to forward or backward as it starts). */
+static void zeropp_qwz_start(ZeroPP* z, ZeroPPGather* g) {
     Dist* d = z->d;
     Levels* lv = d->lv;
     int bits = z->qwz, N = z->N, K = z->K, j0 = lv->local, p0 = lv->node;
+    size_t a = g->a, n = g->n;
     zeropp_layout(z, a, n, bits);
+    ALWAYS(z->off[K * N] <= g->room);
     size_t mine = z->cnt[d->rank], at = z->off[j0 * N + p0];
     if (mine) quant_slot_encode(d->model->params_memory + (a + zeropp_at(z, d->rank, a) - d->lo), NULL, mine, bits,
-                                z->block, z->send + at);
+                                z->block, g->slots + at);
 #ifdef USE_MPI
-    size_t my_slot = z->off[j0 * N + p0 + 1] - at;
-    for (int t = 1; t < N; t++) { /* across nodes: this rank's slot to the ranks with its local index */
-        int to = (p0 + t) % N, from = (p0 - t + N) % N;
-        size_t in = z->off[j0 * N + from];
-        zeropp_sendrecv(lv->inter, z->send + at, my_slot, to, z->send + in, z->off[j0 * N + from + 1] - in, from);
-        zeropp_add_sent(lv, LEVEL_INTER, my_slot);
+    size_t my_slot = z->off[j0 * N + p0 + 1] - at, bundle = z->off[j0 * N + N] - z->off[j0 * N];
+    zeropp_add_sent(lv, LEVEL_INTER, (size_t)(N - 1) * my_slot); /* this rank's slot to the N - 1 ranks of its index */
+    zeropp_add_sent(lv, LEVEL_INTRA, (size_t)(K - 1) * bundle);  /* the N slots of its index to the K - 1 others */
+    if (N > 1) {
+        for (int p = 0; p < N; p++) {
+            g->cd[p] = quant_int_count(z->off[j0 * N + p + 1] - z->off[j0 * N + p]);
+            g->cd[N + p] = quant_int_count(z->off[j0 * N + p] - z->off[j0 * N]);
+        }
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g->slots + z->off[j0 * N], g->cd, g->cd + N, MPI_BYTE,
+                                  lv->inter, &g->req));
+    } else if (K > 1) {
+        for (int j = 0; j < K; j++) {
+            g->cd[j] = quant_int_count(z->off[j * N + N] - z->off[j * N]);
+            g->cd[K + j] = quant_int_count(z->off[j * N]);
+        }
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g->slots, g->cd, g->cd + K, MPI_BYTE, lv->intra,
+                                  &g->req));
     }
-    size_t bundle = z->off[j0 * N + N] - z->off[j0 * N];
-    for (int t = 1; t < K; t++) { /* inside the node: the N slots of this local index, as one bundle */
-        int to = (j0 + t) % K, from = (j0 - t + K) % K;
-        size_t in = z->off[from * N];
-        zeropp_sendrecv(lv->intra, z->send + z->off[j0 * N], bundle, to, z->send + in, z->off[from * N + N] - in, from);
-        zeropp_add_sent(lv, LEVEL_INTRA, bundle);
+#endif
+}
+
+/* qwZ, finished: the first hop waited for; across nodes and inside them,
+ * the second (the bundles over intra); then every slot dequantised, this
+ * rank's own too (the same weights everywhere). */
+static void zeropp_qwz_finish(ZeroPP* z, ZeroPPGather* g) {
+    int bits = z->qwz, N = z->N, K = z->K;
+    size_t a = g->a;
+    float* dst = g->dst;
+    zeropp_layout(z, a, g->n, bits); /* (the range's again: a reduction may have used the arrays since) */
+#ifdef USE_MPI
+    Levels* lv = z->d->lv;
+    if (N > 1 || K > 1) MPI_CHECK(MPI_Wait(&g->req, MPI_STATUS_IGNORE));
+    if (N > 1 && K > 1) {
+        for (int j = 0; j < K; j++) {
+            g->cd[j] = quant_int_count(z->off[j * N + N] - z->off[j * N]);
+            g->cd[K + j] = quant_int_count(z->off[j * N]);
+        }
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g->slots, g->cd, g->cd + K, MPI_BYTE, lv->intra));
     }
 #endif
     for (int i = 0; i < K * N; i++) { /* every slot dequantised, this rank's own too (the same weights everywhere) */
         int q = z->who[i];
-        if (z->cnt[q]) quant_slot_decode(z->send + z->off[i], z->cnt[q], bits, z->block, dst + zeropp_at(z, q, a), 0);
+        if (z->cnt[q]) quant_slot_decode(g->slots + z->off[i], z->cnt[q], bits, z->block, dst + zeropp_at(z, q, a), 0);
     }
 }
 
-/* fp32: the range [a, a + n) into dst from every rank's shard (blocking; counted as gptc/zero3.h counts). */
-static void zeropp_fp32_gather(ZeroPP* z, float* dst, size_t a, size_t n) {
+/* fp32, started: the range from every rank's shard (MPI_Iallgatherv over the world; counted as gptc/zero3.h counts). */
+static void zeropp_fp32_start(ZeroPP* z, ZeroPPGather* g) {
     Dist* d = z->d;
+    size_t a = g->a, n = g->n;
     levels_count(d, a, n, d->shard, 0, 1);
     const float* mine = d->model->params_memory + (a + zeropp_at(z, d->rank, a) - d->lo);
 #ifdef USE_MPI
     if (d->world > 1) {
         int W = d->world;
         for (int q = 0; q < W; q++) {
-            z->cd[q] = (int)levels_piece(a, n, d->shard, q);
-            z->cd[W + q] = z->cd[q] ? (int)zeropp_at(z, q, a) : 0;
+            g->cd[q] = (int)levels_piece(a, n, d->shard, q);
+            g->cd[W + q] = g->cd[q] ? (int)zeropp_at(z, q, a) : 0;
         }
-        MPI_CHECK(MPI_Allgatherv(z->cd[d->rank] ? mine : d->model->params_memory, z->cd[d->rank], MPI_FLOAT, dst, z->cd,
-                                 z->cd + W, MPI_FLOAT, MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Iallgatherv(g->cd[d->rank] ? mine : d->model->params_memory, g->cd[d->rank], MPI_FLOAT, g->dst,
+                                  g->cd, g->cd + W, MPI_FLOAT, MPI_COMM_WORLD, &g->req));
         return;
     }
 #endif
-    memcpy(dst, mine, n * sizeof(float));
+    memcpy(g->dst, mine, n * sizeof(float));
 }
 
-/* hpZ: the range [a, a + n) into dst from the node's secondaries. */
-static void zeropp_hpz_gather(ZeroPP* z, float* dst, size_t a, size_t n) {
+/* hpZ, started: the range from the node's secondaries (MPI_Iallgatherv over intra). */
+static void zeropp_hpz_start(ZeroPP* z, ZeroPPGather* g) {
     Dist* d = z->d;
-    size_t S2 = (size_t)z->N * d->shard, from = a > z->sec_lo ? a : z->sec_lo;
+    size_t a = g->a, n = g->n, S2 = (size_t)z->N * d->shard, from = a > z->sec_lo ? a : z->sec_lo;
     const float* mine = z->secondary + (from - z->sec_lo); /* (when this rank's part is empty, not read) */
 #ifdef USE_MPI
     Levels* lv = d->lv;
@@ -289,47 +395,70 @@ static void zeropp_hpz_gather(ZeroPP* z, float* dst, size_t a, size_t n) {
     if (K > 1) {
         for (int j = 0; j < K; j++) {
             size_t lo = (size_t)j * S2;
-            z->cd[j] = (int)levels_piece(a, n, S2, j);
-            z->cd[K + j] = z->cd[j] ? (int)((lo > a ? lo : a) - a) : 0;
+            g->cd[j] = (int)levels_piece(a, n, S2, j);
+            g->cd[K + j] = g->cd[j] ? (int)((lo > a ? lo : a) - a) : 0;
         }
-        zeropp_add_sent(lv, LEVEL_INTRA, (size_t)(K - 1) * (size_t)z->cd[lv->local] * sizeof(float));
-        MPI_CHECK(MPI_Allgatherv(z->cd[lv->local] ? mine : z->secondary, z->cd[lv->local], MPI_FLOAT, dst, z->cd,
-                                 z->cd + K, MPI_FLOAT, lv->intra));
+        zeropp_add_sent(lv, LEVEL_INTRA, (size_t)(K - 1) * (size_t)g->cd[lv->local] * sizeof(float));
+        MPI_CHECK(MPI_Iallgatherv(g->cd[lv->local] ? mine : z->secondary, g->cd[lv->local], MPI_FLOAT, g->dst, g->cd,
+                                  g->cd + K, MPI_FLOAT, lv->intra, &g->req));
         return;
     }
 #endif
     ALWAYS(from == a && n <= S2); /* one rank a node: its secondary is every weight */
-    memcpy(dst, mine, n * sizeof(float));
+    memcpy(g->dst, mine, n * sizeof(float));
 }
 
-/* The gather hook (gptc/zero3.h): hpZ's secondary inside a step once the
- * first forward has cut it, else the primary shards (qwZ or fp32), cutting
- * the secondary when this is a step's first forward. */
-static void zeropp_gather(void* ctx, float* dst, size_t a, size_t n) {
+/* The gather hook (gptc/zero3.h), started into slot `slot`: hpZ's
+ * secondary inside a step once the first forward has cut it, else the
+ * primary shards (qwZ or fp32), to be cut into the secondary when this is a
+ * step's first forward. zeropp_gather_wait finishes it. */
+static void zeropp_gather(void* ctx, float* dst, size_t a, size_t n, int slot) {
     ZeroPP* z = (ZeroPP*)ctx;
     Levels* lv = z->d->lv;
-    int cut = 0, dump = z->dump && lv->counting;
-    if (dump && z->dump_step != lv->steps) /* the step's first gather: the master it gathers from */
+    ALWAYS(slot >= 0 && slot < ZEROPP_SLOTS && !z->pend[slot].active);
+    ZeroPPGather* g = &z->pend[slot];
+    g->dst = dst, g->a = a, g->n = n, g->cut = 0, g->active = 1;
+    g->dump = z->dump && lv->counting;
+    if (g->dump && z->dump_step != lv->steps) /* the step's first gather: the master it gathers from */
         z->dump_step = lv->steps, zeropp_dump(z, 1, 0, z->d->lo, z->d->shard, z->d->model->params_memory);
     if (z->hpz && lv->counting) {
         if (z->sec_step != lv->steps) z->sec_step = lv->steps, z->sec_filled = 0; /* a new step: new weights */
-        if (lv->backward) z->sec_filled = 1; /* the first forward gathered every range */
+        if (lv->backward) z->sec_filled = 1; /* the first forward gathered (and cut) every range */
         if (z->sec_filled) {
-            if (dump && z->dump_sec_step != lv->steps)
+            if (g->dump && z->dump_sec_step != lv->steps)
                 z->dump_sec_step = lv->steps, zeropp_dump(z, 3, 2, z->sec_lo, (size_t)z->N * z->d->shard, z->secondary);
-            zeropp_hpz_gather(z, dst, a, n);
-            if (dump) zeropp_dump(z, 2, 2, a, n, dst);
+            g->source = 2;
+            zeropp_hpz_start(z, g);
             return;
         }
-        cut = 1;
+        g->cut = 1;
     }
-    if (z->qwz) zeropp_qwz_gather(z, dst, a, n);
-    else zeropp_fp32_gather(z, dst, a, n);
-    if (dump) zeropp_dump(z, 2, z->qwz ? 1 : 0, a, n, dst);
-    if (cut) { /* this rank's part of the secondary: [sec_lo, sec_lo + N shard) ∩ [a, a + n) */
+    g->source = z->qwz ? 1 : 0;
+    if (z->qwz) zeropp_qwz_start(z, g);
+    else zeropp_fp32_start(z, g);
+}
+
+/* ...and finished: the weights in dst (dequantised), the dump's record,
+ * this rank's part cut into the secondary. */
+static void zeropp_gather_wait(void* ctx, int slot) {
+    ZeroPP* z = (ZeroPP*)ctx;
+    ZeroPPGather* g = &z->pend[slot];
+    if (!g->active) return;
+    g->active = 0;
+    if (g->source == 1) {
+        zeropp_qwz_finish(z, g);
+    } else {
+#ifdef USE_MPI
+        if ((g->source == 0 && z->d->world > 1) || (g->source == 2 && z->K > 1))
+            MPI_CHECK(MPI_Wait(&g->req, MPI_STATUS_IGNORE));
+#endif
+    }
+    size_t a = g->a, n = g->n;
+    if (g->dump) zeropp_dump(z, 2, g->source, a, n, g->dst);
+    if (g->cut) { /* this rank's part of the secondary: [sec_lo, sec_lo + N shard) ∩ [a, a + n) */
         size_t lo = a > z->sec_lo ? a : z->sec_lo, end = z->sec_lo + (size_t)z->N * z->d->shard;
         size_t hi = a + n < end ? a + n : end;
-        if (hi > lo) memcpy(z->secondary + (lo - z->sec_lo), dst + (lo - a), (hi - lo) * sizeof(float));
+        if (hi > lo) memcpy(z->secondary + (lo - z->sec_lo), g->dst + (lo - a), (hi - lo) * sizeof(float));
     }
 }
 
@@ -342,6 +471,7 @@ static void zeropp_reduce(void* ctx, float* src, size_t a, size_t n) {
     int bits = z->qgz, N = z->N, j0 = lv->local, p0 = lv->node;
     if (z->dump && lv->counting) zeropp_dump(z, 4, 0, a, n, src);
     zeropp_layout(z, a, n, bits);
+    ALWAYS(z->off[z->K * N] <= z->slot_bytes);
     z->poff[0] = 0;
     for (int p = 0; p < N; p++) { /* the partial sums start as this rank's own values of its local index's pieces */
         int q = z->who[j0 * N + p];
@@ -411,6 +541,19 @@ static void zeropp_setup(void* ctx) {
     if (s.residual) z->residual = ledger_floats(MEM_ZERO, s.residual); /* zero: nothing lost yet */
     if (s.slot_buffers >= 1) z->send = (uint8_t*)ledger_malloc(MEM_ZERO, s.slots);
     if (s.slot_buffers >= 2) z->recv = (uint8_t*)ledger_malloc(MEM_ZERO, s.slots);
+    if (s.gather) { /* qwZ: a region of slots for each gather in flight */
+        z->gather_bytes = zeropp_regions(d, &d->model->config, z->block, !z->qgz, z->region);
+        ALWAYS(z->gather_bytes == s.gather);
+        z->gather = (uint8_t*)ledger_malloc(MEM_ZERO, s.gather);
+    }
+    for (int slot = 0; slot < ZEROPP_SLOTS; slot++) {
+        z->pend[slot].cd = z->cd + (size_t)slot * 2 * (size_t)d->world;
+        ZeroPPGather* g = &z->pend[slot];
+        int head = slot >= 2 * LAYER_TENSORS;
+        g->slots = !z->gather ? NULL : head && z->qgz ? (slot == 2 * LAYER_TENSORS ? z->send : z->recv)
+                                                      : z->gather + z->region[slot];
+        g->room = !z->gather ? 0 : head && z->qgz ? z->slot_bytes : z->region[slot + 1] - z->region[slot];
+    }
     if (s.partial) z->partial = ledger_floats(MEM_ZERO, s.partial);
     zeropp_dump_open(z);
     if (d->rank == 0) {
@@ -431,6 +574,7 @@ static void zeropp_release(void* ctx) {
     ledger_free(z->residual);
     ledger_free(z->send);
     ledger_free(z->recv);
+    ledger_free(z->gather);
     ledger_free(z->partial);
     free(z->who);
     free(z->cnt);
@@ -460,8 +604,9 @@ static int zeropp_init(Dist* d, int qwz, int qgz, int feedback, int hpz, int blo
     z->cnt = (size_t*)xmalloc(sizeof(size_t) * (size_t)W);
     z->off = (size_t*)xmalloc(sizeof(size_t) * ((size_t)W + 1));
     z->poff = (size_t*)xmalloc(sizeof(size_t) * ((size_t)z->N + 1));
-    z->cd = (int*)xmalloc(sizeof(int) * 2 * (size_t)W);
-    lv->hooks.gather = qwz || hpz ? zeropp_gather : NULL; /* (qgZ alone: zero3.h's overlapped fp32 gathers) */
+    z->cd = (int*)xmalloc(sizeof(int) * 2 * (size_t)W * ZEROPP_SLOTS); /* (each gather slot's 2W) */
+    lv->hooks.gather = qwz || hpz ? zeropp_gather : NULL; /* (qgZ alone: zero3.h's own fp32 gathers) */
+    lv->hooks.gather_wait = qwz || hpz ? zeropp_gather_wait : NULL;
     lv->hooks.reduce = qgz ? zeropp_reduce : NULL;
     lv->hooks.setup = zeropp_setup;
     lv->hooks.release = zeropp_release;

@@ -248,12 +248,13 @@ ok=$(echo "$hwm" | awk -v a=$MPI_ALLOWANCE_MB '{ x = $1 - $2; print (x >= -0.03 
     grep -q "^step *2/2" "$dir/run.out" && [ "$ok" = ok ] &&
     check ok "--auto 1 trains 2 steps with ZeRO 3 on 2x2: ledger == plan on 4 ranks, the predicted peak (the ledger's + GEMM buffers) <= 95% of the budget; peak RSS = that + Open MPI's own (< $MPI_ALLOWANCE_MB MB), over the budget by it" "$(echo "$line" | sed 's/.*peak RSS/peak RSS/')" ||
     check FAIL "--auto 1 with ZeRO 3 on 2x2" "status $rc, '$hwm': $(grep -E 'error|auto:|plan check' "$dir/run.out" | head -3)"
-$MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --auto-quantise 1 --link-gbs 10,0.0005 > "$dir/plan.out" 2>&1
+# (ZeRO++'s two checks: 14.4 MB, room for qwZ's gathers in flight, two layers' slots; ZeRO-2's 26 MB still does not fit)
+$MPIRUN -np 4 "$MPIBIN" $Z3 --memory-budget 14400000 --plan 1 --auto-quantise 1 --link-gbs 10,0.0005 > "$dir/plan.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/plan.out" && grep -q " 3+qwZ8+hpZ " "$dir/plan.out" &&
     check ok "--auto-quantise 1 --link-gbs 10,0.0005 (slow across nodes): ZeRO++'s candidates listed, qwZ + hpZ + qgZ INT4 chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" ||
     check FAIL "ZeRO++ chosen under slow inter-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
-run 4 $Z3 --auto 1 --auto-quantise 1 --link-gbs 10,0.0005 --comm-levels 1 --plan-check 1
+run 4 $Z3 --memory-budget 14400000 --auto 1 --auto-quantise 1 --link-gbs 10,0.0005 --comm-levels 1 --plan-check 1
 rc=$?
 auto_bytes
 [ $rc -eq 0 ] && grep -q "^auto: .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/run.out" && grep -q "^ZeRO++: weights gathered as INT8" "$dir/run.out" &&
