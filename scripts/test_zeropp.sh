@@ -29,7 +29,10 @@
 #     weights bit for bit the uninterrupted run's (states are fp32);
 #   - the wire, against an independent implementation: 8 configurations on
 #     2x2 (qwz 8, qwz 4, hpz, qwz 8 + hpz with 3 micro-batches, qgz 4, qgz 8,
-#     qgz 8 + feedback, qwz 4 + hpz + qgz 4 + feedback), 2 steps each with
+#     qgz 8 + feedback, qwz 4 + hpz + qgz 4 + feedback), and 3 on other
+#     machines (np 4 as 1x4: qwz 4 + hpz + qgz 4; np 4 as 4x1: qwz 8 + hpz;
+#     np 3 as 3x1: qwz 8 + qgz 8: the overlapped gather's one-hop paths),
+#     2 steps each with
 #     GPTC_ZEROPP_DUMP (gptc/zeropp.h: every rank's fp32 master shard, each
 #     gather's dequantised weights, hpZ's secondary, the local gradients and
 #     grad_shard after each qgZ reduction); scripts/zeropp_ref.py re-derives
@@ -180,15 +183,15 @@ timeout -k 10 120 $MPIRUN -np 4 "$BIN" $COMMON -b 3 $ALL -o "$dir/rsB" --resume 
 # rank's master shard, the weights each gather left, hpZ's secondary, the local gradients and grad_shard after
 # each qgZ reduction), each array re-derived by scripts/zeropp_ref.py (numpy, from the documented format), bit for bit
 # wire name B bin flags...: 0 = reproduced; 1 = a mismatch (zeropp_ref.py's verdict in $dir/wire-$name.ref); 2 = the run failed
-wire() {
-    local name=$1 B=$2 bin=$3
+wire() { # (WIRE_NP, WIRE_TOPO: other machines than 2x2)
+    local name=$1 B=$2 bin=$3 np=${WIRE_NP:-4} topo=${WIRE_TOPO:-2x2}
     shift 3
     local dd="$dir/wire-$name"
     rm -rf "$dd" && mkdir -p "$dd" || return 2
-    GPTC_ZEROPP_DUMP=$dd timeout -k 10 120 $MPIRUN -np 4 "$bin" $COMMON -b "$B" --topology 2x2 -x 2 --val-every 0 "$@" \
+    GPTC_ZEROPP_DUMP=$dd timeout -k 10 120 $MPIRUN -np $np "$bin" $COMMON -b "$B" --topology $topo -x 2 --val-every 0 "$@" \
         > "$dd.out" 2>&1 || return 2
-    local ref=$(echo " $* " | sed 's/ --qgz-feedback / --feedback /')
-    $PY scripts/zeropp_ref.py "$dd" --np 4 --topology 2x2 --params 34688 --steps 2 --block $BLOCK $ref > "$dd.ref" 2>&1
+    local ref=$(echo " $* " | sed 's/ --qgz-feedback / --feedback /; s/ -d [0-9]* / /')
+    $PY scripts/zeropp_ref.py "$dd" --np $np --topology $topo --params 34688 --steps 2 --block $BLOCK $ref > "$dd.ref" 2>&1
     [ $? -eq 0 ] && { [ -n "${KEEP_DUMP:-}" ] || rm -rf "$dd"; } && return 0
     return 1
 }
@@ -203,6 +206,20 @@ for cfg in "qwz8 3 --qwz 8" "qwz4 3 --qwz 4" "hpz 3 --hpz 1" "qwz8-hpz-acc3 1 --
            "$(grep -E '^ok .* of [0-9]+ records' "$dir/wire-$name.ref" | sed 's/^ok *//; s/ =.*: /: /' | tr '\n' ';')" ;;
     1) check FAIL "wire 2x2 $*: the dump = scripts/zeropp_ref.py's" "$(grep -m2 FAIL "$dir/wire-$name.ref")" ;;
     *) check FAIL "wire 2x2 $*: the run" "$(tail -2 "$dir/wire-$name.out")" ;;
+    esac
+done
+# the other machines' paths of the overlapped weight gather: one node (qwZ's only hop inside it), one rank a node
+# (only the hop across nodes), three ranks
+for cfg in "4 1x4 1x4-all 3 --qwz 4 --hpz 1 --qgz 4" "4 4x1 4x1-qwz8-hpz 1 --qwz 8 --hpz 1" "3 3x1 3x1-qwz8-qgz8 3 --qwz 8 --qgz 8 -d 144"; do
+    set -- $cfg
+    np=$1 topo=$2 name=$3 B=$4
+    shift 4
+    WIRE_NP=$np WIRE_TOPO=$topo wire "$name" "$B" "$BIN" "$@"
+    case $? in
+    0) check ok "wire np $np $topo $*: every gather, secondary and qgZ grad_shard = scripts/zeropp_ref.py's, bit for bit" \
+           "$(grep -cE '^ok ' "$dir/wire-$name.ref") checks" ;;
+    1) check FAIL "wire np $np $topo $*: the dump = scripts/zeropp_ref.py's" "$(grep -m2 FAIL "$dir/wire-$name.ref")" ;;
+    *) check FAIL "wire np $np $topo $*: the run" "$(tail -2 "$dir/wire-$name.out")" ;;
     esac
 done
 
