@@ -17,7 +17,8 @@ can find (its memory snapshots with --snapshot-every, else the newest
 complete state on disk). Without --output-dir in CMD a restart would start
 again from step 0. (odls_base_sigkill_timeout 0: when a rank dies, Open
 MPI's mpirun kills the others at once instead of waiting 1 s, which the
-recovery would otherwise spend.)
+recovery would otherwise spend; the supervisor passes it to mpirun in the
+environment when the command does not give it: OPEN_MPI_LAUNCHERS.)
 
 What it does, attempt after attempt:
   - runs CMD in a session of its own (setsid), with GPTC_RUN_ID (unique per
@@ -120,6 +121,13 @@ import time
 POLL_S = 0.1        # how often the heartbeat is looked at
 SPARE_POLL_S = 0.02 # how often one trainer with a ready spare is looked at (is it exiting?)
 MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "srun")
+# Open MPI's launchers: when a rank dies, mpirun ends the others after
+# odls_base_sigkill_timeout, 1 s by default (measured here: mpirun exited
+# 1.0 s after a rank's SIGKILL, 9-20 ms with 0). The supervisor passes 0 in
+# the environment (OMPI_MCA_odls_base_sigkill_timeout) unless the command
+# or the environment sets it: a failure is noticed, and a spare promoted,
+# 1 s sooner.
+OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun")
 KILL_GRACE_S = 5.0  # SIGTERM -> SIGKILL for the processes of a failed attempt
 READER_JOIN_S = 2.0 # wait this long for the child's output to drain after it ended
 
@@ -443,6 +451,9 @@ def attempt_spawn(args, a, extra):
     """Start the command for attempt `a` (with `extra` flags after ours) and
     its output pumps. False (a.reason set) when it cannot start."""
     env = dict(os.environ, GPTC_RUN_ID=a.run_id, GPTC_ATTEMPT=str(a.n))
+    if os.path.basename(args.command[0]) in OPEN_MPI_LAUNCHERS and \
+            not any("odls_base_sigkill_timeout" in w for w in args.command):
+        env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")  # (OPEN_MPI_LAUNCHERS, above)
     a.at["spawned"] = wall_ms()
     command = standby_command(args.command) if a.standby else args.command
     try:

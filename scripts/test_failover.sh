@@ -227,6 +227,12 @@ for name in one np2-zero1 np2-zero0 one-mem np2-zero1-mem; do
         [ $? -eq 0 ] && [ "$(grep -c '^supervisor: recovery: ' "$dir/$run.out")" = "$kills" ] &&
             check ok "$run: $kills restarts for $kills kills, each with its recovery split" "$summary" ||
             check FAIL "$run: one restart and one recovery record per kill" "$summary"
+        if [ "$name" = np2-zero1 ]; then # mpirun without --mca odls_base_sigkill_timeout 0: the supervisor passes it
+            lat=$(sed -n 's/.*kill -> detected \([0-9]*\) ms.*/\1/p' <<< "$summary")
+            [ -n "$lat" ] && [ "$lat" -lt 500 ] &&
+                check ok "$run: mpirun ended the job at once after each kill (the supervisor passed odls_base_sigkill_timeout 0): kill -> detected $lat ms on average" ||
+                check FAIL "$run: kill -> detected under 500 ms (mpirun waits 1 s without odls_base_sigkill_timeout 0)" "${lat:-?} ms: $summary"
+        fi
     done
 done
 grep -h '^supervisor: recovery: ' "$dir"/one-s1.out "$dir"/np2-zero1-s3.out 2>/dev/null | head -2 | sed 's/^/     /'
