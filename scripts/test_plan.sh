@@ -79,6 +79,20 @@ auto_bytes() {
     want=$(sed -n 's/^auto: .*bytes sent per step: intra-node \([0-9]*\), inter-node \([0-9]*\) summed.*/\1 \2/p' "$dir/run.out")
     got=$(sed -n 's/^step [0-9]*: bytes sent: intra-node \([0-9]*\), inter-node \([0-9]*\) (summed.*/\1 \2/p' "$dir/run.out" | sort -u)
 }
+# auto_levels WHAT AUTO LINE FLAGS...: `run 4 $Z3 FLAGS --auto 1 --comm-levels 1 --plan-check 1` must choose
+# "auto: ... AUTO", print a line matching LINE, count each step's bytes per level exactly as predicted
+# (auto_bytes), and keep ledger == plan on all 4 ranks; WHAT names the check
+auto_levels() {
+    local what=$1 auto=$2 line=$3 rc
+    shift 3
+    run 4 $Z3 "$@" --auto 1 --comm-levels 1 --plan-check 1
+    rc=$?
+    auto_bytes
+    [ $rc -eq 0 ] && grep -q "^auto: .* $auto" "$dir/run.out" && grep -q "$line" "$dir/run.out" &&
+        [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
+        check ok "--auto 1 $what; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
+        check FAIL "--auto 1 $what: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:|by level' "$dir/run.out" | head -3)"
+}
 
 # the grid
 Ts=(8 16 32)
@@ -254,13 +268,8 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "^choice: --batch-size 1 .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/plan.out" && grep -q " 3+qwZ8+hpZ " "$dir/plan.out" &&
     check ok "--auto-quantise 1 --link-gbs 10,0.0005 (slow across nodes): ZeRO++'s candidates listed, qwZ + hpZ + qgZ INT4 chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-120)" ||
     check FAIL "ZeRO++ chosen under slow inter-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
-run 4 $Z3 --memory-budget 14400000 --auto 1 --auto-quantise 1 --link-gbs 10,0.0005 --comm-levels 1 --plan-check 1
-rc=$?
-auto_bytes
-[ $rc -eq 0 ] && grep -q "^auto: .* --zero 3 --hpz 1 --qwz 8 --qgz 4 " "$dir/run.out" && grep -q "^ZeRO++: weights gathered as INT8" "$dir/run.out" &&
-    [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
-    check ok "--auto 1 trains with ZeRO++ as if given the flags; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
-    check FAIL "--auto 1 with ZeRO++: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:' "$dir/run.out" | head -2)"
+auto_levels "trains with ZeRO++ as if given the flags" "--zero 3 --hpz 1 --qwz 8 --qgz 4 " "^ZeRO++: weights gathered as INT8" \
+    --memory-budget 14400000 --auto-quantise 1 --link-gbs 10,0.0005
 
 # flat or hierarchical reduction, weighed (--hierarchical -1, several nodes): with the links inside the nodes
 # stated 20000x slower than across them (the margin holds at 4 ms a message, the median MPI latency of 4 ranks
@@ -274,13 +283,8 @@ rc=$?
     [ "$(awk 'NF == 11 && $3 ~ /^[0-3](\+hpZ)?\+flat$/' "$dir/plan.out" | wc -l)" -eq "$(awk 'NF == 11 && $3 ~ /^[0-3](\+hpZ)?$/' "$dir/plan.out" | wc -l)" ] &&
     check ok "2x2, --link-gbs 0.0005,10 (slow inside the nodes): each mode weighed flat (+flat) and hierarchical, flat chosen" "$(grep '^choice' "$dir/plan.out" | cut -c9-110)" ||
     check FAIL "flat chosen under slow intra-node links" "status $rc: $(grep -E 'error|choice' "$dir/plan.out" | head -2)"
-run 4 $Z3 --auto 1 --link-gbs 0.0005,10 --comm-levels 1 --plan-check 1
-rc=$?
-auto_bytes
-[ $rc -eq 0 ] && grep -q "^auto: .* --hierarchical 0 " "$dir/run.out" && grep -q "^bytes sent per step by level (2 node(s) x 2 rank(s), flat reduction)" "$dir/run.out" &&
-    [ -n "$want" ] && [ "$want" = "$got" ] && [ "$(grep -c 'ledger == plan' "$dir/run.out")" -eq 4 ] &&
-    check ok "--auto 1 trains with the flat reduction it chose; bytes per level each step == the runtime model's, exactly" "predicted $want, counted $got" ||
-    check FAIL "--auto 1 with a flat choice: bytes per level" "status $rc: predicted '$want', counted '$got': $(grep -E 'error|auto:|by level' "$dir/run.out" | head -3)"
+auto_levels "trains with the flat reduction it chose" "--hierarchical 0 " \
+    "^bytes sent per step by level (2 node(s) x 2 rank(s), flat reduction)" --link-gbs 0.0005,10
 $MPIRUN -np 4 "$MPIBIN" $Z3 --plan 1 --link-gbs 0.0005,10 --hierarchical 1 > "$dir/plan.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^choice: " "$dir/plan.out" && ! grep -q "+flat\|--hierarchical" "$dir/plan.out" &&
