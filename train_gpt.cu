@@ -6023,11 +6023,12 @@ static int gpu_train_resume(GpuTrainState* st, GPT2* host, const Options* o, Gpu
         dp_state_upload(&st->dp, host->params_memory, host->m_memory, host->v_memory, o->seed, start - 1);
     startup_end(SU_LOAD, mark);
     mark = startup_begin();
-    int deferred = host->init_deferred;
-    ALWAYS(!deferred || st->states); /* (deferred only under --resume) */
-    if (start == 0 && deferred) gpt2_fill_random(host, host->init_seed); /* no state: the init after all */
+    ALWAYS(!host->init_deferred || st->states); /* (deferred only under --resume) */
+    if (start == 0 && host->init_deferred) { /* no state: the init after all, and its weights to the device */
+        gpt2_fill_random(host, host->init_seed);
+        dp_state_upload(&st->dp, host->params_memory, NULL, NULL, o->seed, -1);
+    }
     host->init_deferred = 0;
-    if (start == 0 && deferred) dp_state_upload(&st->dp, host->params_memory, NULL, NULL, o->seed, -1);
     startup_end(SU_MODEL, mark);
     timing_print(dist, "state loaded", unix_ms());
     startup_loaded(); /* (the start-up line's first step is counted from here, as train_gpt.c's) */

@@ -7,11 +7,11 @@
 # fails when the test does. With CHECK_START set (a `date +%s`), each line ends
 # with the seconds since then. Each script prints its own last line,
 # "N passed, N failed", and exits non-zero on a failure.
-#   steps_table LOG               "step loss lr norm" for steps 1..$STEPS of a
+#   steps_table LOG [N]           "step loss lr norm" for steps 1..N of a
 #                                 --log-file, each from the last line logged
 #                                 for it (a resumed run appends the steps it
 #                                 does again); "N missing" for a step never
-#                                 logged (the caller sets $STEPS)
+#                                 logged (N: the caller's $STEPS unless given)
 #   same_steps LOG REF            every step's last logged values equal REF's,
 #                                 as text
 #   hb_step HEARTBEAT             the step in a --heartbeat file ("" when none yet)
@@ -33,7 +33,7 @@ CLEAN_ENV="env -u SLURM_PROCID -u SLURM_NTASKS -u SLURM_LOCALID -u OMPI_COMM_WOR
     -u OMPI_COMM_WORLD_LOCAL_RANK -u PMI_RANK -u PMI_SIZE -u RANK -u WORLD_SIZE -u LOCAL_RANK"
 steps_table() {
     sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": \([^,]*\), "norm": \([^,]*\),.*/\1 \2 \3 \4/p' "$1" |
-        awk -v n="$STEPS" '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
+        awk -v n="${2:-$STEPS}" '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
 }
 same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }
 hb_step() { local word="" step="" rest=""; { read -r word step rest < "$1"; } 2>/dev/null; [[ "$step" =~ ^[0-9]+$ ]] && echo "$step"; }

@@ -206,10 +206,7 @@ env -u SLURM_CONF timeout -k 10 120 mpirun --allow-run-as-root --oversubscribe -
 
 # "step loss lr norm" for every step, from the last line logged for it (a
 # resumed run logs again the steps it does again)
-steps_table() { # steps_table LOG [STEPS]
-    sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\), "lr": \([^,]*\), "norm": \([^,]*\),.*/\1 \2 \3 \4/p' "$1" |
-        awk -v n="${2:-$STEPS}" '{ last[$1] = $0 } END { for (s = 1; s <= n; s++) print (s in last ? last[s] : s " missing") }'
-}
+# (steps_table, hb_step, wait_hb: scripts/check.sh)
 same_model() { # same_model OUT [REF STEPS]: the final model cmp-identical, every step's loss, lr and norm equal
     local ref=${2:-$dir/ref} n=${3:-$STEPS}
     cmp -s "$ref/$(printf "model_%08d.bin" "$n")" "$1/$(printf "model_%08d.bin" "$n")" &&
@@ -225,10 +222,6 @@ wait_job() { # wait_job ID SECONDS: until it has ended; prints its final state
         sleep 0.2
     done
     echo "$s"
-}
-hb_step() { local s=""; { read -r _ s _ < "$1"; } 2>/dev/null; [[ "$s" =~ ^[0-9]+$ ]] && echo "$s" || echo 0; }
-wait_step() { # wait_step HEARTBEAT STEP: until rank 0 reports STEP or more (60 s at most)
-    for _ in $(seq 6000); do [ "$(hb_step "$1")" -ge "$2" ] && return 0; sleep 0.01; done; return 1
 }
 # the trainer's ranks in the job's running step: pids of train_gpt_mpi processes of this cluster
 ranks() { local p c; for p in $(ours); do read -r c 2>/dev/null < "/proc/$p/comm" && [ "$c" = "$(basename "$BIN_MPI")" ] && echo "$p"; done; }
@@ -255,7 +248,7 @@ out=$dir/sup
 # shellcheck disable=SC2086
 job=$(GPTC_OUT=$out GPTC_STALE_S=30 GPTC_STARTUP_S=60 $SBATCH --output="$dir/sup.out" scripts/slurm_supervised.sbatch $FLAGS)
 how=""
-if wait_step "$out/heartbeat" 10; then
+if wait_hb "$out/heartbeat" 10; then
     mapfile -t victims < <(ranks)
     if [ ${#victims[@]} -eq 2 ]; then
         victim=${victims[RANDOM % 2]}
@@ -263,7 +256,7 @@ if wait_step "$out/heartbeat" 10; then
     fi
 fi
 # the next step: wait for the supervisor's second attempt to pass step 22
-if [ -n "$how" ] && wait_step "$out/heartbeat" 22; then
+if [ -n "$how" ] && wait_hb "$out/heartbeat" 22; then
     step=$(squeue -h -s -j "$job" -o %i | sed -n "s/^$job\.\([0-9][0-9]*\)$/\1/p" | sort -n | tail -n 1)
     [ -n "$step" ] && scancel --signal=KILL "$job.$step" && how="$how; scancel --signal=KILL $job.$step at step $(hb_step "$out/heartbeat")"
 fi
@@ -280,7 +273,7 @@ out=$dir/req
 # shellcheck disable=SC2086
 job=$(GPTC_OUT=$out $SBATCH --output="$dir/req.out" scripts/slurm_supervised.sbatch $FLAGS)
 how=""
-wait_step "$out/heartbeat" 12 && scontrol requeue "$job" && how="requeued at step $(hb_step "$out/heartbeat")"
+wait_hb "$out/heartbeat" 12 && scontrol requeue "$job" && how="requeued at step $(hb_step "$out/heartbeat")"
 s=$(wait_job "$job" 180)
 resumed=$(sed -n 's/^resume: continuing after step \([0-9]*\).*/\1/p' "$dir/req.out" | tail -n 1)
 [ "$s" = COMPLETED ] && [ "$(job_field "$job" Restarts)" = 1 ] && grep -q "(restart 1)" "$dir/req.out" &&
@@ -304,10 +297,10 @@ job=$(GPTC_OUT=$out GPTC_SPARE=1 GPTC_STALE_S=30 GPTC_STARTUP_S=60 $SBATCH --out
       scripts/slurm_supervised.sbatch $FLAGS -x $LONG --save-every 20 --snapshot-every 1 --shm-dir "$shm")
 how=""
 for _ in $(seq 600); do grep -q '^\[spare\] standby: ready' "$dir/spare.out" 2>/dev/null && break; sleep 0.1; done
-if grep -q '^\[spare\] standby: ready' "$dir/spare.out" && wait_step "$out/heartbeat" $(( $(hb_step "$out/heartbeat") + 1 + RANDOM % 8 )); then
+if grep -q '^\[spare\] standby: ready' "$dir/spare.out" && wait_hb "$out/heartbeat" $(( $(hb_step "$out/heartbeat" || echo 0) + 1 + RANDOM % 8 )); then
     victims=() # the active step's ranks: not the standby's (their command line has --standby)
     for p in $(ranks); do tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q -- '--standby ' || victims+=("$p"); done
-    if [ ${#victims[@]} -eq 2 ] && [ "$(hb_step "$out/heartbeat")" -lt $((LONG - 10)) ]; then
+    if [ ${#victims[@]} -eq 2 ] && [ "$(hb_step "$out/heartbeat" || echo 0)" -lt $((LONG - 10)) ]; then
         victim=${victims[RANDOM % 2]}
         kill -KILL "$victim" && killed=$(date +%s%3N) && how="SIGKILL of active rank pid $victim at step $(hb_step "$out/heartbeat") with the standby step ready"
     fi
