@@ -320,6 +320,7 @@ typedef struct {
     size_t need;
     double ms;
     double sent[NUM_LEVELS]; /* bytes sent per step by level, summed over the ranks (predicted) */
+    StepTime st;             /* the runtime model's parts (gptc/runtime.h) */
 } PlanChoice;
 
 /* The modes --plan weighs with several ranks: ZeRO 0-3; on ZeRO 3 with
@@ -360,6 +361,20 @@ static const char* plan_mode_name(char* buf, size_t size, int world, int zero, i
  * -1 (auto), and a reduction that it changes (qgZ reduces by its own two hops either way). */
 static int plan_weighs_hier(const Options* o, const Dist* d, int qgz) {
     return d->world > 1 && d->lv && d->lv->per_node > 0 && d->lv->nodes > 1 && o->hierarchical < 0 && !qgz;
+}
+
+/* A candidate's step time by part (--plan): what a measured step is compared with, part by part. */
+static void plan_parts_print(const char* what, const PlanChoice* ch, int world) {
+    const StepTime* t = &ch->st;
+    char mode[64];
+    double compute = ch->accum * (t->gemm + t->attention + t->elementwise + t->softmax + t->zero_buffers) +
+                     t->optimizer + t->quant;
+    printf("step by part, %s (B=%d, ZeRO %s), ms on an idle machine: GEMMs %.2f (of which fixed %.2f), attention "
+           "%.2f, elementwise %.2f, cross-entropy %.2f, ZeRO buffers %.2f (each x %lld micro-batches), optimizer %.2f, "
+           "quantising %.2f, collectives %.2f; at the speed now, collectives %.2f\n", what, ch->B,
+           plan_mode_name(mode, sizeof(mode), world, ch->zero, ch->qwz, ch->hpz, ch->qgz, ch->hier, 1), t->gemm,
+           t->weights, t->attention, t->elementwise, t->softmax, t->zero_buffers, ch->accum, t->optimizer, t->quant,
+           t->idle - compute, t->comm);
 }
 
 /* --plan (print everything), --auto 1 (choose), and the runtime model's
@@ -434,8 +449,9 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
         printf("  %8s %8s %-16s %14s %10s %5s %10s %10s %10s %13s %13s\n", "B", "accum", "ZeRO", "peak bytes", "MB", "fits",
                "ms/step", "tok/s", "idle ms", "intra bytes", "inter bytes");
     }
-    PlanChoice small;
+    PlanChoice small, given;
     memset(&small, 0, sizeof(small));
+    memset(&given, 0, sizeof(given));
     for (long long B = 1; B <= S; B++) {
         if (S % B || B > INT32_MAX) continue;
         for (int mh = 0; mh < 2 * modes; mh++) { /* each mode, hierarchical (as the levels resolved it), then flat */
@@ -462,8 +478,10 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
                        plan_mode_name(name, sizeof(name), d->world, z, kc.qwz, kc.hpz, kc.qgz, weigh ? hier : -1, 1),
                        n, n * mb, fits ? "yes" : "no", st.step, total / (st.step / 1e3), st.idle, st.sent[0], st.sent[1]);
             PlanChoice cand = {(int)B, z, kc.qwz, kc.hpz, kc.qgz, weigh ? hier : -1, S / B, total, n, st.step,
-                               {st.sent[0], st.sent[1]}};
+                               {st.sent[0], st.sent[1]}, st};
             if (fits && (out->B == 0 || st.step < out->ms)) *out = cand;
+            if (!given.B && B == o->batch_size && z == o->zero && kc.qwz == o->qwz && kc.hpz == o->hpz && kc.qgz == o->qgz)
+                given = cand; /* (the flags' own configuration, when it is a candidate: its parts are printed) */
             if (!small.B || n < small.need) small = cand;
         }
     }
@@ -484,6 +502,10 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
                plan_mode_name(flags, sizeof(flags), d->world, out->zero, out->qwz, out->hpz, out->qgz, out->hier, 0), out->accum,
                out->ms, total / (out->ms / 1e3), out->need * mb, LEVEL_NAMES[0], out->sent[0], LEVEL_NAMES[1],
                out->sent[1]);
+    if (print) {
+        plan_parts_print("the choice", out, d->world);
+        if (given.B) plan_parts_print("as given (-b, --zero)", &given, d->world);
+    }
     return 0;
 }
 

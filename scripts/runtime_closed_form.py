@@ -2,7 +2,8 @@
 """runtime_closed_form.py — gptc/runtime.h's step-time model recomputed
 independently, in closed form, from a planted calibration, for
 scripts/test_plan.sh: each candidate row of a --plan table must carry the
-idle ms (and the bytes sent per level) written here.
+idle ms (and the bytes sent per level) written here, and each "step by part"
+line its parts (one node, exact modes) adding up to its row.
 
   runtime_closed_form.py PLAN_OUTPUT L C NH maxT V T S W N K BLOCK NUMS...
 
@@ -37,6 +38,7 @@ The model, as gptc/runtime.h's header states it:
             twice that), one message per owner piece on every rank, at the
             inter level's latency (a world collective's).
 """
+import re
 import sys
 import zeropp_bytes as zb
 
@@ -74,6 +76,20 @@ def main():
 
     def owners(a, n):
         return (a + n - 1) // shard - a // shard + 1
+
+    def parts(B, z):
+        """a micro-batch's GEMMs, attention, elementwise, cross-entropy; the step's optimizer (ms)"""
+        Nr = B * T
+        gemm = sum((1 if s == 4 else L * lf) * (fixed[p][s] + row[p][s] * Nr) for s in range(5) for p in range(2))
+        n = P if (z == 0 or W == 1) else min(shard, P)
+        grad_alloc = P if z == 0 else shard * W if z == 1 else head
+        if W == 1 and z in (1, 2):
+            grad_alloc = shard if z == 1 else head
+        opt = (grad_alloc * zero_ns + (shard * zero_ns if z else 0.0) + n * (2 * norm_ns + zero_ns + adamw_ns) +
+               (2.0 * n * zero_ns if z == 1 else 0.0)) * 1e-6
+        return {"GEMMs": gemm, "attention": lf * B * L * attn * (T / Tc) ** 2,
+                "elementwise": lf * 152.0 * C * Nr * L / (elem * 1e6), "cross-entropy": 28.0 * Nr * Vp / (ce * 1e6),
+                "optimizer": opt}
 
     def compute(B, accum, z):
         Nr = B * T
@@ -210,7 +226,33 @@ def main():
         if want_sent is not None and [round(x) for x in want_sent] != [round(x) for x in sent_printed]:
             bad.append("B=%d ZeRO %s: --plan says %s bytes sent (intra, inter), the closed form %s"
                        % (B, mode, sent_printed, want_sent))
-    print("candidates %d, wrong %d" % (n, len(bad)))
+    # the "step by part" lines (the choice, and the flags' own configuration): each part as the formula, and the
+    # parts' sum (accum x the micro-batch's + optimizer + quantising + collectives) the idle ms of the row
+    idle_of, lines = {}, 0
+    for line in open(out):
+        f = line.split()
+        if len(f) == 11 and f[0].isdigit() and f[5] in ("yes", "no"):
+            idle_of[(int(f[0]), f[2])] = (int(f[1]), float(f[8]))
+    for line in open(out):
+        if not line.startswith("step by part, "):
+            continue
+        head_, body = line.split("), ms on an idle machine: ")
+        B, mode = int(head_.split("(B=")[1].split(",")[0]), head_.split("ZeRO ")[-1]
+        z = int(mode[0])
+        got = {k_: float(re.search(k_ + r"[a-z ]* ([0-9.]+)", body).group(1))
+               for k_ in ("GEMMs", "attention", "elementwise", "cross-entropy", "ZeRO", "optimizer", "quantising",
+                          "collectives")}
+        lines += 1
+        accum, idle = idle_of[(B, mode)]
+        want = parts(B, z) if not mode[1:] else {}  # (ZeRO++'s and +flat's parts: their sum only)
+        for k_, x in want.items():
+            if abs(got[k_] - x) > 0.006 + 1e-6 * x:
+                bad.append("step by part B=%d ZeRO %d: %s %.2f, the closed form %.4f" % (B, z, k_, got[k_], x))
+        total = accum * (got["GEMMs"] + got["attention"] + got["elementwise"] + got["cross-entropy"] + got["ZeRO"]) + \
+            got["optimizer"] + got["quantising"] + got["collectives"]
+        if abs(total - idle) > 0.006 * (5 + 4 * accum):
+            bad.append("step by part B=%d ZeRO %d: the parts add up to %.2f, the row says %.2f idle ms" % (B, z, total, idle))
+    print("candidates %d, wrong %d; step-by-part lines %d" % (n, len(bad), lines))
     for b in bad:
         print(b)
 

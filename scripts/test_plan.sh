@@ -216,21 +216,33 @@ closed() { # closed NP N K OUTPUT: the closed form's verdict on OUTPUT
 "$BIN" $CAL > "$dir/plan.out" 2>&1
 rc=$?
 v=$(closed 1 1 1 "$dir/plan.out")
-[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 2, wrong 0" <<< "$v" &&
+[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 2, wrong 0; step-by-part lines 2" <<< "$v" &&
     check ok "the runtime model == its closed form (Python) for every candidate, from a planted calibration: 1 rank" "$v" ||
     check FAIL "runtime model vs its closed form, 1 rank" "status $rc: $v"
 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
 rc=$?
 v=$(closed 2 1 2 "$dir/plan.out")
-[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 12, wrong 0" <<< "$v" &&
+[ $rc -eq 0 ] && grep -q "^calibration (cached" "$dir/plan.out" && grep -q "^candidates 12, wrong 0; step-by-part lines 2" <<< "$v" &&
     check ok "... 2 ranks on one node: ZeRO 0, 1, 2 and 3 at B = 1, 2, 4" "$v" || check FAIL "runtime model vs its closed form, 2 ranks" "status $rc: $v"
 $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1
 rc=$?
 v=$(closed 4 2 2 "$dir/plan.out")
-[ $rc -eq 0 ] && grep -q "^links (rates stated by --link-gbs" "$dir/plan.out" && grep -q "^candidates 39, wrong 0" <<< "$v" && grep -q "3+hpZ+flat" "$dir/plan.out" &&
+[ $rc -eq 0 ] && grep -q "^links (rates stated by --link-gbs" "$dir/plan.out" && grep -q "^candidates 39, wrong 0; step-by-part lines 2" <<< "$v" && grep -q "3+hpZ+flat" "$dir/plan.out" &&
     grep -q "3+qwZ8+hpZ+qgZ4" "$dir/plan.out" &&
     check ok "... 4 ranks as 2x2, --link-gbs 10,0.005, --auto-quantise 1: ZeRO 0-3 and ZeRO++ by level, hierarchical and flat (+flat) where it matters (time and bytes per level)" "$v" ||
     check FAIL "runtime model vs its closed form, 2x2" "status $rc: $v"
+# (the tester's parts check: one part of a printed "step by part" line changed by 0.05 ms must be caught)
+$MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
+$PY - "$dir/plan.out" <<'PYEOF'
+import re, sys
+t = open(sys.argv[1]).read()
+t = re.sub(r"(step by part.*? attention )([0-9.]+)", lambda m: m.group(1) + "%.2f" % (float(m.group(2)) + 0.05), t, count=1)
+open(sys.argv[1], "w").write(t)
+PYEOF
+v=$(closed 2 1 2 "$dir/plan.out")
+grep -q "attention .*, the closed form" <<< "$v" &&
+    check ok "the tester: a part of the step-by-part line 0.05 ms off is caught" "$v" ||
+    check FAIL "a wrong part of the step-by-part line not caught" "$v"
 GPTC_INJECT_RUNTIME_ERROR=2 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1
 v2=$(closed 2 1 2 "$dir/plan.out" | head -1)
 GPTC_INJECT_RUNTIME_ERROR=1 $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1
