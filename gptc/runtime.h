@@ -141,6 +141,10 @@
  * Calibration runs in a child process (fork, before the parent starts any
  * OpenMP thread), so its buffers never count in the parent's peak memory
  * (the memory plan's VmHWM check); the MPI pings run in every rank at once.
+ * With several ranks every rank's child measures while every other rank
+ * computes (each keeps its core busy until all have measured), and every
+ * rank takes the figures of the rank whose layer probe was slowest
+ * (calib_slowest): a step waits for its slowest rank.
  * The compute is cached in a text file (the first line names the format,
  * "gptc calibration v4": v3's numbers and the layer factor f; a file of
  * an older version is replaced): <--output-dir>/calibration.txt when there is one, else
@@ -168,6 +172,7 @@
 #ifndef GPTC_RUNTIME_H
 #define GPTC_RUNTIME_H
 
+#include <poll.h>
 #include <sys/wait.h>
 #include "util.h"
 
@@ -231,6 +236,25 @@ typedef struct {
             if (t_ < (out_ms)) (out_ms) = t_;                        \
         }                                                            \
     } while (0)
+#ifdef USE_MPI
+/* The same for a collective: the ranks meet (MPI_Barrier, not timed) before
+ * each call, as the step's collectives start after a sum or a wait that
+ * met the ranks. Back to back, a call's time on one rank excludes what its
+ * partner did ahead of it in the previous call: ZeRO-1's reduce-scatter of
+ * 2.7 MB read 1.3-1.75 GB/s back to back and 1.0 GB/s met, as in the
+ * step (2.5-3.1 ms; d8 C64, 2 ranks, 2026-12-02). */
+#define CALIB_TIME3_MET(out_ms, body)                                \
+    do {                                                             \
+        (out_ms) = 1e30;                                             \
+        for (int r_ = 0; r_ < 5; r_++) {                             \
+            MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));                  \
+            double t0_ = time_ms();                                  \
+            body;                                                    \
+            double t_ = time_ms() - t0_;                             \
+            if (t_ < (out_ms)) (out_ms) = t_;                        \
+        }                                                            \
+    } while (0)
+#endif
 /* The CPU time this process has had (ms): with one thread, a kernel's run
  * less the slices the scheduler gave other jobs meanwhile. */
 static double calib_cpu_ms(void) {
@@ -303,6 +327,15 @@ static void calib_gemm_rows(int C, int Vp, double rows[2]) {
     rows[1] = top >= 512 ? 512 : top < 48 ? 48 : 8 * floor(top / 8);
 }
 
+/* A layer's kernels as measured alone (ms at the probe's N = B Tc rows):
+ * its four GEMMs forward and backward, attention, the elementwise mix. */
+static double calib_layer_kernels_ms(const Calibration* cal, double N, int B) {
+    double kernels = B * cal->attn_ms + ELEM_BYTES * cal->C * N / (cal->elem_gbs * 1e6);
+    for (int pass = 0; pass < 2; pass++)
+        for (int q = 0; q < SHAPE_HEAD; q++) kernels += cal->gemm_fixed[pass][q] + cal->gemm_row[pass][q] * N;
+    return kernels;
+}
+
 /* A layer inside the step against its kernels measured alone: the
  * trainer's own gpt2_forward + gpt2_backward of 1 and of 2 layers of
  * this width (B = rows[1] / Tc sequences of Tc tokens, a
@@ -353,10 +386,7 @@ static double calib_layer_factor(const Calibration* cal) {
     m.config.num_layers = 2;
     gpt2_free(&m);
     free(tokens);
-    double layer = ms[1] - ms[0], kernels = B * cal->attn_ms + ELEM_BYTES * cal->C * N / (cal->elem_gbs * 1e6);
-    for (int pass = 0; pass < 2; pass++)
-        for (int q = 0; q < SHAPE_HEAD; q++) kernels += cal->gemm_fixed[pass][q] + cal->gemm_row[pass][q] * N;
-    double f = layer / kernels;
+    double layer = ms[1] - ms[0], f = layer / calib_layer_kernels_ms(cal, N, B);
     return f > 1.6 ? 1.6 : f > 0.8 ? f : 0.8; /* (NaN: 0.8) */
 }
 
@@ -567,7 +597,8 @@ static double calib_sync(const Dist* d, int C, double reduce_gbs) {
 /* The MPI ping, every rank at once, at every start (not cached: it
  * depends on the load): alpha from 21 allreduces of one float,
  * rates from 5 each of MPI_Allreduce, MPI_Ireduce + MPI_Wait and MPI_Allgather of
- * 2^18 floats (1 MB); the fastest of each. */
+ * 2^18 floats (1 MB); the fastest of each, the ranks met before every call
+ * (CALIB_TIME3_MET). */
 static void calib_network(Calibration* cal, const Dist* d, size_t P) {
     cal->net_alpha_us = 0.0;
     cal->net_gbs = 0.0;
@@ -601,16 +632,16 @@ static void calib_network(Calibration* cal, const Dist* d, size_t P) {
     float* all = calib_floats(n, 0.0f);
     int part = (int)(n / (size_t)d->world);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
-    CALIB_TIME3(ms, MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
+    CALIB_TIME3_MET(ms, MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
     cal->net_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     MPI_Request req; /* the non-blocking reduce ZeRO's reductions to the owners use (dist_reduce_to_owners) */
-    CALIB_TIME3(ms, {
+    CALIB_TIME3_MET(ms, {
         MPI_CHECK(MPI_Ireduce(d->rank == 0 ? MPI_IN_PLACE : buf, d->rank == 0 ? buf : NULL, (int)n, MPI_FLOAT, MPI_SUM,
                               0, MPI_COMM_WORLD, &req));
         MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
     });
     cal->reduce_gbs = 4.0 * n / (fmax(ms - alpha_ms, 1e-3) * 1e6);
-    CALIB_TIME3(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, MPI_COMM_WORLD)));
+    CALIB_TIME3_MET(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, MPI_COMM_WORLD)));
     cal->gather_gbs = 4.0 * part * W / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     free(buf);
     free(all);
@@ -623,7 +654,7 @@ static void calib_network(Calibration* cal, const Dist* d, size_t P) {
     float* g = calib_floats(per * (size_t)d->world, 1.0f);
     float* mine = calib_floats(per, 0.0f);
     MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); /* warm-up */
-    CALIB_TIME3(ms, MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
+    CALIB_TIME3_MET(ms, MPI_CHECK(MPI_Reduce_scatter_block(g, mine, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)));
     cal->rs_floats = (double)per * d->world;
     cal->rs_gbs = 4.0 * cal->rs_floats / (fmax(ms - alpha_ms, 1e-3) * 1e6);
     free(g);
@@ -676,7 +707,7 @@ static void calib_levels(Calibration* cal, const Dist* d, const double* stated) 
             float* buf = calib_floats((size_t)part, 1.0f);
             float* all = calib_floats((size_t)part * (size_t)k, 0.0f);
             MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, comms[e])); /* warm-up */
-            CALIB_TIME3(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, comms[e])));
+            CALIB_TIME3_MET(ms, MPI_CHECK(MPI_Allgather(buf, part, MPI_FLOAT, all, part, MPI_FLOAT, comms[e])));
             free(buf);
             free(all);
             cal->level_alpha_us[e] = alpha * 1e3;
@@ -700,23 +731,50 @@ static void calib_levels(Calibration* cal, const Dist* d, const double* stated) 
 }
 
 /* calib_compute in a child process: its buffers and threads stay out of
- * this process's peak memory. 0, or -1 (then measured here instead). */
-static int calib_compute_forked(Calibration* cal) {
-    int fd[2];
+ * this process's peak memory. 0, or -1 (then measured here instead).
+ * `fill` (several ranks on the machine): once measured, the child keeps
+ * its core busy with the fc GEMM until calib_fill_stop, so that every
+ * rank's kernels were measured while every other rank computed, as in a
+ * step. Why: on the 2-core VMs here a rank's GEMMs ran 0.6-0.95 x as fast
+ * while the other core computed too (a 2-rank calibration read the fc GEMM
+ * at 56-84 GFLOP/s in three starts, one rank alone 84-94; its children
+ * started together but finished apart, so the last kernels of one were
+ * measured with the other core idle). *filler: the child's pid while it
+ * fills, else 0; *stop: the pipe that stops it. */
+static int calib_compute_forked(Calibration* cal, int fill, pid_t* filler, int* stop) {
+    int fd[2], go[2];
+    *filler = 0;
+    *stop = -1;
     if (pipe(fd) != 0) return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
+    if (pipe(go) != 0) {
         close(fd[0]);
         close(fd[1]);
         return -1;
     }
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]); close(fd[1]); close(go[0]); close(go[1]);
+        return -1;
+    }
     if (pid == 0) {
         close(fd[0]);
+        close(go[1]);
         calib_compute(cal, 1);
         ssize_t w = write(fd[1], cal, sizeof(*cal));
+        close(fd[1]);
+        if (fill) { /* the fc GEMM at rows[1] until the parent closes its end (every rank measured) */
+            int C = cal->C, N = (int)cal->rows[1];
+            float* inp = calib_floats((size_t)N * C, 1.0f);
+            float* wt = calib_floats((size_t)4 * C * C, 0.02f);
+            float* out = calib_floats((size_t)N * 4 * C, 0.0f);
+            struct pollfd p = {go[0], POLLIN, 0};
+            double t0 = time_ms(); /* (the pipe also ends when the parent dies; at most a minute regardless) */
+            while (time_ms() - t0 < 60e3 && poll(&p, 1, 0) == 0) matmul_forward(out, inp, wt, NULL, N, C, 4 * C);
+        }
         _exit(w == (ssize_t)sizeof(*cal) ? 0 : 1);
     }
     close(fd[1]);
+    close(go[0]);
     Calibration got;
     size_t have = 0;
     while (have < sizeof(got)) {
@@ -725,12 +783,20 @@ static int calib_compute_forked(Calibration* cal) {
         have += (size_t)r;
     }
     close(fd[0]);
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || have != sizeof(got))
-        return -1;
+    *filler = pid;
+    *stop = go[1];
+    if (have != sizeof(got)) return -1; /* (calib_fill_stop reaps it) */
     *cal = got;
     return 0;
 }
+
+/* Stops calib_compute_forked's child (its filling, if any) and reaps it. */
+static void calib_fill_stop(pid_t filler, int stop) {
+    if (stop >= 0) close(stop);
+    int status = 0;
+    if (filler > 0) waitpid(filler, &status, 0);
+}
+
 
 /* ---- the cache ---------------------------------------------------------- */
 
@@ -935,6 +1001,31 @@ static double calib_share(const Calibration* cal) {
     return fmin(1.0, rate / cal->share_gflops);
 }
 
+/* Several ranks: every rank takes the compute figures of the rank whose
+ * layer probe (calib_layer_factor: f x its kernels, the trainer's own
+ * layer) was slowest, as each step waits for the slowest rank at its
+ * collectives. (On the 2-core VMs here the core of rank 0 ran a step ~10%
+ * slower than the other while both computed, 2026-12-01/02.) */
+static void calib_slowest(Calibration* cal, const Dist* d) {
+#ifdef USE_MPI
+    if (d->world <= 1) return;
+    int B = (int)cal->rows[1] / cal->Tc > 1 ? (int)cal->rows[1] / cal->Tc : 1;
+    struct {
+        double ms;
+        int rank;
+    } mine = {cal->layer_factor * calib_layer_kernels_ms(cal, (double)B * cal->Tc, B), d->rank}, top;
+    MPI_CHECK(MPI_Allreduce(&mine, &top, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD));
+    Calibration keep = *cal;
+    MPI_CHECK(MPI_Bcast(cal, (int)sizeof(*cal), MPI_BYTE, top.rank, MPI_COMM_WORLD));
+    memcpy(cal->key, keep.key, sizeof(cal->key)); /* (the same on every rank; kept as this rank made them) */
+    memcpy(cal->path, keep.path, sizeof(cal->path));
+    cal->cached = keep.cached;
+#else
+    (void)cal;
+    (void)d;
+#endif
+}
+
 /* The calibration for model c at sequence length T on this machine: from
  * the cache, or measured (every rank takes part: the ping, and the compute
  * measured on every rank at once, as the ranks will run). Rank 0's figures
@@ -954,7 +1045,13 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
     if (hit) {
         cal->cached = 1;
     } else {
-        if (calib_compute_forked(cal) != 0) calib_compute(cal, 0); /* (forked before this process's first OpenMP team) */
+        pid_t filler;
+        int stop;
+        if (calib_compute_forked(cal, d->world > 1, &filler, &stop) != 0)
+            calib_compute(cal, 0); /* (forked before this process's first OpenMP team) */
+        dist_sum(d, 0.0);           /* every rank has measured: the fillers stop */
+        calib_fill_stop(filler, stop);
+        calib_slowest(cal, d);
         if (d->rank == 0) calib_save(cal);
     }
     calib_network(cal, d, parameter_count(c));

@@ -197,6 +197,20 @@ cp "$dir/cal.v4" "$dir/cal/calibration.txt"
 [ $? -eq 0 ] && grep -q "^calibration (measured now" "$dir/plan.out" && [ "$(grep -c '^cpu=' "$dir/cal/calibration.txt")" -eq 2 ] &&
     check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
 
+# several ranks: each rank's calibration child keeps its core busy until every rank has measured (calib_fill_stop),
+# then all take the slowest rank's figures: 3 ranks measure afresh, every child is gone when --plan returns, and
+# every rank printed the same calibration (rank 0's line; the cache holds the one line it wrote)
+mkdir -p "$dir/fill"
+t0=$(date +%s%N)
+GPTC_CALIBRATE=1 $MPIRUN -np 3 "$MPIBIN" ${CAL/-o $dir\/cal/-o $dir/fill} > "$dir/fill.out" 2>&1
+rc=$?
+fill_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+left=$(pgrep -f -- "-o $dir/fill" | wc -l)
+[ $rc -eq 0 ] && [ "$left" -eq 0 ] && grep -q "^calibration (measured now" "$dir/fill.out" &&
+    [ "$(grep -c '^cpu=.* ranks=3 ' "$dir/fill/calibration.txt")" -eq 1 ] &&
+    check ok "3 ranks calibrate at once, each filling its core until all have measured: no child left, one cache line ($fill_ms ms)" ||
+    check FAIL "the calibration's fillers" "status $rc, $left process(es) left: $(grep -i 'calib\|error' "$dir/fill.out" | cut -c1-200)"
+
 # the runtime model against its closed form, computed independently (scripts/runtime_closed_form.py): the cached
 # calibration's numbers replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward;
 # attention per sequence; the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float; quantise and
