@@ -4,7 +4,8 @@
 #
 #   scripts/bench_plan.sh [./train_gpt] [./train_gpt_mpi]      (make bench-plan; a few minutes)
 #
-# 1. A grid of configurations (depths 2..12, small widths, B, T, 1-2 ranks,
+# 1. A grid of 30 configurations (depths 2..12, small widths, B, T, 1-3 ranks
+#    (3 share the 2 cores: oversubscribed, which the model does not describe), 1-2 threads,
 #    ZeRO 0/1/2, gradient accumulation): the step time --plan predicts for
 #    the configuration (its candidate row) beside the median of the measured
 #    steps 2..STEPS (step 1 touches the memory), and the error. Each is the
@@ -75,6 +76,7 @@ echo "   now: the model at the speed measured at start (share: the GEMM rate now
 printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "configuration" "idle" "fastest" "error" "share" "now" "median" "error" "load"
 errs_idle=()
 errs_now=()
+errs_idle_1=() errs_now_1=() errs_idle_2=() errs_now_2=() errs_idle_3=() errs_now_3=()
 grid=(
     "1 0 --model d2 --channels 64 --num-heads 2 -t 64 -b 4"
     "1 0 --model d2 --channels 128 --num-heads 4 -t 128 -b 2"
@@ -89,12 +91,31 @@ grid=(
     "2 2 --model d4 --channels 64 --num-heads 2 -t 64 -b 4"
     "2 2 --model d6 --channels 128 --num-heads 4 -t 32 -b 2 -d 512"
     "2 1 --model d8 --channels 64 --num-heads 2 -t 64 -b 2 --overlap 0"
+    "1 0 --model d2 --channels 64 --num-heads 2 -t 32 -b 8"
+    "1 0 --model d3 --channels 96 --num-heads 3 -t 64 -b 4"
+    "1 0 --model d4 --channels 64 --num-heads 2 -t 128 -b 2"
+    "1 0 --model d6 --channels 64 --num-heads 2 -t 64 -b 8"
+    "1 0 --model d8 --channels 128 --num-heads 4 -t 32 -b 2"
+    "1 0 --model d10 --channels 64 --num-heads 2 -t 32 -b 4"
+    "1 0 --model d12 --channels 96 --num-heads 3 -t 64 -b 1"
+    "1 0 --model d4 --channels 128 --num-heads 4 -t 64 -b 4 --threads 2"
+    "1 0 --model d6 --channels 128 --num-heads 4 -t 64 -b 4 --threads 2"
+    "2 0 --model d4 --channels 64 --num-heads 2 -t 64 -b 2"
+    "2 0 --model d6 --channels 96 --num-heads 3 -t 64 -b 2 --overlap 0"
+    "2 1 --model d2 --channels 128 --num-heads 4 -t 128 -b 1"
+    "2 1 --model d12 --channels 64 --num-heads 4 -t 32 -b 4"
+    "2 2 --model d8 --channels 64 --num-heads 2 -t 64 -b 2"
+    "2 2 --model d3 --channels 128 --num-heads 4 -t 64 -b 2 -d 512"
+    "3 0 --model d4 --channels 64 --num-heads 2 -t 64 -b 2"
+    "3 1 --model d2 --channels 128 --num-heads 4 -t 64 -b 2"
 )
 for g in "${grid[@]}"; do
     set -- $g
     np=$1 z=$2
     shift 2
-    flags="$* --max-seq-len 128 --vocab-size 4096 -i $dir/small.bin --threads 1"
+    thr="--threads 1"
+    case " $* " in *" --threads "*) thr="" ;; esac # (a row may give its own)
+    flags="$* --max-seq-len 128 --vocab-size 4096 -i $dir/small.bin $thr"
     b=$(echo "$flags" | sed -n 's/.*-b \([0-9]*\).*/\1/p')
     ps=() ms=()
     for ((rep = 0; rep < REPS; rep++)); do # (predicted and measured in turn: each process lands on its own speed)
@@ -107,6 +128,8 @@ for g in "${grid[@]}"; do
     en=$(err "$pnow" "$mmed")
     errs_idle+=("$ei")
     errs_now+=("$en")
+    eval "errs_idle_$np+=(\"\$ei\")"
+    eval "errs_now_$np+=(\"\$en\")"
     printf "%-62s %8s %8s %8s %6s | %8s %8s %8s %6s\n" "np $np zero $z $*" "$pidle" "$mmin" "$ei" "$share" "$pnow" "$mmed" "$en" "$(load)"
 done
 summary() { # NAME ERRORS...
@@ -116,6 +139,11 @@ summary() { # NAME ERRORS...
 }
 summary "idle model vs fastest step" "${errs_idle[@]}"
 summary "model at the measured share vs median step" "${errs_now[@]}"
+for np in 1 2 3; do # (by rank count: 3 ranks share the 2 cores, which the model does not describe)
+    eval "[ \${#errs_idle_$np[@]} -gt 0 ] 2>/dev/null" || continue
+    eval "summary \"  $np rank(s): idle vs fastest\" \"\${errs_idle_$np[@]}\""
+    eval "summary \"  $np rank(s): now vs median\" \"\${errs_now_$np[@]}\""
+done
 
 echo
 echo "== 2. memory-constrained scenarios: the planner's choice vs every candidate measured =="
