@@ -25,7 +25,9 @@ The model, as gptc/runtime.h's header states it:
             messages, the all-gather of 4P; ZeRO-3 per micro-batch 2 + 24 L
             gathers of head + 2 L layer floats at the all-gather rate and
             the layers' reductions (a message per owner piece), the head's
-            once; plus the loss's and the norm's sums (2 alpha);
+            once; plus the loss's and the norm's sums (2 alpha); with several
+            ranks, every path: the meetings x calib_sync's cost ("a meeting of the
+            ranks amid compute now");
   by level (several nodes): per level (the ranks' mean messages x its
             latency + the ranks' mean bytes sent / its rate), plus 2 latencies
             of the inter level; bytes from scripts/zeropp_bytes.py (ZeRO-3)
@@ -187,6 +189,13 @@ def main():
             r = [r[0] + x[0], r[1] + x[1]]
         return [r[0] + gather[0], r[1] + gather[1]]
 
+    def meetings(z, accum, opt):
+        """the ranks' meetings amid compute a step (--overlap 1), each calib_sync's cost on an idle machine too:
+        the loss's sum; ZeRO-1/2 the all-gather after AdamW (its part of a 2 ms segment); ZeRO-1 a wait in every
+        layer's hook; ZeRO-2 every layer's bucket, every micro-batch; ZeRO-3 3 L + 1 a micro-batch"""
+        m = 1.0 + (min(1.0, opt / 2.0) if z in (1, 2) else 0.0) + (L if z == 1 else 0) + (accum * L if z == 2 else 0)
+        return m + (accum * (3.0 * L + 1.0) if z == 3 else 0.0)
+
     accum_now = [1]
     bad, n = [], 0
     for line in open(out):
@@ -202,6 +211,8 @@ def main():
         hier = 0 if "+flat" in mode else 1
         accum_now[0] = accum
         want = compute(B, accum, z)
+        if W > 1:
+            want += meetings(z, accum, parts(B, z)["optimizer"]) * net["sync"]
         check_time = True  # (every row's time is checked)
         if W == 1:
             want_sent = [0, 0]
