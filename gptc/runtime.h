@@ -228,23 +228,11 @@ typedef struct {
 
 /* ---- measuring ---------------------------------------------------------- */
 
-/* The fastest of five runs of `body` (ms): the machine is shared, and a
- * run that meets another job is slower, never faster, than the kernel.
- * (The same count on every rank: the MPI measurements call collectives.) */
-#define CALIB_TIME3(out_ms, body)                                    \
-    do {                                                             \
-        (out_ms) = 1e30;                                             \
-        for (int r_ = 0; r_ < 5; r_++) {                             \
-            double t0_ = time_ms();                                  \
-            body;                                                    \
-            double t_ = time_ms() - t0_;                             \
-            if (t_ < (out_ms)) (out_ms) = t_;                        \
-        }                                                            \
-    } while (0)
 #ifdef USE_MPI
-/* The same for a collective: the ranks meet (MPI_Barrier, not timed) before
- * each call, as the step's collectives start after a sum or a wait that
- * met the ranks. Back to back, a call's time on one rank excludes what its
+/* A collective's time (ms): the fastest of five calls (the machine is
+ * shared, and a call that meets another job is slower, never faster), the
+ * ranks met (MPI_Barrier, not timed) before each, as the step's
+ * collectives start after a sum or a wait that met the ranks. Back to back, a call's time on one rank excludes what its
  * partner did ahead of it in the previous call: ZeRO-1's reduce-scatter of
  * 2.7 MB read 1.3-1.75 GB/s back to back and 1.0 GB/s met, as in the
  * step (2.5-3.1 ms; d8 C64, 2 ranks, 2026-12-02). */
