@@ -78,8 +78,8 @@
  *                 calls, so a hook's wait waits for the partner's next
  *                 hook, and the VM's two cores run at different speeds
  *                 while both compute; at the speed now the larger of that
- *                 and the load's term below): one a step (the loss's sum), ZeRO-1 and
- *                 2 one more (the all-gather of the weights, after AdamW
+ *                 and the load's term below): one a step (the loss's
+ *                 sum), ZeRO-1 and 2 one more (the all-gather of the weights, after AdamW
  *                 over the shard: blocking, and the ranks' AdamW and clip
  *                 lengths differ by what each was given of its core; the
  *                 reduce-scatter of ZeRO-1 without overlap follows the
@@ -232,10 +232,11 @@ typedef struct {
 /* A collective's time (ms): the fastest of five calls (the machine is
  * shared, and a call that meets another job is slower, never faster), the
  * ranks met (MPI_Barrier, not timed) before each, as the step's
- * collectives start after a sum or a wait that met the ranks. Back to back, a call's time on one rank excludes what its
- * partner did ahead of it in the previous call: ZeRO-1's reduce-scatter of
- * 2.7 MB read 1.3-1.75 GB/s back to back and 1.0 GB/s met, as in the
- * step (2.5-3.1 ms; d8 C64, 2 ranks, 2026-12-02). */
+ * collectives start after a sum or a wait that met the ranks. Back to
+ * back, a call's time on one rank excludes what its partner did ahead of
+ * it in the previous call: ZeRO-1's reduce-scatter of 2.7 MB read
+ * 1.3-1.75 GB/s back to back and 1.0 GB/s met, as in the step (2.5-3.1
+ * ms; d8 C64, 2 ranks, 2026-12-02). */
 #define CALIB_TIME3_MET(out_ms, body)                                \
     do {                                                             \
         (out_ms) = 1e30;                                             \
@@ -795,7 +796,6 @@ static void calib_fill_stop(pid_t filler, int stop) {
     if (filler > 0) waitpid(filler, &status, 0);
 }
 
-
 /* ---- the cache ---------------------------------------------------------- */
 
 /* Key: CPU model, threads, ranks, the binary's size and mtime, the shape. */
@@ -1002,8 +1002,9 @@ static double calib_share(const Calibration* cal) {
 /* Several ranks: every rank takes the compute figures of the rank whose
  * layer probe (calib_layer_factor: f x its kernels, the trainer's own
  * layer) was slowest, as each step waits for the slowest rank at its
- * collectives. (On the 2-core VMs here the core of rank 0 ran a step ~10%
- * slower than the other while both computed, 2026-12-01/02.) */
+ * collectives. (On the 2-core VMs here one rank's core ran a step ~10%
+ * slower than the other's while both computed, 2026-12-01/02; which one
+ * changed from VM to VM.) */
 static void calib_slowest(Calibration* cal, const Dist* d) {
 #ifdef USE_MPI
     if (d->world <= 1) return;
