@@ -198,8 +198,9 @@ cp "$dir/cal.v4" "$dir/cal/calibration.txt"
     check ok "another thread count is another key: measured again, a second line" || check FAIL "calibration key by threads" "$(grep '^calib' "$dir/plan.out")"
 
 # several ranks: each rank's calibration child keeps its core busy until every rank has measured (calib_fill_stop),
-# then all take the slowest rank's figures: 3 ranks measure afresh, every child is gone when --plan returns, and
-# every rank printed the same calibration (rank 0's line; the cache holds the one line it wrote)
+# then all take the slowest rank's figures: 3 ranks measure afresh, every child is gone when --plan returns, and the
+# cache holds one line; rank 2 planted slow (GPTC_CALIB_PLANT_SLOW: its GEMMs 3x, its attention marked 12.345 ms):
+# rank 0 prints (and caches) rank 2's figures
 mkdir -p "$dir/fill"
 t0=$(date +%s%N)
 GPTC_CALIBRATE=1 $MPIRUN -np 3 "$MPIBIN" ${CAL/-o $dir\/cal/-o $dir/fill} > "$dir/fill.out" 2>&1
@@ -210,6 +211,13 @@ left=$(pgrep -f -- "-o $dir/fill" | wc -l)
     [ "$(grep -c '^cpu=.* ranks=3 ' "$dir/fill/calibration.txt")" -eq 1 ] &&
     check ok "3 ranks calibrate at once, each filling its core until all have measured: no child left, one cache line ($fill_ms ms)" ||
     check FAIL "the calibration's fillers" "status $rc, $left process(es) left: $(grep -i 'calib\|error' "$dir/fill.out" | cut -c1-200)"
+rm -rf "$dir/fill" && mkdir -p "$dir/fill"
+GPTC_CALIBRATE=1 GPTC_CALIB_PLANT_SLOW=2 $MPIRUN -np 3 -x GPTC_CALIB_PLANT_SLOW "$MPIBIN" ${CAL/-o $dir\/cal/-o $dir/fill} > "$dir/fill.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^calibration (measured now.*; attention 12.35 ms per sequence" "$dir/fill.out" &&
+    grep -q "^cpu=.* ranks=3 " "$dir/fill/calibration.txt" && grep -q "12.345" "$dir/fill/calibration.txt" &&
+    check ok "... and every rank takes the slowest rank's figures: rank 2 planted slow, rank 0 prints and caches its marked attention" ||
+    check FAIL "the slowest rank's calibration" "status $rc: $(grep -o 'attention [0-9.]* ms per sequence' "$dir/fill.out")"
 
 # the runtime model against its closed form, computed independently (scripts/runtime_closed_form.py): the cached
 # calibration's numbers replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward;
