@@ -413,16 +413,14 @@ static void zero3_layer_start(Dist* d, int l) {
     size_t at = 0;
     for (int k = LAYER_TENSORS_BEGIN; k < LAYER_TENSORS_END; k++) {
         size_t per_layer = d->model->param_sizes[k] / (size_t)L;
+        int i = k - LAYER_TENSORS_BEGIN, slot = b * LAYER_TENSORS + i; /* (the hooks' gather slot) */
         void* request = NULL;
+        int* cd = NULL;
 #ifdef USE_MPI
-        size_t i = (size_t)(k - LAYER_TENSORS_BEGIN);
         request = &lv->req[b][i];
-        zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer,
-                           lv->counts + (b * LAYER_TENSORS + i) * 2 * (size_t)d->world, request, (int)(b * LAYER_TENSORS + i));
-#else
-        zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer, NULL, request,
-                           b * LAYER_TENSORS + (k - LAYER_TENSORS_BEGIN));
+        cd = lv->counts + (size_t)slot * 2 * (size_t)d->world;
 #endif
+        zero3_gather_start(d, lv->layer[b] + at, d->offsets[k] + (size_t)l * per_layer, per_layer, cd, request, slot);
         at += per_layer;
     }
     lv->layer_in[b] = l;
