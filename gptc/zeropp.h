@@ -300,7 +300,6 @@ static void zeropp_sendrecv(MPI_Comm comm, const void* send, size_t send_bytes, 
 }
 #endif
 
-
 /* qwZ, started: this rank's piece quantised into its slot; the first hop's
  * collective posted (across nodes: the slots of this local index, one per
  * node, MPI_Iallgatherv over inter; one node: the bundles over intra). Every

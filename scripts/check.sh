@@ -17,6 +17,9 @@
 #   hb_step HEARTBEAT             the step in a --heartbeat file ("" when none yet)
 #   wait_hb HEARTBEAT STEP        until it reports STEP or more (60 s at most)
 #   wait_count FILE PATTERN N     until N lines of FILE match PATTERN (60 s at most)
+#   startup_split LINE PHASE      prints "OTHER of TOTAL ms" from a "start-up:"
+#                                 line; true when it names PHASE and leaves at
+#                                 most 10% of the start-up (or 20 ms) as "other"
 #   $CLEAN_ENV COMMAND...         runs COMMAND without an outer launcher's
 #                                 rank variables (Slurm's, Open MPI's, PMI's,
 #                                 torchrun's): under an outer job they would
@@ -38,4 +41,12 @@ steps_table() {
 same_steps() { diff <(steps_table "$1") <(steps_table "$2") > /dev/null; }
 hb_step() { local word="" step="" rest=""; { read -r word step rest < "$1"; } 2>/dev/null; [[ "$step" =~ ^[0-9]+$ ]] && echo "$step"; }
 wait_hb() { local i; for ((i = 0; i < 1200; i++)); do [ "$(hb_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+startup_split() {
+    local total other
+    total=$(sed -n 's/^start-up: \([0-9]*\) ms .*/\1/p' <<< "$1")
+    other=$(sed -n 's/.*, other \(-*[0-9]*\) ms.*/\1/p' <<< "$1")
+    echo "${other:-?} of ${total:-?} ms"
+    grep -q ", $2 [0-9]* ms," <<< "$1" && [ -n "$total" ] && [ -n "$other" ] &&
+        [ "$other" -le $(( total / 10 > 20 ? total / 10 : 20 )) ]
+}
 wait_count() { local i; for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done; return 1; }
