@@ -60,6 +60,8 @@ all: train_gpt prepare_data prepare_eval
 # train_gpt.c's plumbing, one include away (gptc/util.h, tokenizer.h, ...):
 # every program that includes train_gpt.c depends on them too
 GPTC_H = $(wildcard gptc/*.h)
+# the CUDA twin's kernels and machinery, one include away (gptc/cuda/*.cuh)
+CUDA_CUH = $(wildcard gptc/cuda/*.cuh)
 
 # the trainer
 train_gpt: train_gpt.c $(GPTC_H)
@@ -400,17 +402,17 @@ MPI_CUFLAGS = -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
 MPI_CULIBS = $(foreach f,$(shell $(MPICC) --showme:link 2>/dev/null),$(if $(filter -L% -l%,$(f)),$(f),$(if $(filter -Wl$(comma)%,$(f)),-Xlinker $(patsubst -Wl$(comma)%,%,$(f)),-Xcompiler $(f))))
 HAVE_MPICC = $(shell command -v $(MPICC) >/dev/null 2>&1 && echo yes)
 
-train_gpt_cu: train_gpt.cu train_gpt.c $(GPTC_H)
+train_gpt_cu: train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
 	$(NVCC) $(NVCCFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS)
 
-train_gpt_cu_mpi: train_gpt.cu train_gpt.c $(GPTC_H)
+train_gpt_cu_mpi: train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(NVCC) $(NVCCFLAGS) $(MPI_CUFLAGS) -o $@ train_gpt.cu $(CUDA_LDLIBS) $(MPI_CULIBS)
 
-test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c $(GPTC_H) test_common.h test_check.h
+test_gpt_cu: test_gpt.cu train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH) test_common.h test_check.h
 	$(NVCC) $(NVCCFLAGS) -o $@ test_gpt.cu $(CUDA_LDLIBS)
 
-dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c $(GPTC_H)
+dev/cuda/%: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
 
 dev-cuda: $(CUDA_DEV)
@@ -464,23 +466,29 @@ $(CPU_BUILD)/%.cu: %.cu dev/cuda/cpu/translate.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
 
+# the .cuh headers the .cu files include, translated the same way (found first through -I$(CPU_BUILD))
+CPU_CUH = $(CUDA_CUH:%=$(CPU_BUILD)/%)
+$(CPU_BUILD)/%.cuh: %.cuh dev/cuda/cpu/translate.py
+	@mkdir -p $(dir $@)
+	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
+
 # (kept: make would delete them as intermediates and translate them again next time)
-.PRECIOUS: $(CPU_BUILD)/%.cu
+.PRECIOUS: $(CPU_BUILD)/%.cu $(CPU_BUILD)/%.cuh
 
 $(CPU_BUILD)/dev/cuda/common.h: dev/cuda/common.h dev/cuda/cpu/translate.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 dev/cuda/cpu/translate.py $< $@
 
 # (with -DUSE_MPI, as train_gpt_cu_mpi: --init mpi, so that emulated GPUs keep training states together)
-train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
+train_gpt_cu_cpu: $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_CUH) $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -DUSE_MPI -c -o $(CPU_BUILD)/train_gpt_cu.o $(CPU_BUILD)/train_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/train_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) test_common.h test_check.h $(CPU_LAYER)
+test_gpt_cu_cpu: $(CPU_BUILD)/test_gpt.cu $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_CUH) test_common.h test_check.h $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -c -o $(CPU_BUILD)/test_gpt_cu.o $(CPU_BUILD)/test_gpt.cu
 	$(CXX) -o $@ $(CPU_BUILD)/test_gpt_cu.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
-$(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
+$(CPU_BUILD)/dev/cuda/%: $(CPU_BUILD)/dev/cuda/%.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_CUH) $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -Idev/cuda -c -o $@.o $<
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
@@ -497,7 +505,7 @@ $(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl: dev/cuda/cpu/ck.h
 # the lab's attention once more with -DATTN_MMA_SCALAR: flash attention's tile
 # products as plain fp32 FMAs instead of WMMA (train_gpt.cu's attn_mma16), so
 # that path, the algorithm apart from the tensor cores, stays tested
-$(CPU_BUILD)/dev/cuda/attention_scalar: $(CPU_BUILD)/dev/cuda/attention.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_LAYER)
+$(CPU_BUILD)/dev/cuda/attention_scalar: $(CPU_BUILD)/dev/cuda/attention.cu $(CPU_BUILD)/dev/cuda/common.h $(CPU_BUILD)/train_gpt.cu train_gpt.c $(GPTC_H) $(CPU_CUH) $(CPU_LAYER)
 	$(CXX) $(CPU_APP_FLAGS) -DATTN_MMA_SCALAR -Idev/cuda -c -o $@.o $<
 	$(CXX) -o $@ $@.o $(CPU_LAYER) $(CPU_APP_LIBS)
 
