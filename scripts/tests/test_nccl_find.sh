@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/tests/test_nccl_find.sh — the Makefile's NCCL search (its CUDA section)
+# scripts/tests/test_nccl_find.sh — the Makefile's NCCL search
 # on fake layouts in a temporary folder, and the build without NCCL. Needs
 # nvcc, no GPU; make check-cuda runs it.
 #
