@@ -1,6 +1,6 @@
 /*
  * test_check.h — the one check of the C tests: a counter and one line per
- * check, "ok   WHAT  DETAIL" or "FAIL WHAT  DETAIL" (scripts/check.sh prints
+ * check, "ok   WHAT  DETAIL" or "FAIL WHAT  DETAIL" (scripts/tests/check.sh prints
  * the same lines for the shell tests). Each test ends with the line
  * "N passed, N failed" and exits non-zero on a failure. Included by
  * test_common.h (test_gpt.c, test_gpt.cu) and dev/tokenizer/test_tokenizer.c;

@@ -1369,7 +1369,7 @@ static void test_kv_cache(const char* model_path) {
  * then gpt2_alloc_training) under --zero 0/1/2 on one process, with awkward
  * sizes (C = 24, 3 heads, V = 131 padded to 256); the KV cache; and the
  * ledger back to where it was after everything is freed. (Several ranks,
- * the loaders, the saver and the peak: scripts/test_plan.sh.) */
+ * the loaders, the saver and the peak: scripts/tests/test_plan.sh.) */
 static void test_memory_plan(void) {
     GPT2Config c = {20, 131, 256, 3, 3, 24};
     for (int zero = 0; zero <= 2; zero++) {

@@ -9,7 +9,7 @@ and gradient norm, and the parameters after the last AdamW step.
 
 Run it with Debian's python (torch 1.13, numpy):
 
-  # a fresh tiny model and its reference (what scripts/make_fixtures.sh does)
+  # a fresh tiny model and its reference (what scripts/tests/make_fixtures.sh does)
   /usr/bin/python3 scripts/gpt2_reference.py --init 2,36,3,11,131 --seed 1337 \
       --out-model dev/fixtures/tiny_model.bin \
       --B 3 --T 9 --steps 10 --data-seed 42 --out-ref dev/fixtures/tiny_ref.bin

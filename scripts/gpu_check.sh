@@ -19,7 +19,7 @@
 #   GPU_CHECK_BUDGET=300 scripts/gpu_check.sh    # seconds for the whole check (default 420)
 #   BENCH_STEPS=10 scripts/gpu_check.sh          # shorter benchmark
 #   scripts/gpu_check.sh --plan 1        # the steps a machine with 1 GPU runs (add no-nccl: a build without
-#                                        # NCCL); runs nothing (scripts/test_gpu_host.sh checks the plans)
+#                                        # NCCL); runs nothing (scripts/tests/test_gpu_host.sh checks the plans)
 #   scripts/gpu_check_dp.sh              # the NCCL checks alone
 # The steps are functions (step_*), run in the order gpu_check_steps lists
 # them; the summary printer is one too, so the tests can call them.
@@ -210,7 +210,7 @@ step_torch() {
     fi
     t=$(step_limit 180 60)
     [ "$t" -gt 0 ] || { skipped "PyTorch benchmark"; return; }
-    timeout "$t" $PY scripts/bench_torch_gpu.py --B "$BENCH_B" --T 1024 --steps 15 > "$LOG/bench_torch.log" 2>&1
+    timeout "$t" $PY scripts/bench/bench_torch_gpu.py --B "$BENCH_B" --T 1024 --steps 15 > "$LOG/bench_torch.log" 2>&1
     tline=$(grep '^torch' "$LOG/bench_torch.log")
     if [ -n "$tline" ]; then
         t_tps=$(echo "$tline" | grep -o 'tok/s=[0-9]*' | cut -d= -f2)

@@ -49,7 +49,7 @@ BENCH_STEPS=${BENCH_STEPS:-10}
 LOSS_TOL=${LOSS_TOL:-2e-3}
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START ))s; }
-. scripts/check.sh # $passed, $failed, $CLEAN_ENV; this script's own check below also gathers the summary gpu_check.sh prints
+. scripts/tests/check.sh # $passed, $failed, $CLEAN_ENV; this script's own check below also gathers the summary gpu_check.sh prints
 summary=()
 check() { # check ok|FAIL what [detail]
     if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
@@ -143,7 +143,7 @@ for a in 1 2; do
 done
 grep -h -E '^(data parallel|buckets|per-rank state|sent per rank|communication)' "$LOG/one_acc2_zero2.log"
 
-# training states under ZeRO on one GPU (NOT YET RUN ON A GPU; emulated GPUs run scripts/test_zero_states.sh
+# training states under ZeRO on one GPU (NOT YET RUN ON A GPU; emulated GPUs run scripts/tests/test_zero_states.sh
 # instead): a state saved at step 4 (--save-every 4) by --zero 1 resumed under --zero 1 gives the
 # uninterrupted run's final model bit for bit (cmp); one saved by --zero 2 resumed under --zero 0 (the flat
 # path) continues within 1e-3 of the last 4 steps' change (scripts/compare_models.py; only the clipping

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """zeropp_bytes.py — the bytes per level per step of --zero 3 with ZeRO++'s
 modes (gptc/zeropp.h's header formulas), computed here from the model shape
-alone, independently of the trainer, for scripts/test_zeropp.sh and
-scripts/bench_zero.sh to compare with the trainer's counters.
+alone, independently of the trainer, for scripts/tests/test_zeropp.sh and
+scripts/bench/bench_zero.sh to compare with the trainer's counters.
 
   zeropp_bytes.py L C Vp maxT W N K qwz qgz hpz block [A]
 prints "intra inter bwd_intra bwd_inter": bytes per step summed over the

@@ -4,7 +4,7 @@
  *
  *   make dev/cpu/bench_train && dev/cpu/bench_train 4 64 3 [L]
  *   args: B T steps [num_layers, default 12 = GPT-2 124M]
- * Prints parseable lines (scripts/bench.sh reads them): one per matmul kind
+ * Prints parseable lines (scripts/bench/bench.sh reads them): one per matmul kind
  * (each weight's forward and backward calls of a step, replayed alone), then
  *   gptc B=4 T=64 ms/step=... gflops=... peak_rss_gb=... threads=2 ... matmul_gflops=...
  * FLOPs per step = B*T*(6P + 6*L*C*T), the same formula as bench_torch.py.

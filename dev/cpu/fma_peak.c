@@ -5,7 +5,7 @@
  *
  *   make dev/cpu/fma_peak && dev/cpu/fma_peak [CPU seconds per thread per trial (0.2)] [trials (5)]
  *   OMP_NUM_THREADS=1 dev/cpu/fma_peak      one core
- * Prints the trials, a summary, and last one parseable line (scripts/bench.sh reads it):
+ * Prints the trials, a summary, and last one parseable line (scripts/bench/bench.sh reads it):
  *   fma_peak gflops=... per_core=... wall_gflops=... threads=2 isa=avx512 chains=12 trial_s=0.20 trials=5
  *
  * How: every OpenMP thread runs CHAINS independent chains acc = acc*m + a,

@@ -3,7 +3,7 @@
  * collectives): block quantisation, qwZ, qgZ with and without error
  * feedback, hpZ, and the bytes each sends per level.
  *
- *   make test-quant                                   (scripts/test_quant.sh: -np 1, 2 and 4)
+ *   make test-quant                                   (scripts/tests/test_quant.sh: -np 1, 2 and 4)
  *   mpirun --allow-run-as-root --oversubscribe -np 4 dev/quant/test_quant
  *   dev/quant/test_quant --bench      encode/decode GB/s, 1 thread and all (not a test)
  *

@@ -11,7 +11,7 @@ at the original file, which a #line directive names):
     extern __shared__ float buf[];         ->  CPU_EXTERN_SHARED(float, buf);
 Everything else is left alone: the kernels compile as they are against
 dev/cuda/cpu/include/cuda_runtime.h (CPU_LAUNCH, CPU_EXTERN_SHARED). Used by
-the Makefile's cpu targets (dev/cuda/cpu/README.md); it fails loudly on a
+the CPU layer's build (dev/cuda/cpu/cpu.mk; dev/cuda/cpu/README.md); it fails loudly on a
 launch it cannot parse rather than passing it through.
 """
 import re

@@ -1,5 +1,5 @@
 // cuda_runtime.h — what `#include <cuda_runtime.h>` finds when the CPU
-// execution layer builds CUDA sources with the host compiler (the Makefile
+// execution layer builds CUDA sources with the host compiler (dev/cuda/cpu/cpu.mk
 // puts dev/cuda/cpu/include before CUDA's own include folder). It stands in
 // for CUDA's cuda_runtime.h, which only nvcc can read:
 //   - CUDA's own cuda_runtime_api.h: every runtime function, type and enum,

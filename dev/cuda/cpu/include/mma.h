@@ -1,5 +1,5 @@
 // mma.h — what `#include <mma.h>` finds when the CPU execution layer builds
-// CUDA sources (the Makefile puts dev/cuda/cpu/include before CUDA's own
+// CUDA sources (dev/cuda/cpu/cpu.mk puts dev/cuda/cpu/include before CUDA's own
 // include folder). CUDA's mma.h declares nvcuda::wmma only for nvcc; this is
 // the same API for kernels run as fibers, on the layer's warp machinery
 // (cuda_cpu.h section 3b, cuda_cpu.cpp section 4b):
