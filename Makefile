@@ -121,13 +121,26 @@ train-toy: train_gpt
 
 # the tests include train_gpt.c under GPTC_NO_MAIN (its main() is left out, so
 # some helpers only main() uses are unused: -Wno-unused-function)
+# (-DGPTC_TEST_HOOKS: the planted faults of gptc/test_hooks.h, compiled into test builds only)
 test_gpt: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
-	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -DGPTC_TEST_HOOKS -o $@ test_gpt.c $(LDLIBS)
 
 # the same with the sanitizers; -O1 -g keeps reports readable
 test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 	$(CC) -O1 -g -fno-omit-frame-pointer -march=native -fno-math-errno -std=c11 -Wall -Wextra -Wno-unused-function -fsanitize=address,undefined \
-		-fno-sanitize-recover=undefined $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
+		-fno-sanitize-recover=undefined $(OPENMP) -DGPTC_TEST_HOOKS -o $@ test_gpt.c $(LDLIBS)
+
+# The trainers again with the planted faults compiled in (gptc/test_hooks.h), under the
+# same names in $(HOOKS_BUILD)/, for the tests that set GPTC_INJECT_*, GPTC_CALIB_PLANT_SLOW,
+# GPTC_STANDBY_SETUP_MS or GPTC_ZEROPP_DUMP (train_gpt and train_gpt_mpi have none of them)
+HOOKS_BUILD = .hooks
+$(HOOKS_BUILD)/train_gpt: train_gpt.c $(GPTC_H)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(OPENMP) -DGPTC_TEST_HOOKS -o $@ train_gpt.c $(LDLIBS)
+$(HOOKS_BUILD)/train_gpt_mpi: train_gpt.c $(GPTC_H)
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	@mkdir -p $(@D)
+	$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -DGPTC_TEST_HOOKS -o $@ train_gpt.c $(LDLIBS)
 
 # The full suite (CI runs exactly this): C++ syntax check, the tests under
 # the sanitizers, then the tests again optimised, with a GPT-2 124M-shaped
@@ -144,16 +157,16 @@ DEFAULT_RUN = $(TEST_DIR)/default_run
 # What the stages need is built first, CHECK_JOBS at once (the cores: the
 # compiles, the downloads and the PyTorch fixture side by side); the stages
 # build what they use the same way.
-TEST_PREREQS = check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+TEST_PREREQS = check-cxx train_gpt train_gpt_mpi $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 test:
 	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) $(TEST_PREREQS)
 	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/test_all.sh
 
 # Quick: the tiny fixture only (no PyTorch needed).
-test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
+test-fast: train_gpt $(HOOKS_BUILD)/train_gpt test_gpt $(TOKENIZER_FILES)
 	./test_gpt
 
-test-asan: train_gpt test_gpt_asan $(TOKENIZER_FILES)
+test-asan: train_gpt $(HOOKS_BUILD)/train_gpt test_gpt_asan $(TOKENIZER_FILES)
 	ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan
 
 # (glibc malloc told to keep what torch frees, not to unmap it, and to ask for
@@ -221,16 +234,16 @@ test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 	scripts/test_dp.sh ./train_gpt_mpi
 
 # ZeRO-3, the levels (--topology) and hierarchical reduction against 1 process (scripts/test_zero3.sh)
-test-zero3: train_gpt_mpi train_gpt
-	scripts/test_zero3.sh ./train_gpt_mpi ./train_gpt
+test-zero3: $(HOOKS_BUILD)/train_gpt_mpi train_gpt
+	scripts/test_zero3.sh $(HOOKS_BUILD)/train_gpt_mpi ./train_gpt
 
 # ZeRO++ (gptc/zeropp.h) on --zero 3 against plain --zero 3: np 2 and --topology 2x2 (scripts/test_zeropp.sh)
-test-zeropp: train_gpt_mpi
-	scripts/test_zeropp.sh ./train_gpt_mpi
+test-zeropp: $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/test_zeropp.sh $(HOOKS_BUILD)/train_gpt_mpi
 
 # the same plus 7 planted bugs, each built from a patched copy of the sources: the wire check must fail on each (~3 min)
-test-zeropp-mutants: train_gpt_mpi
-	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI" MUTANT_LIBS="$(LDLIBS)" scripts/test_zeropp.sh ./train_gpt_mpi
+test-zeropp-mutants: $(HOOKS_BUILD)/train_gpt_mpi
+	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -DGPTC_TEST_HOOKS" MUTANT_LIBS="$(LDLIBS)" scripts/test_zeropp.sh $(HOOKS_BUILD)/train_gpt_mpi
 
 # ZeRO++'s quality: plain --zero 3 vs qwZ INT8 + hpZ + qgZ INT4, the default run's model and corpus, on
 # mpirun -np 4 --topology 2x2 (scripts/quality_zeropp.sh; ~9 s a step per run on 2 shared cores)
@@ -240,17 +253,17 @@ quality-zeropp: train_gpt_mpi $(TOKENIZER_FILES) $(CORPUS)
 
 # the memory plan (gptc/plan.h) == the allocation ledger, byte for byte, over a
 # grid of 33 configurations; peak RSS within 3% (scripts/test_plan.sh)
-test-plan: train_gpt train_gpt_mpi
-	scripts/test_plan.sh ./train_gpt ./train_gpt_mpi
+test-plan: $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/test_plan.sh $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
 
 # SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/test_failover.sh)
-test-failover: train_gpt train_gpt_mpi
-	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
+test-failover: $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/test_failover.sh $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
 
 # the hot spare of a 2-rank job (a standby mpirun job), all four cases (~40 s; make test runs the first)
-test-failover-long: train_gpt train_gpt_mpi
-	scripts/test_failover.sh ./train_gpt ./train_gpt_mpi
-	scripts/test_spare_ranks.sh ./train_gpt_mpi
+test-failover-long: $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/test_failover.sh $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/test_spare_ranks.sh $(HOOKS_BUILD)/train_gpt_mpi
 
 # stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/test_resume.sh)
 test-resume: train_gpt train_gpt_mpi
@@ -453,9 +466,10 @@ CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/
 # -fsanitize=thread               every load and store calls __tsan_readN/__tsan_writeN, which
 #                                 runtime.cpp implements (libtsan is not linked: the checks are its own)
 # -O1                             kernels are stepped thread by thread; compile time matters more
+# -DGPTC_TEST_HOOKS               the planted faults of gptc/test_hooks.h (its tests set them)
 CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
 	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) \
-	-fsanitize=thread
+	-fsanitize=thread -DGPTC_TEST_HOOKS
 CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
 
 $(CPU_BUILD)/layer/%.o: dev/cuda/cpu/%.cpp $(CPU_LAYER_H)
@@ -671,7 +685,7 @@ gpu-check:
 .PHONY: dev-cuda dp-layout nccl-info check-cuda check-cuda-builds FORCE gpu-check test-cuda-cpu test-nccl-cpu test-cublaslt-cpu
 
 clean:
-	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
+	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) $(HOOKS_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 

@@ -2075,14 +2075,15 @@ static void test_train_error_paths(void) {
 
 /* Bad steps: a NaN in the gradients skips the update; three in a row roll
  * back to the last memory snapshot; a loss spike (z-score) is skipped. The
- * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*). */
+ * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*), in the
+ * test build .hooks/train_gpt (make builds it with -DGPTC_TEST_HOOKS). */
 static void test_bad_steps(void) {
     const char* shard = tmp_path("bad_train_000.bin");
     write_shard(shard, 20000, 50, 3, SHARD_MAGIC, 1, 20000);
     char common[1400], cmd[2000], a[800], b[800];
     static char out[1 << 17];
     snprintf(common, sizeof(common),
-             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -b 4 -t 16 "
+             ".hooks/train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -b 4 -t 16 "
              "-x 40 --lr 3e-3 --val-every 0 --sample-every 0 --threads 2 --snapshot-every 4 --shm-dir %s",
              shard, tmpdir);
     snprintf(cmd, sizeof(cmd), "%s -o %s/badA --spike-z 6", common, tmpdir);

@@ -2245,6 +2245,7 @@ static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const O
 }
 
 #include "gptc/run.h"       /* defines: TrainRun, train_run_init, train_run_free, train_run_log_step, the *_due checks */
+#include "gptc/test_hooks.h" /* defines: test_hook_nan, test_hook_spike, test_hooks_print, ... (-DGPTC_TEST_HOOKS only) */
 #include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
                                standby_wait, the loop's tail (train_run_after_step, train_run_boundary, ...) */
 #include "gptc/runtime.h"   /* defines: Calibration, calibration_get, runtime_step: the step-time model */

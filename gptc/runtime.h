@@ -1050,9 +1050,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
             calib_compute(cal, 0); /* (forked before this process's first OpenMP team) */
         dist_sum(d, 0.0);           /* every rank has measured: the fillers stop */
         calib_fill_stop(filler, stop);
-        const char* plant = getenv("GPTC_CALIB_PLANT_SLOW"); /* (scripts/test_plan.sh: this rank made the slowest,
-                                                                * its attention marked 12.345 ms) */
-        if (plant && plant[0] && atoi(plant) == d->rank) {
+        if (test_hook_calib_slow(d->rank)) { /* (test builds, scripts/test_plan.sh: this rank made the slowest) */
             for (int pass = 0; pass < 2; pass++)
                 for (int q = 0; q < NUM_SHAPES; q++) cal->gemm_row[pass][q] *= 3.0;
             cal->attn_ms = 12.345;
@@ -1308,13 +1306,6 @@ static double comm_ms(const Calibration* cal, double messages, double bytes, dou
     return messages * (now ? cal->net_alpha_now_us : cal->net_alpha_us) * 1e-3 + bytes / (gbs * 1e6);
 }
 
-/* GPTC_INJECT_RUNTIME_ERROR=k plants a wrong coefficient that scripts/test_plan.sh's closed form must catch:
- * 1, the inter-node link's bytes counted 25% high; 2, ZeRO-3's backward gathers left out of one level's time. */
-static int runtime_mutant(void) {
-    const char* v = getenv("GPTC_INJECT_RUNTIME_ERROR");
-    return v ? atoi(v) : 0;
-}
-
 static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B, int T, int accum, const CommKnobs* k) {
     StepTime s;
     memset(&s, 0, sizeof(s));
@@ -1347,7 +1338,7 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
                    n * (2.0 * cal->norm_ns + cal->zero_ns + cal->adamw_ns) +
                    (zero == 1 ? 2.0 * n * cal->zero_ns : 0.0)) * 1e-6;
     LevelTraffic tr = runtime_traffic(k, c, accum);
-    int mutant = runtime_mutant();
+    int mutant = test_hook_runtime_error(); /* (test builds: a planted wrong coefficient; gptc/test_hooks.h) */
     for (int e = 0; e < NUM_LEVELS; e++) s.sent[e] = tr.sent[e];
     for (int b = 0; b < 2; b++) /* ZeRO++'s codec, the ranks' mean */
         s.quant += (tr.quant[0][b] * cal->quant_ns[0][b] + tr.quant[1][b] * cal->quant_ns[1][b]) / world * 1e-6;

@@ -903,45 +903,6 @@ static void timing_print(const Dist* d, const char* what, double unix_now) {
     fflush(stdout);
 }
 
-/* Test hooks (test_gpt.c's bad-step tests): GPTC_INJECT_NAN and
- * GPTC_INJECT_SPIKE list steps (1-based, comma-separated) at which rank 0
- * puts a NaN into its gradients, or at which the loss the spike detector
- * sees is raised by 100 (each step once, though a rollback replays it).
- * Said aloud when set. */
-static int inject_at(const char* var, int step, int* done_upto) {
-    const char* list = getenv(var);
-    if (!list || step <= *done_upto) return 0; /* once per step: a rollback replays step numbers */
-    for (const char* p = list; *p;) {
-        char* end;
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
-        if (v == step) {
-            *done_upto = step;
-            return 1;
-        }
-        p = *end == ',' ? end + 1 : end;
-        if (end == p) break;
-    }
-    return 0;
-}
-
-/* Is `step` (1-based) one at which a test hook plants its fault? These
- * two calls are the only places the loops meet GPTC_INJECT_*. */
-static int test_hook_nan(TrainRun* r, int step) { return inject_at("GPTC_INJECT_NAN", step, &r->nan_upto); }
-static double test_hook_spike(TrainRun* r, int step) {
-    return inject_at("GPTC_INJECT_SPIKE", step, &r->spike_upto) ? 100.0 : 0.0; /* added to the loss the rule sees */
-}
-
-/* Said once at the start when a test hook is set. `nan_works` 0: the
- * trainer cannot plant NaN gradients (the CUDA twin). */
-static void test_hooks_print(int nan_works) {
-    const char *nan = getenv("GPTC_INJECT_NAN"), *spike = getenv("GPTC_INJECT_SPIKE");
-    if (nan_works && (nan || spike))
-        printf("test hooks: NaN gradients at steps [%s], loss spikes at steps [%s]\n", nan ? nan : "", spike ? spike : "");
-    if (!nan_works && spike) printf("test hooks: loss spikes at steps [%s]\n", spike);
-    if (!nan_works && nan) printf("test hooks: GPTC_INJECT_NAN is not implemented on the GPU (ignored)\n");
-}
-
 /* ---- the loop's tail: train() in train_gpt.c and gpu_train() in the CUDA
  * twin run the same code after each update and at the end ---------------- */
 
@@ -1018,17 +979,6 @@ static int standby_wait_ranks(const Options* o, const Dist* d) {
     (void)d;
 #endif
     return go;
-}
-
-/* A test hook: GPTC_STANDBY_SETUP_MS=N makes a standby's set-up N ms
- * longer (test_failover.sh: a spare still setting up when it is needed). */
-static void test_hook_standby_setup(void) {
-    const char* delay = getenv("GPTC_STANDBY_SETUP_MS");
-    if (!delay || atoi(delay) <= 0) return;
-    printf("standby: test hook GPTC_STANDBY_SETUP_MS: %d ms more set-up\n", atoi(delay));
-    fflush(stdout);
-    struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* A hot spare's turn, after its set-up (train_setup in train_gpt.c,

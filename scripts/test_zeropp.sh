@@ -69,7 +69,7 @@
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
 cd "$(dirname "$0")/.."
-BIN=${1:-./train_gpt_mpi}
+BIN=${1:-.hooks/train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 dir=$(mktemp -d /tmp/gptc_zeropp.XXXXXX)
