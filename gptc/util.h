@@ -4,7 +4,7 @@
  * Included by train_gpt.c (first) and by every other gptc/ header; a student
  * can skip it. Defines: MAYBE_UNUSED, RESTRICT; CHECK, ALWAYS, FILE_ERROR
  * (checked calls, named invariants, file errors); xmalloc, xmalloc_floats;
- * time_ms, unix_ms; num_threads; file_size, file_open_read, read_exact,
+ * time_ms, unix_ms; num_threads; file_size, file_open_read, read_exact, file_read_all,
  * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; FileLock
  * (file_lock, file_unlock: one process at a time); HEADER_INTS (the
  * 256-int32 header of every llm.c file); Rng with rng_init, rng_u32,
@@ -163,6 +163,28 @@ static int read_exact(FILE* f, void* dst, size_t n, const char* path) {
 
 /* Write a whole file atomically: to "<path>.tmp", fsync, then rename over
  * <path>. A crash or a full disk leaves the previous <path> untouched. */
+/* Whole file into memory (NUL-terminated). NULL after a message on failure. */
+static char* file_read_all(const char* path, size_t* len) {
+    FILE* f = file_open_read(path, "file");
+    if (!f) return NULL;
+    long long size = file_size(f);
+    if (size < 0) {
+        FILE_ERROR(path, "cannot stat: %s", strerror(errno));
+        fclose(f);
+        return NULL;
+    }
+    char* buf = (char*)xmalloc((size_t)size + 1);
+    if (read_exact(f, buf, (size_t)size, path) != 0) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[size] = '\0';
+    *len = (size_t)size;
+    return buf;
+}
+
 typedef struct {
     const void* data;
     size_t bytes;
