@@ -89,9 +89,8 @@ typedef struct {
  * ranks met (MPI_Barrier, not timed) before each, as the step's
  * collectives start after a sum or a wait that met the ranks. Back to
  * back, a call's time on one rank excludes what its partner did ahead of
- * it in the previous call: ZeRO-1's reduce-scatter of 2.7 MB read
- * 1.3-1.75 GB/s back to back and 1.0 GB/s met, as in the step (2.5-3.1
- * ms; d8 C64, 2 ranks, 2026-12-02). */
+ * it in the previous call, so back-to-back calls read faster than the
+ * step's collectives run. */
 #define CALIB_TIME3_MET(out_ms, body)                                \
     do {                                                             \
         (out_ms) = 1e30;                                             \
@@ -193,12 +192,10 @@ static double calib_layer_kernels_ms(const Calibration* cal, double N, int B) {
  * slows both, not one); a layer is the difference, over what the
  * kernels' rates predict for it (its four GEMMs forward and backward,
  * attention, the elementwise mix). runtime_step scales those terms by it.
- * Why: on a Zen 4 VM (2 MB of L2) the layers' GEMMs ran 8-17% and
- * attention 12-18% slower inside the step than alone, each with its caches
- * evicted (dev/cpu/profile_plan, 2026-12-01), and the model was 1-18% under
- * the measured step. The factor carries the calibration's own noise too
- * (the kernels' sum for a layer of C=768 read 21.4-25.0 ms in three starts,
- * the probe's layer 24.2-24.9 ms): f times the kernels' prediction is the
+ * Why: inside the step a layer's GEMMs and attention run slower than
+ * alone, even with each kernel's caches evicted before it is timed
+ * (dev/cpu/profile_plan shows it phase by phase). The factor carries the
+ * calibration's own noise too: f times the kernels' prediction is the
  * probe's layer exactly at its N, and elsewhere scales as the kernels do.
  * Held to 0.8-1.6 (a factor outside is noise, not the machine). Cost: 3
  * layer steps x 3-7, and one 2-layer model's weights, gradients and
@@ -474,13 +471,9 @@ static void calib_network(Calibration* cal, const Dist* d, size_t P) {
             calls[j - 1] = t;
         }
     cal->net_alpha_now_us = dist_sum(d, d->rank == 0 ? calls[10] * 1e3 : 0.0);
-    /* (Known weakness, 2026-12-01: on 2 ranks here this 1 MB allreduce read 1.1, 1.6, 1.6 and 6.7 GB/s in four
-     * starts. Open MPI takes its temporary buffers from malloc each call, fresh pages above glibc's mmap
-     * threshold, and that threshold moves with the process's earlier frees: a probe gave 1.2-1.4 GB/s by default
-     * and 7.9-8.2 GB/s with the threshold at 64 MB. The step's per-slice reductions amid backward ran at ~1.25
-     * GB/s (d2 C128, 2 ranks: 26-27 ms a step against 20 ms on one), so a fast reading puts 2-rank steps low.
-     * Raising the threshold in the trainer made ZeRO-1's reduce-scatter ~9% faster and the overlapped ZeRO-0
-     * step no faster: not kept.) */
+    /* (A known weakness: this 1 MB allreduce's rate varies from start to start by several times. Open MPI
+     * takes its temporary buffers from malloc each call, fresh pages above glibc's mmap threshold, and that
+     * threshold moves with the process's earlier frees; a fast reading puts 2-rank steps low.) */
     size_t n = (size_t)1 << 18;
     float* buf = calib_floats(n, 1.0f);
     float* all = calib_floats(n, 0.0f);
@@ -857,9 +850,8 @@ static double calib_share(const Calibration* cal) {
 /* Several ranks: every rank takes the compute figures of the rank whose
  * layer probe (calib_layer_factor: f x its kernels, the trainer's own
  * layer) was slowest, as each step waits for the slowest rank at its
- * collectives. (On the 2-core VMs here one rank's core ran a step ~10%
- * slower than the other's while both computed, 2026-12-01/02; which one
- * changed from VM to VM.) */
+ * collectives. (On a VM one rank's core can run a step slower than the
+ * other's while both compute; which one is slower differs from VM to VM.) */
 static void calib_slowest(Calibration* cal, const Dist* d) {
 #ifdef USE_MPI
     if (d->world <= 1) return;

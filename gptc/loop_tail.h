@@ -44,7 +44,7 @@ static void timing_print(const Dist* d, const char* what, double unix_now) {
 }
 
 /* The start-up, from the process start to the first step done, split
- * (gptc/ledger.h's StartupClock): what the fast start (issue 17) measures.
+ * (gptc/ledger.h's StartupClock): what the fast start measures.
  * Two lines: the wall clock, and the process's CPU time in the same phases
  * (all threads, user + kernel: on a shared machine the wall clock moves
  * with the other jobs' load, the CPU time much less). */

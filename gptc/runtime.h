@@ -485,8 +485,7 @@ static StepTime runtime_step(const Calibration* cal, const GPT2Config* c, int B,
          * all-gather after the clip and AdamW of the shard (a segment of s.optimizer); ZeRO-1 with overlap, a
          * wait in every layer's hook; ZeRO-2, a wait for every layer's bucket in every micro-batch; ZeRO-3 that
          * and a wait for every layer's gather, forward and backward, and the head's. On an idle machine too
-         * (header); measured 2026-12-02, make bench-plan's 11 two-rank rows: median |error| 9.5% without,
-         * 3.9% and 3.8% with (two runs), the rows no longer mostly low. */
+         * (header): make bench-plan's two-rank rows are mostly low without these terms. */
         double share = now ? (cal->share > 0.05 ? cal->share : 0.05) : 1.0;
         double shard_opt = s.optimizer / share; /* AdamW's segment (now), ms */
         double meetings = 1.0 + (zero == 1 || zero == 2 ? fmin(1.0, shard_opt / CALIB_SYNC_MS) : 0.0) +

@@ -12,7 +12,7 @@
 #ifndef GPTC_STANDBY_H
 #define GPTC_STANDBY_H
 
-/* A hot spare (--standby FIFO, issue 17): its set-up is done (model, the
+/* A hot spare (--standby FIFO): its set-up is done (model, the
  * training memory faulted in, tokenizer and data open, the snapshot slots
  * mapped: read, never written), and it holds no lock: it waits here for a
  * line on the FIFO, which scripts/supervise.py writes when the trainer it

@@ -353,7 +353,7 @@ static int state_load_record(const unsigned char* base, size_t bytes, const char
  * start, its pages faulted in (reserved: a full /dev/shm is an error, not
  * a SIGBUS mid-run) before anything writes them, so taking a snapshot never
  * faults. Fault them in all at start (slot_map's `defer` 0) or later
- * (`defer` 1: the fast start, issue 17): then slot_prepare faults them in,
+ * (`defer` 1: the fast start): then slot_prepare faults them in,
  * in chunks that any number of threads take in turn (a background thread
  * while the first steps run, and whoever needs the slot first: the copier
  * before it fills it, a resume before it reads it), and waits for the

@@ -419,11 +419,10 @@ static void rng_jump(Rng* rng, uint64_t draws) {
         if (draws & 1) rng->state = rng_matvec(t->col[j], rng->state);
 }
 
-/* The fast init (issue 17): (float)(std * rng_normal) for n normals from
+/* The fast init: (float)(std * rng_normal) for n normals from
  * `start`, into p[0, n), the same bits as the loop of rng_normal, about
  * twice as fast. GPT-2 124M's init is 124M normals, each a log, a cos and a
- * sqrt of glibc's in double: ~38 ns a normal on one core here (2026-12,
- * thread CPU time), 2 s of the start on 2 cores. Here RNG_LANES streams
+ * sqrt of glibc's in double: seconds of the start at that size. Here RNG_LANES streams
  * (each jumped to the start of its n/RNG_LANES normals) are drawn side by
  * side, so the compiler's vector instructions do them together, and the
  * log and the cos are our own, in plain arithmetic:
