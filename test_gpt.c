@@ -1467,7 +1467,7 @@ static void test_text_documents(void) {
         if (rc == 0) documents_free(&l);
         check(rc == -1, what, "");
     }
-    /* each JSONL line is read strictly: what used to be taken silently */
+    /* each JSONL line is read strictly: what a lax reader would take silently is refused */
     char deep[200];
     int k = 0;
     k += snprintf(deep + k, sizeof(deep) - (size_t)k, "{\"text\": \"x\", \"n\": ");
@@ -1919,7 +1919,7 @@ static void test_user_paths(void) {
     snprintf(b, sizeof(b), "rm -f %s/upB/state_00000012*", tmpdir);
     if (system(b) != 0) check(0, "remove step 12's state", b);
     struct { const char* what; int field; } bad[] = {
-        {"another model shape that claims more parameters (was a heap overflow)", 0},
+        {"another model shape that claims more parameters (a heap overflow if unchecked)", 0},
         {"another run's nonce", 1},
         {"a step inside that differs from its name", 2},
         {"another --seq-len", 3},

@@ -2185,7 +2185,7 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
 /* ------------------------------------------------------------------------ */
 /* The plumbing of a run, one include away: gptc/cli.h, gptc/state.h and
  * gptc/launch.h use the model, the schedules and the ranks defined above;
- * gptc/saver.h, below, the TrainRun too. */
+ * gptc/saver.h, gptc/resume.h and gptc/loop_tail.h, below, the TrainRun too. */
 #include "gptc/cli.h"       /* defines: Options, options_parse, usage, options_problem, model_from_options, data_from_text */
 #include "gptc/state.h"     /* defines: StateInfo, the state format, LossWatch, Slot, run.id */
 #include "gptc/launch.h"    /* defines: launch_rank_world, Rendezvous, rendezvous_share, dist_check_agreement */
@@ -2278,7 +2278,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     if (saver_init(saver, dist, model, o) != 0) return -1;
     startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
-    if (o->standby[0]) { /* a hot spare: set up, it waits here (gptc/saver.h) */
+    if (o->standby[0]) { /* a hot spare: set up, it waits here (gptc/standby.h) */
         int go = standby_take_over(r, o, dist);
         if (go <= 0) return go == 0 ? STANDBY_DISMISSED : -1;
     }
@@ -2352,7 +2352,7 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         double norm = dist_step(dist, model, &r->opt, o->grad_clip, lr, step + 1, s.loss, s.spike, &s.finite);
         levels_step_end(dist, step + 1); /* bytes per level (gptc/zero3.h) */
         train_run_log_step(r, step, s.loss, lr, norm, time_ms() - t0, s.finite, "");
-        /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
+        /* after the step: a rollback, a snapshot or save, --stop-at (gptc/loop_tail.h) */
         int back = train_run_after_step(r, saver, dist, model, o, step, start, &s, 1);
         if (back >= 0) {
             step = back - 1; /* the loop's step++ continues after the snapshot's step */

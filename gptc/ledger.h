@@ -22,7 +22,7 @@
  * ints per rank or per shard name, MPI's request arrays), the GEMM's
  * per-thread packing buffers (thread-local, allocated by whichever threads
  * get work: the plan estimates them beside the ledger), transient buffers of
- * a resume (gptc/saver.h) and of the start-up print of the data's entropy.
+ * a resume (gptc/resume.h) and of the start-up print of the data's entropy.
  * The main thread records; the saver's threads allocate nothing here.
  */
 #ifndef GPTC_LEDGER_H
@@ -205,7 +205,7 @@ static void big_write_all(void) {
 }
 
 /* Where the start-up's time went, printed after the first step
- * (gptc/saver.h's startup_print): big_alloc's own time and bytes, and each
+ * (gptc/loop_tail.h's startup_print): big_alloc's own time and bytes, and each
  * phase's time without the allocations inside it (startup_begin/_end). */
 enum { SU_COMM, SU_DEVICE, SU_MODEL, SU_DATA, SU_SLOTS, SU_WAIT, SU_LOAD, SU_PHASES };
 static const char* const SU_NAMES[SU_PHASES] = {"communicator", "device set-up", "model init/load",

@@ -22,9 +22,9 @@
  *                 accumulated) once a call, each row the same work after.
  *                 The fixed part is what makes many small micro-batches
  *                 slower than a few large ones (the classifier's Vp x C
- *                 above all). (v1 measured one shape, fc, at three N and
- *                 used its rate for all: the layers' GEMMs came out 27-31%
- *                 under the replayed step, dev/cpu/profile_plan.)
+ *                 above all). Each shape has its own rates: one shape's
+ *                 rate taken for all puts the layers' GEMMs well under
+ *                 the replayed step (dev/cpu/profile_plan).
  *   t_attention = B * L * the time of attention_forward + backward per
  *                 sequence, measured at (2, Tc = min(T, 128), C, NH),
  *                 times (T / Tc)^2 beyond 128.
@@ -35,9 +35,7 @@
  *                 t_elementwise times f, a layer inside the step over its
  *                 kernels alone, measured with the trainer's own forward
  *                 and backward of 1 and of 2 layers of this width
- *                 (calib_layer_factor; v4; on a Zen 4 VM 1.18-1.25 at C=128, one
- *                 thread, once 1.40; 0.9-1.1 at C=768, twice 1.43-1.51
- *                 with 2 threads).
+ *                 (calib_layer_factor; about 0.9-1.5, held to 0.8-1.6).
  *   t_softmax   = CE_BYTES per logit (N*Vp of them: the cross-entropy's
  *                 passes forward and backward) over its measured bandwidth.
  *   t_zero2     = ZeRO-2 and 3: each layer's bucket zeroed before backward

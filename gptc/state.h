@@ -4,7 +4,7 @@
  * loss-spike detector whose window the state carries; run.id.
  *
  * Included by train_gpt.c after its model (a state records the GPT2Config),
- * before its training loop; gptc/saver.h builds on it. Defines: STATE_MAGIC,
+ * before its training loop; gptc/saver.h and gptc/resume.h build on it. Defines: STATE_MAGIC,
  * STATE_VERSION, STATE_HEADER_BYTES, LOSS_WINDOW; crc32c, copy3_crc32c;
  * put_i64, get_i64; LossWatch (losswatch_spike, losswatch_accept); StateInfo,
  * state_bytes, state_path, state_header_make, state_header_parse,
