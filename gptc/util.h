@@ -33,6 +33,9 @@
 #include <fcntl.h>
 #ifdef _OPENMP
 #include <omp.h>
+#else /* built without OpenMP: one thread, and a parallel region's team queries say so */
+static inline int omp_get_num_threads(void) { return 1; }
+static inline int omp_get_thread_num(void) { return 0; }
 #endif
 
 /* for the parts only train_gpt.cu and the tests call */
