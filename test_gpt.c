@@ -847,7 +847,7 @@ static void test_init(void) {
     gpt2_free(&a);
 }
 
-/* A promoted standby's locks (gptc/state.h's RunLock.heir): a lock whose
+/* A promoted standby's locks (gptc/run_lock.h's RunLock.heir): a lock whose
  * holder on this host is exiting is inherited at once and taken for real
  * when it comes free; a live holder's is refused, heir or not. The exiting
  * holder: a child that took the lock, forked a grandchild (which keeps the

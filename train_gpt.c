@@ -47,6 +47,7 @@
  *   gptc/zero3.h      ZeRO-3's gathers, nodes (--topology), bytes per level, hierarchical reduction (section 6)
  *   gptc/zeropp.h     ZeRO++ on --zero 3: quantised gathers and reductions, hpZ (section 6)
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
+ *   gptc/run_lock.h   one trainer per run directory: the locks, a hot spare's inheritance (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/run.h        the training run's data, schedule, log and locks (TrainRun)        (section 8)
  *   gptc/test_hooks.h the faults tests plant (-DGPTC_TEST_HOOKS builds only)       (section 8)
@@ -2188,6 +2189,7 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
  * gptc/saver.h, gptc/resume.h and gptc/loop_tail.h, below, the TrainRun too. */
 #include "gptc/cli.h"       /* defines: Options, options_parse, usage, options_problem, model_from_options, data_from_text */
 #include "gptc/state.h"     /* defines: StateInfo, the state format, LossWatch, Slot, run.id */
+#include "gptc/run_lock.h"  /* defines: RunLock, run_lock, run_unlock: one trainer per run directory */
 #include "gptc/launch.h"    /* defines: launch_rank_world, Rendezvous, rendezvous_share, dist_check_agreement */
 
 /* Mean loss over up to `batches` micro-batches from the start of the val

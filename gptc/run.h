@@ -34,7 +34,7 @@ typedef struct {
     LossWatch watch;  /* the loss-spike detector */
     int rollbacks;    /* rollbacks to a snapshot so far (gptc/saver.h) */
     int nan_upto, spike_upto; /* the test hooks' (gptc/test_hooks.h): the last step each planted a fault at */
-    RunLock lock;     /* this process's hold on the run's folders (gptc/state.h's run_lock) */
+    RunLock lock;     /* this process's hold on the run's folders (gptc/run_lock.h) */
     double mfu;       /* the last step's model FLOPs utilisation in %, for the log (the CUDA twin's); 0 = none */
 } TrainRun;
 

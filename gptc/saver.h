@@ -156,7 +156,7 @@ typedef struct {
     double snap_stall;     /* the stall of the snapshot in progress so far */
     int snapshots;
     int last_failed;       /* the last disk write failed on some rank */
-    char lock_file[4400];  /* the slots' lock (gptc/state.h's run_lock), removed with them */
+    char lock_file[4400];  /* the slots' lock (gptc/run_lock.h), removed with them */
     /* the fast start: own slots mapped at start, their pages faulted in
      * after the first step by this thread (and by the copier, the resume:
      * whoever needs a slot first; gptc/state.h's slot_prepare) */

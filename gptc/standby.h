@@ -70,7 +70,7 @@ static int standby_wait_ranks(const Options* o, const Dist* d) {
  * gpu_standby in the CUDA twin): its big buffers' pages written now, not
  * after the failure (gptc/ledger.h), then the wait; promoted, it takes the
  * run's locks as the heir of the trainer that died (a lock its dying
- * holder's kernel teardown still keeps counts as ours: gptc/state.h).
+ * holder's kernel teardown still keeps counts as ours: gptc/run_lock.h).
  * Returns 1 promoted, 0 dismissed (said: nothing was written), -1 after a
  * message. */
 static int standby_take_over(TrainRun* r, const Options* o, const Dist* d) {
