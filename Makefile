@@ -180,20 +180,22 @@ train-toy: train_gpt
 # test_gpt; each writes its log to $(TEST_DIR)/logs/. The rules for the test
 # binaries and each stage's own target are in scripts/tests/tests.mk.
 TEST_DIR ?= .test
+# the trainers with the planted faults of gptc/test_hooks.h compiled in, for the tests (scripts/tests/tests.mk)
+HOOKS_BUILD = .hooks
 FIXTURE_124M ?= $(TEST_DIR)/fixture_124M
 DEFAULT_RUN = $(TEST_DIR)/default_run
 # What the stages need is built first, CHECK_JOBS at once (the cores: the
 # compiles, the downloads and the PyTorch fixture side by side); the stages
 # build what they use the same way.
 CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-TEST_PREREQS = check-cxx train_gpt train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
+TEST_PREREQS = check-cxx train_gpt train_gpt_mpi $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 ## make test            the whole suite (scripts/tests/test_all.sh; ~15 min)
 test:
 	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) $(TEST_PREREQS)
 	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/tests/test_all.sh
 
 ## make test-fast       test_gpt on the committed tiny fixture only (seconds, no PyTorch)
-test-fast: train_gpt test_gpt $(TOKENIZER_FILES)
+test-fast: train_gpt $(HOOKS_BUILD)/train_gpt test_gpt $(TOKENIZER_FILES)
 	./test_gpt
 
 # ---- NCCL, for the CUDA twin --------------------------------------------------
@@ -268,7 +270,7 @@ help:
 
 ## make clean           remove the binaries and what the tests wrote (keeps data/ and the 124M fixture)
 clean:
-	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
+	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) $(HOOKS_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
 		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
 

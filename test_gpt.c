@@ -847,7 +847,7 @@ static void test_init(void) {
     gpt2_free(&a);
 }
 
-/* A promoted standby's locks (gptc/state.h's RunLock.heir): a lock whose
+/* A promoted standby's locks (gptc/run_lock.h's RunLock.heir): a lock whose
  * holder on this host is exiting is inherited at once and taken for real
  * when it comes free; a live holder's is refused, heir or not. The exiting
  * holder: a child that took the lock, forked a grandchild (which keeps the
@@ -1467,7 +1467,7 @@ static void test_text_documents(void) {
         if (rc == 0) documents_free(&l);
         check(rc == -1, what, "");
     }
-    /* each JSONL line is read strictly: what used to be taken silently */
+    /* each JSONL line is read strictly: what a lax reader would take silently is refused */
     char deep[200];
     int k = 0;
     k += snprintf(deep + k, sizeof(deep) - (size_t)k, "{\"text\": \"x\", \"n\": ");
@@ -1919,7 +1919,7 @@ static void test_user_paths(void) {
     snprintf(b, sizeof(b), "rm -f %s/upB/state_00000012*", tmpdir);
     if (system(b) != 0) check(0, "remove step 12's state", b);
     struct { const char* what; int field; } bad[] = {
-        {"another model shape that claims more parameters (was a heap overflow)", 0},
+        {"another model shape that claims more parameters (a heap overflow if unchecked)", 0},
         {"another run's nonce", 1},
         {"a step inside that differs from its name", 2},
         {"another --seq-len", 3},
@@ -2075,14 +2075,15 @@ static void test_train_error_paths(void) {
 
 /* Bad steps: a NaN in the gradients skips the update; three in a row roll
  * back to the last memory snapshot; a loss spike (z-score) is skipped. The
- * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*). */
+ * NaNs and spikes come from the trainer's test hooks (GPTC_INJECT_*), in the
+ * test build .hooks/train_gpt (make builds it with -DGPTC_TEST_HOOKS). */
 static void test_bad_steps(void) {
     const char* shard = tmp_path("bad_train_000.bin");
     write_shard(shard, 20000, 50, 3, SHARD_MAGIC, 1, 20000);
     char common[1400], cmd[2000], a[800], b[800];
     static char out[1 << 17];
     snprintf(common, sizeof(common),
-             "./train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -b 4 -t 16 "
+             ".hooks/train_gpt --model d2 --channels 32 --num-heads 2 --max-seq-len 32 --vocab-size 50 -i %s -b 4 -t 16 "
              "-x 40 --lr 3e-3 --val-every 0 --sample-every 0 --threads 2 --snapshot-every 4 --shm-dir %s",
              shard, tmpdir);
     snprintf(cmd, sizeof(cmd), "%s -o %s/badA --spike-z 6", common, tmpdir);

@@ -38,17 +38,25 @@
  *   gptc/ledger.h     the allocation ledger: bytes by component, total, peak (checked by --plan)
  *   gptc/gemm.h       the packed, register-blocked GEMM every matmul runs on
  *   gptc/tokenizer.h  GPT-2's byte-level BPE (with the generated gptc/unicode_tables.h)
+ *   gptc/json.h       the JSON reader: one field of a JSONL line, a safetensors header
  *   gptc/text_data.h  text, folders of .txt and JSONL into token shards
  *   gptc/eval_data.h  multiple-choice eval sets (HellaSwag) in llm.c's format
  *   gptc/eval.h       scoring them with the model: acc, acc_norm, the split over ranks (section 8)
  *   gptc/safetensors.h  Hugging Face GPT-2 checkpoints in and out (section 2)
  *   gptc/cli.h        the flag table, parsing, usage, checks; what the flags build (section 8)
  *   gptc/zero3.h      ZeRO-3's gathers, nodes (--topology), bytes per level, hierarchical reduction (section 6)
+ *   gptc/zeropp.h     ZeRO++ on --zero 3: quantised gathers and reductions, hpZ (section 6)
  *   gptc/state.h      the training-state format, snapshot slots, bad-step detection  (section 8)
+ *   gptc/run_lock.h   one trainer per run directory: the locks, a hot spare's inheritance (section 8)
  *   gptc/launch.h     ranks from the launcher; the rendezvous for NCCL; rank agreement (section 8)
  *   gptc/run.h        the training run's data, schedule, log and locks (TrainRun)        (section 8)
- *   gptc/saver.h      snapshots, replicas, saves, resume, rollback, heartbeat        (section 8)
- *   gptc/runtime.h    the runtime model: a step's time, calibrated (--plan, --auto)  (section 8)
+ *   gptc/test_hooks.h the faults tests plant (-DGPTC_TEST_HOOKS builds only)       (section 8)
+ *   gptc/saver.h      snapshots, replicas, saves to disk, rollback               (section 8)
+ *   gptc/resume.h     a resume: which copy of the state to continue from, checked (section 8)
+ *   gptc/loop_tail.h  heartbeat, timing lines, the loop's tail train() shares     (section 8)
+ *   gptc/standby.h    the hot spare (--standby)                                   (section 8)
+ *   gptc/calib.h      the calibration: rates measured at start, cached            (section 8)
+ *   gptc/runtime.h    the runtime model: a step's time (--plan, --auto)           (section 8)
  *   gptc/plan.h       the memory plan (--plan) the ledger is checked against        (section 8)
  */
 #ifndef _GNU_SOURCE
@@ -76,6 +84,7 @@
 #include "gptc/ledger.h"    /* defines: ledger_floats, ledger_malloc, ledger_free: every big allocation, by component */
 #include "gptc/gemm.h"      /* defines: gemm, the packed, register-blocked GEMM every matmul runs on */
 #include "gptc/tokenizer.h" /* defines: Tokenizer, tokenizer_init, tokenizer_encode, tokenizer_decode */
+#include "gptc/json.h"      /* defines: json_object_field, json_skip, JsonError: the JSON reader (JSONL, safetensors) */
 #include "gptc/text_data.h" /* defines: SHARD_MAGIC, prepare_shards (text, folders, JSONL -> shards) */
 #include "gptc/eval_data.h" /* defines: EvalSet, evalset_read: multiple-choice eval files (HellaSwag, llm.c's format) */
 
@@ -2177,9 +2186,10 @@ static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_ne
 /* ------------------------------------------------------------------------ */
 /* The plumbing of a run, one include away: gptc/cli.h, gptc/state.h and
  * gptc/launch.h use the model, the schedules and the ranks defined above;
- * gptc/saver.h, below, the TrainRun too. */
+ * gptc/saver.h, gptc/resume.h and gptc/loop_tail.h, below, the TrainRun too. */
 #include "gptc/cli.h"       /* defines: Options, options_parse, usage, options_problem, model_from_options, data_from_text */
 #include "gptc/state.h"     /* defines: StateInfo, the state format, LossWatch, Slot, run.id */
+#include "gptc/run_lock.h"  /* defines: RunLock, run_lock, run_unlock: one trainer per run directory */
 #include "gptc/launch.h"    /* defines: launch_rank_world, Rendezvous, rendezvous_share, dist_check_agreement */
 
 /* Mean loss over up to `batches` micro-batches from the start of the val
@@ -2245,9 +2255,13 @@ static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const O
 }
 
 #include "gptc/run.h"       /* defines: TrainRun, train_run_init, train_run_free, train_run_log_step, the *_due checks */
-#include "gptc/saver.h"     /* defines: Saver, saver_snapshot, state_resume, heartbeat_write, timing_print,
-                               standby_wait, the loop's tail (train_run_after_step, train_run_boundary, ...) */
-#include "gptc/runtime.h"   /* defines: Calibration, calibration_get, runtime_step: the step-time model */
+#include "gptc/test_hooks.h" /* defines: test_hook_nan, test_hook_spike, test_hooks_print, ... (-DGPTC_TEST_HOOKS only) */
+#include "gptc/saver.h"     /* defines: Saver, saver_init, saver_snapshot, saver_poll, train_run_bad_step (rollback) */
+#include "gptc/resume.h"    /* defines: state_resume, train_run_resume: which copy a run continues from */
+#include "gptc/loop_tail.h" /* defines: heartbeat_write, timing_print, train_run_after_step, train_run_boundary, ... */
+#include "gptc/standby.h"   /* defines: standby_take_over (--standby: the hot spare) */
+#include "gptc/calib.h"     /* defines: Calibration, calibration_get, calibration_print: the rates, measured and cached */
+#include "gptc/runtime.h"   /* defines: StepTime, runtime_step, runtime_traffic, young_daly_steps: the step-time model */
 #include "gptc/plan.h"      /* defines: cpu_memory_plan, plan_after_setup, plan_check, plan_runtime (--plan, --auto), train_memory_print */
 
 /* Before the first step: the ranks agree, the training memory, the Saver,
@@ -2266,7 +2280,7 @@ static int train_setup(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
     if (saver_init(saver, dist, model, o) != 0) return -1;
     startup_end(SU_SLOTS, mark);
     plan_after_setup(dist); /* the allocation ledger, complete now (printed with --verbose 1) */
-    if (o->standby[0]) { /* a hot spare: set up, it waits here (gptc/saver.h) */
+    if (o->standby[0]) { /* a hot spare: set up, it waits here (gptc/standby.h) */
         int go = standby_take_over(r, o, dist);
         if (go <= 0) return go == 0 ? STANDBY_DISMISSED : -1;
     }
@@ -2340,7 +2354,7 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
         double norm = dist_step(dist, model, &r->opt, o->grad_clip, lr, step + 1, s.loss, s.spike, &s.finite);
         levels_step_end(dist, step + 1); /* bytes per level (gptc/zero3.h) */
         train_run_log_step(r, step, s.loss, lr, norm, time_ms() - t0, s.finite, "");
-        /* after the step: a rollback, a snapshot or save, --stop-at (gptc/saver.h) */
+        /* after the step: a rollback, a snapshot or save, --stop-at (gptc/loop_tail.h) */
         int back = train_run_after_step(r, saver, dist, model, o, step, start, &s, 1);
         if (back >= 0) {
             step = back - 1; /* the loop's step++ continues after the snapshot's step */

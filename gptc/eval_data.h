@@ -34,8 +34,8 @@
 #define GPTC_EVAL_DATA_H
 
 #include "util.h"
-#include "tokenizer.h"
-#include "text_data.h"
+#include "tokenizer.h" /* Tokenizer, tokenizer_encode */
+#include "json.h"      /* json_object_value, json_string: the JSONL fields */
 
 #define EVAL_MAGIC 20240522
 #define EVAL_VERSION 1

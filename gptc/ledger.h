@@ -22,7 +22,7 @@
  * ints per rank or per shard name, MPI's request arrays), the GEMM's
  * per-thread packing buffers (thread-local, allocated by whichever threads
  * get work: the plan estimates them beside the ledger), transient buffers of
- * a resume (gptc/saver.h) and of the start-up print of the data's entropy.
+ * a resume (gptc/resume.h) and of the start-up print of the data's entropy.
  * The main thread records; the saver's threads allocate nothing here.
  */
 #ifndef GPTC_LEDGER_H
@@ -73,7 +73,7 @@ typedef struct {
 
 static Ledger ledger;
 
-/* ---- The fast start: big buffers (measured, issue 17) ----
+/* ---- The fast start: big buffers ----
  * A trainer's start-up on these VMs is page faults, not work: the first
  * touch of fresh memory runs at ~0.35 GB/s, a second pass at ~20 GB/s, and
  * GPT-2 124M's weights, gradients, moments and activations are ~2.5 GB. So
@@ -122,11 +122,10 @@ static const char* huge_pages_mode(void) {
 }
 
 /* GPTC_HUGE_PAGES=1 in the environment: ask for huge pages (above); else
- * small pages. (Measured here, 2026-11-30, a loaded 2-core VM: the huge
- * pages came (AnonHugePages = the whole buffer) but the first touch of
- * 1 GiB took a median 9.3 s against 3.2 s with small pages: in the
- * "madvise" defrag mode a fault in such a region compacts memory directly,
- * which costs more than it saves on a busy host. Hence opt-in.) */
+ * small pages. Opt-in: in the "madvise" defrag mode a fault in such a
+ * region compacts memory directly, which on a busy host costs more than
+ * the huge pages save (the first touch of 1 GiB about three times slower
+ * than with small pages on a loaded 2-core VM). */
 static int huge_pages_wanted(void) {
     const char* v = getenv("GPTC_HUGE_PAGES");
     return v && atoi(v) == 1;
@@ -156,12 +155,11 @@ static int big_populate_how = -1;
  * static share (the split big_touch makes, and the layers' loops: on a NUMA
  * host a page lands on the node of the thread that uses it), in one
  * madvise(MADV_POPULATE_WRITE) a thread (Linux 5.14): the kernel maps the
- * share in one call instead of one trap per page. Measured on this 2-core
- * VM (2026-12, loaded): 1 GiB in 0.17-0.25 s populated against 3.0-5.3 s
- * touched, both 262,144 page faults by getrusage; the pages are the same
- * zeroed ones. (What the populate does not pay, the hypervisor's own
- * backing of a guest page never used before, ~1.5 s/GiB here, is paid by
- * the first real write instead: the init, the first step.) Where madvise
+ * share in one call instead of one trap per page, an order of magnitude
+ * faster for the same page faults and the same zeroed pages. (What the
+ * populate does not pay, the hypervisor's own backing of a guest page
+ * never used before, is paid by the first real write instead: the init,
+ * the first step.) Where madvise
  * refuses (EINVAL: an older kernel; anything else), the share is touched
  * page by page, as before. */
 static void big_populate(void* p, size_t bytes) {
@@ -191,10 +189,9 @@ static void big_populate(void* p, size_t bytes) {
 /* A hot spare has the time before a failure: every page of its big
  * buffers is written once now (each page's first byte, with its own value:
  * nothing changes), so that neither the state load nor the first step after
- * its promotion pays what big_populate leaves to the first write. Measured
- * (2026-12-01, GPT-2 124M, scripts/bench_failover.sh --gpt2 --sources
- * spare): without it the promoted spare's state load took 4.3-4.8 s, the
- * load writing 1.5 GB of pages for the first time. Private anonymous
+ * its promotion pays what big_populate leaves to the first write (without
+ * it, GPT-2 124M's state load writes 1.5 GB of pages for the first time:
+ * scripts/bench_failover.sh --gpt2 --sources spare). Private anonymous
  * memory that no other thread uses yet (the spare is still waiting). */
 static void big_write_all(void) {
     for (int i = 0; i < ledger.num_live; i++) {
@@ -208,7 +205,7 @@ static void big_write_all(void) {
 }
 
 /* Where the start-up's time went, printed after the first step
- * (gptc/saver.h's startup_print): big_alloc's own time and bytes, and each
+ * (gptc/loop_tail.h's startup_print): big_alloc's own time and bytes, and each
  * phase's time without the allocations inside it (startup_begin/_end). */
 enum { SU_COMM, SU_DEVICE, SU_MODEL, SU_DATA, SU_SLOTS, SU_WAIT, SU_LOAD, SU_PHASES };
 static const char* const SU_NAMES[SU_PHASES] = {"communicator", "device set-up", "model init/load",

@@ -251,8 +251,8 @@ static void plan_after_setup(const Dist* d) {
 /* --plan-check 1, at the end of a run: the ledger against the plan, byte
  * for byte (each component after setup, and the peak), on every rank, and
  * the peak resident memory against the plan's. 0, or -1 after a message.
- * GPTC_INJECT_PLAN_ERROR=k (a component's index) plants one wrong byte in
- * the plan, which the check must catch (scripts/test_plan.sh). */
+ * A test build's test_hook_plan_error plants one wrong byte in the plan,
+ * which the check must catch (scripts/test_plan.sh). */
 static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const GPT2* model) {
     PlanKnobs k = plan_knobs(&model->config, o, r->B, d->rank, d->world, d->zero);
     if (d->lv && d->lv->per_node > 0) k.nodes = d->lv->nodes; /* (the nodes zeropp_init saw, --topology or MPI's) */
@@ -265,8 +265,7 @@ static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const 
     }
     CpuMemoryPlan p;
     cpu_memory_plan(&p, &k);
-    const char* plant = getenv("GPTC_INJECT_PLAN_ERROR"); /* test the tester: one byte more in a component */
-    if (plant && atoi(plant) >= 0 && atoi(plant) < MEM_COMPONENTS) p.setup[atoi(plant)] += 1;
+    test_hook_plan_error(p.setup); /* (test builds: test the tester, one byte more in a component) */
     int bad = !ledger.setup_marked;
     for (int m = 0; m < MEM_COMPONENTS; m++)
         if (ledger.setup[m] != p.setup[m]) {

@@ -5,8 +5,8 @@
  * run's locks), its set-up and release, when the val loss, the eval and the
  * samples are due, and the progress line and JSONL record of each step.
  *
- * Included by train_gpt.c in section 8, before gptc/saver.h (which extends
- * the TrainRun with the loop's tail); train() there and gpu_train() in
+ * Included by train_gpt.c in section 8, before gptc/saver.h, gptc/resume.h
+ * and gptc/loop_tail.h (which work on the TrainRun); train() there and gpu_train() in
  * train_gpt.cu share it. Defines: TrainRun, train_run_claim,
  * train_run_init, train_run_free, train_run_val_due, train_run_eval_due,
  * train_run_sample_due, train_run_log_val, train_run_log_step.
@@ -33,8 +33,8 @@ typedef struct {
     uint64_t nonce;   /* this run's (gptc/state.h) */
     LossWatch watch;  /* the loss-spike detector */
     int rollbacks;    /* rollbacks to a snapshot so far (gptc/saver.h) */
-    int nan_upto, spike_upto; /* the test hooks' (gptc/saver.h): the last step each planted a fault at */
-    RunLock lock;     /* this process's hold on the run's folders (gptc/state.h's run_lock) */
+    int nan_upto, spike_upto; /* the test hooks' (gptc/test_hooks.h): the last step each planted a fault at */
+    RunLock lock;     /* this process's hold on the run's folders (gptc/run_lock.h) */
     double mfu;       /* the last step's model FLOPs utilisation in %, for the log (the CUDA twin's); 0 = none */
 } TrainRun;
 

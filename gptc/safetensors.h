@@ -48,7 +48,7 @@
 #define GPTC_SAFETENSORS_H
 
 #include "util.h"
-#include "text_data.h" /* json_space, json_string, json_skip, json_number, file_read_all */
+#include "json.h" /* json_space, json_string, json_skip, json_number */
 
 #define ST_MAX_HEADER 100000000LL /* the format's own limit on the JSON header */
 #define ST_MAX_TENSORS 65536

@@ -4,7 +4,7 @@
  * Included by train_gpt.c (first) and by every other gptc/ header; a student
  * can skip it. Defines: MAYBE_UNUSED, RESTRICT; CHECK, ALWAYS, FILE_ERROR
  * (checked calls, named invariants, file errors); xmalloc, xmalloc_floats;
- * time_ms, unix_ms; num_threads; file_size, file_open_read, read_exact,
+ * time_ms, unix_ms; num_threads; file_size, file_open_read, read_exact, file_read_all,
  * WriteChunk, write_file_atomic, mkdir_p, glob_pattern; FileLock
  * (file_lock, file_unlock: one process at a time); HEADER_INTS (the
  * 256-int32 header of every llm.c file); Rng with rng_init, rng_u32,
@@ -33,6 +33,9 @@
 #include <fcntl.h>
 #ifdef _OPENMP
 #include <omp.h>
+#else /* built without OpenMP: one thread, and a parallel region's team queries say so */
+static inline int omp_get_num_threads(void) { return 1; }
+static inline int omp_get_thread_num(void) { return 0; }
 #endif
 
 /* for the parts only train_gpt.cu and the tests call */
@@ -163,6 +166,28 @@ static int read_exact(FILE* f, void* dst, size_t n, const char* path) {
 
 /* Write a whole file atomically: to "<path>.tmp", fsync, then rename over
  * <path>. A crash or a full disk leaves the previous <path> untouched. */
+/* Whole file into memory (NUL-terminated). NULL after a message on failure. */
+static char* file_read_all(const char* path, size_t* len) {
+    FILE* f = file_open_read(path, "file");
+    if (!f) return NULL;
+    long long size = file_size(f);
+    if (size < 0) {
+        FILE_ERROR(path, "cannot stat: %s", strerror(errno));
+        fclose(f);
+        return NULL;
+    }
+    char* buf = (char*)xmalloc((size_t)size + 1);
+    if (read_exact(f, buf, (size_t)size, path) != 0) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[size] = '\0';
+    *len = (size_t)size;
+    return buf;
+}
+
 typedef struct {
     const void* data;
     size_t bytes;
@@ -397,11 +422,10 @@ static void rng_jump(Rng* rng, uint64_t draws) {
         if (draws & 1) rng->state = rng_matvec(t->col[j], rng->state);
 }
 
-/* The fast init (issue 17): (float)(std * rng_normal) for n normals from
+/* The fast init: (float)(std * rng_normal) for n normals from
  * `start`, into p[0, n), the same bits as the loop of rng_normal, about
  * twice as fast. GPT-2 124M's init is 124M normals, each a log, a cos and a
- * sqrt of glibc's in double: ~38 ns a normal on one core here (2026-12,
- * thread CPU time), 2 s of the start on 2 cores. Here RNG_LANES streams
+ * sqrt of glibc's in double: seconds of the start at that size. Here RNG_LANES streams
  * (each jumped to the start of its n/RNG_LANES normals) are drawn side by
  * side, so the compiler's vector instructions do them together, and the
  * log and the cos are our own, in plain arithmetic:

@@ -507,7 +507,7 @@ static void zero3_gather_model(const Dist* d, const GPT2* model, float* dst) {
     memcpy(dst, model->params_memory, n * sizeof(float));
 }
 
-/* Where a state's weights are loaded (gptc/saver.h): the weights, or under
+/* Where a state's weights are loaded (gptc/resume.h): the weights, or under
  * ZeRO-3 a temporary of P floats (outside the memory plan, like the read
  * buffer), whose slice [lo, hi) dist_params_keep then takes. */
 static float* dist_params_full(const Dist* d, GPT2* model) {

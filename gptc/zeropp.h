@@ -17,8 +17,9 @@
  * layer only) follows these semantics and writes the same dump. Defines:
  * ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
  * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
- * runs with GPTC_ZEROPP_DUMP=dir (below: what each hook sent and received,
- * off when unset) and re-derives it in scripts/zeropp_ref.py.
+ * runs a test build with GPTC_ZEROPP_DUMP=dir (below: what each hook sent
+ * and received, off when unset; compiled in only with -DGPTC_TEST_HOOKS)
+ * and re-derives it in scripts/zeropp_ref.py.
  *
  * The ranges. ZeRO-3 gathers and reduces one flat range [a, a + n) at a
  * time: the head's two ([0, wte + wpe) and [P - 2C, P): lnfw, lnfb) and
@@ -227,8 +228,9 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
 }
 
 /* ---- GPTC_ZEROPP_DUMP=dir: what went over the wire, for an independent check ----
- * Set, every rank writes dir/rank<r>.bin (unset: nothing is opened and
- * each hook pays one NULL test). Records, inside training steps only
+ * In a test build (-DGPTC_TEST_HOOKS) with it set, every rank writes
+ * dir/rank<r>.bin (unset, or a user's build: nothing is opened and each
+ * hook pays one NULL test). Records, inside training steps only
  * (not validation or sampling), in the order the hooks run (the same on
  * every rank): a header of 8 little-endian int64 {ZEROPP_DUMP_MAGIC, tag,
  * step (0-based), backward, source, a, n, 0}, then n fp32. Tags:
@@ -247,7 +249,8 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
  * from the masters and the local gradients of all ranks, in numpy, from the
  * documented format alone; scripts/test_zeropp.sh runs it (and, with
  * ZEROPP_MUTANTS=1, make test-zeropp-mutants, shows it failing on planted bugs). */
-#define ZEROPP_DUMP_MAGIC 0x5a505044554d5031LL /* "ZPPDUMP1" */
+#define ZEROPP_DUMP_MAGIC 0x5a505044554d5031LL /* "ZPPDUMP1" (the CUDA twin's dump too) */
+#ifdef GPTC_TEST_HOOKS /* (test builds only: gptc/test_hooks.h) */
 static void zeropp_dump(ZeroPP* z, int tag, int source, size_t a, size_t n, const float* x) {
     Levels* lv = z->d->lv;
     int64_t h[8] = {ZEROPP_DUMP_MAGIC, tag, lv->steps, lv->backward, source, (int64_t)a, (int64_t)n, 0};
@@ -270,6 +273,16 @@ static void zeropp_dump_open(ZeroPP* z) {
     CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(f, sizeof(f), 1, z->dump) == 1,
           "GPTC_ZEROPP_DUMP: writing %s failed (disk full?)", path);
 }
+static void zeropp_dump_close(ZeroPP* z) {
+    CHECK(!z->dump || fclose(z->dump) == 0, "GPTC_ZEROPP_DUMP: closing rank %d's file failed (disk full?)", z->d->rank);
+}
+#else /* a user's build: z->dump stays NULL, so the hooks never record */
+static inline void zeropp_dump(ZeroPP* z, int tag, int source, size_t a, size_t n, const float* x) {
+    (void)z, (void)tag, (void)source, (void)a, (void)n, (void)x;
+}
+static inline void zeropp_dump_open(ZeroPP* z) { (void)z; }
+static inline void zeropp_dump_close(ZeroPP* z) { (void)z; }
+#endif
 
 MAYBE_UNUSED static void zeropp_add_sent(Levels* lv, int level, size_t bytes) {
     if (lv->counting) lv->sent[level] += (double)bytes;
@@ -568,7 +581,7 @@ static void zeropp_setup(void* ctx) {
 
 static void zeropp_release(void* ctx) {
     ZeroPP* z = (ZeroPP*)ctx;
-    CHECK(!z->dump || fclose(z->dump) == 0, "GPTC_ZEROPP_DUMP: closing rank %d's file failed (disk full?)", z->d->rank);
+    zeropp_dump_close(z);
     ledger_free(z->secondary);
     ledger_free(z->residual);
     ledger_free(z->send);

@@ -51,11 +51,11 @@ stage test_dp scripts/tests/test_dp.sh ./train_gpt_mpi
 tail -n 1 "$LOGS/test_dp.log"
 
 echo "== ZeRO-3, --topology 2x2, hierarchical reduction: np 1-4 against 1 process, bytes per level = the formulas, states"
-stage test_zero3 scripts/tests/test_zero3.sh ./train_gpt_mpi ./train_gpt
+stage test_zero3 scripts/tests/test_zero3.sh .hooks/train_gpt_mpi ./train_gpt
 tail -n 1 "$LOGS/test_zero3.log"
 
 echo "== ZeRO++ on --zero 3 (gptc/zeropp.h): qwZ, qgZ, hpZ on np 2 and 2x2 against plain --zero 3, bytes = the formulas, plan, resume"
-stage test_zeropp scripts/tests/test_zeropp.sh ./train_gpt_mpi
+stage test_zeropp scripts/tests/test_zeropp.sh .hooks/train_gpt_mpi
 tail -n 1 "$LOGS/test_zeropp.log"
 
 echo "== ZeRO++'s quantised collectives (gptc/quant.h): INT8/INT4 blocks, qwZ, qgZ, hpZ on mpirun -np 1, 2, 4 (emulated 2x2 and 2x1x2)"
@@ -63,15 +63,15 @@ stage test_quant scripts/tests/test_quant.sh ./dev/quant/test_quant
 tail -n 1 "$LOGS/test_quant.log"
 
 echo "== the memory plan: --plan == the allocation ledger over 33 configurations (1-3 ranks, ZeRO 0/1/2), peak RSS within 3%"
-stage test_plan scripts/tests/test_plan.sh ./train_gpt ./train_gpt_mpi
+stage test_plan scripts/tests/test_plan.sh .hooks/train_gpt .hooks/train_gpt_mpi
 tail -n 1 "$LOGS/test_plan.log"
 
 echo "== failover: runs killed (SIGKILL), hung (SIGSTOP) and host-replaced under scripts/supervise.py end bit for bit"
-stage test_failover scripts/tests/test_failover.sh ./train_gpt ./train_gpt_mpi
+stage test_failover scripts/tests/test_failover.sh .hooks/train_gpt .hooks/train_gpt_mpi
 tail -n 1 "$LOGS/test_failover.log"
 
 echo "== hot spare for 2 ranks: a standby mpirun job promoted after SIGKILLs of ranks, bit for bit (the rest: make test-failover-long)"
-stage test_spare_ranks scripts/tests/test_spare_ranks.sh --quick ./train_gpt_mpi
+stage test_spare_ranks scripts/tests/test_spare_ranks.sh --quick .hooks/train_gpt_mpi
 tail -n 1 "$LOGS/test_spare_ranks.log"
 
 echo "== resume: runs stopped and resumed at every step, 1 and 3 shards, shuffled or not, 1 process and 2 ranks, end bit for bit"

@@ -66,8 +66,8 @@
 # exit status is non-zero on failure.
 set -u
 cd "$(dirname "$0")/../.."
-BIN=${1:-./train_gpt}
-BIN_MPI=${2:-./train_gpt_mpi}
+BIN=${1:-.hooks/train_gpt}
+BIN_MPI=${2:-.hooks/train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 SUP="$PY scripts/supervise.py"
 STEPS=48

@@ -54,8 +54,8 @@
 # 37 s.
 set -u
 cd "$(dirname "$0")/../.."
-BIN=${1:-./train_gpt}
-MPIBIN=${2:-./train_gpt_mpi}
+BIN=${1:-.hooks/train_gpt}
+MPIBIN=${2:-.hooks/train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 dir=$(mktemp -d /tmp/gptc_plan.XXXXXX)

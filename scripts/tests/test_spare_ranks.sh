@@ -29,10 +29,10 @@ set -u
 cd "$(dirname "$0")/../.."
 QUICK=0
 [ "${1:-}" = --quick ] && { QUICK=1; shift; }
-BIN_MPI=${1:-./train_gpt_mpi}
+BIN_MPI=${1:-.hooks/train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 STEPS=160
-command -v mpirun > /dev/null && [ -x "$BIN_MPI" ] || { echo "skipped: no mpirun or $BIN_MPI (make train_gpt_mpi)"; echo "0 passed, 0 failed"; exit 0; }
+command -v mpirun > /dev/null && [ -x "$BIN_MPI" ] || { echo "skipped: no mpirun or $BIN_MPI (make .hooks/train_gpt_mpi)"; echo "0 passed, 0 failed"; exit 0; }
 dir=$(mktemp -d /tmp/gptc_spare_ranks.XXXXXX)
 shm=$(mktemp -d /dev/shm/gptc_spare_ranks.XXXXXX)
 sup=""

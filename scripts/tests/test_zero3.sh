@@ -39,7 +39,7 @@
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
 cd "$(dirname "$0")/../.."
-BIN=${1:-./train_gpt_mpi}
+BIN=${1:-.hooks/train_gpt_mpi}
 ONE=${2:-./train_gpt}
 PY=${PYTHON:-/usr/bin/python3}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"

@@ -69,7 +69,7 @@
 # The last line is "N passed, N failed"; the exit status is non-zero on failure.
 set -u
 cd "$(dirname "$0")/../.."
-BIN=${1:-./train_gpt_mpi}
+BIN=${1:-.hooks/train_gpt_mpi}
 PY=${PYTHON:-/usr/bin/python3}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 dir=$(mktemp -d /tmp/gptc_zeropp.XXXXXX)
@@ -293,7 +293,7 @@ PY
     rm -rf "$m"
 }
 if [ "${ZEROPP_MUTANTS:-0}" = 1 ]; then
-    MUTANT_CC=${MUTANT_CC:-mpicc -O3 -march=native -fno-math-errno -std=c11 -fopenmp -DUSE_MPI}
+    MUTANT_CC=${MUTANT_CC:-mpicc -O3 -march=native -fno-math-errno -std=c11 -fopenmp -DUSE_MPI -DGPTC_TEST_HOOKS}
     MUTANT_LIBS=${MUTANT_LIBS:--lm -pthread}
     i254=$(echo "1/254" | bc -l) i14=$(echo "1/14" | bc -l)
     mutant scale-of-next-block 3 $i254 0 --qwz 8

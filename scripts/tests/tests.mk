@@ -13,12 +13,23 @@
 # some helpers only main() uses are unused: -Wno-unused-function)
 ## make test_gpt        the C tests: PyTorch fixtures, finite differences, round trips, bad inputs
 test_gpt: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
-	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
+	$(CC) $(CFLAGS) -Wno-unused-function $(OPENMP) -DGPTC_TEST_HOOKS -o $@ test_gpt.c $(LDLIBS)
 
 # the same with the sanitizers; -O1 -g keeps reports readable
 test_gpt_asan: test_gpt.c train_gpt.c $(GPTC_H) test_common.h test_check.h
 	$(CC) -O1 -g -fno-omit-frame-pointer -march=native -fno-math-errno -std=c11 -Wall -Wextra -Wno-unused-function -fsanitize=address,undefined \
-		-fno-sanitize-recover=undefined $(OPENMP) -o $@ test_gpt.c $(LDLIBS)
+		-fno-sanitize-recover=undefined $(OPENMP) -DGPTC_TEST_HOOKS -o $@ test_gpt.c $(LDLIBS)
+
+# The trainers again with the planted faults compiled in (gptc/test_hooks.h), under the
+# same names in $(HOOKS_BUILD)/, for the tests that set GPTC_INJECT_*, GPTC_CALIB_PLANT_SLOW,
+# GPTC_STANDBY_SETUP_MS or GPTC_ZEROPP_DUMP (train_gpt and train_gpt_mpi have none of them)
+$(HOOKS_BUILD)/train_gpt: train_gpt.c $(GPTC_H)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(OPENMP) -DGPTC_TEST_HOOKS -o $@ train_gpt.c $(LDLIBS)
+$(HOOKS_BUILD)/train_gpt_mpi: train_gpt.c $(GPTC_H)
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "error: $(MPICC) not found: apt-get install libopenmpi-dev openmpi-bin"; exit 1; }
+	@mkdir -p $(@D)
+	$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -DGPTC_TEST_HOOKS -o $@ train_gpt.c $(LDLIBS)
 
 # tokenizer parity with the reference JavaScript tokenizer (see dev/tokenizer/README.md)
 test_tokenizer: dev/tokenizer/test_tokenizer.c $(GPTC_H) test_check.h
@@ -54,7 +65,7 @@ check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -Wno-unused-function -fsyntax-only $(OPENMP) test_gpt.c
 
 ## make test-asan       test_gpt under AddressSanitizer + UBSan
-test-asan: train_gpt test_gpt_asan $(TOKENIZER_FILES)
+test-asan: train_gpt $(HOOKS_BUILD)/train_gpt test_gpt_asan $(TOKENIZER_FILES)
 	ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan
 
 # Hugging Face checkpoints: scripts/hf_reference.py writes a small GPT-2 as
@@ -87,35 +98,35 @@ test-dp: train_gpt_mpi $(TOKENIZER_FILES)
 
 # ZeRO-3, the levels (--topology) and hierarchical reduction against 1 process (scripts/tests/test_zero3.sh)
 ## make test-zero3      ZeRO-3, --topology levels, hierarchical reduction: np 1-4 against 1 process (~35 s)
-test-zero3: train_gpt_mpi train_gpt
-	scripts/tests/test_zero3.sh ./train_gpt_mpi ./train_gpt
+test-zero3: $(HOOKS_BUILD)/train_gpt_mpi train_gpt
+	scripts/tests/test_zero3.sh $(HOOKS_BUILD)/train_gpt_mpi ./train_gpt
 
 # ZeRO++ (gptc/zeropp.h) on --zero 3 against plain --zero 3: np 2 and --topology 2x2 (scripts/tests/test_zeropp.sh)
 ## make test-zeropp     ZeRO++ (--qwz, --qgz, --hpz): losses, bytes, resume, the wire against numpy bit for bit (~35 s)
-test-zeropp: train_gpt_mpi
-	scripts/tests/test_zeropp.sh ./train_gpt_mpi
+test-zeropp: $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/tests/test_zeropp.sh $(HOOKS_BUILD)/train_gpt_mpi
 
 # the same plus 7 planted bugs, each built from a patched copy of the sources: the wire check must fail on each (~3 min)
 ## make test-zeropp-mutants  test-zeropp plus 7 planted bugs the wire check must catch (~3.5 min)
-test-zeropp-mutants: train_gpt_mpi
-	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI" MUTANT_LIBS="$(LDLIBS)" scripts/tests/test_zeropp.sh ./train_gpt_mpi
+test-zeropp-mutants: $(HOOKS_BUILD)/train_gpt_mpi
+	ZEROPP_MUTANTS=1 MUTANT_CC="$(MPICC) $(CFLAGS) $(OPENMP) -DUSE_MPI -DGPTC_TEST_HOOKS" MUTANT_LIBS="$(LDLIBS)" scripts/tests/test_zeropp.sh $(HOOKS_BUILD)/train_gpt_mpi
 
 # the memory plan (gptc/plan.h) == the allocation ledger, byte for byte, over a
 # grid of 33 configurations; peak RSS within 3% (scripts/tests/test_plan.sh)
 ## make test-plan       the memory plan (--plan) against the allocation ledger and peak RSS; --auto, calibration (~70 s)
-test-plan: train_gpt train_gpt_mpi
-	scripts/tests/test_plan.sh ./train_gpt ./train_gpt_mpi
+test-plan: $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/tests/test_plan.sh $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
 
 # SIGKILL and SIGSTOP at random moments under the supervisor, 1 process and 2 ranks (scripts/tests/test_failover.sh)
 ## make test-failover   runs killed and hung under scripts/supervise.py end bit for bit as uninterrupted ones
-test-failover: train_gpt train_gpt_mpi
-	scripts/tests/test_failover.sh ./train_gpt ./train_gpt_mpi
+test-failover: $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/tests/test_failover.sh $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
 
 # the hot spare of a 2-rank job (a standby mpirun job), all four cases (~40 s; make test runs the first)
 ## make test-failover-long  that, and the 2-rank hot spare: killed ranks, a killed spare, two failures, no state
-test-failover-long: train_gpt train_gpt_mpi
-	scripts/tests/test_failover.sh ./train_gpt ./train_gpt_mpi
-	scripts/tests/test_spare_ranks.sh ./train_gpt_mpi
+test-failover-long: $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/tests/test_failover.sh $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi
+	scripts/tests/test_spare_ranks.sh $(HOOKS_BUILD)/train_gpt_mpi
 
 # stop and resume at every step: 1 and 3 shards, --shuffle 0/1, 1 process and 2 ranks (scripts/tests/test_resume.sh)
 ## make test-resume     a run stopped and resumed at any step sees the batches an uninterrupted one sees

@@ -49,7 +49,7 @@ CPU_LAYER_FLAGS = -std=c++17 -O2 -g -Wall -Wextra -Idev/cuda/cpu -I$(CUDA_HOME)/
 # -O1                             kernels are stepped thread by thread; compile time matters more
 CPU_APP_FLAGS = -x c++ -std=c++17 -O1 -g -fopenmp -Wall -Wno-unused-function -Wno-unused-variable \
 	-I$(CPU_BUILD) -Idev/cuda/cpu/include -I. -I$(CUDA_HOME)/include $(MPI_CXXFLAGS) \
-	-fsanitize=thread
+	-fsanitize=thread -DGPTC_TEST_HOOKS
 CPU_APP_LIBS = -fopenmp -lm $(MPI_CXXLIBS)
 
 $(CPU_BUILD)/layer/%.o: dev/cuda/cpu/%.cpp $(CPU_LAYER_H)
