@@ -2608,8 +2608,11 @@ static const floatX* gpu_layer_input(const GpuGPT2* g, int l, int B, int T) {
 /* Layer l's weights (as gpu_layer_grads): the per-layer tensors point at
  * layer l's slices of the whole bf16 weights or, under ZeRO-3 (G6), into
  * the buffer its gather fills, the 12 slices back to back in file order
- * (the packed bucket); `backward`: for its backward (gathered again). */
+ * (the packed bucket); `backward`: for its backward (gathered again). The
+ * forward's hook for what the weights wait on: ZeRO-3's gather, and with
+ * --offload 1 the host's update of layer l's slices (gpu_offload_wait). */
 static ParameterTensorsX gpu_layer_params(GpuGPT2* g, int l, int backward) {
+    if (!backward) gpu_offload_wait(g, g->stream, 1 + l);
     ParameterTensorsX r = g->params;
     floatX** rp = (floatX**)&r;
     const floatX* packed = g->layer_weights ? g->layer_weights(g->grads_ctx, l, backward) : NULL;
@@ -2622,45 +2625,61 @@ static ParameterTensorsX gpu_layer_params(GpuGPT2* g, int l, int backward) {
     return r;
 }
 
+/* The weights outside the layers (wte, wpe, lnfw, lnfb), once ready for
+ * what comes next: `piece` 0 a forward's start (ZeRO-3 gathers the head and
+ * starts layer 0's; --offload 1 waits for wte and wpe's update), L + 1 its
+ * final layernorm (--offload 1: lnfw and lnfb updated), -1 a backward's
+ * start (ZeRO-3 starts layer L-1's gather, the head is kept; --offload 1:
+ * the whole update done, every gradient slot zeroed). */
+static ParameterTensorsX gpu_head_params(GpuGPT2* g, int piece) {
+    if (g->weights_begin && piece <= 0) g->weights_begin(g->grads_ctx, piece < 0);
+    gpu_offload_wait(g, g->stream, piece);
+    return g->params;
+}
+
 /* GELU in the fc GEMM's epilogue? Not at levels 1 and 2, whose backward
- * recomputes fch_gelu from the kept fch with our kernel (see above
- * gpu_activation_sizes: the forward must have run that same kernel). */
+ * recomputes fch_gelu from the kept fch with our kernel (recompute.cuh:
+ * the forward must have run that same kernel). */
 static int gpu_gelu_in_epilogue(const GpuGPT2* g) {
     return g->gelu_fusion && (g->recompute == 0 || g->recompute == 3);
 }
 
-/* Layer l's forward from its input `residual` into `a` (gpu_layer_acts),
- * with its weights `lp` (gpu_layer_params).
- * `redo` 0: the forward, every step. `redo` = the --recompute level (1..3),
- * in backward: only the steps whose outputs that level did not keep, each
- * the very kernel, on the very inputs, the forward ran (level 2 writes the
- * kept mean and rstd again, with the same bits); never the last GEMM, whose
- * residual3 is kept. Not yet run on a GPU (levels 1..3). */
-static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const ParameterTensorsX* lp,
-                              const floatX* residual, int B, int T, int redo) {
-    const GPT2Config* cfg = &g->config;
-    int C = cfg->channels, NH = cfg->num_heads, N = B * T;
+/* Layer l's attention half, from its input `residual` into `a`
+ * (gpu_layer_acts) with its weights `lp` (gpu_layer_params): ln1, qkv,
+ * attention, and residual2 = residual + atty . attprojw^T + attprojb. */
+static void gpu_layer_attention_forward(GpuGPT2* g, const GpuActivations* a, const ParameterTensorsX* lp,
+                                        const floatX* residual, int B, int T) {
+    int C = g->config.channels, NH = g->config.num_heads, N = B * T;
     cudaStream_t s = g->stream;
-    const ParameterTensorsX& p = *lp; /* layer l's slices (gpu_layer_params) */
-    int all = redo == 0 || redo == 3; /* the GEMMs and attention */
-    if (redo != 1)
-        layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, p.ln1w, p.ln1b, N, C, s);
-    if (all) {
-        matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw, p.qkvb, NULL, NULL, N, C, 3 * C);
-        attention_forward_gpu(a->atty, a->lse, a->qkv, B, T, NH, C / NH, s);
-        /* residual2 = residual + atty . attprojw^T + attprojb: one GEMM with beta = 1 */
-        matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw, p.attprojb, residual, NULL, N, C, C);
-    }
-    if (redo != 1)
-        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w, p.ln2b, N, C, s);
+    const ParameterTensorsX& p = *lp;
+    layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, p.ln1w, p.ln1b, N, C, s);
+    matmul_forward_gpu(&g->lt, s, a->qkv, a->ln1, p.qkvw, p.qkvb, NULL, NULL, N, C, 3 * C);
+    attention_forward_gpu(a->atty, a->lse, a->qkv, B, T, NH, C / NH, s);
+    /* one GEMM with beta = 1 adds the residual */
+    matmul_forward_gpu(&g->lt, s, a->residual2, a->atty, p.attprojw, p.attprojb, residual, NULL, N, C, C);
+}
+
+/* Layer l's MLP up to its last GEMM: ln2, fch = ln2 . fcw^T + fcb and
+ * fch_gelu = GELU(fch), the GELU in the GEMM's epilogue or our kernel. */
+static void gpu_layer_mlp_forward(GpuGPT2* g, const GpuActivations* a, const ParameterTensorsX* lp, int B, int T) {
+    int C = g->config.channels, N = B * T;
+    cudaStream_t s = g->stream;
+    const ParameterTensorsX& p = *lp;
+    layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, p.ln2w, p.ln2b, N, C, s);
     int epilogue = gpu_gelu_in_epilogue(g);
-    if (all)
-        matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw, p.fcb, NULL,
-                           epilogue ? a->fch : NULL, N, C, 4 * C);
+    matmul_forward_gpu(&g->lt, s, epilogue ? a->fch_gelu : a->fch, a->ln2, p.fcw, p.fcb, NULL,
+                       epilogue ? a->fch : NULL, N, C, 4 * C);
     if (!epilogue) gelu_forward_gpu(a->fch_gelu, a->fch, (long long)N * 4 * C, s);
-    if (redo == 0)
-        matmul_forward_gpu(&g->lt, s, a->residual3, a->fch_gelu, p.fcprojw, p.fcprojb, a->residual2, NULL, N, 4 * C,
-                           C);
+}
+
+/* Layer l's forward: residual3 = residual2 + fch_gelu . fcprojw^T + fcprojb. */
+static void gpu_layer_forward(GpuGPT2* g, const GpuActivations* a, const ParameterTensorsX* lp,
+                              const floatX* residual, int B, int T) {
+    int C = g->config.channels, N = B * T;
+    gpu_layer_attention_forward(g, a, lp, residual, B, T);
+    gpu_layer_mlp_forward(g, a, lp, B, T);
+    matmul_forward_gpu(&g->lt, g->stream, a->residual3, a->fch_gelu, lp->fcprojw, lp->fcprojb, a->residual2, NULL,
+                       N, 4 * C, C);
 }
 
 /* The forward of the (B, T) tokens gpu_tokens_upload put on the device
@@ -2670,19 +2689,16 @@ static void gpu_forward_run(GpuGPT2* g, int B, int T, int targets, float dloss) 
     int C = cfg->channels, L = cfg->num_layers, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     size_t BT = (size_t)B * T;
     cudaStream_t s = g->stream;
-    ParameterTensorsX p = g->params;
     GpuActivations a = g->acts;
-    if (g->weights_begin) g->weights_begin(g->grads_ctx, 0); /* ZeRO-3: the head gathered, layer 0 on its way */
-    gpu_offload_wait(g, s, 0); /* --offload 1: wte and wpe updated (the host may still update the layers) */
+    ParameterTensorsX p = gpu_head_params(g, 0);
     encoder_forward_gpu(a.encoded, g->dev.inputs, p.wte, p.wpe, B, T, C, s);
     for (int l = 0; l < L; l++) {
-        gpu_offload_wait(g, s, 1 + l); /* --offload 1: layer l's slices updated */
         GpuActivations al = gpu_layer_acts(g, l, B, T); /* layer l's slices, or the working set */
         ParameterTensorsX lp = gpu_layer_params(g, l, 0);
-        gpu_layer_forward(g, &al, &lp, gpu_layer_input(g, l, B, T), B, T, 0);
+        gpu_layer_forward(g, &al, &lp, gpu_layer_input(g, l, B, T), B, T);
     }
     const floatX* last = gpu_layer_input(g, L, B, T);
-    gpu_offload_wait(g, s, L + 1); /* --offload 1: lnfw and lnfb updated */
+    p = gpu_head_params(g, L + 1);
     layernorm_forward_gpu(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, (int)BT, C, s);
     matmul_forward_gpu(&g->lt, s, a.logits, a.lnf, p.wte, NULL, NULL, NULL, (int)BT, C, Vp);
     g->last_B = B;
@@ -2735,6 +2751,31 @@ static ParameterTensors gpu_layer_grads(const GpuGPT2* g, int l) {
     return r;
 }
 
+/* What --recompute did not keep of layer l, again, into the working set
+ * (recompute.cuh's table), each step the very kernel on the very inputs the
+ * forward ran, so the bits are the forward's: level 1 fch_gelu = GELU(fch);
+ * level 2 also ln1 and ln2 (LayerNorm again, writing the kept mean and rstd
+ * with the same bits); level 3 the layer's forward but its last GEMM, whose
+ * output residual3 is kept. At levels 1 and 2 the forward's GELU was our
+ * kernel (gpu_gelu_in_epilogue). Nothing at level 0. */
+static void gpu_layer_recompute(GpuGPT2* g, const GpuActivations* a, const ParameterTensorsX* lp,
+                                const floatX* residual, int B, int T) {
+    int C = g->config.channels, N = B * T;
+    cudaStream_t s = g->stream;
+    if (g->recompute == 0) return;
+    if (g->recompute == 3) {
+        gpu_layer_attention_forward(g, a, lp, residual, B, T);
+        gpu_layer_mlp_forward(g, a, lp, B, T);
+        return;
+    }
+    ALWAYS(!gpu_gelu_in_epilogue(g));
+    if (g->recompute == 2) {
+        layernorm_forward_gpu(a->ln1, a->ln1_mean, a->ln1_rstd, residual, lp->ln1w, lp->ln1b, N, C, s);
+        layernorm_forward_gpu(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, lp->ln2w, lp->ln2b, N, C, s);
+    }
+    gelu_forward_gpu(a->fch_gelu, a->fch, (long long)N * 4 * C, s);
+}
+
 /* Backward of the last forward, which must have had targets and dloss != 0
  * (its dlogits already hold the loss scale). Adds into the fp32 gradients.
  * The data-parallel hooks (G6) bracket each bucket: the rest (wte, wpe, lnf)
@@ -2752,9 +2793,7 @@ static void gpu_backward(GpuGPT2* g) {
     ParameterTensors gr = g->grads;
     GpuActivations a = g->acts;
     GpuScratch sc = g->scratch;
-    gpu_offload_wait(g, s, -1); /* --offload 1: the last update done (every gradient slot zeroed) */
-
-    if (g->weights_begin) g->weights_begin(g->grads_ctx, 1); /* ZeRO-3: layer L-1 on its way (the head is kept) */
+    gpu_head_params(g, -1); /* ZeRO-3: layer L-1 on its way; --offload 1: the last update done */
     if (g->grads_begin) g->grads_begin(g->grads_ctx, L);
     /* dlnf = dlogits . wte; dwte += dlogits^T . lnf */
     matmul_backward_gpu(lt, s, sc.dbt_c, gr.wte, NULL, sc.part, a.logits, a.lnf, p.wte, NULL, N, C, Vp);
@@ -2766,8 +2805,7 @@ static void gpu_backward(GpuGPT2* g) {
         const floatX* residual = gpu_layer_input(g, l, B, T);
         GpuActivations al = gpu_layer_acts(g, l, B, T); /* layer l's slices, or the working set */
         ParameterTensorsX lp = gpu_layer_params(g, l, 1); /* layer l's weights (ZeRO-3: gathered again) */
-        /* what --recompute did not keep, again (not yet run on a GPU) */
-        if (g->recompute) gpu_layer_forward(g, &al, &lp, residual, B, T, g->recompute);
+        gpu_layer_recompute(g, &al, &lp, residual, B, T); /* what --recompute did not keep */
         if (g->grads_begin) g->grads_begin(g->grads_ctx, l);
         ParameterTensors lg = gpu_layer_grads(g, l); /* layer l's slices */
         /* MLP */

@@ -80,19 +80,11 @@ static int launcher_env_present(void) {
     return 0;
 }
 
-/* Learn rank and world, take a GPU, and (with several ranks, or sharding on
- * one) build the NCCL communicator. `init`: auto, mpi, file:PATH or
- * tcp:HOST:PORT (--init). 0, or -1 after a message (then gpu_comm_free). */
-static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int sharded, int* argc, char*** argv) {
-    memset(cm, 0, sizeof(*cm));
-    cm->world = 1;
-    cm->dist.world = 1;
-    cm->dist.t_start = unix_ms();
-    static int handler_set = 0;
-    if (!handler_set) {
-        CHECK(atexit(gpu_comm_exit_handler) == 0, "cannot register the exit handler");
-        handler_set = 1;
-    }
+/* Rank and world: from MPI (--init mpi), or from the launcher's environment
+ * for a rendezvous through *rv (--init file:PATH or tcp:HOST:PORT), or one
+ * process. 0, or -1 after a message. */
+static int gpu_comm_meet(GpuComm* cm, const char* init, double init_timeout, Rendezvous* rv, int* argc,
+                         char*** argv) {
     int env_rank = 0, env_world = 1, env_local = 0;
     int launched = launch_rank_world(&env_rank, &env_world, &env_local) == 0;
     if (!launched && launcher_env_present()) return -1; /* launch_rank_world said what is wrong */
@@ -114,8 +106,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
         init = "none";
 #endif
     }
-    Rendezvous rv;
-    memset(&rv, 0, sizeof(rv));
+    memset(rv, 0, sizeof(*rv));
     if (!strcmp(init, "none")) {
         snprintf(cm->how, sizeof(cm->how), "one process");
     } else if (!strcmp(init, "mpi")) {
@@ -145,7 +136,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
         return -1;
 #endif
     } else {
-        const char* problem = rendezvous_parse(&rv, init, init_timeout);
+        const char* problem = rendezvous_parse(rv, init, init_timeout);
         if (problem) {
             fprintf(stderr, "error: --init %s: %s\n", init, problem);
             return -1;
@@ -163,6 +154,12 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     }
     cm->dist.rank = cm->rank;
     cm->dist.world = cm->world;
+    return 0;
+}
+
+/* Take GPU local_rank % (visible GPUs) and create its context; the free
+ * bytes after it are where the memory check starts. */
+static void gpu_comm_device(GpuComm* cm) {
     StartupMark mark = startup_begin(); /* the CUDA context: the start-up line's "device set-up" */
     int ndev = 0;
     CUDA_CHECK(cudaGetDeviceCount(&ndev));
@@ -172,16 +169,12 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     CUDA_CHECK(cudaFree(0)); /* the context, now: the memory check starts from what is free after it */
     CUDA_CHECK(cudaMemGetInfo(&cm->free_at_start, &total_mem));
     startup_end(SU_DEVICE, mark);
-    if (cm->world == 1 && !sharded) {
-        cm->dist.t_comm = unix_ms();
-        return 0;
-    }
-#if !GPU_HAVE_NCCL /* (gpu_options_problem refused this already) */
-    fprintf(stderr, "error: %d rank(s)%s need an NCCL communicator, and %s\n", cm->world,
-            sharded ? " under --zero 1|2" : "", GPU_NO_NCCL_HINT);
-    return -1;
-#endif
-    mark = startup_begin(); /* NCCL, the id's exchange included: the start-up line's "communicator" (with MPI_Init:
+}
+
+/* The NCCL communicator: rank 0's id reaches the others by MPI_Bcast or the
+ * rendezvous rv; then the communication stream and the scalar slots. 0 or -1. */
+static int gpu_comm_nccl(GpuComm* cm, Rendezvous* rv) {
+    StartupMark mark = startup_begin(); /* NCCL, the id's exchange included: the start-up line's "communicator" (with MPI_Init:
                              * dist_init) */
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
@@ -189,7 +182,7 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
 #ifdef USE_MPI
     if (cm->mpi) MPI_CHECK(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
 #endif
-    if (!cm->mpi && cm->world > 1 && rendezvous_share(&rv, cm->rank, cm->world, &id, sizeof(id)) != 0) return -1;
+    if (!cm->mpi && cm->world > 1 && rendezvous_share(rv, cm->rank, cm->world, &id, sizeof(id)) != 0) return -1;
     NCCL_CHECK(ncclCommInitRank(&cm->nccl, cm->world, id, cm->rank));
     gpu_watched_comm = cm->nccl;
     int least = 0, greatest = 0;
@@ -201,6 +194,34 @@ static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int
     cm->dist.t_comm = unix_ms();
     startup_end(SU_COMM, mark);
     return 0;
+}
+
+/* Learn rank and world, take a GPU, and (with several ranks, or sharding on
+ * one) build the NCCL communicator. `init`: auto, mpi, file:PATH or
+ * tcp:HOST:PORT (--init). 0, or -1 after a message (then gpu_comm_free). */
+static int gpu_comm_init(GpuComm* cm, const char* init, double init_timeout, int sharded, int* argc, char*** argv) {
+    memset(cm, 0, sizeof(*cm));
+    cm->world = 1;
+    cm->dist.world = 1;
+    cm->dist.t_start = unix_ms();
+    static int handler_set = 0;
+    if (!handler_set) {
+        CHECK(atexit(gpu_comm_exit_handler) == 0, "cannot register the exit handler");
+        handler_set = 1;
+    }
+    Rendezvous rv;
+    if (gpu_comm_meet(cm, init, init_timeout, &rv, argc, argv) != 0) return -1;
+    gpu_comm_device(cm);
+    if (cm->world == 1 && !sharded) {
+        cm->dist.t_comm = unix_ms();
+        return 0;
+    }
+#if !GPU_HAVE_NCCL /* (gpu_options_problem refused this already) */
+    fprintf(stderr, "error: %d rank(s)%s need an NCCL communicator, and %s\n", cm->world,
+            sharded ? " under --zero 1|2" : "", GPU_NO_NCCL_HINT);
+    return -1;
+#endif
+    return gpu_comm_nccl(cm, &rv);
 }
 
 /* End the communicator and MPI. After a failure with several ranks, abort:

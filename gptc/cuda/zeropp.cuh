@@ -74,6 +74,9 @@ typedef struct GpuZeroPP {
  * bf16 buffer's values. Each record waits for the stream (a debugging aid:
  * unset it to time anything). */
 
+/* The dump is a test hook: compiled into test builds only (-DGPTC_TEST_HOOKS);
+ * elsewhere z->dump stays NULL and these do nothing. */
+#ifdef GPTC_TEST_HOOKS
 /* one record: header then n fp32 (gptc/zeropp.h's zeropp_dump) */
 static void gpu_zeropp_record(GpuDataParallel* dp, int tag, int source, size_t a, size_t n, const float* host) {
     GpuZeroPP* z = dp->zpp;
@@ -125,6 +128,36 @@ static void gpu_zeropp_dump_secondary(GpuDataParallel* dp) {
     free(sec);
     free(out);
 }
+
+/* GPTC_ZEROPP_DUMP=dir: this rank's file, opened with gptc/zeropp.h's config record */
+static void gpu_zeropp_dump_open(GpuDataParallel* dp) {
+    GpuZeroPP* z = dp->zpp;
+    int W = dp->world;
+    const char* dir = getenv("GPTC_ZEROPP_DUMP");
+    if (dir && *dir) { /* gptc/zeropp.h's config record */
+        char path[4096];
+        CHECK(snprintf(path, sizeof(path), "%s/rank%d.bin", dir, dp->rank) < (int)sizeof(path),
+              "GPTC_ZEROPP_DUMP=%s: the path is too long", dir);
+        z->dump = fopen(path, "wb");
+        CHECK(z->dump != NULL, "GPTC_ZEROPP_DUMP: cannot create %s: make the folder (or unset it)", path);
+        int64_t h[8] = {ZEROPP_DUMP_MAGIC, 0, (int64_t)dp->shard, z->K, W, z->N, 0, 0};
+        int64_t g[8] = {z->qwz, z->qgz, z->feedback, z->hpz, z->block, z->node, z->local,
+                        (int64_t)dp->g->num_parameters};
+        CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(g, sizeof(g), 1, z->dump) == 1,
+              "GPTC_ZEROPP_DUMP: writing %s failed (disk full?)", path);
+    }
+}
+
+static void gpu_zeropp_dump_close(GpuDataParallel* dp) {
+    GpuZeroPP* z = dp->zpp;
+    CHECK(!z->dump || fclose(z->dump) == 0, "GPTC_ZEROPP_DUMP: closing rank %d's file failed (disk full?)", dp->rank);
+}
+#else
+static void gpu_zeropp_dump(GpuDataParallel*, int, int, size_t, size_t, const void*, int) {}
+static void gpu_zeropp_dump_secondary(GpuDataParallel*) {}
+static void gpu_zeropp_dump_open(GpuDataParallel*) {}
+static void gpu_zeropp_dump_close(GpuDataParallel*) {}
+#endif
 
 /* The flags, before dp_init allocates (gpu_train_build). */
 static void dp_zeropp_flags(GpuDataParallel* dp, const Options* o) {
@@ -178,19 +211,7 @@ static void gpu_zeropp_init(GpuDataParallel* dp) {
     z->residual = (float*)gpu_alloc(s.residual * sizeof(float), GMEM_ZERO);
     if (z->residual) CUDA_CHECK(cudaMemset(z->residual, 0, s.residual * sizeof(float))); /* nothing lost yet */
     dp->zpp = z;
-    const char* dir = getenv("GPTC_ZEROPP_DUMP");
-    if (dir && *dir) { /* gptc/zeropp.h's config record */
-        char path[4096];
-        CHECK(snprintf(path, sizeof(path), "%s/rank%d.bin", dir, dp->rank) < (int)sizeof(path),
-              "GPTC_ZEROPP_DUMP=%s: the path is too long", dir);
-        z->dump = fopen(path, "wb");
-        CHECK(z->dump != NULL, "GPTC_ZEROPP_DUMP: cannot create %s: make the folder (or unset it)", path);
-        int64_t h[8] = {ZEROPP_DUMP_MAGIC, 0, (int64_t)dp->shard, z->K, W, z->N, 0, 0};
-        int64_t g[8] = {z->qwz, z->qgz, z->feedback, z->hpz, z->block, z->node, z->local,
-                        (int64_t)dp->g->num_parameters};
-        CHECK(fwrite(h, sizeof(h), 1, z->dump) == 1 && fwrite(g, sizeof(g), 1, z->dump) == 1,
-              "GPTC_ZEROPP_DUMP: writing %s failed (disk full?)", path);
-    }
+    gpu_zeropp_dump_open(dp); /* GPTC_ZEROPP_DUMP (test builds) */
     if (dp->rank == 0) {
         printf("ZeRO++ (not run on a GPU; checked on the CPU execution layer): weights gathered %s",
                z->qwz ? (z->qwz == 8 ? "as INT8 blocks from the fp32 master" : "as INT4 blocks from the fp32 master")
@@ -207,7 +228,7 @@ static void gpu_zeropp_init(GpuDataParallel* dp) {
 static void gpu_zeropp_free(GpuDataParallel* dp) {
     GpuZeroPP* z = dp->zpp;
     if (!z) return;
-    CHECK(!z->dump || fclose(z->dump) == 0, "GPTC_ZEROPP_DUMP: closing rank %d's file failed (disk full?)", dp->rank);
+    gpu_zeropp_dump_close(dp);
     void* mem[] = {z->who_dev, z->slot_of, z->send, z->recv, z->partial, z->secondary, z->residual};
     for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++) gpu_release(mem[i]);
     free(z->who);
