@@ -137,15 +137,12 @@ for from in z3 z2; do
 done
 check "$(cmp -s "$(final st_z3)" "$(final st_z2)" && echo ok)" "  ... which is --zero 2's (with states saved on the way)"
 
-# ---- planted bugs, each in a copy of train_gpt.cu built through the layer ------------------
+# ---- planted bugs, each in a copy of gptc/cuda/zero.cuh built through the layer ------------
 # mutant NAME SED_EXPR: builds $LOG/NAME (0), or 1
 mutant() {
     local mut=$LOG/$1
-    sed "$2" train_gpt.cu > "$mut.cu"
-    ! cmp -s train_gpt.cu "$mut.cu" && $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
-        g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" > "$mut.build" 2>&1 &&
-        g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
-        >> "$mut.build" 2>&1
+    sed "$2" gptc/cuda/zero.cuh > "$mut.cuh"
+    ! cmp -s gptc/cuda/zero.cuh "$mut.cuh" && cuda_mutant_build "$mut" gptc/cuda/zero.cuh "$mut.cuh" -DUSE_MPI
 }
 # backward's first gather of the wrong layer (L-2 into L-1's buffer): the equality with --zero 2 must fail
 if mutant mutant_layer 's|dp_gather_bucket(dp, L - 1, dp->layer_buf\[(L - 1) % 2\], (L - 1) % 2);|dp_gather_bucket(dp, L - 2, dp->layer_buf[(L - 1) % 2], (L - 1) % 2);|'; then
