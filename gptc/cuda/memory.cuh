@@ -6,8 +6,7 @@
 #ifndef GPTC_CUDA_MEMORY_CUH
 #define GPTC_CUDA_MEMORY_CUH
 
-/* ---- The device-memory ledger (issue 14; not run on a GPU; checked on the
- * CPU execution layer) ----
+/* ---- The device-memory ledger ----
  * Every cudaMalloc and cudaMallocHost of the trainer goes through gpu_alloc
  * and gpu_alloc_host, which record the bytes by component; gpu_memory_plan
  * (G4) predicts the same components from the same size functions the

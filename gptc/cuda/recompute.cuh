@@ -7,7 +7,7 @@
 #ifndef GPTC_CUDA_RECOMPUTE_CUH
 #define GPTC_CUDA_RECOMPUTE_CUH
 
-/* Recomputation (--recompute N; not yet run on a GPU). Backward reads each
+/* Recomputation (--recompute N). Backward reads each
  * layer's activations; a level keeps fewer of them from the forward and
  * recomputes the rest, layer by layer in backward, into one layer's working
  * set (the scratch's `work`, carved as GpuGPT2's `work`):
@@ -23,9 +23,10 @@
  * not to be had (GELU is not one-to-one below its minimum) but by the fc
  * GEMM again (8 B T C^2 flops). Level 2 drops the LayerNorm outputs, whose
  * inputs (the layer's input, residual2) are kept; level 3 everything but the
- * residual stream, as the issue's goal: about B T C bf16 per layer.
+ * residual stream: about B T C bf16 per layer.
  * Bitwise the same at every level: a recompute runs the kernel the forward
- * ran on the same inputs (gpu_layer_forward is both), LayerNorm included:
+ * ran on the same inputs (train_gpt.cu's gpu_layer_recompute calls the
+ * forward's own halves and kernels), LayerNorm included:
  * it runs layernorm_forward_gpu again, writing the kept mean and rstd with
  * the same bits, rather than a second kernel that would apply them. The
  * exception would be the GELU of the cuBLASLt epilogue (--gelu-fusion 1),

@@ -19,8 +19,7 @@ static void dp_layout(GpuDataParallel* dp, GpuComm* comm, const GPT2Config* c, i
     dp_sizes(c, zero, comm->rank, comm->world, &dp->map, &dp->shard, &dp->grad_floats); /* (the plan's too) */
 }
 
-/* ZeRO-3 (issue 15; not run on a GPU; checked on the CPU execution layer,
- * scripts/test_cuda_zero3.sh). The bf16 weights are sharded as the master
+/* ZeRO-3 (scripts/test_cuda_zero3.sh). The bf16 weights are sharded as the master
  * is: rank r keeps param_shard, its piece of every bucket (S), which AdamW
  * (adamw_shard_kernel) writes in place; nothing is gathered after the
  * update. They are gathered where they are used, by ncclAllGather of one
@@ -270,10 +269,8 @@ static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
     else dp_shards_to_host(dp, dp->master, host->params_memory);
 }
 
-/* STATUS: dp_state_to_host, dp_state_upload and shard_round_kernel have run
- * on 1-3 emulated GPUs (scripts/test_zero_states.sh), not yet on a GPU.
- * Training states under ZeRO (G7): the whole state into the host's flat
- * arrays (P floats each), the layout train_gpt.c's Saver writes from: the
+/* Training states under ZeRO (G7; scripts/test_zero_states.sh): the whole
+ * state into the host's flat arrays (P floats each), the layout train_gpt.c's Saver writes from: the
  * master, m and v gathered on every rank (dp_shards_to_host three times). A
  * collective. Cost per snapshot and rank: NCCL receives (W-1)/W x 12 P'
  * bytes (P' = P padded), the host copies 12 P bytes out of the staging and

@@ -23,8 +23,7 @@ typedef struct GpuZeroPP {
 } GpuZeroPP;
 
 /* ---- ZeRO++ on --zero 3: qwZ, hpZ, qgZ over NCCL ---------------------------
- * Issue 15; not run on a GPU: every kernel and collective below ran on the
- * CPU execution layer only (emulated GPUs = MPI ranks, NCCL over MPI;
+ * Tested on emulated GPUs (MPI ranks, NCCL over MPI:
  * scripts/test_cuda_zeropp.sh). The CPU trainer's semantics (gptc/zeropp.h,
  * whose header tells the story), on the GPU's bucket layout: the unit is a
  * bucket (a layer's 12 slices packed, or the rest: wte | wpe | lnf), whose
