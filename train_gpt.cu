@@ -3062,86 +3062,7 @@ static void gpu_model_free(GpuGPT2* g) {
 
 #include "gptc/cuda/offload.cuh" // --offload 1: gpu_offload_init, _free, _wait, _sync, _update
 
-/* ---- CUDA graphs ----------------------------------------------------------
- * A step of GPT-2 124M launches about 400 kernels and GEMMs; launched one
- * by one, each costs the host a few microseconds and the GPU a gap. A CUDA
- * graph records the launches once (stream capture) and replays them as one.
- * What a replay cannot change are the launches' arguments: so everything
- * that varies from step to step is read by the kernels from device memory
- * that the host fills before each launch (StepInputs: the tokens, the
- * encoder's chunks and their counts, the micro-batch's loss slot, the
- * update's AdamWStep), and the encoder's grids are fixed. Nothing in a
- * captured piece may wait for the GPU (CUDA refuses it during capture).
- * The CPU execution layer models capture and replay (dev/cuda/cpu/README.md). */
-
-/* Runs `work(g, arg)` on the stream: with g->graphs set, captured into
- * *exec the first time and replayed after (the caller makes sure `arg` is
- * the same each time); else as ordinary launches. */
-static void gpu_graph_run(GpuGPT2* g, cudaGraphExec_t* exec, void (*work)(GpuGPT2*, const void*), const void* arg) {
-    if (!g->graphs) {
-        work(g, arg);
-        return;
-    }
-    if (!*exec) {
-        cudaGraph_t graph;
-        CUDA_CHECK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
-        work(g, arg);
-        CUDA_CHECK(cudaStreamEndCapture(g->stream, &graph));
-        CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
-        CUDA_CHECK(cudaGraphDestroy(graph));
-    }
-    CUDA_CHECK(cudaGraphLaunch(*exec, g->stream));
-}
-
-static void gpu_micro_batch_work(GpuGPT2* g, const void* arg) {
-    const MicroBatchShape* mb = (const MicroBatchShape*)arg;
-    gpu_forward_run(g, mb->B, mb->T, 1, mb->dloss);
-    gpu_backward(g);
-}
-
-/* A training micro-batch whose tokens gpu_tokens_upload has sent: forward
- * with the loss scale dloss, then backward (captured and replayed under
- * graphs). */
-static void gpu_micro_batch(GpuGPT2* g, int B, int T, float dloss) {
-    MicroBatchShape mb;
-    memset(&mb, 0, sizeof(mb)); /* (memcmp'd) */
-    mb.B = B;
-    mb.T = T;
-    mb.dloss = dloss;
-    if (g->graph_micro) ALWAYS(!memcmp(&mb, &g->graph_micro_shape, sizeof(mb)));
-    g->graph_micro_shape = mb;
-    gpu_graph_run(g, &g->graph_micro, gpu_micro_batch_work, &mb);
-    g->last_B = B; /* (what the forward's host code sets; a replay runs no host code) */
-    g->last_T = T;
-    g->has_targets = 1;
-}
-
-static void gpu_update_work(GpuGPT2* g, const void* arg) {
-    const UpdateShape* u = (const UpdateShape*)arg;
-    gpu_grad_norm_run(g);
-    gpu_update_run(g, u->opt, u->max_norm, u->micro_batches);
-}
-
-/* One GPU: the norm and the update, gated on the device (update_gate_kernel),
- * so the host launches it right after the backward without waiting; then
- * waits for the step and returns the norm before clipping, with the mean
- * loss in *loss. */
-static double gpu_update_gated(GpuGPT2* g, const AdamWConfig* opt, float lr, int t, float max_norm, uint32_t seed,
-                               int micro_batches, double* loss) {
-    UpdateShape u;
-    memset(&u, 0, sizeof(u));
-    u.opt = opt;
-    u.max_norm = max_norm;
-    u.micro_batches = micro_batches;
-    if (g->graph_update) ALWAYS(!memcmp(&u, &g->graph_update_shape, sizeof(u)));
-    g->graph_update_shape = u;
-    gpu_update_values_set(g, opt, lr, t, seed);
-    gpu_graph_run(g, &g->graph_update, gpu_update_work, &u);
-    CUDA_CHECK(cudaEventRecord(g->update_sent, g->stream));
-    double norm = gpu_grad_norm_fetch(g);
-    *loss = gpu_losses_fetch(g, micro_batches);
-    return norm;
-}
+#include "gptc/cuda/graphs.cuh" // gpu_graph_run, gpu_micro_batch, gpu_update_gated (CUDA graphs)
 
 /* The fp32 master weights into the host model (for samples and checkpoints). */
 static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
@@ -3505,45 +3426,6 @@ static void dp_step_wait(GpuDataParallel* dp) {
 /* G7. Training loop and main                                               */
 /* ------------------------------------------------------------------------ */
 
-/* What the flags ask that this build cannot do (checked before any GPU is
- * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
-static const char* gpu_options_problem(const Options* o) {
-    if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
-        return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
-               "parallel), or drop it and shard the state across GPUs with --zero 1|2";
-    if (o->eval_file[0]) /* (the eval's scoring is train_gpt.c's eval_choices, on the CPU model) */
-        return "--eval-file is scored by train_gpt (the CPU trainer) only, for now: drop it here, and score a saved "
-               "checkpoint with ./train_gpt --model out/model_NNNNNNNN.bin --eval-file F --steps 0 (add -b, -t)";
-    if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
-        return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
-               "yet: give --batch-size, --zero and --snapshot-every N";
-    /* a hot spare (gpu_train_resume) stands by as one process or as a whole job under mpirun: rank 0 reads the
-     * FIFO and its word reaches the other ranks through MPI (standby_wait_ranks), which ranks that met through a
-     * file or a TCP port do not share (gpu_train_states_decide catches the rest: no states, no standby) */
-    if (o->standby[0] && (!strncmp(o->init, "file:", 5) || !strncmp(o->init, "tcp:", 4)))
-        return "--standby with ranks that meet through --init file:/tcp: cannot stand by together (rank 0's 'go' "
-               "reaches the other ranks through MPI): run the spare as one process, or build train_gpt_cu_mpi and "
-               "start the whole standby job under mpirun (--init mpi)";
-    /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
-#if !GPU_HAVE_NCCL
-    /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
-    int env_rank = 0, env_world = 1, env_local = 0;
-    if (strcmp(o->init, "auto"))
-        return "--init: the ranks meet to build an NCCL communicator, and " GPU_NO_NCCL_HINT;
-    if (launcher_env_present() && (launch_rank_world(&env_rank, &env_world, &env_local) != 0 || env_world > 1))
-        return "the launcher's environment describes several ranks, which need NCCL, and " GPU_NO_NCCL_HINT;
-    if (o->zero > 0)
-        return "--zero 1|2 run the sharded optimizer through an NCCL communicator (even on one GPU), and "
-               GPU_NO_NCCL_HINT "; or train with --zero 0";
-#endif
-#ifndef USE_MPI
-    if (!strcmp(o->init, "mpi"))
-        return "--init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this build meets through "
-               "--init file:PATH or --init tcp:HOST:PORT";
-#endif
-    return NULL;
-}
-
 /* Mean loss over up to `batches` validation micro-batches, on the GPU. */
 static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
     if (dataloader_reset(val) != 0) exit(EXIT_FAILURE);
@@ -3599,7 +3481,7 @@ static void gpu_train_free(GpuTrainState* st, int failed, int world) {
     memset(st, 0, sizeof(*st));
 }
 
-#include "gptc/cuda/setup.cuh" // gpu_train_states_decide, gpu_train_build, gpu_standby, gpu_train_resume, gpu_memory_after_first_step
+#include "gptc/cuda/setup.cuh" // gpu_options_problem, gpu_train_states_decide, gpu_train_build, gpu_standby, gpu_train_resume, gpu_memory_after_first_step
 
 /* Set up a run in `st`, piece by piece (gpu_train_free releases what was
  * set up): the TrainRun, training states or not, the device, its memory,

@@ -1,10 +1,50 @@
 /* gptc/cuda/setup.cuh: setting up a training run on the GPU, before its first step.
- * Included by train_gpt.cu after GpuTrainState, for gpu_train_setup. Defines
+ * Included by train_gpt.cu after GpuTrainState, for main and gpu_train_setup.
+ * Defines gpu_options_problem (what this build cannot do),
  * gpu_train_states_decide, gpu_train_build (the memory check, the model and
  * the data-parallel buffers on the device), gpu_memory_after_first_step,
  * gpu_standby and gpu_train_resume. */
 #ifndef GPTC_CUDA_SETUP_CUH
 #define GPTC_CUDA_SETUP_CUH
+
+/* What the flags ask that this build cannot do (checked before any GPU is
+ * touched). The GPU's own flags are in train_gpt.c's one table (gptc/cli.h). */
+static const char* gpu_options_problem(const Options* o) {
+    if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
+        return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
+               "parallel), or drop it and shard the state across GPUs with --zero 1|2";
+    if (o->eval_file[0]) /* (the eval's scoring is train_gpt.c's eval_choices, on the CPU model) */
+        return "--eval-file is scored by train_gpt (the CPU trainer) only, for now: drop it here, and score a saved "
+               "checkpoint with ./train_gpt --model out/model_NNNNNNNN.bin --eval-file F --steps 0 (add -b, -t)";
+    if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
+        return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
+               "yet: give --batch-size, --zero and --snapshot-every N";
+    /* a hot spare (gpu_train_resume) stands by as one process or as a whole job under mpirun: rank 0 reads the
+     * FIFO and its word reaches the other ranks through MPI (standby_wait_ranks), which ranks that met through a
+     * file or a TCP port do not share (gpu_train_states_decide catches the rest: no states, no standby) */
+    if (o->standby[0] && (!strncmp(o->init, "file:", 5) || !strncmp(o->init, "tcp:", 4)))
+        return "--standby with ranks that meet through --init file:/tcp: cannot stand by together (rank 0's 'go' "
+               "reaches the other ranks through MPI): run the spare as one process, or build train_gpt_cu_mpi and "
+               "start the whole standby job under mpirun (--init mpi)";
+    /* (a build with NCCL and MPI asks nothing more of it: every flag, --zero and states included, is for it) */
+#if !GPU_HAVE_NCCL
+    /* without NCCL: one process on one GPU, plain (--zero 1|2 run through a communicator even alone) */
+    int env_rank = 0, env_world = 1, env_local = 0;
+    if (strcmp(o->init, "auto"))
+        return "--init: the ranks meet to build an NCCL communicator, and " GPU_NO_NCCL_HINT;
+    if (launcher_env_present() && (launch_rank_world(&env_rank, &env_world, &env_local) != 0 || env_world > 1))
+        return "the launcher's environment describes several ranks, which need NCCL, and " GPU_NO_NCCL_HINT;
+    if (o->zero > 0)
+        return "--zero 1|2 run the sharded optimizer through an NCCL communicator (even on one GPU), and "
+               GPU_NO_NCCL_HINT "; or train with --zero 0";
+#endif
+#ifndef USE_MPI
+    if (!strcmp(o->init, "mpi"))
+        return "--init mpi needs a build with MPI: make train_gpt_cu_mpi (Open MPI's mpicc); this build meets through "
+               "--init file:PATH or --init tcp:HOST:PORT";
+#endif
+    return NULL;
+}
 
 /* Whether this run keeps training states (st->states), or why not; an
  * error when the flags ask for them anyway. 0 or -1. */
