@@ -27,7 +27,7 @@
 #     under ZeRO-2); the shard (2 B x S) is the "ZeRO shard" component, as
 #     under ZeRO-2;
 #   - the bytes sent per step, summed over the ranks, exactly the formula
-#     (train_gpt.cu above dp_gather_bucket; N nodes of K, W = N K ranks, A
+#     (gptc/cuda/zero.cuh above dp_gather_bucket; N nodes of K, W = N K ranks, A
 #     micro-batches, Pl = W x the layer piece, Pr = W x the rest's piece,
 #     P' = L Pl + Pr, G = 2 A (Pr + 2 L Pl) the gathers' bf16 bytes):
 #       flat          intra (K-1)(4 P' A + G)                 inter (N-1) K (4 P' A + G)
@@ -37,7 +37,7 @@
 #   - training states: a --zero 3 state saved at step 2, resumed on 2 GPUs
 #     --zero 3 and a --zero 2 state resumed under --zero 3: the final model
 #     bit for bit the uninterrupted run's;
-#   - planted (copies of train_gpt.cu built through the layer): backward
+#   - planted (copies of gptc/cuda/zero.cuh built through the layer): backward
 #     gathering layer L-2 where L-1 belongs must break the equality; the
 #     compute stream not waiting for a gather (w_ready), and a gather not
 #     waiting for the buffer's last reader (w_free), must each be reported

@@ -51,7 +51,7 @@
 #   - a resume: that run's state at step 1 resumed: the final model bit for
 #     bit the uninterrupted run's (the state is fp32 and ZeRO++ keeps
 #     nothing across steps without error feedback);
-#   - planted bugs, each in a copy of train_gpt.cu built through the layer:
+#   - planted bugs, each in a copy of train_gpt.cu or gptc/cuda/*.cuh built through the layer:
 #     a dequantisation reading the next element's block scale FAILS the wire
 #     check (the run itself finishes; with MORE_MUTANTS=1 also hpZ's
 #     secondary cut in the first step only, ~70 s more); qwZ's quantisation

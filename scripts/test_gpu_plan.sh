@@ -34,7 +34,7 @@
 #      the memory check, and the choice trains with plan == allocation;
 #      a budget only --offload 1 fits makes it the choice; a budget nothing
 #      fits gives the error naming the smallest;
-#   5. the check fails on bugs planted in copies of train_gpt.cu: a plan
+#   5. the check fails on bugs planted in copies of train_gpt.cu and its headers: a plan
 #      that forgets a buffer, and a cudaMalloc past the ledger; --offload 1's
 #      forward without its wait for each layer's update (the layer reports the
 #      race), and an update that blocks the host until it is done (the
