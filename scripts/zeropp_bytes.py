@@ -9,7 +9,7 @@ prints "intra inter bwd_intra bwd_inter": bytes per step summed over the
 ranks (all of it, and of it backward's weight gathers), A micro-batches.
 
   zeropp_bytes.py --gpu HIER L C Vp maxT W N K qwz qgz hpz block A
-the same for train_gpt_cu's --zero 3 (train_gpt.cu, "ZeRO++ on --zero 3"),
+the same for train_gpt_cu's --zero 3 (gptc/cuda/zeropp.cuh, "ZeRO++ on --zero 3"),
 HIER = its --hierarchical as resolved (1: fp32 gradients by level): the
 ranges are its buckets (a layer's 12 slices, or wte | wpe | lnf), each of
 W equal pieces padded to a multiple of 64 (so every slot has one size);

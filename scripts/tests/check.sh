@@ -50,3 +50,18 @@ startup_split() {
         [ "$other" -le $(( total / 10 > 20 ? total / 10 : 20 )) ]
 }
 wait_count() { local i; for ((i = 0; i < 1200; i++)); do [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0; sleep 0.05; done; return 1; }
+# cuda_mutant_build OUT FILE MUTATED [FLAGS...]: the CUDA trainer built on the CPU execution layer as OUT
+# with FILE (train_gpt.cu, or a header it includes: gptc/cuda/NAME.cuh) replaced by the file MUTATED; 0 when
+# it built (OUT.build says why not). Sources go to OUT.d/, translated: train_gpt.cu there finds the headers
+# beside it (OUT.d/gptc/cuda/, .cpu/'s copies but the mutated one) before any -I path. Needs make train_gpt_cu_cpu.
+cuda_mutant_build() {
+    local out=$1 file=$2 mutated=$3 py=${PY:-/usr/bin/python3} src=train_gpt.cu
+    shift 3
+    [ "$file" = train_gpt.cu ] && src=$mutated
+    { rm -rf "$out.d" && mkdir -p "$out.d/gptc/cuda" && cp .cpu/gptc/cuda/*.cuh "$out.d/gptc/cuda/" &&
+        $py dev/cuda/cpu/translate.py "$src" "$out.d/train_gpt.cu" &&
+        { [ "$file" = train_gpt.cu ] || $py dev/cuda/cpu/translate.py "$mutated" "$out.d/$file"; } &&
+        g++ $(make -s --no-print-directory print-cpu-app-flags) "$@" -c -o "$out.o" "$out.d/train_gpt.cu" &&
+        g++ -o "$out" "$out.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs)
+    } > "$out.build" 2>&1
+}

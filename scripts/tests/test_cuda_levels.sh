@@ -181,16 +181,13 @@ check "$([ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'other --topology/--hierarc
     "ranks launched with different --topology: an error, not a hang" "rc=$rc; $(grep -h -m 1 error "$LOG"/mixed.rank*.log | head -n 1 | cut -c1-90)"
 
 # ---- planted (full run): every piece summed across nodes onto node 0, not its owner's -----
-# (a copy of train_gpt.cu built through the layer, ~1 min; the loss check above must reject it)
+# (a copy of gptc/cuda/levels.cuh built through the layer, ~1 min; the loss check above must reject it)
 if [ "$QUICK" != 1 ]; then
     mut=$LOG/mutant_root
     sed 's|ncclReduce(p, p, piece, ncclFloat, ncclSum, lv->node_of\[q\], lv->inter, cs)|ncclReduce(p, p, piece, ncclFloat, ncclSum, 0, lv->inter, cs)|' \
-        train_gpt.cu > "$mut.cu"
+        gptc/cuda/levels.cuh > "$mut.cuh"
     built=no
-    ! cmp -s train_gpt.cu "$mut.cu" && $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
-        g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" > "$mut.build" 2>&1 &&
-        g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
-        >> "$mut.build" 2>&1 && built=yes
+    ! cmp -s gptc/cuda/levels.cuh "$mut.cuh" && cuda_mutant_build "$mut" gptc/cuda/levels.cuh "$mut.cuh" -DUSE_MPI && built=yes
     if [ $built = yes ]; then
         BIN_SAVED=$BIN BIN=$mut
         gpus mutant 4 --zero 2 --topology 2x2 --hierarchical 1 --total-batch-size 1024

@@ -27,7 +27,7 @@
 #     under ZeRO-2); the shard (2 B x S) is the "ZeRO shard" component, as
 #     under ZeRO-2;
 #   - the bytes sent per step, summed over the ranks, exactly the formula
-#     (train_gpt.cu above dp_gather_bucket; N nodes of K, W = N K ranks, A
+#     (gptc/cuda/zero.cuh above dp_gather_bucket; N nodes of K, W = N K ranks, A
 #     micro-batches, Pl = W x the layer piece, Pr = W x the rest's piece,
 #     P' = L Pl + Pr, G = 2 A (Pr + 2 L Pl) the gathers' bf16 bytes):
 #       flat          intra (K-1)(4 P' A + G)                 inter (N-1) K (4 P' A + G)
@@ -37,7 +37,7 @@
 #   - training states: a --zero 3 state saved at step 2, resumed on 2 GPUs
 #     --zero 3 and a --zero 2 state resumed under --zero 3: the final model
 #     bit for bit the uninterrupted run's;
-#   - planted (copies of train_gpt.cu built through the layer): backward
+#   - planted (copies of gptc/cuda/zero.cuh built through the layer): backward
 #     gathering layer L-2 where L-1 belongs must break the equality; the
 #     compute stream not waiting for a gather (w_ready), and a gather not
 #     waiting for the buffer's last reader (w_free), must each be reported
@@ -137,15 +137,12 @@ for from in z3 z2; do
 done
 check "$(cmp -s "$(final st_z3)" "$(final st_z2)" && echo ok)" "  ... which is --zero 2's (with states saved on the way)"
 
-# ---- planted bugs, each in a copy of train_gpt.cu built through the layer ------------------
+# ---- planted bugs, each in a copy of gptc/cuda/zero.cuh built through the layer ------------
 # mutant NAME SED_EXPR: builds $LOG/NAME (0), or 1
 mutant() {
     local mut=$LOG/$1
-    sed "$2" train_gpt.cu > "$mut.cu"
-    ! cmp -s train_gpt.cu "$mut.cu" && $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
-        g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" > "$mut.build" 2>&1 &&
-        g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
-        >> "$mut.build" 2>&1
+    sed "$2" gptc/cuda/zero.cuh > "$mut.cuh"
+    ! cmp -s gptc/cuda/zero.cuh "$mut.cuh" && cuda_mutant_build "$mut" gptc/cuda/zero.cuh "$mut.cuh" -DUSE_MPI
 }
 # backward's first gather of the wrong layer (L-2 into L-1's buffer): the equality with --zero 2 must fail
 if mutant mutant_layer 's|dp_gather_bucket(dp, L - 1, dp->layer_buf\[(L - 1) % 2\], (L - 1) % 2);|dp_gather_bucket(dp, L - 2, dp->layer_buf[(L - 1) % 2], (L - 1) % 2);|'; then

@@ -51,7 +51,7 @@
 #   - a resume: that run's state at step 1 resumed: the final model bit for
 #     bit the uninterrupted run's (the state is fp32 and ZeRO++ keeps
 #     nothing across steps without error feedback);
-#   - planted bugs, each in a copy of train_gpt.cu built through the layer:
+#   - planted bugs, each in a copy of train_gpt.cu or gptc/cuda/*.cuh built through the layer:
 #     a dequantisation reading the next element's block scale FAILS the wire
 #     check (the run itself finishes; with MORE_MUTANTS=1 also hpZ's
 #     secondary cut in the first step only, ~70 s more); qwZ's quantisation
@@ -187,22 +187,21 @@ check "$([ $? -eq 0 ] && grep -q 'continuing after step 1' "$LOG/rs_b.log" && [ 
     "2 GPUs qwZ+hpZ+qgZ: a state at step 1 resumed: final model bit for bit the uninterrupted run's" \
     "$(grep -m 1 -E 'resume: |error' "$LOG/rs_b.log" | cut -c1-80)"
 
-# ---- planted bugs, each in a copy of train_gpt.cu built through the layer ----------------
-# mutant NAME OLD NEW: builds $LOG/NAME from train_gpt.cu with OLD (once, exactly) replaced by NEW (0), or 1
+# ---- planted bugs, each in a copy of train_gpt.cu or a gptc/cuda header built through the layer ----
+# mutant NAME OLD NEW: builds $LOG/NAME with OLD (once, exactly, in train_gpt.cu and gptc/cuda/*.cuh) replaced by NEW (0), or 1
 mutant() {
-    local mut=$LOG/$1
-    $PY - "$2" "$3" "$mut.cu" <<'PY' > "$mut.build" 2>&1 || return 1
+    local mut=$LOG/$1 file
+    file=$($PY - "$2" "$3" "$mut.src" train_gpt.cu gptc/cuda/*.cuh <<'PY' 2> "$mut.build") || return 1
 import sys
-old, new, out = sys.argv[1], sys.argv[2], sys.argv[3]
-text = open("train_gpt.cu").read()
-if text.count(old) != 1:
-    sys.exit(f"'{old}' found {text.count(old)} times in train_gpt.cu, not once: update the planted bug")
-open(out, "w").write(text.replace(old, new))
+old, new, out, files = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+hits = [f for f in files if open(f).read().count(old)]
+count = sum(open(f).read().count(old) for f in files)
+if count != 1:
+    sys.exit(f"'{old}' found {count} times in train_gpt.cu and gptc/cuda/, not once: update the planted bug")
+open(out, "w").write(open(hits[0]).read().replace(old, new))
+print(hits[0])
 PY
-    $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
-        g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" >> "$mut.build" 2>&1 &&
-        g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
-        >> "$mut.build" 2>&1
+    cuda_mutant_build "$mut" "$file" "$mut.src" -DUSE_MPI
 }
 # wire_mutant NAME WHAT OLD NEW W NxK FLAGS...: the run finishes and the wire check FAILS
 wire_mutant() {

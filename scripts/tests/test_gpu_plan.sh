@@ -34,7 +34,7 @@
 #      the memory check, and the choice trains with plan == allocation;
 #      a budget only --offload 1 fits makes it the choice; a budget nothing
 #      fits gives the error naming the smallest;
-#   5. the check fails on bugs planted in copies of train_gpt.cu: a plan
+#   5. the check fails on bugs planted in copies of train_gpt.cu and its headers: a plan
 #      that forgets a buffer, and a cudaMalloc past the ledger; --offload 1's
 #      forward without its wait for each layer's update (the layer reports the
 #      race), and an update that blocks the host until it is done (the
@@ -228,16 +228,16 @@ ok=$([ $rc -ne 0 ] && grep -q "nothing fits in 300.0 MB.*the smallest is B=1 .*-
 check $ok "--plan with a budget nothing fits: an error naming the smallest configuration and its need" \
     "$(grep -o 'nothing fits.*' "$LOG/plan_none.log" | cut -c1-150)"
 
-# ---- 5. the check can fail: two bugs planted in copies of train_gpt.cu ------------------------
-FLAGS=$(make -s --no-print-directory print-cpu-app-flags)
-LIBS=$(make -s --no-print-directory print-cpu-app-libs)
-LAYER=$(make -s --no-print-directory print-cpu-layer)
-# mutant NAME SED_EXPR WANT_REGEX WHAT [RUN_FLAGS]: the run must fail, saying WANT_REGEX
+# ---- 5. the check can fail: bugs planted in copies of train_gpt.cu and its headers ------------------------
+# mutant NAME FILE SED_EXPR WANT_REGEX WHAT [RUN_FLAGS]: FILE (train_gpt.cu or a gptc/cuda header) with
+# SED_EXPR applied; the run must fail, saying WANT_REGEX
 mutant() {
-    sed "$2" train_gpt.cu > "$LOG/$1.cu"
-    if cmp -s train_gpt.cu "$LOG/$1.cu"; then check FAIL "mutant $1: the sed changed nothing (update this script)"; return; fi
-    if ! { $PY dev/cuda/cpu/translate.py "$LOG/$1.cu" "$LOG/$1.t.cu" && g++ $FLAGS -c -o "$LOG/$1.o" "$LOG/$1.t.cu" &&
-           g++ -o "$LOG/$1" "$LOG/$1.o" $LAYER $LIBS; } > "$LOG/$1.build" 2>&1; then
+    local name=$1 file=$2
+    shift 2
+    set -- "$name" "$@"
+    sed "$2" "$file" > "$LOG/$1.src"
+    if cmp -s "$file" "$LOG/$1.src"; then check FAIL "mutant $1: the sed changed nothing (update this script)"; return; fi
+    if ! cuda_mutant_build "$LOG/$1" "$file" "$LOG/$1.src"; then
         check FAIL "mutant $1 builds" "$(tail -n 3 "$LOG/$1.build")"
         return
     fi
@@ -246,18 +246,17 @@ mutant() {
     check $([ $rc -ne 0 ] && grep -q "$3" "$LOG/$1.log" && echo ok || echo FAIL) "mutant $1 caught: $4" \
         "rc=$rc: $(grep -m 1 -o "plan-check: rank 0, after setup: [^:]*: .*\|race between streams: .\{90\}" "$LOG/$1.log" | cut -c1-120)"
 }
-mutant plan_forgets_bias 's/p.bytes\[GMEM_CUBLASLT\] = LT_WORKSPACE_BYTES + LT_BIAS_COPY_ELEMS(c) \* sizeof(floatX);/p.bytes[GMEM_CUBLASLT] = LT_WORKSPACE_BYTES;/' \
+mutant plan_forgets_bias gptc/cuda/plan.cuh 's/p.bytes\[GMEM_CUBLASLT\] = LT_WORKSPACE_BYTES + LT_BIAS_COPY_ELEMS(c) \* sizeof(floatX);/p.bytes[GMEM_CUBLASLT] = LT_WORKSPACE_BYTES;/' \
     "cuBLASLt: the plan says" "the plan leaves out cuBLASLt's bias copy (8C bytes)"
-mutant stray_cudamalloc 's/^    void\* dmem = gpu_alloc(tbytes, GMEM_STEP_INPUTS);/&\n    { void* stray; CUDA_CHECK(cudaMalloc(\&stray, 4096)); }/' \
+mutant stray_cudamalloc train_gpt.cu 's/^    void\* dmem = gpu_alloc(tbytes, GMEM_STEP_INPUTS);/&\n    { void* stray; CUDA_CHECK(cudaMalloc(\&stray, 4096)); }/' \
     "an allocation bypassed gpu_alloc" "4 KB cudaMalloc'd past the ledger (cudaMemGetInfo sees it)"
 OFF="--model d2 -b 2 -t 32 --steps 3 --grad-clip 0.5 --offload 1 --output-dir $LOG/offload_mutants"
-mutant offload_no_layer_wait 's|gpu_offload_wait(g, s, 1 + l);|;|' "race between streams: 'bf16_round_range_kernel'" \
+mutant offload_no_layer_wait train_gpt.cu 's|if (!backward) gpu_offload_wait(g, g->stream, 1 + l);|;|' "race between streams: 'bf16_round_range_kernel'" \
     "--offload 1's forward without its wait for layer l's update: the rounding of a layer's new weights races with the forward's read of them" "$OFF"
 # an update that waits for itself before returning: it trains (the same bytes), but the count says no overlap
-sed 's|^    o->updates++;|&\n    gpu_offload_sync(g);|' train_gpt.cu > "$LOG/offload_blocking.cu"
-if ! cmp -s train_gpt.cu "$LOG/offload_blocking.cu" && { $PY dev/cuda/cpu/translate.py "$LOG/offload_blocking.cu" "$LOG/offload_blocking.t.cu" &&
-     g++ $FLAGS -c -o "$LOG/offload_blocking.o" "$LOG/offload_blocking.t.cu" &&
-     g++ -o "$LOG/offload_blocking" "$LOG/offload_blocking.o" $LAYER $LIBS; } > "$LOG/offload_blocking.build" 2>&1; then
+sed 's|^    o->updates++;|&\n    gpu_offload_sync(g);|' gptc/cuda/offload.cuh > "$LOG/offload_blocking.cuh"
+if ! cmp -s gptc/cuda/offload.cuh "$LOG/offload_blocking.cuh" &&
+     cuda_mutant_build "$LOG/offload_blocking" gptc/cuda/offload.cuh "$LOG/offload_blocking.cuh"; then
     rm -rf "$LOG/offload_mutants"
     $CLEAN_ENV timeout 300 "$LOG/offload_blocking" $BASE $OFF > "$LOG/offload_blocking.log" 2>&1 < /dev/null
     rc=$?

@@ -6,7 +6,7 @@
                   [--qwz 0|4|8] [--qgz 0|4|8] [--feedback 0|1] [--hpz 0|1] [--block B]
                   [--layout flat|buckets] [--gather fp32|bf16]
 
---layout buckets --gather bf16: train_gpt_cu's dumps (train_gpt.cu, "ZeRO++
+--layout buckets --gather bf16: train_gpt_cu's dumps (gptc/cuda/zeropp.cuh, "ZeRO++
 on --zero 3"): the shard is the dump's own (the buckets' pieces, padded),
 a gathered or reduced record is a whole bucket, a = its offset in every
 rank's shard, n = W x its piece, rank q's piece at q n / W of the record
