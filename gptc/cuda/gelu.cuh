@@ -34,7 +34,7 @@ __device__ __forceinline__ float gelu_grad_of(float x, float d) {
  * checks), the last N % 8 one at a time. Memory-bound: forward moves 4N
  * bytes, backward 6N. (dev/cuda/gelu.cu times them against the one-element
  * kernels below, which are the fallback for unaligned pointers; the same
- * bits.) STATUS: validated on the CPU execution layer; not yet run on a GPU. */
+ * bits.) */
 __global__ void gelu_forward_vec8_kernel(floatX* out, const floatX* inp, long long N) {
     long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i0 >= N) return;

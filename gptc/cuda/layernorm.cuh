@@ -29,8 +29,7 @@
  * loads per pack otherwise (the tiny fixtures: C = 36). K = ceil(C / 256) is
  * a template parameter (1..LN_MAX_PACKS) so that the row's packs index
  * registers; wider rows take the scalar kernels further down.
- * STATUS: not yet run on a GPU (validated on the CPU: dev/cuda/layernorm.cu,
- * test_gpt.cu). */
+ * Checked by dev/cuda/layernorm.cu and test_gpt.cu. */
 #define LN_MAX_PACKS 8 /* C <= 2048 on the register path (GPT-2 XL: C = 1600, K = 7) */
 
 /* Pack p of a row of C channels (channels 8p .. 8p+7): one 16-byte load, or
@@ -101,10 +100,9 @@ __global__ void layernorm_forward_kernel(floatX* __restrict__ out, float* __rest
     }
 }
 
-/* The scalar forward, for rows wider than 256 LN_MAX_PACKS channels (and
- * the kernel lab's "old production" variant: until 2026-11-30 it was the
- * only one; 25 us for 16384 x 768 on an H200). One warp per row, three
- * passes over the row (the second and third hit L1/L2). */
+/* The scalar forward, for rows wider than 256 LN_MAX_PACKS channels, and
+ * the kernel lab's variant 2. One warp per row, three passes over the row
+ * (the second and third hit L1/L2). */
 __global__ void layernorm_forward_scalar_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                                 const floatX* weight, const floatX* bias, int N, int C) {
     int lane = threadIdx.x % 32;
@@ -184,22 +182,24 @@ static void layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const f
  * partials in block order. The result is the
  * same on every run and every GPU: the row-to-block map depends on N only.
  *
- * Why the old dx kernel (layernorm_backward_dx_kernel below) took 400 us
- * when the forward with the same access pattern takes 25 (H200, 16384 x 768;
- * reasoned from the code, not profiled at this depth): its second loop
+ * Why the unfused dx kernel (layernorm_backward_dx_kernel below) is 16 times
+ * slower than the forward with the same access pattern (on an H200 at
+ * 16384 x 768: dev/cuda/RESULTS.md, "Where a step's time goes"; the
+ * reasoning is from the code, not a deeper profile): its second loop
  * reads dx[c] (first touch: DRAM), x[c], dy[c], w[c] and then stores dx[c];
  * nothing says dinp does not alias the inputs, so the compiler cannot move
  * the next iteration's loads above this store, and each lane has exactly one
  * 2-byte load in flight per DRAM round trip: 24 serialised round trips per
  * row, ~64 bytes in flight per warp. By Little's law an H200 needs roughly
  * 30 KB in flight per SM to stream at 4.8 TB/s; at 64 warps x 64 B it gets
- * ~4 KB, so a few hundred GB/s, which is what the lab measured (218 GB/s).
+ * ~4 KB, so a few hundred GB/s (the kernel lab's figure: dev/cuda/RESULTS.md).
  * The forward's loop that stores has the same shape, but its loads there hit
  * L1 (the row was read twice already), so the serialisation costs L1, not
  * DRAM, latency. Here every row is one burst of 16-byte loads (3 tensors x
  * K packs per lane, ~4.6 KB per warp at C = 768) and then one burst of
  * stores, and the dweight/dbias sums reuse the registers instead of reading
- * x and dy a second time (column_sums_partial_kernel<true> did).
+ * x and dy a second time (as the unfused path's column_sums_partial_kernel<true>
+ * does).
  * Registers: the sums live in shared memory, not registers, because 16 fp32
  * per pack would cost 48 registers per lane at C = 768 (ptxas: 174 per
  * thread with them, one block per SM). */
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(32 * LN_BWD_WARPS)
  * 32 columns, thread (x, y) sums rows y, y + 32, ..., then row y = 0 adds
  * the 32 sums in order. Each thread's loads are independent (no store in
  * the loop), so they overlap, where a thread per column summing all rows
- * one after another waits a round trip per row. Not yet run on a GPU. */
+ * one after another waits a round trip per row. */
 __global__ void column_sums_finish_kernel(float* dst0, float* dst1, const float* part0, const float* part1,
                                           int rows, int OC) {
     __shared__ float acc[32][33]; /* (y, x), padded against bank conflicts */
@@ -325,8 +325,7 @@ static void column_sums_finish_gpu(float* dst0, float* dst1, const float* part0,
 }
 
 /* ---- the unfused LayerNorm backward: rows wider than 256 LN_MAX_PACKS ---- */
-/* (and the kernel lab's "old production" variant: until 2026-11-30 the only
- * one; 400 us per call for 16384 x 768 on an H200, see above.)
+/* (and the kernel lab's variant 2; why it is slow: see above.)
  * dx += rstd * (dn - mean(dn) - n * mean(dn * n)), dn = dy * w, one warp
  * per row; dinp (the residual stream's gradient) is accumulated. The
  * parameter gradients are column sums, done by column_sums_* below. */
@@ -410,7 +409,7 @@ __global__ void column_sums_partial_kernel(float* part0, float* part1, const flo
  * aligned): a (32, 8) block takes 256 columns, thread (x, y) a pack of 8
  * columns and every 8th row of the split from y, so one warp reads 512
  * contiguous bytes per row; the 8 row-lanes are added in order as above.
- * Not yet run on a GPU. */
+ */
 #define COLSUM_VEC_COLS 256
 
 __global__ void column_sums_partial_vec_kernel(float* __restrict__ part, const floatX* __restrict__ dout, int N,
@@ -438,7 +437,7 @@ __global__ void column_sums_partial_vec_kernel(float* __restrict__ part, const f
 
 static int column_sums_splits(int N) { return ceil_div(N, COLSUM_ROWS_PER_SPLIT); }
 
-/* The scalar bias gradients alone (before 2026-11-30 the only one; now the fallback). */
+/* The scalar bias gradients alone: the fallback for OC % 8 != 0 or unaligned dout. */
 static void bias_backward_scalar_gpu(float* dbias, float* part, const floatX* dout, int N, int OC, cudaStream_t s) {
     int splits = column_sums_splits(N);
     dim3 grid(ceil_div(OC, COLSUM_COLS), splits), block(32, 8);

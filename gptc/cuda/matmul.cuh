@@ -38,18 +38,16 @@
  * a 256-byte-aligned buffer (OC values, a few KB); the key holds the bias's
  * alignment all the same. When the heuristic has no algorithm for an
  * epilogue (or answers CUBLAS_STATUS_NOT_SUPPORTED), the problem runs
- * unfused: a plain GEMM, then our bias and GELU kernels (G2). A plain GEMM
- * without an algorithm stops the run, naming the shape. The decisions are
- * host functions (lt_bias_placed, lt_key_make, lt_route), which test_gpt.cu
- * checks without a GPU. On the first H200 run (dev/cuda/RESULTS.md) every
- * problem of GPT-2 124M and of the tiny fixture found a fused algorithm. */
+ * unfused: a plain GEMM, then our bias and GELU kernels (bias_add_gpu,
+ * gelu.cuh). A plain GEMM without an algorithm stops the run, naming the
+ * shape. The decisions are host functions (lt_bias_placed, lt_key_make,
+ * lt_route), which test_gpt.cu checks without a GPU. */
 #define LT_EPILOGUE_ALIGN 16 /* bytes: what an epilogue's bias and aux pointers must be aligned to */
 
+/* ---- bias (the BIAS epilogue's work, when cuBLASLt has none) ------------ */
 
-/* ---- bias (the BIAS epilogue's work, when cuBLASLt has none: G3) -------- */
-
-/* out(N, OC) += bias(OC), added in fp32 and rounded to bf16 (run on an H200
- * by test_gpt.cu's unfused pass). */
+/* out(N, OC) += bias(OC), added in fp32 and rounded to bf16 (test_gpt.cu's
+ * unfused pass checks it). */
 __global__ void bias_add_kernel(floatX* out, const floatX* bias, long long n, int OC) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -86,18 +84,16 @@ typedef enum {
  * reads nothing else), so a call whose key is cached only sets what varies
  * between calls with one key: the bias and the GELU aux pointers. Why: a
  * step of GPT-2 124M makes ~300 GEMMs; creating a descriptor and four
- * layouts per GEMM, setting their attributes and destroying them again was
- * ~1,500 host API calls a step, and CUDA graphs will soon capture the step,
- * where the host work per call is what is left. Changing the bias pointer of
+ * layouts per GEMM, setting their attributes and destroying them again
+ * would be ~1,500 host API calls a step. Changing the bias pointer of
  * a descriptor whose previous GEMM has not run yet is safe: cublasLtMatmul
  * takes what it needs from the descriptors when it is called, on the host
  * (NVIDIA's CUDALibrarySamples cuBLASLt/LtSgemm destroys its descriptors
  * right after the asynchronous call, "all GPU work was already enqueued";
- * this file did the same until the cache; the CPU layer's cublaslt.cpp
- * copies them at the call, and test_cublaslt checks it). For the same
+ * the CPU layer's cublaslt.cpp copies them at the call, and test_cublaslt
+ * checks it). For the same
  * reason an evicted slot's objects may be destroyed while its GEMMs are
- * still queued. STATUS: the cache has run on the CPU execution layer only
- * (test_gpt_cu_cpu, dev/cuda/cpu), not yet on a GPU. */
+ * still queued. */
 #define LT_CACHE_SIZE 128
 typedef struct {
     LtKey key;

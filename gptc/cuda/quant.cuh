@@ -14,8 +14,8 @@
 
 #include "gptc/cuda/common.cuh" // floatX, Pack8, ceil_div, KERNEL_CHECK
 
-/* ---- ZeRO++'s block codec on the device (issue 15: qwZ, qgZ; not run on
- * a GPU, checked on the CPU execution layer only, scripts/test_cuda_zeropp.sh)
+/* ---- ZeRO++'s block codec on the device (qwZ, qgZ; checked bit for bit
+ * against scripts/zeropp_ref.py by scripts/test_cuda_zeropp.sh) ----
  * The format is gptc/quant.h's, bit for bit (its header comment): a piece
  * of n floats quantises into one slot, ceil(n / block) fp32 scales then the
  * codes (n bytes INT8, ceil(n / 2) INT4: the low nibble first), padded to 4

@@ -20,7 +20,7 @@
 #include "gptc/cuda/adamw.cuh"  // clip_coef, adamw_element, hash_u32, bf16_round_stochastic
 
 /* ---- the data-parallel layout: buckets, shards, packing ----------------- */
-/* Data parallelism (G6) moves gradients and weights in buckets, each holding
+/* Data parallelism (train_gpt.cu's data-parallel section) moves gradients and weights in buckets, each holding
  * the parameters whose gradients backward finishes at one moment: bucket
  * l < L is layer l's 12 tensor slices (ln1w .. fcprojb), bucket L "the rest"
  * (wte, wpe, lnfw, lnfb: final only when backward ends, because wte gets
