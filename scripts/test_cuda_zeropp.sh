@@ -187,20 +187,36 @@ check "$([ $? -eq 0 ] && grep -q 'continuing after step 1' "$LOG/rs_b.log" && [ 
     "2 GPUs qwZ+hpZ+qgZ: a state at step 1 resumed: final model bit for bit the uninterrupted run's" \
     "$(grep -m 1 -E 'resume: |error' "$LOG/rs_b.log" | cut -c1-80)"
 
-# ---- planted bugs, each in a copy of train_gpt.cu built through the layer ----------------
-# mutant NAME OLD NEW: builds $LOG/NAME from train_gpt.cu with OLD (once, exactly) replaced by NEW (0), or 1
+# ---- planted bugs, each in a copy of train_gpt.cu (or of a gptc/cuda header) built through the layer ----
+# mutant NAME OLD NEW: builds $LOG/NAME from train_gpt.cu and gptc/cuda/*.cuh with OLD (once, exactly, in
+# one of them) replaced by NEW (0), or 1; a planted header goes, translated, into $LOG/NAME.inc, first on
+# the include path
 mutant() {
     local mut=$LOG/$1
-    $PY - "$2" "$3" "$mut.cu" <<'PY' > "$mut.build" 2>&1 || return 1
-import sys
-old, new, out = sys.argv[1], sys.argv[2], sys.argv[3]
-text = open("train_gpt.cu").read()
-if text.count(old) != 1:
-    sys.exit(f"'{old}' found {text.count(old)} times in train_gpt.cu, not once: update the planted bug")
-open(out, "w").write(text.replace(old, new))
+    rm -rf "$mut.src" "$mut.inc"
+    $PY - "$2" "$3" "$mut.cu" "$mut.src" <<'PY' > "$mut.build" 2>&1 || return 1
+import glob, os, sys
+old, new, out, src = sys.argv[1:5]
+files = ["train_gpt.cu"] + sorted(glob.glob("gptc/cuda/*.cuh"))
+texts = {f: open(f).read() for f in files}
+n = sum(t.count(old) for t in texts.values())
+if n != 1:
+    sys.exit(f"'{old}' found {n} times in train_gpt.cu and gptc/cuda/*.cuh, not once: update the planted bug")
+f = next(f for f in files if old in texts[f])
+os.makedirs(src)
+if f == "train_gpt.cu":
+    open(out, "w").write(texts[f].replace(old, new))
+else:
+    open(out, "w").write(texts["train_gpt.cu"])
+    os.makedirs(os.path.join(src, os.path.dirname(f)))
+    open(os.path.join(src, f), "w").write(texts[f].replace(old, new))
 PY
+    local h
+    for h in $(cd "$mut.src" && find . -name '*.cuh'); do
+        mkdir -p "$(dirname "$mut.inc/$h")" && $PY dev/cuda/cpu/translate.py "$mut.src/$h" "$mut.inc/$h" || return 1
+    done
     $PY dev/cuda/cpu/translate.py "$mut.cu" "$mut.t.cu" &&
-        g++ $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" >> "$mut.build" 2>&1 &&
+        g++ -I"$mut.inc" $(make -s --no-print-directory print-cpu-app-flags) -DUSE_MPI -c -o "$mut.o" "$mut.t.cu" >> "$mut.build" 2>&1 &&
         g++ -o "$mut" "$mut.o" $(make -s --no-print-directory print-cpu-layer) $(make -s --no-print-directory print-cpu-app-libs) \
         >> "$mut.build" 2>&1
 }
