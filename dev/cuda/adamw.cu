@@ -3,17 +3,14 @@
  * master weights, gradient and moments, and the bf16 copy the forward reads,
  * written with stochastic rounding.
  *
- * STATUS: not yet run on a GPU; validated on the CPU in every make test
- * (dev/cuda/cpu).
- *
  * CPU reference: train_gpt.c's gradients_clip_to then adamw_update_range over
  * one tensor (fp32, the same inputs).
  * Variants:
  *   1  naive: the update as a first port would write it, two kernels: the
  *      fp32 update (one thread per element, clip coefficient and bias
- *      corrections spelled out), then train_gpt.cu's
+ *      corrections spelled out), then production's
  *      bf16_round_stochastic_kernel for the bf16 copy (reads the master again)
- *   2  production: adamw_kernel from train_gpt.cu (one thread per element,
+ *   2  production: adamw_kernel (gptc/cuda/adamw.cuh; one thread per element,
  *      the bf16 copy written in the same pass)
  *   3  vectorised: four elements per thread, float4 loads and stores of the
  *      master, gradient and moments and one 8-byte store of four bf16; bit for
@@ -34,7 +31,9 @@
  *   ./dev/cuda/adamw 0 1001          # every variant at n = 1001 (a tail of 1 for variant 3)
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.c"            // the CPU reference; Rng, xmalloc_floats, CHECK
+#include "gptc/cuda/common.cuh"  // CUDA_CHECK, KERNEL_CHECK, floatX, ceil_div, Pack8
+#include "gptc/cuda/adamw.cuh" // adamw_kernel, AdamWStep, bf16_round_stochastic_kernel, clip_coef, hash_u32
 #include "dev/cuda/common.h"
 
 /* Hyperparameters of the test: GPT-2's (train_gpt.c's defaults), at step 10,

@@ -1,10 +1,9 @@
 /*
  * dev/cuda/attention.cu — causal self-attention, forward and backward, bf16
- * in and out: the materialised variant train_gpt.cu had, and its flash-style
- * successor.
- *
- * STATUS: not yet run on a GPU; validated on the CPU in every make test
- * (dev/cuda/cpu, flash tile products there as plain FMAs: -DATTN_MMA_SCALAR).
+ * in and out: materialised (the T x T probabilities stored) and flash-style
+ * (production, gptc/cuda/attention.cuh). make test runs it on the CPU twice:
+ * with WMMA, and with the flash tile products as plain FMAs
+ * (-DATTN_MMA_SCALAR).
  *
  * CPU reference: train_gpt.c's attention_forward / attention_backward (fp32,
  * on the same bf16-rounded q, k, v and dout); the log-sum-exp against
@@ -14,14 +13,19 @@
  *      fp32 and A V, dV, dA, dQ, dK through batched cuBLASLt GEMMs; causal
  *      softmax and its backward one row per warp; (B, NH, T, T) fp32 scores
  *      and bf16 probabilities in memory, the full square computed (the
- *      masked half too). train_gpt.cu's attention until flash replaced it.
+ *      masked half too).
  *   2  flash (production): attention_forward_gpu / attention_backward_gpu
- *      from train_gpt.cu (tiles in shared memory, online softmax, WMMA, only
- *      the log-sum-exp per row kept; see its G2 comment).
+ *      (tiles in shared memory, online softmax, WMMA, only the log-sum-exp
+ *      per row kept; see gptc/cuda/attention.cuh).
  * FLOPs counted (the roofline is the tensor cores' dense bf16 peak): the
  * causal half of the products, forward 2 x 2 B NH T^2 hs / 2 (S and A V),
  * backward 5 x that / 2 (dV, dP, dQ, dK, and S recomputed): what a flash
  * kernel must do; variant 1 does twice as much for the same output.
+ *
+ * It includes the whole of train_gpt.cu, not only gptc/cuda/attention.cuh:
+ * variant 1's batched GEMMs go through gptc/cuda/matmul.cuh, whose lt_init
+ * allocates through the trainer's device-memory ledger, and the TFLOP/s
+ * figure needs train_gpt.cu's gpu_peak_tflops.
  *
  * Build and run (from the repository root):
  *   make dev/cuda/attention                 (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
@@ -30,7 +34,7 @@
  *   ./dev/cuda/attention 0 2 70 2 20   # both at B=2 T=70 NH=2 hs=20 (awkward sizes; make test on the CPU)
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.cu" // gptc/cuda/attention.cuh and matmul.cuh, the ledger, gpu_peak_tflops; train_gpt.c
 #include "dev/cuda/common.h"
 
 /* ---- variant 1: materialised probabilities ------------------------------ */

@@ -2,22 +2,17 @@
  * dev/cuda/classifier.cu — the fused classifier: softmax + cross-entropy +
  * dlogits over rows of Vp bf16 logits, without storing the probabilities.
  *
- * STATUS: the OLD variants (then the production kernels) were validated and
- * timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md); the NEW ones have
- * not yet run on a GPU. All are validated on the CPU in every make test
- * (dev/cuda/cpu).
- *
  * CPU reference: train_gpt.c's crossentropy_softmax_forward then
  * crossentropy_softmax_backward (fp32, on the same bf16-rounded logits).
- * Variants (each names itself OLD or NEW in the output; NEW = not yet run on a GPU):
+ * Production kernels: gptc/cuda/classifier.cuh.
+ * Variants:
  *   1  naive: one thread per row (max, sum, then the gradient: three passes)
- *   2  OLD production (until 2026-11-30): classifier_scalar_gpu from
- *      train_gpt.cu (one block per row, online max/sum, two passes, 2-byte
- *      loads; now the fallback for Vp % 8 != 0). H200: 2.24 ms at the
- *      default size, 1843 GB/s counted as below.
- *   3  NEW production: classifier_gpu (the same two passes with 16-byte loads
+ *   2  scalar: classifier_scalar_gpu (one block per row, online max/sum, two
+ *      passes, 2-byte loads; production's path for Vp % 8 != 0)
+ *   3  production: classifier_gpu (the same two passes with 16-byte loads
  *      and stores, 4 loads in flight per thread in the writing pass); with
  *      Vp % 8 != 0 it is variant 2
+ * Timings on a GPU: dev/cuda/RESULTS.md.
  * Bytes moved: the logits are read twice and written once (3 x N x Vp x 2);
  * the timed runs include the device-to-device copy that restores the input
  * (2 x N x Vp x 2 more, counted too).
@@ -30,7 +25,9 @@
  *   ./dev/cuda/classifier 0 5 13 21      # Vp % 8 != 0: the scalar fallback
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.c"            // the CPU reference; Rng, xmalloc_floats, CHECK
+#include "gptc/cuda/common.cuh"  // CUDA_CHECK, KERNEL_CHECK, floatX, ceil_div, Pack8
+#include "gptc/cuda/classifier.cuh" // classifier_gpu, classifier_scalar_gpu, online_merge
 #include "dev/cuda/common.h"
 
 /* variant 1: one thread per row */
@@ -107,8 +104,8 @@ int main(int argc, char** argv) {
     double peak = peak_bandwidth_gbs();
     int ok = 1;
     static const char* const names[4] = {"", "variant 1 (naive, thread per row)",
-                                         "variant 2 (OLD production, scalar)",
-                                         "variant 3 (NEW production, 16-byte)"};
+                                         "variant 2 (scalar fallback)",
+                                         "variant 3 (production, 16-byte)"};
     for (int v = 1; v <= 3; v++) {
         if (only && v != only) continue;
         ctx.variant = v;

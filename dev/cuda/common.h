@@ -3,7 +3,8 @@
  * validation with an absolute + relative tolerance, timing with CUDA events
  * after an L2 flush, and the device's memory-bandwidth roofline.
  *
- * Include it after train_gpt.cu (it uses CUDA_CHECK, floatX, xmalloc_floats).
+ * Include it after train_gpt.c and gptc/cuda/common.cuh (it uses Rng,
+ * xmalloc_floats, CUDA_CHECK, floatX), or after train_gpt.cu, which has both.
  */
 #ifndef GPTC_DEV_CUDA_COMMON_H
 #define GPTC_DEV_CUDA_COMMON_H

@@ -1,6 +1,7 @@
 /*
- * dev/cuda/dp_layout.cu — the data-parallel layout of train_gpt.cu (G2's
- * buckets and shards, G6's use of them), checked on the host: it needs no
+ * dev/cuda/dp_layout.cu — the data-parallel layout of train_gpt.cu
+ * (gptc/cuda/shard.cuh's buckets and shards, and the data-parallel section's
+ * use of them), checked on the host: it needs no
  * GPU, so it runs anywhere nvcc does (make dp-layout; make check-cuda runs it).
  *
  *   make dev/cuda/dp_layout && ./dev/cuda/dp_layout

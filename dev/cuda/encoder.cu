@@ -2,26 +2,23 @@
  * dev/cuda/encoder.cu — the embedding: forward out = wte[token] + wpe[t]
  * (bf16), backward dwte[token] += dout, dwpe[t] += dout (fp32 gradients).
  *
- * STATUS: not yet run on a GPU; validated on the CPU in every make test
- * (dev/cuda/cpu).
- *
  * CPU reference: train_gpt.c's encoder_forward / encoder_backward (fp32, on
  * the same bf16-rounded inputs).
  * Variants, forward:
  *   1  naive: one thread per output element
- *   2  production: encoder_forward_gpu from train_gpt.cu (8 channels per
- *      thread, 16-byte loads and stores, when C % 8 == 0)
+ *   2  production: encoder_forward_gpu (gptc/cuda/encoder.cuh; 8 channels
+ *      per thread, 16-byte loads and stores, when C % 8 == 0)
  * Variants, backward:
  *   1  naive: one thread per (position, channel), atomicAdd into dwte and
  *      dwpe (not deterministic: the order of the additions varies per run)
- *   2  one block per token (production until the chunks replaced it): the
- *      host groups the positions by token (encoder_buckets_build, not
- *      timed: it runs on the host while the GPU works), one block sums each
+ *   2  one block per token: the host groups the positions by token
+ *      (encoder_buckets_build, not timed: it runs on the host while the GPU
+ *      works), one block sums each
  *      token's bucket (encoder_backward_wte_bucket_kernel, below), the
  *      grid fixed at min(B*T, V) blocks as under CUDA graphs;
  *      encoder_backward_wpe_kernel sums over b
- *   3  production: train_gpt.cu's chunked buckets: a bucket longer than
- *      ENC_CHUNK positions is cut into chunks of ENC_CHUNK (on the host,
+ *   3  production: chunked buckets (gptc/cuda/encoder.cuh): a bucket longer
+ *      than ENC_CHUNK positions is cut into chunks of ENC_CHUNK (on the host,
  *      encoder_chunks_build, not timed), one block per chunk
  *      (encoder_backward_wte_gpu: fixed grids, blocks striding over the
  *      chunks); a bucket of one chunk adds into dwte at once, the partial
@@ -36,6 +33,11 @@
  * (3 x B*T*C x 2); backward, dout read once (B*T*C x 2), the dwte rows of the
  * distinct tokens and dwpe read and written (fp32).
  *
+ * It includes the whole of train_gpt.cu, not only gptc/cuda/encoder.cuh:
+ * variant 3 sizes its chunk arrays with the trainer's own
+ * gpu_step_input_sizes (StepInputs), so that the lab runs the bounds
+ * production allocates.
+ *
  * Build and run (from the repository root):
  *   make dev/cuda/encoder            (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
  *   ./dev/cuda/encoder               # every variant, B=16 T=1024 C=768 V=50257
@@ -43,7 +45,7 @@
  *   ./dev/cuda/encoder 0 3 7 20 11   # every variant at B=3 T=7 C=20 V=11 (C % 8 != 0: one channel per thread)
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.cu" // gptc/cuda/encoder.cuh, gpu_step_input_sizes; train_gpt.c
 #include "dev/cuda/common.h"
 
 /* forward variant 1: one thread per (bt, c) */

@@ -3,18 +3,15 @@
  * fp32 arithmetic: the MLP's activation when it is not fused into the
  * cuBLASLt epilogues (--gelu-fusion 0).
  *
- * STATUS: not yet run on a GPU; validated on the CPU in every make test
- * (dev/cuda/cpu).
- *
  * CPU reference: train_gpt.c's gelu_forward / gelu_backward (fp32, on the
  * same bf16-rounded inputs).
  * Variants (forward and backward alike):
  *   1  naive: the textbook form 0.5 x (1 + tanh u) with tanhf (Hendrycks &
  *      Gimpel 2016, eq. for the tanh approximation), one thread per element
- *   2  one element per thread: train_gpt.cu's gelu_forward_kernel /
+ *   2  one element per thread: production's gelu_forward_kernel /
  *      gelu_backward_kernel (the sigmoid form x / (1 + exp(-2u))), the
  *      production fallback for unaligned pointers
- *   3  production: gelu_forward_gpu / gelu_backward_gpu from train_gpt.cu,
+ *   3  production: gelu_forward_gpu / gelu_backward_gpu (gptc/cuda/gelu.cuh),
  *      8 bf16 per thread, one 16-byte load per input and one 16-byte store
  *      (Pack8), the last N % 8 one at a time; the same formula, so bit for
  *      bit variant 2 (checked)
@@ -28,7 +25,9 @@
  *   ./dev/cuda/gelu 0 1001           # every variant at N = 1001 (a tail of 1 for variant 3)
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.c"            // the CPU reference; Rng, xmalloc_floats, CHECK
+#include "gptc/cuda/common.cuh"  // CUDA_CHECK, KERNEL_CHECK, floatX, ceil_div, Pack8
+#include "gptc/cuda/gelu.cuh" // gelu_forward_gpu, gelu_backward_gpu, gelu_forward_kernel, gelu_backward_kernel
 #include "dev/cuda/common.h"
 
 /* variant 1: gelu(x) = 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3) */

@@ -1,34 +1,28 @@
 /*
- * dev/cuda/layernorm.cu — LayerNorm forward (and the production backward),
- * bf16 in and out, fp32 statistics.
- *
- * STATUS: the OLD variants (then the production kernels) were validated and
- * timed on one H200 on 2026-11-30 (dev/cuda/RESULTS.md); the NEW ones have
- * not yet run on a GPU. All are validated on the CPU in every make test
- * (dev/cuda/cpu).
+ * dev/cuda/layernorm.cu — LayerNorm forward and backward, and the bias
+ * gradients' column sums, bf16 in and out, fp32 statistics.
  *
  * CPU reference: train_gpt.c's layernorm_forward / layernorm_backward (fp32,
- * on the same bf16-rounded inputs).
- * Variants (each names itself OLD or NEW in the output; NEW = not yet run on a GPU):
+ * on the same bf16-rounded inputs). Production kernels: gptc/cuda/layernorm.cuh.
+ * Variants:
  *   forward
  *   1  naive: one thread per row, three passes over the row
- *   2  OLD production (until 2026-11-30): layernorm_forward_scalar_gpu from
- *      train_gpt.cu, one warp per row, 2-byte loads, three passes (now the
- *      fallback for C > 2048)
- *   3  NEW production: layernorm_forward_gpu, one warp per row, the row in
+ *   2  scalar: layernorm_forward_scalar_gpu, one warp per row, 2-byte loads,
+ *      three passes (production's path for C > 2048)
+ *   3  production: layernorm_forward_gpu, one warp per row, the row in
  *      registers, 16-byte loads and stores (C % 8 == 0; scalar loads otherwise)
  *   backward (dinp += dx, dweight += sum dy xhat, dbias += sum dy)
- *   4  OLD production (until 2026-11-30): layernorm_backward_unfused_gpu, the
- *      dx kernel then column sums (4 launches, x and dy read twice; now the
- *      fallback for C > 2048). H200: 0.461 ms at the default size.
- *   5  NEW production: layernorm_backward_gpu, one fused pass (dx and per-block
+ *   4  unfused: layernorm_backward_unfused_gpu, the dx kernel then column
+ *      sums (4 launches, x and dy read twice; production's path for C > 2048)
+ *   5  production: layernorm_backward_gpu, one fused pass (dx and per-block
  *      dweight/dbias partials, 16-byte loads, row in registers) + one finish
  *   bias gradient (dbias += column sums of dy, here with OC = C: the column
  *   sums the bias gradients of every matmul take)
- *   6  OLD production (until 2026-11-30): bias_backward_scalar_gpu, 2-byte
- *      loads (now the fallback for OC % 8 != 0)
- *   7  NEW production: bias_backward_gpu, 16-byte loads
- * Bytes counted for the GB/s figure (the same for old and new, the least any
+ *   6  scalar: bias_backward_scalar_gpu, 2-byte loads (production's path for
+ *      OC % 8 != 0)
+ *   7  production: bias_backward_gpu, 16-byte loads
+ * Timings on a GPU: dev/cuda/RESULTS.md.
+ * Bytes counted for the GB/s figure (the same for every variant, the least any
  * kernel must move): forward x read, out written; backward x, dy, dinp read,
  * dinp written; bias gradient dy read.
  *
@@ -40,7 +34,9 @@
  *   ./dev/cuda/layernorm 0 5 29 520   # 145 rows (5 backward blocks), C % 8 == 0, 65 packs (K = 3, ragged)
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.c"            // the CPU reference; Rng, xmalloc_floats, CHECK
+#include "gptc/cuda/common.cuh"  // CUDA_CHECK, KERNEL_CHECK, floatX, ceil_div, Pack8
+#include "gptc/cuda/layernorm.cuh" // layernorm_forward_gpu, layernorm_backward_gpu, bias_backward_gpu and their scalar fallbacks
 #include "dev/cuda/common.h"
 
 /* variant 1: one thread per row */
@@ -71,10 +67,10 @@ typedef struct {
 } LnCtx;
 
 static const char* const VARIANT_NAMES[8] = {
-    "", "forward 1 (naive, thread per row)", "forward 2 (OLD production, scalar)",
-    "forward 3 (NEW production, 16-byte, row in registers)", "backward 4 (OLD production, 4 launches)",
-    "backward 5 (NEW production, fused + finish)", "bias grad 6 (OLD production, scalar)",
-    "bias grad 7 (NEW production, 16-byte)"};
+    "", "forward 1 (naive, thread per row)", "forward 2 (scalar fallback)",
+    "forward 3 (production, 16-byte, row in registers)", "backward 4 (unfused fallback, 4 launches)",
+    "backward 5 (production, fused + finish)", "bias grad 6 (scalar fallback)",
+    "bias grad 7 (production, 16-byte)"};
 
 static void run_forward(void* p) {
     LnCtx* c = (LnCtx*)p;

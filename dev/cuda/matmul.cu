@@ -3,9 +3,7 @@
  * cuBLASLt, with the bias and GELU in its epilogues or in our own kernels:
  * out(N, OC) = inp(N, C) . weight(OC, C)^T + bias, then GELU for the MLP's
  * first matmul (its input kept as the aux output for the backward).
- *
- * STATUS: not yet run on a GPU; validated on the CPU in every make test
- * (dev/cuda/cpu, whose cuBLASLt stand-in is dev/cuda/cpu/cublaslt.cpp).
+ * On the CPU (make test), cuBLASLt is dev/cuda/cpu/cublaslt.cpp's stand-in.
  *
  * CPU reference: train_gpt.c's matmul_forward (fp32, on the same
  * bf16-rounded inputs), then gelu_forward for the MLP's first matmul.
@@ -16,7 +14,7 @@
  * Variants:
  *   1  naive: one thread per output element, fp32 dot product over C, bias
  *      and GELU in the same kernel
- *   2  production, fused: matmul_forward_gpu from train_gpt.cu, the bias and
+ *   2  production, fused: matmul_forward_gpu (gptc/cuda/matmul.cuh), the bias and
  *      GELU in cuBLASLt's epilogue
  *   3  production, unfused: matmul_forward_gpu with every epilogue refused
  *      (LtContext.no_epilogues, as test_gpt.cu checks that path): a plain
@@ -31,13 +29,17 @@
  * Variants:
  *   1  naive: one thread per element of dinp, of dweight (a sum over N),
  *      of dbias
- *   2  production, fused: matmul_backward_gpu from train_gpt.cu (DGELU in
+ *   2  production, fused: matmul_backward_gpu (DGELU in
  *      cuBLASLt's epilogue; the bias gradient by the column-sum kernels)
  *   3  production, unfused: the same with every epilogue refused (a plain
  *      GEMM, then gelu_backward_gpu in place)
  * Timing: median of 20 runs (5 for the slow naive variant), TFLOP/s (2 N C
  * OC per matmul; the backward is two) beside the dense bf16 peak of the
  * device's datasheet (train_gpt.cu's gpu_peak_tflops).
+ *
+ * It includes the whole of train_gpt.cu, not only gptc/cuda/matmul.cuh:
+ * lt_init allocates through the trainer's device-memory ledger, and the
+ * TFLOP/s figure needs train_gpt.cu's gpu_peak_tflops.
  *
  * Build and run (from the repository root):
  *   make dev/cuda/matmul             (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
@@ -46,7 +48,7 @@
  *   ./dev/cuda/matmul 0 13 20        # every variant at N = 13, C = 20 (rows of 40 bytes: 8-byte alignment)
  */
 #define GPTC_NO_MAIN
-#include "train_gpt.cu"
+#include "train_gpt.cu" // gptc/cuda/matmul.cuh, the ledger, gpu_peak_tflops, LT_WORKSPACE_BYTES; train_gpt.c
 #include "dev/cuda/common.h"
 
 /* variant 1: out[n][oc] = sum_c inp[n][c] w[oc][c] + bias[oc]; with aux: aux = that (bf16), out = gelu(it) */

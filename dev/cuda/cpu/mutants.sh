@@ -1,9 +1,11 @@
 #!/bin/bash
 # dev/cuda/cpu/mutants.sh — does the CPU execution layer catch the bugs a
 # first GPU run would hit in *our* code? Each mutant plants one such bug in a
-# copy of train_gpt.cu (never the checkout's), builds it through the layer,
-# runs a 2-step training, and must be caught: a cuda_cpu report, a CUDA
-# error, or losses that differ from the unmutated run's.
+# copy of the twin's sources (train_gpt.cu and gptc/cuda/*.cuh, never the
+# checkout's: the sed runs over every copy, and the one that holds the line
+# changes), builds it through the layer, runs a 2-step training, and must be
+# caught: a cuda_cpu report, a CUDA error, or losses that differ from the
+# unmutated run's.
 #
 #   make test-cuda-mutants       (about 20 s per mutant on 2 cores; not in make test)
 #
@@ -21,10 +23,21 @@ TOY=$WORK/toy.bin
 RUN="--model d2 --channels 48 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --seq-len 60
      --batch-size 4 --total-batch-size 480 --steps 2 --val-every 0 --sample-every 0"
 
-# build NAME: $WORK/NAME.cu (a mutated train_gpt.cu) -> $WORK/NAME
+# The twin's sources: train_gpt.cu and the headers it includes from gptc/cuda.
+SOURCES="train_gpt.cu $(ls gptc/cuda/*.cuh 2>/dev/null | tr '\n' ' ')"
+# translate NAME FILE...: each FILE of $WORK/NAME.src (a copy of the sources) into $WORK/NAME.t, same paths
+translate() {
+    local name=$1 f
+    shift
+    for f in "$@"; do
+        mkdir -p "$(dirname "$WORK/$name.t/$f")" &&
+            /usr/bin/python3 dev/cuda/cpu/translate.py "$WORK/$name.src/$f" "$WORK/$name.t/$f" || return 1
+    done
+}
+# build NAME: $WORK/NAME.t (the translated sources) -> $WORK/NAME; -I$WORK/NAME.t first, so that
+# gptc/cuda's headers are the copy's (train_gpt.c and the rest come from the checkout)
 build() {
-    /usr/bin/python3 dev/cuda/cpu/translate.py "$WORK/$1.cu" "$WORK/$1.t.cu" &&
-        g++ $FLAGS -c -o "$WORK/$1.o" "$WORK/$1.t.cu" && g++ -o "$WORK/$1" "$WORK/$1.o" $LAYER $LIBS
+    g++ -I"$WORK/$1.t" $FLAGS -c -o "$WORK/$1.o" "$WORK/$1.t/train_gpt.cu" && g++ -o "$WORK/$1" "$WORK/$1.o" $LAYER $LIBS
 }
 # losses NAME FLAGS...: the step lines' losses (the run's output in $WORK/NAME.log)
 losses() {
@@ -35,9 +48,10 @@ losses() {
     grep -o 'loss [0-9.]*' "$WORK/$name.log" | tr '\n' ' '
 }
 
-cp train_gpt.cu "$WORK/base.cu"
-if ! build base > "$WORK/base.build" 2>&1; then
-    echo "mutants: the unmutated train_gpt.cu does not build:"
+mkdir -p "$WORK/base.src/gptc/cuda"
+for f in $SOURCES; do cp "$f" "$WORK/base.src/$f"; done
+if ! { translate base $SOURCES && build base; } > "$WORK/base.build" 2>&1; then
+    echo "mutants: the unmutated sources do not build:"
     tail -n 20 "$WORK/base.build"
     exit 1
 fi
@@ -51,14 +65,18 @@ caught=0
 missed=0
 # mutant NAME ZERO 'sed expression' 'what it plants'
 mutant() {
-    local name=$1 zero=$2 expr=$3 what=$4
-    sed "$expr" train_gpt.cu > "$WORK/$name.cu"
-    if cmp -s train_gpt.cu "$WORK/$name.cu"; then
-        echo "MISSED $name: the sed expression changed nothing (train_gpt.cu moved on: update mutants.sh)"
+    local name=$1 zero=$2 expr=$3 what=$4 f changed=""
+    cp -r "$WORK/base.src" "$WORK/$name.src" && cp -r "$WORK/base.t" "$WORK/$name.t" || exit 1
+    for f in $SOURCES; do
+        sed "$expr" "$f" > "$WORK/$name.src/$f"
+        cmp -s "$f" "$WORK/$name.src/$f" || changed="$changed $f"
+    done
+    if [ -z "$changed" ]; then
+        echo "MISSED $name: the sed expression changed nothing (the sources moved on: update mutants.sh)"
         missed=$((missed + 1))
         return
     fi
-    if ! build "$name" > "$WORK/$name.build" 2>&1; then
+    if ! { translate "$name" $changed && build "$name"; } > "$WORK/$name.build" 2>&1; then
         echo "MISSED $name: does not build"
         tail -n 5 "$WORK/$name.build"
         missed=$((missed + 1))

@@ -1,0 +1,500 @@
+/*
+ * gptc/cuda/attention.cuh — causal self-attention on the GPU, flash-style:
+ * tiles of Q against K and V in shared memory, an online softmax, tensor
+ * cores through WMMA (or plain fp32 FMAs with -DATTN_MMA_SCALAR), and only
+ * the log-sum-exp per row kept for backward, which recomputes the
+ * probabilities.
+ *
+ * Included by train_gpt.cu and dev/cuda/attention.cu, after train_gpt.c
+ * and gptc/cuda/common.cuh.
+ * Defines: ATTN_TILE, ATTN_THREADS, ATTN_MAX_HS, attn_smem_forward,
+ * attn_smem_dkv, attn_smem_dq, attn_mma_strip, attention_forward_kernel,
+ * attention_backward_d_kernel, attention_backward_dkv_kernel,
+ * attention_backward_dq_kernel, attn_hsp, attention_forward_gpu,
+ * attention_backward_gpu.
+ */
+#ifndef GPTC_CUDA_ATTENTION_CUH
+#define GPTC_CUDA_ATTENTION_CUH
+
+#include "gptc/cuda/common.cuh" // floatX, Pack8, ceil_div, KERNEL_CHECK
+#include <type_traits> // std::conditional: the WMMA layouts of attn_mma_strip
+
+/* ---- attention: flash-style (variant 2), forward and backward ------------ */
+/* Checked against train_gpt.c's attention_forward/attention_backward by
+ * test_gpt.cu and dev/cuda/attention.cu, which also holds the materialised
+ * variant 1 (the T x T probabilities stored).
+ *
+ * Causal self-attention per (b, h), hs = C / NH, scale = 1/sqrt(hs):
+ *   S = Q K^T * scale,  P = softmax_rows(S) over keys j <= i,  O = P V.
+ * Nothing of size T x T is ever stored (Dao et al., FlashAttention, 2022,
+ * Alg. 1; FlashAttention-2, 2023, Alg. 1-2): a block holds a tile of 64
+ * queries and walks the key tiles 0..its own (tiles above the diagonal are
+ * never visited), keeping per query row the running maximum m and the
+ * running sum l of exp(S - m) in fp32 (the online softmax, Milakov &
+ * Gimelshein 2018): on a new key tile with row maximum m~,
+ *   m' = max(m, m~),  alpha = exp(m - m'),  l' = alpha l + sum_j exp(S_j - m'),
+ *   O' = alpha O + exp(S - m') V,
+ * and at the end O / l. The log-sum-exp lse = m + log(l) (B, NH, T, fp32) is
+ * all that is kept for backward, which recomputes P = exp(S - lse) and with
+ * D_i = rowsum(dO_i * O_i) (the softmax backward's rowsum(P * dP), since
+ * O = P V):
+ *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D) * scale,  dQ = dS K,  dK = dS^T Q.
+ * Deterministic: one block per key tile sums dK and dV over the query tiles
+ * in order, one block per query tile sums dQ over the key tiles in order (no
+ * atomics); P and dS are recomputed twice, the price of that.
+ *
+ * q, k, v are read straight from qkv (B, T, 3, NH, hs), the output written
+ * straight into (B, T, NH, hs) = (B, T, C), the gradients into dqkv (B, T, 3C):
+ * no permutes.
+ *
+ * Tiles: 64 queries x 64 keys, 4 warps; warp w owns the 16-row strip
+ * [16w, 16w + 16) of every 64-row tile it produces. Head sizes up to 128;
+ * a tile's hs columns are zero-padded to hsp = hs rounded up to 16 in shared
+ * memory, rows past T are zero too and masked out. Tile products go through
+ * the tensor cores (WMMA, bf16 16x16x16 with fp32 accumulation), a warp's
+ * 16-row output strip per call (attn_mma_strip), accumulators in shared
+ * memory between calls: the softmax work then reads and writes tiles in
+ * shared memory by position (a WMMA fragment's element layout is
+ * unspecified; the CPU execution layer scrambles it on purpose). Built with
+ * -DATTN_MMA_SCALAR, attn_mma_strip computes the same strip with ordinary
+ * fp32 FMAs instead (no tensor cores): the algorithm checked apart from the
+ * tensor cores (make test runs the kernel lab's attention both ways on the
+ * CPU).
+ *
+ * Shared memory per block (bytes, hsp = 128): forward 112,640, dK/dV 190,464,
+ * dQ 147,456; hsp = 64 (GPT-2): 71,680, 124,928 and 98,304. Over the 48 KB
+ * default, so each kernel is granted what it needs by cudaFuncSetAttribute
+ * (H100/H200 allow 227 KB a block; an A100's 163 KB covers every kernel up
+ * to hs = 96, not the dK/dV kernel beyond). The accumulators in shared memory
+ * cost occupancy (at hs = 64, with an H200's 228 KB per SM: 3, 1 and 2
+ * blocks per SM); dK, dV and dQ need no rescaling, so they could stay in
+ * WMMA fragments across the loop instead. */
+#define ATTN_TILE 64      /* queries per block, keys per step */
+#define ATTN_THREADS 128  /* 4 warps, one 16-row strip each */
+#define ATTN_MAX_HS 128
+#ifndef ATTN_MMA_SCALAR
+#include <mma.h> /* nvcuda::wmma: fragments, load/store_matrix_sync, mma_sync */
+#endif
+
+/* Leading dimensions in shared memory, in elements: a bf16 tile of hsp
+ * columns (+8: rows stay 16-byte aligned, which WMMA's ldm needs, and do not
+ * all start in the same bank), an fp32 score tile (64 + 4), a bf16
+ * probability tile (64 + 8), an fp32 accumulator (hsp + 4). Every 16-row
+ * block then starts 32-byte aligned, as load/store_matrix_sync require. */
+__host__ __device__ inline int attn_ld_h(int hsp) { return hsp + 8; }
+#define ATTN_LD_S (ATTN_TILE + 4)
+#define ATTN_LD_P (ATTN_TILE + 8)
+__host__ __device__ inline int attn_ld_o(int hsp) { return hsp + 4; }
+__host__ __device__ inline size_t attn_bytes_h(int hsp) { return (size_t)ATTN_TILE * attn_ld_h(hsp) * 2; }
+#define ATTN_BYTES_S ((size_t)ATTN_TILE * ATTN_LD_S * 4)
+#define ATTN_BYTES_P ((size_t)ATTN_TILE * ATTN_LD_P * 2)
+__host__ __device__ inline size_t attn_bytes_o(int hsp) { return (size_t)ATTN_TILE * attn_ld_o(hsp) * 4; }
+/* the three kernels' shared memory, laid out in the order listed */
+static size_t attn_smem_forward(int hsp) { /* Q, K, V; S; P; O */
+    return 3 * attn_bytes_h(hsp) + ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp);
+}
+static size_t attn_smem_dkv(int hsp) { /* K, V, Q, dO; S, dP; P, dS; dK, dV */
+    return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + 2 * ATTN_BYTES_P + 2 * attn_bytes_o(hsp);
+}
+static size_t attn_smem_dq(int hsp) { /* Q, dO, K, V; S, dP; dS; dQ */
+    return 4 * attn_bytes_h(hsp) + 2 * ATTN_BYTES_S + ATTN_BYTES_P + attn_bytes_o(hsp);
+}
+
+#ifdef ATTN_MMA_SCALAR
+/* attn_mma_strip's one 16 x 16 block without tensor cores */
+template <int A_COL, int B_COL>
+__device__ void attn_mma16_scalar(float* c, int ldc, const floatX* a, int lda, const floatX* b, int ldb, int K,
+                                  int accumulate) {
+    int lane = threadIdx.x % 32, m = lane / 2, n0 = (lane % 2) * 8;
+    float acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = accumulate ? c[m * ldc + n0 + j] : 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        float av[8];
+        if (!A_COL) {
+            Pack8 p = *(const Pack8*)(a + m * lda + k0);
+            for (int i = 0; i < 8; i++) av[i] = __bfloat162float(p.v[i]);
+        } else {
+            for (int i = 0; i < 8; i++) av[i] = __bfloat162float(a[(k0 + i) * lda + m]);
+        }
+        if (!B_COL) {
+            for (int i = 0; i < 8; i++) {
+                Pack8 p = *(const Pack8*)(b + (k0 + i) * ldb + n0);
+                for (int j = 0; j < 8; j++) acc[j] += av[i] * __bfloat162float(p.v[j]);
+            }
+        } else {
+            for (int j = 0; j < 8; j++) {
+                Pack8 p = *(const Pack8*)(b + (n0 + j) * ldb + k0);
+                for (int i = 0; i < 8; i++) acc[j] += av[i] * __bfloat162float(p.v[i]);
+            }
+        }
+    }
+    for (int j = 0; j < 8; j++) c[m * ldc + n0 + j] = acc[j];
+    __syncwarp();
+}
+#endif
+
+/* One warp: the fp32 strip c (16 x 16 nb, ldc) = [c +] a (16 x K) b (K x 16 nb),
+ * K a multiple of 16, nb <= 8, bf16 operands in shared memory. A_COL: a is
+ * stored column-major (a(m, k) at a[k * lda + m]), else row-major
+ * (a[m * lda + k]); b's 16-column block j starts at b + j * bstep, within it
+ * B_COL: b(k, n) at [n * ldb + k], else [k * ldb + n]. Every lane of the warp
+ * calls it with the same arguments; when it returns the warp's stores to c
+ * are done. Each k step loads a's fragment once for all nb blocks; the
+ * accumulators live in registers for the call, in shared memory between. */
+#define ATTN_MAX_NB 8 /* hsp / 16 for hsp = 128 */
+template <int A_COL, int B_COL>
+__device__ void attn_mma_strip(float* c, int ldc, const floatX* a, int lda, const floatX* b, int ldb, int bstep,
+                               int nb, int K, int accumulate) {
+#ifndef ATTN_MMA_SCALAR
+    using namespace nvcuda;
+    typedef typename std::conditional<A_COL != 0, wmma::col_major, wmma::row_major>::type LayoutA;
+    typedef typename std::conditional<B_COL != 0, wmma::col_major, wmma::row_major>::type LayoutB;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc[ATTN_MAX_NB];
+    for (int j = 0; j < ATTN_MAX_NB; j++) { /* (unrolled by nvcc: the fragments stay in registers) */
+        if (j >= nb) break;
+        if (accumulate) wmma::load_matrix_sync(fc[j], c + j * 16, ldc, wmma::mem_row_major);
+        else wmma::fill_fragment(fc[j], 0.0f);
+    }
+    for (int k = 0; k < K; k += 16) {
+        wmma::load_matrix_sync(fa, A_COL ? a + (size_t)k * lda : a + k, lda);
+        for (int j = 0; j < ATTN_MAX_NB; j++) {
+            if (j >= nb) break;
+            const floatX* bj = b + (size_t)j * bstep;
+            wmma::load_matrix_sync(fb, B_COL ? bj + k : bj + (size_t)k * ldb, ldb);
+            wmma::mma_sync(fc[j], fa, fb, fc[j]);
+        }
+    }
+    for (int j = 0; j < ATTN_MAX_NB; j++) {
+        if (j >= nb) break;
+        wmma::store_matrix_sync(c + j * 16, fc[j], ldc, wmma::mem_row_major);
+    }
+#else
+    /* block by block: lane 2m + h computes row m, columns 8h .. 8h + 7, each
+     * sum in k order; operands read 8 at a time (16 bytes) along their
+     * contiguous dimension (on the CPU execution every access is checked:
+     * fewer, wider ones are what makes this path quick enough for make test) */
+    for (int jb = 0; jb < nb; jb++)
+        attn_mma16_scalar<A_COL, B_COL>(c + jb * 16, ldc, a, lda, b + (size_t)jb * bstep, ldb, K, accumulate);
+#endif
+}
+
+/* A 64-row tile of one head into shared memory: rows t0 .. t0 + 63 of src,
+ * where row t starts at src + t * stride (src points at the head's column
+ * 0), hs columns, zero-padded to hsp columns and past T. 16-byte loads when
+ * hs % 8 == 0 (rows and heads then start 16-byte aligned). */
+__device__ void attn_load_tile(floatX* dst, const floatX* src, size_t stride, int t0, int T, int hs, int hsp) {
+    int ld = attn_ld_h(hsp), chunks = hsp / 8;
+    for (int idx = threadIdx.x; idx < ATTN_TILE * chunks; idx += blockDim.x) {
+        int r = idx / chunks, d0 = (idx % chunks) * 8, t = t0 + r;
+        Pack8 p;
+        if (t < T && hs % 8 == 0 && d0 < hs) {
+            p = *(const Pack8*)(src + (size_t)t * stride + d0);
+        } else {
+            for (int i = 0; i < 8; i++)
+                p.v[i] = t < T && d0 + i < hs ? src[(size_t)t * stride + d0 + i] : __float2bfloat16(0.0f);
+        }
+        *(Pack8*)(dst + r * ld + d0) = p;
+    }
+}
+
+/* Rows of an fp32 accumulator tile (64 x hsp, shared memory) out to bf16,
+ * times `mul`: thread pair (2r, 2r + 1) writes row r's two halves, for
+ * t0 + r < T and the first hs columns. Called by each warp for its own strip
+ * (thread pairs of warp w hold rows 16w .. 16w + 15). */
+__device__ void attn_store_rows(floatX* dst, size_t stride, const float* acc, int t0, int T, int hs, int hsp,
+                                float mul) {
+    int r = threadIdx.x / 2, half = threadIdx.x % 2, t = t0 + r, ldo = attn_ld_o(hsp);
+    if (t >= T) return;
+    int per = hsp / 2; /* a multiple of 8 */
+    for (int d0 = half * per; d0 < (half + 1) * per && d0 < hs; d0 += 8) {
+        if (hs % 8 == 0) {
+            Pack8 p;
+            for (int i = 0; i < 8; i++) p.v[i] = __float2bfloat16(acc[r * ldo + d0 + i] * mul);
+            *(Pack8*)(dst + (size_t)t * stride + d0) = p;
+        } else {
+            for (int i = 0; i < 8 && d0 + i < hs; i++)
+                dst[(size_t)t * stride + d0 + i] = __float2bfloat16(acc[r * ldo + d0 + i] * mul);
+        }
+    }
+}
+
+/* Work a warp may skip, all of it masked: a strip (16 query rows from q0 +
+ * 16 w) is live when its first row is < T, and of a key tile from k0 it needs
+ * the first attn_key_cols columns (a multiple of 16): keys < T and, on the
+ * diagonal, keys <= the strip's last query. For k0 <= q0 and a live strip
+ * that is at least 16. */
+__device__ int attn_strip_live(int q0, int w, int T) { return q0 + 16 * w < T; }
+__device__ int attn_key_cols(int q0, int k0, int w, int T) {
+    int n = min(min(ATTN_TILE, T - k0), q0 + 16 * w + 16 - k0);
+    return (n + 15) / 16 * 16;
+}
+
+/* Forward. Grid (query tiles, B * NH), the last (longest) query tiles first.
+ * out (B, T, C), lse (B, NH, T), qkv (B, T, 3C). */
+__global__ void __launch_bounds__(ATTN_THREADS) attention_forward_kernel(floatX* out, float* lse, const floatX* qkv,
+                                                                         int T, int NH, int hs, int hsp) {
+    extern __shared__ __align__(128) unsigned char attn_smem[];
+    int ldh = attn_ld_h(hsp), ldo = attn_ld_o(hsp);
+    floatX* Qs = (floatX*)attn_smem;                         /* (64, hsp) */
+    floatX* Ks = (floatX*)(attn_smem + attn_bytes_h(hsp));   /* (64, hsp) */
+    floatX* Vs = (floatX*)(attn_smem + 2 * attn_bytes_h(hsp));
+    float* Ss = (float*)(attn_smem + 3 * attn_bytes_h(hsp)); /* (64, 64) scores */
+    floatX* Ps = (floatX*)((unsigned char*)Ss + ATTN_BYTES_S); /* (64, 64) probabilities, bf16 */
+    float* Os = (float*)((unsigned char*)Ps + ATTN_BYTES_P);   /* (64, hsp) output accumulator */
+    int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, q0 = qt * ATTN_TILE, warp = threadIdx.x / 32;
+    float scale = 1.0f / sqrtf((float)hs);
+    const floatX* q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs; /* row t at q + t * 3C */
+    attn_load_tile(Qs, q, 3 * C, q0, T, hs, hsp);
+    /* thread pair (2r, 2r + 1), in warp r / 16: query row r of the tile, key
+     * columns [32 half, 32 half + 32) of S and accumulator columns
+     * [hsp/2 half, hsp/2 (half + 1)) */
+    int r = threadIdx.x / 2, half = threadIdx.x % 2, i = q0 + r;
+    int live = attn_strip_live(q0, warp, T); /* the same for the whole warp */
+    for (int d = half * hsp / 2; d < (half + 1) * hsp / 2; d++) Os[r * ldo + d] = 0.0f;
+    float m = -INFINITY, l = 0.0f; /* both threads of the pair hold the same */
+    for (int kt = 0; kt <= qt; kt++) {
+        int k0 = kt * ATTN_TILE;
+        __syncthreads(); /* every warp is done with the previous K and V tiles */
+        attn_load_tile(Ks, q + C, 3 * C, k0, T, hs, hsp);
+        attn_load_tile(Vs, q + 2 * C, 3 * C, k0, T, hs, hsp);
+        __syncthreads(); /* K, V (and, the first time, Q) are in shared memory */
+        if (!live) continue;
+        int ncol = attn_key_cols(q0, k0, warp, T);
+        /* S strip = Q strip K^T: its first ncol columns, 16 at a time */
+        attn_mma_strip<0, 1>(Ss + warp * 16 * ATTN_LD_S, ATTN_LD_S, Qs + warp * 16 * ldh, ldh, Ks, ldh, 16 * ldh,
+                             ncol / 16, hsp, 0);
+        __syncwarp(); /* the warp's S strip is stored: its thread pairs read their rows */
+        /* online softmax of row r; key j = k0 + c is visible when j <= i and
+         * j < T: always j = k0 (k0 <= q0 <= i and k0 < T), so m' is finite */
+        const float* srow = Ss + r * ATTN_LD_S;
+        int c0 = half * 32, c1 = min(c0 + 32, ncol);
+        float mt = -INFINITY;
+        for (int c = c0; c < c1; c++)
+            if (k0 + c <= i && k0 + c < T) mt = fmaxf(mt, srow[c] * scale);
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        float mnew = fmaxf(m, mt), alpha = expf(m - mnew); /* exp(-inf) = 0 on the first tile */
+        float sum = 0.0f;
+        for (int c = c0; c < c1; c++) {
+            float p = k0 + c <= i && k0 + c < T ? expf(srow[c] * scale - mnew) : 0.0f;
+            Ps[r * ATTN_LD_P + c] = __float2bfloat16(p); /* (V is multiplied by P in bf16) */
+            sum += p;                                    /* (l, and so lse, sum it in fp32) */
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l = l * alpha + sum;
+        m = mnew;
+        for (int d = half * hsp / 2; d < (half + 1) * hsp / 2; d++) Os[r * ldo + d] *= alpha;
+        __syncwarp(); /* P strip written, O strip rescaled */
+        /* O strip += P strip V, over the ncol keys */
+        attn_mma_strip<0, 0>(Os + warp * 16 * ldo, ldo, Ps + warp * 16 * ATTN_LD_P, ATTN_LD_P, Vs, ldh, 16, hsp / 16,
+                             ncol, 1);
+    }
+    __syncwarp(); /* the warp's last O strip is stored */
+    /* (rows >= T, which a strip that is not live holds only, are not written) */
+    attn_store_rows(out + (size_t)b * T * C + (size_t)h * hs, C, Os, q0, T, hs, hsp, 1.0f / l);
+    if (half == 0 && i < T) lse[(size_t)bh * T + i] = m + logf(l);
+}
+
+/* D (B, NH, T) = rowsum(dO * O) in fp32, one warp per (b, t, h). dout and
+ * out (B, T, C). */
+__global__ void attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int NH,
+                                            int hs) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; /* (b, t, h) */
+    if (row >= (long long)B * T * NH) return;
+    int h = (int)(row % NH), t = (int)((row / NH) % T), b = (int)(row / ((long long)NH * T));
+    const floatX* dy = dout + row * hs; /* (b, t, h) is row (b T + t) NH + h of hs values */
+    const floatX* y = out + row * hs;
+    float s = 0.0f;
+    for (int d = threadIdx.x % 32; d < hs; d += 32) s += __bfloat162float(dy[d]) * __bfloat162float(y[d]);
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) D[((size_t)b * NH + h) * T + t] = s;
+}
+
+/* S and dP strips of the calling warp (query rows 16 w ..), their first ncol
+ * key columns: S = Q K^T, dP = dO V^T (unscaled). */
+__device__ void attn_s_dp_strips(float* Ss, float* dPs, const floatX* Qs, const floatX* dOs, const floatX* Ks,
+                                 const floatX* Vs, int ldh, int hsp, int ncol) {
+    int w = threadIdx.x / 32;
+    attn_mma_strip<0, 1>(Ss + w * 16 * ATTN_LD_S, ATTN_LD_S, Qs + w * 16 * ldh, ldh, Ks, ldh, 16 * ldh, ncol / 16,
+                         hsp, 0);
+    attn_mma_strip<0, 1>(dPs + w * 16 * ATTN_LD_S, ATTN_LD_S, dOs + w * 16 * ldh, ldh, Vs, ldh, 16 * ldh, ncol / 16,
+                         hsp, 0);
+}
+
+/* P and dS of the calling thread pair's row r = tid / 2 (query i = q0 + r),
+ * its 32 key columns (j = k0 + c), all 64 columns written (0 past ncol):
+ *   P = exp(S scale - lse_i) where visible (j <= i, j < T, i < T), else 0;
+ *   dS = P (dP - D_i) scale;  both rounded to bf16 (Ps may be NULL). */
+__device__ void attn_p_ds_row(floatX* Ps, floatX* dSs, const float* Ss, const float* dPs, int q0, int k0, int T,
+                              int ncol, float scale, float lse_i, float D_i) {
+    int r = threadIdx.x / 2, half = threadIdx.x % 2, i = q0 + r;
+    for (int c = half * 32; c < half * 32 + 32; c++) {
+        int j = k0 + c;
+        float p = 0.0f, ds = 0.0f;
+        if (c < ncol && j <= i && j < T && i < T) {
+            p = expf(Ss[r * ATTN_LD_S + c] * scale - lse_i);
+            ds = p * (dPs[r * ATTN_LD_S + c] - D_i) * scale;
+        }
+        if (Ps) Ps[r * ATTN_LD_P + c] = __float2bfloat16(p);
+        dSs[r * ATTN_LD_P + c] = __float2bfloat16(ds);
+    }
+}
+
+/* dK and dV: one block per (key tile, b, h), the query tiles from the
+ * diagonal down, in order. Grid (key tiles, B * NH): key tile 0 has the
+ * most query tiles and starts first. dqkv (B, T, 3C): writes its dK and dV
+ * slices. */
+__global__ void __launch_bounds__(ATTN_THREADS) attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout,
+                                                                              const floatX* qkv, const float* lse,
+                                                                              const float* D, int T, int NH, int hs,
+                                                                              int hsp) {
+    extern __shared__ __align__(128) unsigned char attn_smem[];
+    int ldh = attn_ld_h(hsp), ldo = attn_ld_o(hsp);
+    size_t bh_ = attn_bytes_h(hsp);
+    floatX* Ks = (floatX*)attn_smem;
+    floatX* Vs = (floatX*)(attn_smem + bh_);
+    floatX* Qs = (floatX*)(attn_smem + 2 * bh_);
+    floatX* dOs = (floatX*)(attn_smem + 3 * bh_);
+    float* Ss = (float*)(attn_smem + 4 * bh_);                  /* (64 queries, 64 keys) */
+    float* dPs = (float*)((unsigned char*)Ss + ATTN_BYTES_S);   /* (64, 64) dP = dO V^T */
+    floatX* Ps = (floatX*)((unsigned char*)dPs + ATTN_BYTES_S); /* (64, 64) bf16 */
+    floatX* dSs = (floatX*)((unsigned char*)Ps + ATTN_BYTES_P); /* (64, 64) bf16 */
+    float* dKs = (float*)((unsigned char*)dSs + ATTN_BYTES_P);  /* (64 keys, hsp) */
+    float* dVs = (float*)((unsigned char*)dKs + attn_bytes_o(hsp));
+    int kt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, k0 = kt * ATTN_TILE, warp = threadIdx.x / 32, nqt = (T + ATTN_TILE - 1) / ATTN_TILE;
+    float scale = 1.0f / sqrtf((float)hs);
+    const floatX* q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    const floatX* dy = dout + (size_t)b * T * C + (size_t)h * hs;
+    attn_load_tile(Ks, q + C, 3 * C, k0, T, hs, hsp);
+    attn_load_tile(Vs, q + 2 * C, 3 * C, k0, T, hs, hsp);
+    int r = threadIdx.x / 2, half = threadIdx.x % 2;
+    for (int d = half * hsp / 2; d < (half + 1) * hsp / 2; d++) dKs[r * ldo + d] = dVs[r * ldo + d] = 0.0f;
+    int keys_live = k0 + 16 * warp < T; /* this warp's key strip (dK and dV rows) */
+    for (int qt = kt; qt < nqt; qt++) {
+        int q0 = qt * ATTN_TILE, i = q0 + r;
+        __syncthreads(); /* every warp is done with the previous Q, dO, P and dS */
+        attn_load_tile(Qs, q, 3 * C, q0, T, hs, hsp);
+        attn_load_tile(dOs, dy, C, q0, T, hs, hsp);
+        __syncthreads(); /* Q and dO (and, the first time, K and V) are in shared memory */
+        /* P and dS of this warp's query strip (rows 16 warp ..) */
+        if (attn_strip_live(q0, warp, T)) {
+            int ncol = attn_key_cols(q0, k0, warp, T);
+            attn_s_dp_strips(Ss, dPs, Qs, dOs, Ks, Vs, ldh, hsp, ncol);
+            __syncwarp(); /* the warp's S and dP strips are stored */
+            float lse_i = i < T ? lse[(size_t)bh * T + i] : 0.0f, D_i = i < T ? D[(size_t)bh * T + i] : 0.0f;
+            attn_p_ds_row(Ps, dSs, Ss, dPs, q0, k0, T, ncol, scale, lse_i, D_i);
+        }
+        __syncthreads(); /* all of P and dS: the products below read them by columns (keys) */
+        /* dV strip (keys 16 warp ..) += P^T dO, dK strip += dS^T Q, over the
+         * query rows [qs, qe) that can see these keys: rows of live strips,
+         * and on the diagonal none before the strip's first key */
+        int qs = qt == kt ? 16 * warp : 0, qe = min(ATTN_TILE, (T - q0 + 15) / 16 * 16);
+        if (keys_live && qe > qs) {
+            attn_mma_strip<1, 0>(dVs + warp * 16 * ldo, ldo, Ps + qs * ATTN_LD_P + warp * 16, ATTN_LD_P,
+                                 dOs + qs * ldh, ldh, 16, hsp / 16, qe - qs, 1);
+            attn_mma_strip<1, 0>(dKs + warp * 16 * ldo, ldo, dSs + qs * ATTN_LD_P + warp * 16, ATTN_LD_P,
+                                 Qs + qs * ldh, ldh, 16, hsp / 16, qe - qs, 1);
+        }
+    }
+    __syncwarp(); /* the warp's dK and dV strips are final */
+    floatX* dq = dqkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    attn_store_rows(dq + C, 3 * C, dKs, k0, T, hs, hsp, 1.0f);
+    attn_store_rows(dq + 2 * C, 3 * C, dVs, k0, T, hs, hsp, 1.0f);
+}
+
+/* dQ: one block per (query tile, b, h), the key tiles up to the diagonal, in
+ * order. Grid (query tiles, B * NH), the last (longest) first. Writes the dQ
+ * slice of dqkv. */
+__global__ void __launch_bounds__(ATTN_THREADS) attention_backward_dq_kernel(floatX* dqkv, const floatX* dout,
+                                                                             const floatX* qkv, const float* lse,
+                                                                             const float* D, int T, int NH, int hs,
+                                                                             int hsp) {
+    extern __shared__ __align__(128) unsigned char attn_smem[];
+    int ldh = attn_ld_h(hsp), ldo = attn_ld_o(hsp);
+    size_t bh_ = attn_bytes_h(hsp);
+    floatX* Qs = (floatX*)attn_smem;
+    floatX* dOs = (floatX*)(attn_smem + bh_);
+    floatX* Ks = (floatX*)(attn_smem + 2 * bh_);
+    floatX* Vs = (floatX*)(attn_smem + 3 * bh_);
+    float* Ss = (float*)(attn_smem + 4 * bh_);
+    float* dPs = (float*)((unsigned char*)Ss + ATTN_BYTES_S);
+    floatX* dSs = (floatX*)((unsigned char*)dPs + ATTN_BYTES_S);
+    float* dQs = (float*)((unsigned char*)dSs + ATTN_BYTES_P); /* (64 queries, hsp) */
+    int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, q0 = qt * ATTN_TILE, warp = threadIdx.x / 32;
+    float scale = 1.0f / sqrtf((float)hs);
+    const floatX* q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    attn_load_tile(Qs, q, 3 * C, q0, T, hs, hsp);
+    attn_load_tile(dOs, dout + (size_t)b * T * C + (size_t)h * hs, C, q0, T, hs, hsp);
+    int r = threadIdx.x / 2, half = threadIdx.x % 2, i = q0 + r;
+    int live = attn_strip_live(q0, warp, T);
+    for (int d = half * hsp / 2; d < (half + 1) * hsp / 2; d++) dQs[r * ldo + d] = 0.0f;
+    float lse_i = i < T ? lse[(size_t)bh * T + i] : 0.0f, D_i = i < T ? D[(size_t)bh * T + i] : 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        int k0 = kt * ATTN_TILE;
+        __syncthreads(); /* every warp is done with the previous K and V */
+        attn_load_tile(Ks, q + C, 3 * C, k0, T, hs, hsp);
+        attn_load_tile(Vs, q + 2 * C, 3 * C, k0, T, hs, hsp);
+        __syncthreads(); /* K and V (and, the first time, Q and dO) are in shared memory */
+        if (!live) continue;
+        int ncol = attn_key_cols(q0, k0, warp, T);
+        attn_s_dp_strips(Ss, dPs, Qs, dOs, Ks, Vs, ldh, hsp, ncol);
+        __syncwarp(); /* the warp's S and dP strips are stored */
+        attn_p_ds_row(NULL, dSs, Ss, dPs, q0, k0, T, ncol, scale, lse_i, D_i);
+        __syncwarp(); /* the warp's dS strip is written: only this warp reads it */
+        /* dQ strip += dS strip K, over the ncol keys */
+        attn_mma_strip<0, 0>(dQs + warp * 16 * ldo, ldo, dSs + warp * 16 * ATTN_LD_P, ATTN_LD_P, Ks, ldh, 16,
+                             hsp / 16, ncol, 1);
+    }
+    __syncwarp(); /* the warp's dQ strip is final */
+    attn_store_rows(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, 3 * C, dQs, q0, T, hs, hsp, 1.0f);
+}
+
+/* Dynamic shared memory over the 48 KB default must be granted per kernel
+ * (cudaFuncSetAttribute); `granted` remembers the most granted so far. */
+static void attn_smem_grant(const void* kernel, size_t bytes, size_t* granted) {
+    if (bytes <= 48 * 1024 || bytes <= *granted) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    *granted = bytes;
+}
+
+static int attn_hsp(int hs) {
+    ALWAYS(hs >= 1 && hs <= ATTN_MAX_HS);
+    return (hs + 15) / 16 * 16;
+}
+
+/* out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). */
+static void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
+                                  cudaStream_t s) {
+    static size_t granted;
+    int hsp = attn_hsp(hs);
+    attn_smem_grant((const void*)attention_forward_kernel, attn_smem_forward(hsp), &granted);
+    dim3 grid(ceil_div(T, ATTN_TILE), B * NH);
+    attention_forward_kernel<<<grid, ATTN_THREADS, attn_smem_forward(hsp), s>>>(out, lse, qkv, T, NH, hs, hsp);
+    KERNEL_CHECK();
+}
+
+/* dqkv (B, T, 3C, written) from dout (B, T, C), the forward's qkv, out and
+ * lse; D is (B, NH, T) fp32 scratch. */
+static void attention_backward_gpu(floatX* dqkv, float* D, const floatX* dout, const floatX* qkv, const floatX* out,
+                                   const float* lse, int B, int T, int NH, int hs, cudaStream_t s) {
+    static size_t granted_dkv, granted_dq;
+    int hsp = attn_hsp(hs);
+    attn_smem_grant((const void*)attention_backward_dkv_kernel, attn_smem_dkv(hsp), &granted_dkv);
+    attn_smem_grant((const void*)attention_backward_dq_kernel, attn_smem_dq(hsp), &granted_dq);
+    long long rows = (long long)B * T * NH;
+    attention_backward_d_kernel<<<ceil_div(rows, 8), 256, 0, s>>>(D, dout, out, B, T, NH, hs);
+    KERNEL_CHECK();
+    dim3 grid(ceil_div(T, ATTN_TILE), B * NH);
+    attention_backward_dkv_kernel<<<grid, ATTN_THREADS, attn_smem_dkv(hsp), s>>>(dqkv, dout, qkv, lse, D, T, NH, hs,
+                                                                                  hsp);
+    KERNEL_CHECK();
+    attention_backward_dq_kernel<<<grid, ATTN_THREADS, attn_smem_dq(hsp), s>>>(dqkv, dout, qkv, lse, D, T, NH, hs,
+                                                                                hsp);
+    KERNEL_CHECK();
+}
+
+#endif /* GPTC_CUDA_ATTENTION_CUH */
