@@ -1531,7 +1531,7 @@ static long long dataloader_batches_per_epoch(const DataLoader* d) {
  * step, 2P floats (Psi in the paper's words: 2 Psi for all three), of which
  * a ring or tree sends (W - 1) / W per rank; ZeRO-2 reduces the layers once
  * per micro-batch. The counts are kept (reduced, gathered) and checked by
- * scripts/test_dp.sh. The loss is scaled by 1/W before the sum, so the
+ * scripts/tests/test_dp.sh. The loss is scaled by 1/W before the sum, so the
  * result is the mean gradient of the global batch, equal to one process's
  * up to the order of the sums (fp32 round-off). --zero also runs on one
  * process (the same arithmetic, bitwise equal to plain: tested). */
@@ -1552,7 +1552,7 @@ typedef struct {
     size_t head_floats;  /* wte, wpe, lnfw, lnfb */
     float* grad_shard;   /* (shard) ZeRO: the summed gradient of this rank's shard */
     float* buckets[2];   /* ZeRO-2: (layer_floats) each; backward fills one while the other's sums are in flight */
-    size_t grad_floats;  /* gradient floats this rank holds (printed, and checked by scripts/test_dp.sh) */
+    size_t grad_floats;  /* gradient floats this rank holds (printed, and checked by scripts/tests/test_dp.sh) */
     size_t param_floats, grad_alloc, moment_floats; /* the weights', the gradient buffer's and each moment's floats */
     double reduced;      /* floats this rank handed to reductions in the last step */
     double gathered;     /* floats it received from all-gathers (an allreduce counts in both) */

@@ -797,7 +797,7 @@ static void calibration_print(const Calibration* cal) {
         fclose(f);
     }
     printf("; speed now %.2f of it (load average %.2f; the computation's time is divided by it)\n", cal->share, load[0]);
-    if (cal->net_gbs > 0) /* (every digit: scripts/test_plan.sh recomputes the model from these) */
+    if (cal->net_gbs > 0) /* (every digit: scripts/tests/test_plan.sh recomputes the model from these) */
         printf("network (measured at this start): MPI latency %.6g us (fastest; median now %.6g us), allreduce %.6g "
                "GB/s, reduce %.6g GB/s, allgather %.6g GB/s, a meeting of the ranks amid compute now %.6g ms; "
                "reduce-scatter %.6g GB/s (%.0f floats)\n",
@@ -897,7 +897,7 @@ static void calibration_get(Calibration* cal, const GPT2Config* c, int T, const 
             calib_compute(cal, 0); /* (forked before this process's first OpenMP team) */
         dist_sum(d, 0.0);           /* every rank has measured: the fillers stop */
         calib_fill_stop(filler, stop);
-        if (test_hook_calib_slow(d->rank)) { /* (test builds, scripts/test_plan.sh: this rank made the slowest) */
+        if (test_hook_calib_slow(d->rank)) { /* (test builds, scripts/tests/test_plan.sh: this rank made the slowest) */
             for (int pass = 0; pass < 2; pass++)
                 for (int q = 0; q < NUM_SHAPES; q++) cal->gemm_row[pass][q] *= 3.0;
             cal->attn_ms = 12.345;

@@ -2,7 +2,7 @@
  * gptc/ledger.h — the allocation ledger: every big buffer of the CPU trainer
  * is recorded here by component (bytes now, the running total, its peak),
  * so the memory plan (gptc/plan.h, --plan) can be checked against what the
- * trainer really allocated, to the byte (--plan-check 1, scripts/test_plan.sh).
+ * trainer really allocated, to the byte (--plan-check 1, scripts/tests/test_plan.sh).
  *
  * Included by train_gpt.c after gptc/util.h, before the model, whose
  * allocation sites call it (one call per site: ledger_floats, ledger_malloc,
@@ -191,7 +191,7 @@ static void big_populate(void* p, size_t bytes) {
  * nothing changes), so that neither the state load nor the first step after
  * its promotion pays what big_populate leaves to the first write (without
  * it, GPT-2 124M's state load writes 1.5 GB of pages for the first time:
- * scripts/bench_failover.sh --gpt2 --sources spare). Private anonymous
+ * scripts/bench/bench_failover.sh --gpt2 --sources spare). Private anonymous
  * memory that no other thread uses yet (the spare is still waiting). */
 static void big_write_all(void) {
     for (int i = 0; i < ledger.num_live; i++) {

@@ -8,7 +8,7 @@
  * state_bytes and dist_slice with the saver's OWN_SLOTS/HELD_SLOTS,
  * kvcache_sizes), so the plan and the allocation cannot drift apart; the
  * allocation ledger (gptc/ledger.h) proves it byte for byte (--plan-check 1,
- * scripts/test_plan.sh).
+ * scripts/tests/test_plan.sh).
  *
  * --plan prints the plan for the flags given, checks it against
  * --memory-budget, and lists candidate configurations for the global batch
@@ -252,7 +252,7 @@ static void plan_after_setup(const Dist* d) {
  * for byte (each component after setup, and the peak), on every rank, and
  * the peak resident memory against the plan's. 0, or -1 after a message.
  * A test build's test_hook_plan_error plants one wrong byte in the plan,
- * which the check must catch (scripts/test_plan.sh). */
+ * which the check must catch (scripts/tests/test_plan.sh). */
 static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const GPT2* model) {
     PlanKnobs k = plan_knobs(&model->config, o, r->B, d->rank, d->world, d->zero);
     if (d->lv && d->lv->per_node > 0) k.nodes = d->lv->nodes; /* (the nodes zeropp_init saw, --topology or MPI's) */

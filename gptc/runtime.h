@@ -106,7 +106,7 @@
  *                 reductions (fp32 or qgZ's two hops)) for every rank, and
  *                 counts the bytes each sends at each level exactly as
  *                 gptc/zero3.h's and gptc/zeropp.h's counters do (--plan
- *                 prints them; scripts/test_plan.sh compares them with
+ *                 prints them; scripts/tests/test_plan.sh compares them with
  *                 --comm-levels 1's counts, to the byte) and the
  *                 collectives or exchanges it takes part in per level (a
  *                 world collective pays the latency of the slowest level);
@@ -146,8 +146,8 @@
  * phase's prediction, and make bench-plan compares predicted and measured
  * step times over a grid.
  *
- * scripts/runtime_closed_form.py recomputes this model independently from
- * a planted calibration (scripts/test_plan.sh; a test build's
+ * scripts/tests/runtime_closed_form.py recomputes this model independently from
+ * a planted calibration (scripts/tests/test_plan.sh; a test build's
  * test_hook_runtime_error plants a wrong coefficient it must catch).
  *
  * Included by train_gpt.c in section 8 after gptc/calib.h, before

@@ -16,7 +16,7 @@
  * up when it is needed, test_failover.sh, test_spare_ranks.sh);
  * test_hook_plan_error (GPTC_INJECT_PLAN_ERROR), test_hook_runtime_error
  * (GPTC_INJECT_RUNTIME_ERROR), test_hook_calib_slow (GPTC_CALIB_PLANT_SLOW):
- * scripts/test_plan.sh's planted faults in the memory plan, the runtime
+ * scripts/tests/test_plan.sh's planted faults in the memory plan, the runtime
  * model and the calibration. (GPTC_ZEROPP_DUMP, a record of ZeRO++'s wire
  * rather than a fault, is gptc/zeropp.h's, under the same switch.)
  */
@@ -81,7 +81,7 @@ static void test_hook_plan_error(size_t setup[MEM_COMPONENTS]) {
 }
 
 /* GPTC_INJECT_RUNTIME_ERROR=k plants a wrong coefficient in runtime_step
- * that scripts/test_plan.sh's closed form must catch: 1, the inter-node
+ * that scripts/tests/test_plan.sh's closed form must catch: 1, the inter-node
  * link's bytes counted 25% high; 2, ZeRO-3's backward gathers left out of
  * one level's time. 0: none. */
 static int test_hook_runtime_error(void) {

@@ -66,7 +66,7 @@
  * node onto its rank j, then across nodes onto p: N (K - 1) n intra and
  * (N - 1) n inter. It is blocking (not overlapped with backward) and sums
  * in another order than the flat path: equal to it to fp32 round-off, not
- * bitwise (scripts/test_zero3.sh checks 1e-5 relative on the losses).
+ * bitwise (scripts/tests/test_zero3.sh checks 1e-5 relative on the losses).
  */
 #ifndef GPTC_ZERO3_H
 #define GPTC_ZERO3_H

@@ -16,10 +16,10 @@
  * --zero 3", over NCCL on its bucket layout; checked on the CPU execution
  * layer only) follows these semantics and writes the same dump. Defines:
  * ZeroPP, ZeroPPSizes, zeropp_sizes, zeropp_init.
- * Tested by scripts/test_zeropp.sh (make test-zeropp), whose wire check
+ * Tested by scripts/tests/test_zeropp.sh (make test-zeropp), whose wire check
  * runs a test build with GPTC_ZEROPP_DUMP=dir (below: what each hook sent
  * and received, off when unset; compiled in only with -DGPTC_TEST_HOOKS)
- * and re-derives it in scripts/zeropp_ref.py.
+ * and re-derives it in scripts/tests/zeropp_ref.py.
  *
  * The ranges. ZeRO-3 gathers and reduces one flat range [a, a + n) at a
  * time: the head's two ([0, wte + wpe) and [P - 2C, P): lnfw, lnfb) and
@@ -80,7 +80,7 @@
  *             the rest: hpZ intra 4 N (K-1) Ψ, inter 0; else as the first;
  *   reduction qgZ intra N (K-1) S_b, inter (N-1) S_b (each micro-batch's
  *             layers, the head's once).
- * scripts/test_zeropp.sh checks these against the trainer's counters.
+ * scripts/tests/test_zeropp.sh checks these against the trainer's counters.
  * Memory per rank (MEM_ZERO, in the ledger and the plan: zeropp_sizes):
  * hpZ's secondary N shard floats; feedback's residuals P + N shard floats;
  * qgZ's two slot buffers (the largest range's sum_q slot(c_q) in INT8
@@ -245,9 +245,9 @@ static ZeroPPSizes zeropp_sizes(const Dist* d, const GPT2Config* c, int N, int q
  *              first gather from it;
  *   4 reduce   qgZ: this rank's local gradients of [a, a + n), before;
  *   5 grad     the whole grad_shard right after that reduction added in.
- * scripts/zeropp_ref.py re-derives every gather, secondary and grad record
+ * scripts/tests/zeropp_ref.py re-derives every gather, secondary and grad record
  * from the masters and the local gradients of all ranks, in numpy, from the
- * documented format alone; scripts/test_zeropp.sh runs it (and, with
+ * documented format alone; scripts/tests/test_zeropp.sh runs it (and, with
  * ZEROPP_MUTANTS=1, make test-zeropp-mutants, shows it failing on planted bugs). */
 #define ZEROPP_DUMP_MAGIC 0x5a505044554d5031LL /* "ZPPDUMP1" (the CUDA twin's dump too) */
 #ifdef GPTC_TEST_HOOKS /* (test builds only: gptc/test_hooks.h) */

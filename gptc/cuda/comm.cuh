@@ -10,7 +10,7 @@
 #define DP_SCALARS 16 /* the communicator's 8-byte slots for sums; 3 W more for the fingerprints */
 static size_t gpu_comm_slots(int world) { return DP_SCALARS + 3 * (size_t)world; }
 
-/* The levels of the machine (levels.cuh; scripts/test_cuda_levels.sh): train_gpt.c's (gptc/zero3.h)
+/* The levels of the machine (levels.cuh; scripts/tests/test_cuda_levels.sh): train_gpt.c's (gptc/zero3.h)
  * on NCCL. Nodes: --topology NxK (rank r on node r / K), else the ranks on
  * one host (by host name). Bytes each rank sends per level; --hierarchical's
  * communicators (see "levels" below). */

@@ -7,7 +7,7 @@
 #define GPTC_CUDA_LEVELS_CUH
 
 /* ---- levels: nodes, bytes per level, hierarchical reduction ------------- */
-/* Tested on 4 emulated GPUs as --topology 2x2 (scripts/test_cuda_levels.sh).
+/* Tested on 4 emulated GPUs as --topology 2x2 (scripts/tests/test_cuda_levels.sh).
  * The CPU trainer's semantics and flags (gptc/zero3.h), on NCCL:
  * Nodes: --topology NxK (rank r on node r / K: how several nodes are
  * emulated on one machine), else the ranks whose host names match (an

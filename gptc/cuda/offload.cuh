@@ -8,7 +8,7 @@
 #define GPTC_CUDA_OFFLOAD_CUH
 
 /* ---- Optimizer offload (--offload 1, ZeRO-Offload) ----------------------
- * Tested by scripts/test_gpu_plan.sh (the same model bytes as the run without it, the overlap
+ * Tested by scripts/tests/test_gpu_plan.sh (the same model bytes as the run without it, the overlap
  * counted, a missing wait planted and caught). The fp32 master weights and
  * AdamW's moments stay on the host: they are the host model's own
  * params_memory, m_memory and v_memory (P floats each, pinned with

@@ -11,7 +11,7 @@
 /* ---- The memory plan: the device's bytes by component, computed with the
  * size functions the allocators call, so plan and allocation cannot drift;
  * --plan-check 1 proves them equal against the ledger (memory.cuh;
- * scripts/test_gpu_plan.sh) ---- */
+ * scripts/tests/test_gpu_plan.sh) ---- */
 
 /* What the plan holds and what it leaves out. In: every buffer of ours (G1's
  * components). Zero by construction: snapshots (the host model's arrays,
@@ -284,7 +284,7 @@ static size_t gpu_memory_headroom(const GpuComm* cm, MemoryHeadroom* h) {
     return start;
 }
 
-/* ---- The plan against the allocation, and --plan (scripts/test_gpu_plan.sh) ---- */
+/* ---- The plan against the allocation, and --plan (scripts/tests/test_gpu_plan.sh) ---- */
 
 static GpuPlanKnobs gpu_plan_knobs(const Options* o, int B, int T, const GpuComm* comm) {
     GpuPlanKnobs k = {B, T, o->recompute, o->zero, comm->rank, comm->world, comm->nccl != NULL, o->offload,

@@ -15,7 +15,7 @@
 #include "gptc/cuda/common.cuh" // floatX, Pack8, ceil_div, KERNEL_CHECK
 
 /* ---- ZeRO++'s block codec on the device (qwZ, qgZ; checked bit for bit
- * against scripts/zeropp_ref.py by scripts/test_cuda_zeropp.sh) ----
+ * against scripts/tests/zeropp_ref.py by scripts/tests/test_cuda_zeropp.sh) ----
  * The format is gptc/quant.h's, bit for bit (its header comment): a piece
  * of n floats quantises into one slot, ceil(n / block) fp32 scales then the
  * codes (n bytes INT8, ceil(n / 2) INT4: the low nibble first), padded to 4

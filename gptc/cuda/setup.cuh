@@ -129,7 +129,7 @@ static void gpu_memory_after_first_step(const GpuTrainState* st) {
            memory_headroom_total(&st->room) / 1048576.0);
 }
 
-/* A hot spare (--standby FIFO; scripts/test_cuda_spare.sh), as train_gpt.c's
+/* A hot spare (--standby FIFO; scripts/tests/test_cuda_spare.sh), as train_gpt.c's
  * train_setup: everything is set up by now (the device memory, cuBLASLt's
  * handles, the kernels, the NCCL communicator, the data, the snapshot slots
  * mapped: read, never written) and no lock is held; it waits for 'go' on

@@ -19,7 +19,7 @@ static void dp_layout(GpuDataParallel* dp, GpuComm* comm, const GPT2Config* c, i
     dp_sizes(c, zero, comm->rank, comm->world, &dp->map, &dp->shard, &dp->grad_floats); /* (the plan's too) */
 }
 
-/* ZeRO-3 (scripts/test_cuda_zero3.sh). The bf16 weights are sharded as the master
+/* ZeRO-3 (scripts/tests/test_cuda_zero3.sh). The bf16 weights are sharded as the master
  * is: rank r keeps param_shard, its piece of every bucket (S), which AdamW
  * (adamw_shard_kernel) writes in place; nothing is gathered after the
  * update. They are gathered where they are used, by ncclAllGather of one
@@ -269,7 +269,7 @@ static void dp_params_to_host(GpuDataParallel* dp, GPT2* host) {
     else dp_shards_to_host(dp, dp->master, host->params_memory);
 }
 
-/* Training states under ZeRO (G7; scripts/test_zero_states.sh): the whole
+/* Training states under ZeRO (G7; scripts/tests/test_zero_states.sh): the whole
  * state into the host's flat arrays (P floats each), the layout train_gpt.c's Saver writes from: the
  * master, m and v gathered on every rank (dp_shards_to_host three times). A
  * collective. Cost per snapshot and rank: NCCL receives (W-1)/W x 12 P'

@@ -24,7 +24,7 @@ typedef struct GpuZeroPP {
 
 /* ---- ZeRO++ on --zero 3: qwZ, hpZ, qgZ over NCCL ---------------------------
  * Tested on emulated GPUs (MPI ranks, NCCL over MPI:
- * scripts/test_cuda_zeropp.sh). The CPU trainer's semantics (gptc/zeropp.h,
+ * scripts/tests/test_cuda_zeropp.sh). The CPU trainer's semantics (gptc/zeropp.h,
  * whose header tells the story), on the GPU's bucket layout: the unit is a
  * bucket (a layer's 12 slices packed, or the rest: wte | wpe | lnf), whose
  * W pieces all have the same length `piece`, rank q's at q piece; so a
@@ -63,7 +63,7 @@ typedef struct GpuZeroPP {
  * plain ZeRO-3 has (w_free before a gather, grads_ready before a reduction,
  * slot_free after it), and shares its buffers (send, recv) because that
  * stream runs one thing at a time. GPTC_ZEROPP_DUMP=dir writes
- * gptc/zeropp.h's records, in this layout (scripts/zeropp_ref.py --layout
+ * gptc/zeropp.h's records, in this layout (scripts/tests/zeropp_ref.py --layout
  * buckets --gather bf16): a = the bucket's offset in the shard and n = W
  * piece for gathers and reductions (rank q's piece at q piece of the
  * record), the masters (without qwZ: the bf16 shard that is gathered, which
