@@ -17,8 +17,8 @@
 # -I.         the test includes "dev/cuda/cpu/cuda_cpu.h" from the root
 # -I$(CUDA_HOME)/include  CUDA's own vector_types.h (dim3, uint3), compiled as host C++
 CUDA_CPU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -I. -I$(CUDA_HOME)/include
-dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.h
-	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp
+dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/counters.cpp dev/cuda/cpu/cuda_cpu.h
+	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/counters.cpp
 
 ## make test-cuda-cpu   the CPU layer's kernel-execution core: fibers, barriers, warps, launch limits (g++ only)
 test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
@@ -32,7 +32,7 @@ test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
 # cuda_runtime_api.h, cublasLt.h and nccl.h (NCCL over MPI: one rank per
 # emulated GPU).
 CPU_BUILD = .cpu
-CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
+CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/counters.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
 CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h dev/cuda/cpu/include/mma.h
 # -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX  mpi.h without MPI's C++ bindings (not in libmpi)
 # $(shell mpicc --showme:compile)          the -I/-D flags mpicc adds (Open MPI), and --showme:link its libraries
