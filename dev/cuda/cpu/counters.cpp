@@ -23,6 +23,8 @@
 //           banks (word address mod 32) is asked for (lanes asking the same
 //           word share it: a broadcast); the phases' wavefronts add up
 //   atomic  1 request per group, whatever it touches
+// and per launch the distinct 32-byte global sectors all its requests touch
+// (the traffic DRAM must serve at least once, with every re-read a cache hit).
 #include "cuda_cpu.h"
 
 #include <algorithm>      // sort
@@ -31,6 +33,7 @@
 #include <map>            // per kernel, in name order
 #include <string>
 #include <unordered_map>  // per-lane occurrence counts
+#include <unordered_set>  // the distinct sectors of a launch
 #include <vector>
 
 namespace cuda_cpu {
@@ -58,6 +61,7 @@ std::map<std::string, kernel_counts> table;
 kernel_counts* now = nullptr;                  // the running launch's kernel
 std::vector<record> records;                   // since the last flush
 std::unordered_map<uint64_t, uint32_t> occurrences;  // (thread << 48 | ret) -> executions so far, this block
+std::unordered_set<uintptr_t> launch_sectors;       // distinct 32-byte sectors of global memory this launch touches
 
 // Wavefronts of one phase: the most distinct words any bank is asked for.
 uint64_t phase_wavefronts(const std::vector<uintptr_t>& words) {
@@ -81,6 +85,7 @@ void count_group(kernel_counts& k, const record* b, const record* e) {
             for (uintptr_t s = r->addr / 32; s <= (r->addr + r->bytes - 1) / 32; s++) sectors.push_back(s);
         std::sort(sectors.begin(), sectors.end());
         const uint64_t n = (uint64_t)(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
+        launch_sectors.insert(sectors.begin(), sectors.begin() + n);
         if (kind == K_GLOBAL_LOAD) { k.global_load_requests++; k.global_load_sectors += n; }
         else { k.global_store_requests++; k.global_store_sectors += n; }
         return;
@@ -108,6 +113,7 @@ void write_table() {
         fprintf(stderr, "cuda_cpu: CUDA_CPU_COUNT_FILE=%s cannot be opened for writing: the counts go to stderr\n", path);
         f = stderr;
     }
+    count_launch_end();
     fprintf(f, "%s\n", count_header());
     for (const auto& kv : table) fprintf(f, "%s\n", count_row(kv.first.c_str(), kv.second).c_str());
     if (f != stderr) fclose(f);
@@ -118,30 +124,38 @@ void write_table() {
 const char* count_header() {
     return "kernel\tlaunches\tblocks\tthreads_per_block\tdynamic_smem\tglobal_load_requests\tglobal_load_sectors"
            "\tglobal_store_requests\tglobal_store_sectors\tshared_load_requests\tshared_load_wavefronts"
-           "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops";
+           "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops\tdistinct_sectors";
 }
 std::string count_row(const char* name, const kernel_counts& k) {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
+    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
              name, (unsigned long long)k.launches, (unsigned long long)k.blocks, (unsigned long long)k.threads_per_block,
              (unsigned long long)k.dynamic_smem, (unsigned long long)k.global_load_requests,
              (unsigned long long)k.global_load_sectors, (unsigned long long)k.global_store_requests,
              (unsigned long long)k.global_store_sectors, (unsigned long long)k.shared_load_requests,
              (unsigned long long)k.shared_load_wavefronts, (unsigned long long)k.shared_store_requests,
              (unsigned long long)k.shared_store_wavefronts, (unsigned long long)k.atomic_requests,
-             (unsigned long long)k.barriers, (unsigned long long)k.mma_instructions, (unsigned long long)k.tensor_flops);
+             (unsigned long long)k.barriers, (unsigned long long)k.mma_instructions, (unsigned long long)k.tensor_flops,
+             (unsigned long long)k.distinct_sectors);
     return buf;
 }
 
 void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem) {
     static bool registered = false;
     if (!registered) { atexit(write_table); registered = true; }
+    count_launch_end();
     kernel_counts& k = table[name];
     k.launches++;
     k.blocks += blocks;
     k.threads_per_block = threads;
     k.dynamic_smem = dynamic_smem;
     now = &k;
+}
+
+void count_launch_end() {
+    if (now) now->distinct_sectors += launch_sectors.size();
+    launch_sectors.clear();
+    now = nullptr;
 }
 
 void count_block_start() {
@@ -206,10 +220,12 @@ void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, siz
 }
 
 kernel_counts count_get(const char* name) {
+    count_launch_end();
     auto it = table.find(name);
     return it == table.end() ? kernel_counts{} : it->second;
 }
 void count_reset() {
+    count_launch_end();
     table.clear();
     now = nullptr;
 }

@@ -807,6 +807,7 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
         run_block(r, splitmix64(&block_seed));
     }
     exec.in_kernel = false;
+    if (count_on) count_launch_end();
     running = nullptr;
     shared_static_bytes = shared_dynamic_bytes = 0;  // outside a kernel nothing is shared memory
     if (r.fault) {

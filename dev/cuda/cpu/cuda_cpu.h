@@ -342,9 +342,11 @@ struct kernel_counts {
     unsigned long long global_load_requests, global_load_sectors, global_store_requests, global_store_sectors;
     unsigned long long shared_load_requests, shared_load_wavefronts, shared_store_requests, shared_store_wavefronts;
     unsigned long long atomic_requests, barriers, mma_instructions, tensor_flops;
+    unsigned long long distinct_sectors;  // per launch, summed: the global 32-byte sectors it touches at least once
 };
 extern bool count_on;
 void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem);
+void count_launch_end();  // a launch's distinct sectors into its kernel's counts
 void count_block_start();
 void count_access(uintptr_t a, size_t n, bool write, bool shared, void* ret);
 void count_flush();    // at every barrier and block end: the lanes' records become warp requests

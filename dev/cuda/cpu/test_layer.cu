@@ -817,6 +817,7 @@ static int counts_case(bool wrong_expectation) {
         snprintf(what, sizeof what, "global 4-byte, offset %d stride %d", g_off[i], g_stride[i]);
         count_expect(what, "global_load_requests", k.global_load_requests, 1);
         count_expect(what, "global_load_sectors", k.global_load_sectors, g_sectors[i]);
+        count_expect(what, "distinct_sectors", k.distinct_sectors, g_sectors[i] + 4);  // the load's and the store's (other buffers)
         count_expect(what, "global_store_sectors", k.global_store_sectors, 4);
     }
     for (int off = 0; off < 2; off++) {  // 8-byte: 256 bytes = 8 sectors, one element off 9
@@ -836,6 +837,7 @@ static int counts_case(bool wrong_expectation) {
         K k = count_one("count_divergent_kernel", [&] { count_divergent_kernel<<<1, 32>>>(fout, fin); });
         count_expect("divergent lanes", "global_load_requests", k.global_load_requests, 3);
         count_expect("divergent lanes", "global_load_sectors", k.global_load_sectors, 12);
+        count_expect("divergent lanes", "distinct_sectors", k.distinct_sectors, 12 + 4);  // 12 loaded once each (3 x 128 bytes), 4 stored
     }
     {  // WMMA: a and b 512 bytes each (1 request, 16 sectors); d 1024 bytes (2 requests, 32 sectors); 1 mma = 2*16^3 flops
         K k = count_one("count_wmma_kernel", [&] {
