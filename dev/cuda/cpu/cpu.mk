@@ -187,5 +187,26 @@ test-cuda-spare: train_gpt_cu_cpu
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
 
-.PHONY: test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
+# GPU efficiency without a GPU (dev/cuda/gpu_metrics.py, docs/gpu.md): one training
+# step of train_gpt_cu_cpu at GPT-2 124M's layer shapes (C=768 NH=12, one layer,
+# B=1 T=256, V=1024) with the layer's counters on, ptxas -v of train_gpt.cu for
+# sm_90 and sm_80 (registers, spills, static shared memory), then the table,
+# $(TEST_DIR)/gpu_metrics.tsv and the step ESTIMATE for B=64 T=1024 on an H200.
+# -cubin             device code only: the resources, not a program (about 20 s an architecture)
+# -DGPTC_NO_NCCL     host code is not compiled for a cubin; NCCL's header is not needed
+GPU_METRICS_RUN = --model d1 --channels 768 --num-heads 12 --vocab-size 1024 --max-seq-len 256 \
+	--seq-len 256 --batch-size 1 --steps 1 --val-every 0 --sample-every 0
+$(TEST_DIR)/gpu_metrics/ptxas_%.txt: train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
+	@mkdir -p $(@D)
+	$(NVCC) -arch=$* -O3 -std=c++17 -I. -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/train_gpt_$*.cubin train_gpt.cu > $@ 2>&1 || { cat $@; exit 1; }
+## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (~2 min)
+gpu-metrics: train_gpt_cu_cpu $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt
+	/usr/bin/python3 scripts/toy_shard.py $(TEST_DIR)/gpu_metrics/toy1024.bin 20000 1024 0 > /dev/null
+	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$(TEST_DIR)/gpu_metrics/counts.tsv ./train_gpt_cu_cpu $(GPU_METRICS_RUN) \
+		--train-data $(TEST_DIR)/gpu_metrics/toy1024.bin > $(TEST_DIR)/gpu_metrics/run.log 2>&1 || { cat $(TEST_DIR)/gpu_metrics/run.log; exit 1; }
+	/usr/bin/python3 dev/cuda/gpu_metrics.py --counts $(TEST_DIR)/gpu_metrics/counts.tsv --run 1,256,1,1024,256 \
+		--ptxas90 $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt --ptxas80 $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
+		--out $(TEST_DIR)/gpu_metrics.tsv
+
+.PHONY: gpu-metrics test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
 	test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants
