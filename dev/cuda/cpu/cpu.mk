@@ -199,14 +199,29 @@ GPU_METRICS_RUN = --model d1 --channels 768 --num-heads 12 --vocab-size 1024 --m
 $(TEST_DIR)/gpu_metrics/ptxas_%.txt: train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
 	@mkdir -p $(@D)
 	$(NVCC) -arch=$* -O3 -std=c++17 -I. -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/train_gpt_$*.cubin train_gpt.cu > $@ 2>&1 || { cat $@; exit 1; }
-## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (~2 min)
-gpu-metrics: train_gpt_cu_cpu $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt
+# the lab's files with H200 readings: their device code's resources, and the
+# readings' variants counted (dev/cuda/gpu_metrics.py LAB_READINGS: variant and size)
+$(TEST_DIR)/gpu_metrics/ptxas_lab_%.txt: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu $(CUDA_CUH)
+	@mkdir -p $(@D)
+	$(NVCC) -arch=sm_90 -O3 -std=c++17 -I. -Idev/cuda -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/lab_$*.cubin $< > $@ 2>&1 || { cat $@; exit 1; }
+GPU_METRICS_LAB = layernorm:1:64 layernorm:3:64 classifier:1:32 classifier:3:32
+## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (~2-3 min)
+gpu-metrics: train_gpt_cu_cpu $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
+		$(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier \
+		$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
 	/usr/bin/python3 scripts/toy_shard.py $(TEST_DIR)/gpu_metrics/toy1024.bin 20000 1024 0 > /dev/null
 	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$(TEST_DIR)/gpu_metrics/counts.tsv ./train_gpt_cu_cpu $(GPU_METRICS_RUN) \
 		--train-data $(TEST_DIR)/gpu_metrics/toy1024.bin > $(TEST_DIR)/gpu_metrics/run.log 2>&1 || { cat $(TEST_DIR)/gpu_metrics/run.log; exit 1; }
 	/usr/bin/python3 dev/cuda/gpu_metrics.py --counts $(TEST_DIR)/gpu_metrics/counts.tsv --run 1,256,1,1024,256 \
 		--ptxas90 $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt --ptxas80 $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
 		--out $(TEST_DIR)/gpu_metrics.tsv
+	@pairs=""; for x in $(GPU_METRICS_LAB); do p=$${x%%:*}; r=$${x#*:}; v=$${r%%:*}; n=$${r#*:}; \
+		if [ $$p = layernorm ]; then a="$$v 1 $$n 768"; else a="$$v $$n 50257 50304"; fi; \
+		f=$(TEST_DIR)/gpu_metrics/lab_$${p}_$$v.tsv; \
+		CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$$f DEV_CUDA_REPS=1 $(CPU_BUILD)/dev/cuda/$$p $$a > $$f.log 2>&1 || { cat $$f.log; exit 1; }; \
+		pairs="$$pairs $$f $(TEST_DIR)/gpu_metrics/ptxas_lab_$$p.txt"; done; \
+		/usr/bin/python3 dev/cuda/gpu_metrics.py --lab-check $$pairs
+	@tail -n 1 $(TEST_DIR)/gpu_metrics.tsv > /dev/null; /usr/bin/python3 -c "import sys; print(open('$(TEST_DIR)/gpu_metrics/step.txt').read().strip())"
 
 .PHONY: gpu-metrics test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
 	test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants
