@@ -42,6 +42,7 @@ if command -v "$NVCC" > /dev/null 2>&1; then
     stage test_cuda_on_cpu $MAKE_Q test-cuda-on-cpu
     grep -E '^(ok|FAIL) ' "$LOGS/test_cuda_on_cpu.log"
     tail -n 1 "$LOGS/test_cuda_on_cpu.log"
+    stage gpu_metrics $MAKE_Q gpu-metrics && tail -n 1 "$LOGS/gpu_metrics.log"
 else
     echo "test-cuda-cpu, test-cuda-on-cpu: SKIPPED, the CUDA toolkit's headers not found (CI has CUDA 13 in /usr/local/cuda)"
 fi

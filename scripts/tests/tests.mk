@@ -220,5 +220,8 @@ check-cuda:
 	@echo "dev/cuda/dp_layout (the sm_90 build above)" && $(call quietly,$(CHECK_CUDA_OUT)/sm_90/dev/cuda/dp_layout)
 	@echo "scripts/tests/test_nccl_find.sh"; $(call quietly,scripts/tests/test_nccl_find.sh)
 	@echo "scripts/tests/test_gpu_host.sh"; $(call quietly,scripts/tests/test_gpu_host.sh)
+	@echo "no production kernel spills (ptxas -v, sm_90 and sm_80; dev/cuda/gpu_metrics.py --check-spills)"
+	@$(MAKE) --no-print-directory $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt
+	@/usr/bin/python3 dev/cuda/gpu_metrics.py --check-spills $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt
 
 .PHONY: dp-layout check-cuda check-cuda-builds FORCE

@@ -17,8 +17,8 @@
 # -I.         the test includes "dev/cuda/cpu/cuda_cpu.h" from the root
 # -I$(CUDA_HOME)/include  CUDA's own vector_types.h (dim3, uint3), compiled as host C++
 CUDA_CPU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -I. -I$(CUDA_HOME)/include
-dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.h
-	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp
+dev/cuda/cpu/test_cuda_cpu: dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/counters.cpp dev/cuda/cpu/cuda_cpu.h
+	$(CXX) $(CUDA_CPU_CXXFLAGS) -o $@ dev/cuda/cpu/test_cuda_cpu.cpp dev/cuda/cpu/cuda_cpu.cpp dev/cuda/cpu/counters.cpp
 
 ## make test-cuda-cpu   the CPU layer's kernel-execution core: fibers, barriers, warps, launch limits (g++ only)
 test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
@@ -32,7 +32,7 @@ test-cuda-cpu: dev/cuda/cpu/test_cuda_cpu
 # cuda_runtime_api.h, cublasLt.h and nccl.h (NCCL over MPI: one rank per
 # emulated GPU).
 CPU_BUILD = .cpu
-CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
+CPU_LAYER = $(CPU_BUILD)/layer/cuda_cpu.o $(CPU_BUILD)/layer/counters.o $(CPU_BUILD)/layer/runtime.o $(CPU_BUILD)/layer/cublaslt.o $(CPU_BUILD)/layer/nccl_mpi.o
 CPU_LAYER_H = dev/cuda/cpu/cuda_cpu.h dev/cuda/cpu/device.h dev/cuda/cpu/include/cuda_runtime.h dev/cuda/cpu/include/mma.h
 # -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX  mpi.h without MPI's C++ bindings (not in libmpi)
 # $(shell mpicc --showme:compile)          the -I/-D flags mpicc adds (Open MPI), and --showme:link its libraries
@@ -187,5 +187,41 @@ test-cuda-spare: train_gpt_cu_cpu
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
 
-.PHONY: test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
+# GPU efficiency without a GPU (dev/cuda/gpu_metrics.py, docs/gpu.md): one training
+# step of train_gpt_cu_cpu at GPT-2 124M's layer shapes (C=768 NH=12, one layer,
+# B=1 T=256, V=1024) with the layer's counters on, ptxas -v of train_gpt.cu for
+# sm_90 and sm_80 (registers, spills, static shared memory), then the table,
+# $(TEST_DIR)/gpu_metrics.tsv and the step ESTIMATE for B=64 T=1024 on an H200.
+# -cubin             device code only: the resources, not a program (about 20 s an architecture)
+# -DGPTC_NO_NCCL     host code is not compiled for a cubin; NCCL's header is not needed
+GPU_METRICS_RUN = --model d1 --channels 768 --num-heads 12 --vocab-size 1024 --max-seq-len 256 \
+	--seq-len 256 --batch-size 1 --steps 1 --val-every 0 --sample-every 0
+$(TEST_DIR)/gpu_metrics/ptxas_%.txt: train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
+	@mkdir -p $(@D)
+	$(NVCC) -arch=$* -O3 -std=c++17 -I. -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/train_gpt_$*.cubin train_gpt.cu > $@ 2>&1 || { cat $@; exit 1; }
+# the lab's files with H200 readings: their device code's resources, and the
+# readings' variants counted (dev/cuda/gpu_metrics.py LAB_READINGS: variant and size)
+$(TEST_DIR)/gpu_metrics/ptxas_lab_%.txt: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu $(CUDA_CUH)
+	@mkdir -p $(@D)
+	$(NVCC) -arch=sm_90 -O3 -std=c++17 -I. -Idev/cuda -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/lab_$*.cubin $< > $@ 2>&1 || { cat $@; exit 1; }
+GPU_METRICS_LAB = layernorm:1:64 layernorm:3:64 classifier:1:32 classifier:3:32
+## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (~2-3 min)
+gpu-metrics: train_gpt_cu_cpu $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
+		$(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier \
+		$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
+	/usr/bin/python3 scripts/toy_shard.py $(TEST_DIR)/gpu_metrics/toy1024.bin 20000 1024 0 > /dev/null
+	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$(TEST_DIR)/gpu_metrics/counts.tsv ./train_gpt_cu_cpu $(GPU_METRICS_RUN) \
+		--train-data $(TEST_DIR)/gpu_metrics/toy1024.bin > $(TEST_DIR)/gpu_metrics/run.log 2>&1 || { cat $(TEST_DIR)/gpu_metrics/run.log; exit 1; }
+	/usr/bin/python3 dev/cuda/gpu_metrics.py --counts $(TEST_DIR)/gpu_metrics/counts.tsv --run 1,256,1,1024,256 \
+		--ptxas90 $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt --ptxas80 $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
+		--out $(TEST_DIR)/gpu_metrics.tsv
+	@pairs=""; for x in $(GPU_METRICS_LAB); do p=$${x%%:*}; r=$${x#*:}; v=$${r%%:*}; n=$${r#*:}; \
+		if [ $$p = layernorm ]; then a="$$v 1 $$n 768"; else a="$$v $$n 50257 50304"; fi; \
+		f=$(TEST_DIR)/gpu_metrics/lab_$${p}_$$v.tsv; \
+		CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$$f DEV_CUDA_REPS=1 $(CPU_BUILD)/dev/cuda/$$p $$a > $$f.log 2>&1 || { cat $$f.log; exit 1; }; \
+		pairs="$$pairs $$f $(TEST_DIR)/gpu_metrics/ptxas_lab_$$p.txt"; done; \
+		/usr/bin/python3 dev/cuda/gpu_metrics.py --lab-check $$pairs
+	@tail -n 1 $(TEST_DIR)/gpu_metrics.tsv > /dev/null; /usr/bin/python3 -c "import sys; print(open('$(TEST_DIR)/gpu_metrics/step.txt').read().strip())"
+
+.PHONY: gpu-metrics test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
 	test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants

@@ -504,6 +504,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
     r.epoch = 0;
     r.warp_epochs.assign((size_t)(n + 31) / 32, 0);
     shared_block_start();
+    if (count_on) count_block_start();
     uint64_t rng = block_seed;
     std::vector<int> order;
     for (;;) {
@@ -533,6 +534,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
             done += f.state == FIBER_DONE;
             at_warp += f.state == FIBER_WARP;
         }
+        if (count_on) count_flush();
         if (done == n) return;
         if (at_warp > 0) { diagnose_warp(r); return; }
         CPU_ALWAYS(at_barrier + done == n && at_barrier > 0);
@@ -546,6 +548,7 @@ static void run_block(block_run& r, uint64_t block_seed) {
         }
         for (fiber& f : r.fibers) f.state = FIBER_RUNNABLE;
         r.epoch++;
+        if (count_on) count_barrier();
     }
 }
 
@@ -605,6 +608,11 @@ wmma_map wmma_memory(warp_op op, int kind, const void* p, unsigned ldm, int mem_
     exec.call = op_name(op);
     wmma_map m = wmma_maps[kind];
     m.lane = running->current % 32;
+    if (count_on && m.lane == 0) {
+        const uintptr_t a = (uintptr_t)p;
+        const bool shared = a - shared_static_lo < shared_static_bytes || a - shared_dynamic_lo < shared_dynamic_bytes;
+        count_wmma_memory(op == WARP_WMMA_STORE, shared, p, ldm, wmma_bytes(kind));
+    }
     return m;
 }
 
@@ -683,6 +691,7 @@ static bool wmma_complete(block_run& r, int base) {
         return true;
     }
     if (c0.op != WARP_WMMA_MMA) return true;  // fill_fragment: arriving is all
+    if (count_on) count_mma();
     const int kd = (int)(c0.tag >> 24 & 255), ka = (int)(c0.tag >> 16 & 255), kb = (int)(c0.tag >> 8 & 255), kc = (int)(c0.tag & 255);
     // Gather the three matrices from the lanes' fragments ([row][col], 16x16).
     float A[256], B[256], C[256], D[256];
@@ -784,6 +793,7 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
     uint64_t shuffle = seed ^ 0xa0761d6478bd642full;
     if (seed != 1)  // seed 1 keeps the natural order, the easiest to follow in a debugger
         for (unsigned long long i = nblocks; i > 1; i--) std::swap(order[i - 1], order[splitmix64(&shuffle) % i]);
+    if (count_on) count_launch(name, nblocks, threads, shared_bytes);
     exec.in_kernel = true;
     for (unsigned long long k = 0; k < nblocks && !r.fault; k++) {
         const unsigned long long linear = order[k];
@@ -797,6 +807,7 @@ cpu_error launch_run(const char* name, dim3 grid, dim3 block, size_t shared_byte
         run_block(r, splitmix64(&block_seed));
     }
     exec.in_kernel = false;
+    if (count_on) count_launch_end();
     running = nullptr;
     shared_static_bytes = shared_dynamic_bytes = 0;  // outside a kernel nothing is shared memory
     if (r.fault) {

@@ -330,3 +330,31 @@ cpu_error func_set_max_dynamic_shared(const char* name, void (*kernel)(P...), si
 // stream argument comes with the streams layer.
 #define cpu_launch(kernel, ...) ::cuda_cpu::launch(#kernel, kernel, __VA_ARGS__)
 #define cpu_func_set_max_dynamic_shared(kernel, bytes) ::cuda_cpu::func_set_max_dynamic_shared(#kernel, kernel, bytes)
+
+// ---- 6. counters: what a profiler counts (counters.cpp) --------------------------------
+// On with CUDA_CPU_COUNT=1 (off: one test of a bool per access). Per kernel
+// name, summed over its launches; written at exit as a TSV table to
+// CUDA_CPU_COUNT_FILE (else stderr). How requests, sectors and wavefronts
+// are reconstructed from the lanes' accesses: counters.cpp's header and README.md.
+namespace cuda_cpu {
+struct kernel_counts {
+    unsigned long long launches, blocks, threads_per_block, dynamic_smem;
+    unsigned long long global_load_requests, global_load_sectors, global_store_requests, global_store_sectors;
+    unsigned long long shared_load_requests, shared_load_wavefronts, shared_store_requests, shared_store_wavefronts;
+    unsigned long long atomic_requests, barriers, mma_instructions, tensor_flops;
+    unsigned long long distinct_sectors;  // per launch, summed: the global 32-byte sectors it touches at least once
+};
+extern bool count_on;
+void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem);
+void count_launch_end();  // a launch's distinct sectors into its kernel's counts
+void count_block_start();
+void count_access(uintptr_t a, size_t n, bool write, bool shared, void* ret);
+void count_flush();    // at every barrier and block end: the lanes' records become warp requests
+void count_barrier();  // one block-wide barrier completed
+void count_mma();      // one warp's mma_sync
+void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, size_t element_bytes);
+kernel_counts count_get(const char* name);  // zeros for a kernel never launched
+void count_reset();
+const char* count_header();
+std::string count_row(const char* name, const kernel_counts& k);
+}  // namespace cuda_cpu

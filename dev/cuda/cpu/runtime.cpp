@@ -521,29 +521,35 @@ __attribute__((noinline)) static void hooked(uintptr_t a, size_t n, bool write) 
 // -fsanitize=address: its pass merges the check of a load with that of the
 // store to the same address, so `x += v` would never be seen writing.)
 // Device memory, then the running block's shared memory (static, dynamic).
-static inline void on_access(uintptr_t a, size_t n, bool write) {
+static inline void on_access(uintptr_t a, size_t n, bool write, void* ret) {
     using namespace cuda_cpu;
-    if (a - arena_lo < arena_used) hooked(a, n, write);
-    else if (a - shared_static_lo < shared_static_bytes || a - shared_dynamic_lo < shared_dynamic_bytes)
+    if (a - arena_lo < arena_used) {
+        hooked(a, n, write);
+        if (count_on) count_access(a, n, write, false, ret);
+    } else if (a - shared_static_lo < shared_static_bytes || a - shared_dynamic_lo < shared_dynamic_bytes) {
         shared_access(a, n, write);
+        if (count_on) count_access(a, n, write, true, ret);
+    }
 }
-#define CPU_HOOK(n)                                                                           \
-    extern "C" void __tsan_read##n(void* a) { on_access((uintptr_t)a, n, false); }           \
-    extern "C" void __tsan_write##n(void* a) { on_access((uintptr_t)a, n, true); }           \
-    extern "C" void __tsan_unaligned_read##n(void* a) { on_access((uintptr_t)a, n, false); } \
-    extern "C" void __tsan_unaligned_write##n(void* a) { on_access((uintptr_t)a, n, true); }
+// (the return address: the instrumented instruction, for the counters' warp requests)
+#define CPU_RET __builtin_return_address(0)
+#define CPU_HOOK(n)                                                                                   \
+    extern "C" void __tsan_read##n(void* a) { on_access((uintptr_t)a, n, false, CPU_RET); }           \
+    extern "C" void __tsan_write##n(void* a) { on_access((uintptr_t)a, n, true, CPU_RET); }           \
+    extern "C" void __tsan_unaligned_read##n(void* a) { on_access((uintptr_t)a, n, false, CPU_RET); } \
+    extern "C" void __tsan_unaligned_write##n(void* a) { on_access((uintptr_t)a, n, true, CPU_RET); }
 CPU_HOOK(1)
 CPU_HOOK(2)
 CPU_HOOK(4)
 CPU_HOOK(8)
 CPU_HOOK(16)
 extern "C" void __tsan_read_range(void* a, unsigned long n) {
-    if (n) on_access((uintptr_t)a, n, false);
+    if (n) on_access((uintptr_t)a, n, false, CPU_RET);
 }
 extern "C" void __tsan_write_range(void* a, unsigned long n) {
-    if (n) on_access((uintptr_t)a, n, true);
+    if (n) on_access((uintptr_t)a, n, true, CPU_RET);
 }
-extern "C" void __tsan_vptr_update(void** p, void*) { on_access((uintptr_t)p, sizeof(void*), true); }
+extern "C" void __tsan_vptr_update(void** p, void*) { on_access((uintptr_t)p, sizeof(void*), true, CPU_RET); }
 extern "C" void __tsan_func_entry(void*) {}
 extern "C" void __tsan_func_exit() {}
 extern "C" void __tsan_init() {}
@@ -559,37 +565,37 @@ struct atomic_mark {
 #define CPU_ATOMICS(bits, T)                                                                                   \
     extern "C" T __tsan_atomic##bits##_load(const volatile T* a, int) {                                       \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), false);                                                             \
+        on_access((uintptr_t)a, sizeof(T), false, CPU_RET);                                                             \
         return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                           \
     }                                                                                                          \
     extern "C" void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                    \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
         __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                              \
     }                                                                                                          \
     extern "C" T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                   \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
         return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                     \
     }                                                                                                          \
     extern "C" T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                   \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
         return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                     \
     }                                                                                                          \
     extern "C" T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                    \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
         return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                    \
     }                                                                                                          \
     extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {        \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
     }                                                                                                          \
     extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {          \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
         return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                 \
     }
 CPU_ATOMICS(8, unsigned char)

@@ -13,6 +13,8 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <nccl.h>  // ncclAllReduce in a graph (nccl_mpi.cpp, one rank)
+#include <mma.h>   // a WMMA tile for the counters
+#include <ctime>   // clock_gettime: the counters' overhead
 
 #define CK_EXIT 1  // CK's exit status when a CUDA call fails
 #include "dev/cuda/cpu/test_cases.h"  // Case, cases_main, CK: each case in a child process
@@ -698,6 +700,188 @@ static int case_graph_nccl_ok() {
 
 // ---- the cases (the driver: test_cases.h) ---------------------------------------------------
 
+// ---- the counters (CUDA_CPU_COUNT; counters.cpp): planted kernels, hand-computed counts ----
+// One warp each. The layer records every lane's access and rebuilds the
+// warp's requests at the barrier; each case compares all its counts with the
+// exact figures worked out in its comment.
+
+// shared reads of floats `stride` apart: stride 1 -> 1 wavefront, 2 -> 2 (two words per bank),
+// 32 -> 32 (all in bank 0), 0 -> 1 (one word: a broadcast)
+__global__ void count_shared_kernel(float* out, int stride) {
+    __shared__ float s[1024];
+    for (int i = threadIdx.x; i < 1024; i += 32) s[i] = (float)i;
+    __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x * stride) % 1024];
+}
+// shared reads 8 and 16 bytes wide, consecutive: two phases of 16 lanes, four of 8 -> 2 and 4 wavefronts
+__global__ void count_shared_wide_kernel(unsigned long long* out8, float4* out16, const float4* in16) {
+    __shared__ unsigned long long s8[32];
+    __shared__ float4 s16[32];
+    s8[threadIdx.x] = threadIdx.x;
+    s16[threadIdx.x] = in16[threadIdx.x];  // one 16-byte store (make_float4 would be four 4-byte ones)
+    __syncthreads();
+    out8[threadIdx.x] = s8[threadIdx.x];
+    out16[threadIdx.x] = s16[threadIdx.x];
+}
+// global loads of 4, 8, 16 bytes at `offset` elements from a 256-byte aligned start, `stride` elements apart
+__global__ void count_global4_kernel(float* out, const float* in, int offset, int stride) {
+    out[threadIdx.x] = in[offset + threadIdx.x * stride];
+}
+__global__ void count_global8_kernel(unsigned long long* out, const unsigned long long* in, int offset) {
+    out[threadIdx.x] = in[offset + threadIdx.x];
+}
+__global__ void count_global16_kernel(float4* out, const float4* in, int offset) {
+    out[threadIdx.x] = in[offset + threadIdx.x];
+}
+// divergent lanes: lane l loads l % 4 times; the k-th loads of the lanes that make one are one request
+__global__ void count_divergent_kernel(float* out, const float* in) {
+    float acc = 0.0f;
+    for (unsigned k = 0; k < threadIdx.x % 4; k++) acc += in[k * 32 + threadIdx.x];
+    out[threadIdx.x] = acc;
+}
+// one WMMA tile: a, b bf16 16x16 (ldm 16) from global, c = 0, d = a b + c stored as float (ldm 16)
+__global__ void count_wmma_kernel(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::fill_fragment(fc, 0.0f);
+    wmma::mma_sync(fc, fa, fb, fc);
+    wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
+}
+// 32 lanes atomicAdd into one float: 1 atomic request
+__global__ void count_atomic_kernel(float* out) { atomicAdd(out, 1.0f); }
+
+static int count_failures = 0;
+static void count_expect(const char* what, const char* field, unsigned long long got, unsigned long long want) {
+    if (got == want) return;
+    fprintf(stderr, "count mismatch: %s: %s = %llu, expected %llu\n", what, field, got, want);
+    count_failures++;
+}
+// Launches one warp of `run`, returns the counts of `kernel` for that launch alone.
+template <typename F> static cuda_cpu::kernel_counts count_one(const char* kernel, F run) {
+    cuda_cpu::count_on = true;
+    cuda_cpu::count_reset();
+    run();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    return cuda_cpu::count_get(kernel);
+}
+static void* count_buffer(size_t bytes) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, bytes));
+    CK(cudaMemset(p, 0, bytes));
+    return p;
+}
+
+// `wrong_expectation`: the stride-2 shared read expected without its 2-way conflict (1 wavefront), which the check must reject
+static int counts_case(bool wrong_expectation) {
+    float* fout = (float*)count_buffer(64 * 1024);
+    float* fin = (float*)count_buffer(64 * 1024);
+    using K = cuda_cpu::kernel_counts;
+    // shared, 4 bytes: stores while filling are 32 requests (1024 floats, 32 per request) of 1 wavefront each
+    const int strides[4] = {1, 2, 32, 0};
+    const unsigned long long wavefronts[4] = {1, wrong_expectation ? 1ull : 2ull, 32, 1};
+    for (int i = 0; i < 4; i++) {
+        K k = count_one("count_shared_kernel", [&] { count_shared_kernel<<<1, 32>>>(fout, strides[i]); });
+        char what[64];
+        snprintf(what, sizeof what, "shared read, stride %d", strides[i]);
+        count_expect(what, "shared_load_requests", k.shared_load_requests, 1);
+        count_expect(what, "shared_load_wavefronts", k.shared_load_wavefronts, wavefronts[i]);
+        count_expect(what, "shared_store_requests", k.shared_store_requests, 32);
+        count_expect(what, "shared_store_wavefronts", k.shared_store_wavefronts, 32);
+        count_expect(what, "barriers", k.barriers, 1);
+        count_expect(what, "global_store_requests", k.global_store_requests, 1);
+        count_expect(what, "global_store_sectors", k.global_store_sectors, 4);  // 128 bytes
+    }
+    {
+        K k = count_one("count_shared_wide_kernel", [&] {
+            count_shared_wide_kernel<<<1, 32>>>((unsigned long long*)fout, (float4*)(fout + 1024), (const float4*)fin);
+        });
+        // loads and stores: 8-byte 2 wavefronts + 16-byte 4 wavefronts each way
+        count_expect("shared 8+16-byte", "shared_load_requests", k.shared_load_requests, 2);
+        count_expect("shared 8+16-byte", "shared_load_wavefronts", k.shared_load_wavefronts, 6);
+        count_expect("shared 8+16-byte", "shared_store_requests", k.shared_store_requests, 2);
+        count_expect("shared 8+16-byte", "shared_store_wavefronts", k.shared_store_wavefronts, 6);
+        // global stores: 256 bytes (8 sectors) and 512 bytes (16)
+        count_expect("shared 8+16-byte", "global_store_sectors", k.global_store_sectors, 24);
+    }
+    // global: 4-byte aligned 4 sectors, one float off 5, stride 2 8, stride 32 32
+    const int g_off[4] = {0, 1, 0, 0}, g_stride[4] = {1, 1, 2, 32};
+    const unsigned long long g_sectors[4] = {4, 5, 8, 32};
+    for (int i = 0; i < 4; i++) {
+        K k = count_one("count_global4_kernel", [&] { count_global4_kernel<<<1, 32>>>(fout, fin, g_off[i], g_stride[i]); });
+        char what[64];
+        snprintf(what, sizeof what, "global 4-byte, offset %d stride %d", g_off[i], g_stride[i]);
+        count_expect(what, "global_load_requests", k.global_load_requests, 1);
+        count_expect(what, "global_load_sectors", k.global_load_sectors, g_sectors[i]);
+        count_expect(what, "distinct_sectors", k.distinct_sectors, g_sectors[i] + 4);  // the load's and the store's (other buffers)
+        count_expect(what, "global_store_sectors", k.global_store_sectors, 4);
+    }
+    for (int off = 0; off < 2; off++) {  // 8-byte: 256 bytes = 8 sectors, one element off 9
+        K k = count_one("count_global8_kernel", [&] {
+            count_global8_kernel<<<1, 32>>>((unsigned long long*)fout, (const unsigned long long*)fin, off);
+        });
+        count_expect(off ? "global 8-byte, misaligned" : "global 8-byte", "global_load_sectors", k.global_load_sectors, 8 + off);
+        count_expect(off ? "global 8-byte, misaligned" : "global 8-byte", "global_load_requests", k.global_load_requests, 1);
+    }
+    for (int off = 0; off < 2; off++) {  // 16-byte: 512 bytes = 16 sectors, one element off 17
+        K k = count_one("count_global16_kernel", [&] { count_global16_kernel<<<1, 32>>>((float4*)fout, (const float4*)fin, off); });
+        count_expect(off ? "global 16-byte, misaligned" : "global 16-byte", "global_load_sectors", k.global_load_sectors, 16 + off);
+        count_expect(off ? "global 16-byte, misaligned" : "global 16-byte", "global_load_requests", k.global_load_requests, 1);
+        count_expect(off ? "global 16-byte, misaligned" : "global 16-byte", "global_store_sectors", k.global_store_sectors, 16);
+    }
+    {  // divergent: k = 0 (24 lanes), 1 (16), 2 (8): 3 requests, each touching all 4 sectors of its 128 bytes
+        K k = count_one("count_divergent_kernel", [&] { count_divergent_kernel<<<1, 32>>>(fout, fin); });
+        count_expect("divergent lanes", "global_load_requests", k.global_load_requests, 3);
+        count_expect("divergent lanes", "global_load_sectors", k.global_load_sectors, 12);
+        count_expect("divergent lanes", "distinct_sectors", k.distinct_sectors, 12 + 4);  // 12 loaded once each (3 x 128 bytes), 4 stored
+    }
+    {  // WMMA: a and b 512 bytes each (1 request, 16 sectors); d 1024 bytes (2 requests, 32 sectors); 1 mma = 2*16^3 flops
+        K k = count_one("count_wmma_kernel", [&] {
+            count_wmma_kernel<<<1, 32>>>(fout, (const __nv_bfloat16*)fin, (const __nv_bfloat16*)(fin + 1024));
+        });
+        count_expect("wmma tile", "mma_instructions", k.mma_instructions, 1);
+        count_expect("wmma tile", "tensor_flops", k.tensor_flops, 8192);
+        count_expect("wmma tile", "global_load_requests", k.global_load_requests, 2);
+        count_expect("wmma tile", "global_load_sectors", k.global_load_sectors, 32);
+        count_expect("wmma tile", "global_store_requests", k.global_store_requests, 2);
+        count_expect("wmma tile", "global_store_sectors", k.global_store_sectors, 32);
+    }
+    {
+        K k = count_one("count_atomic_kernel", [&] { count_atomic_kernel<<<1, 32>>>(fout); });
+        count_expect("atomicAdd", "atomic_requests", k.atomic_requests, 1);
+        count_expect("atomicAdd", "global_load_requests", k.global_load_requests, 0);
+        count_expect("atomicAdd", "launches", k.launches, 1);
+    }
+    return count_failures ? 1 : 0;
+}
+static int case_counts_exact() { return counts_case(false); }
+static int case_counts_planted_wrong() { return counts_case(true); }
+
+// Counting off: a reduction kernel's time per launch with and without, printed (for README's figure).
+static int case_counts_overhead() {
+    float* fin = (float*)count_buffer(1 << 22);
+    float* fout = (float*)count_buffer(1 << 22);
+    double ms[2];
+    for (int on = 0; on < 2; on++) {
+        cuda_cpu::count_on = on;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int r = 0; r < 5; r++) count_global4_kernel<<<1, 32>>>(fout, fin, 0, 1), fill_kernel<<<1024, 256>>>(fout, 1.0f, 1 << 18);
+        CK(cudaDeviceSynchronize());
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        ms[on] = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+    }
+    fprintf(stderr, "counters: fill_kernel x5 (262144 threads) %.1f ms off, %.1f ms on\n", ms[0], ms[1]);
+    return 0;
+}
+
 static const Case cases[] = {
     {"ok_basic", case_ok_basic, 0, "", "a correct program runs and computes"},
     {"syncthreads_ok", case_syncthreads_ok, 0, "", "a block reduction with its barriers: the same bits under 8 seeds"},
@@ -744,6 +928,9 @@ static const Case cases[] = {
     {"graph_bad_launch_in_capture", case_graph_bad_launch_in_capture, 3, "a failed launch", "a launch over the limits in a capture: its own error, then Invalidated"},
     {"graph_replay_oob", case_graph_replay_oob, 86, "past the end of cudaMalloc #1", "a replayed graph's out-of-bounds write is reported as an ordinary launch's"},
     {"graph_replay_uninitialised", case_graph_replay_uninitialised, 86, "nothing has written since cudaMalloc", "a replayed graph's read of never-written memory is reported"},
+    {"counts_exact", case_counts_exact, 0, "", "counters: planted kernels (shared strides 1/2/32/broadcast, 8/16-byte shared, 4/8/16-byte global aligned and not, strided, divergent lanes, a WMMA tile, an atomic) give the hand-computed counts"},
+    {"counts_planted_wrong", case_counts_planted_wrong, 1, "count mismatch: shared read, stride 2: shared_load_wavefronts = 2, expected 1", "counters: a planted wrong expectation (no 2-way conflict at stride 2) is rejected"},
+    {"counts_overhead", case_counts_overhead, 0, "", "counters: a fill kernel's time with counting off and on (printed with TEST_VERBOSE=1)"},
     {"graph_nccl_ok", case_graph_nccl_ok, 0, "", "ncclAllReduce captured (1 rank): not run at capture, run at each of 2 replays"},
 };
 

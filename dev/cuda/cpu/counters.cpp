@@ -1,0 +1,233 @@
+// counters.cpp — what a profiler counts, counted by the CPU execution layer
+// (CUDA_CPU_COUNT=1; see dev/cuda/cpu/README.md, "Counters").
+//
+// Built into the layer (cpu.mk's CPU_LAYER, and test_cuda_cpu); called by
+// runtime.cpp's access hooks (count_access), by cuda_cpu.cpp's scheduler
+// (count_block_start, count_flush at every barrier and block end,
+// count_barrier, count_mma, count_wmma_memory) and at a launch
+// (count_launch). Declared in cuda_cpu.h, section 6.
+//
+// The threads of a block run as fibers one at a time between barriers, so a
+// warp's memory instruction is never seen at once: each lane's access is
+// recorded with the hook's return address (the instruction) and that lane's
+// occurrence count at that address, and at the next barrier (or the block's
+// end) the records are grouped by (warp, address, occurrence): one group is
+// one warp-level request, whatever order the lanes ran in and however
+// divergent lanes skipped iterations of other instructions.
+//
+// Per group:
+//   global  1 request; sectors = distinct 32-byte segments its lanes touch
+//   shared  1 request; wavefronts: 4-byte (and narrower) accesses as one phase
+//           of 32 lanes, 8-byte as two phases of 16 lanes, 16-byte as four
+//           of 8; per phase, the most distinct 4-byte words any one of the 32
+//           banks (word address mod 32) is asked for (lanes asking the same
+//           word share it: a broadcast); the phases' wavefronts add up
+//   atomic  1 request per group, whatever it touches
+// and per launch the distinct 32-byte global sectors all its requests touch
+// (the traffic DRAM must serve at least once, with every re-read a cache hit).
+#include "cuda_cpu.h"
+
+#include <algorithm>      // sort
+#include <cstdio>         // fprintf, fopen
+#include <cstdlib>        // getenv, atexit
+#include <map>            // per kernel, in name order
+#include <string>
+#include <unordered_map>  // per-lane occurrence counts
+#include <unordered_set>  // the distinct sectors of a launch
+#include <vector>
+
+namespace cuda_cpu {
+
+bool count_on_value() {
+    const char* s = getenv("CUDA_CPU_COUNT");
+    return s && s[0] && s[0] != '0';
+}
+bool count_on = count_on_value();
+
+namespace {
+
+struct record {
+    uint64_t ret;    // the hook's return address: the instruction
+    uint32_t occ;    // this lane's how-many-th execution of it
+    uint16_t warp;
+    uint8_t lane;
+    uint8_t kind;    // space and direction, below
+    uintptr_t addr;
+    uint32_t bytes;
+};
+enum { K_GLOBAL_LOAD, K_GLOBAL_STORE, K_SHARED_LOAD, K_SHARED_STORE, K_ATOMIC };
+
+std::map<std::string, kernel_counts> table;
+kernel_counts* now = nullptr;                  // the running launch's kernel
+std::vector<record> records;                   // since the last flush
+std::unordered_map<uint64_t, uint32_t> occurrences;  // (thread << 48 | ret) -> executions so far, this block
+std::unordered_set<uintptr_t> launch_sectors;       // distinct 32-byte sectors of global memory this launch touches
+
+// Wavefronts of one phase: the most distinct words any bank is asked for.
+uint64_t phase_wavefronts(const std::vector<uintptr_t>& words) {
+    if (words.empty()) return 0;
+    std::vector<uintptr_t> w = words;
+    std::sort(w.begin(), w.end());
+    w.erase(std::unique(w.begin(), w.end()), w.end());
+    unsigned per_bank[32] = {0};
+    unsigned most = 0;
+    for (uintptr_t x : w) most = std::max(most, ++per_bank[x % 32]);
+    return most;
+}
+
+// One warp-level request: the records [b, e) of one (warp, ret, occ).
+void count_group(kernel_counts& k, const record* b, const record* e) {
+    const int kind = b->kind;
+    if (kind == K_ATOMIC) { k.atomic_requests++; return; }
+    if (kind == K_GLOBAL_LOAD || kind == K_GLOBAL_STORE) {
+        std::vector<uintptr_t> sectors;
+        for (const record* r = b; r != e; r++)
+            for (uintptr_t s = r->addr / 32; s <= (r->addr + r->bytes - 1) / 32; s++) sectors.push_back(s);
+        std::sort(sectors.begin(), sectors.end());
+        const uint64_t n = (uint64_t)(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
+        launch_sectors.insert(sectors.begin(), sectors.begin() + n);
+        if (kind == K_GLOBAL_LOAD) { k.global_load_requests++; k.global_load_sectors += n; }
+        else { k.global_store_requests++; k.global_store_sectors += n; }
+        return;
+    }
+    // shared: lanes per phase by the access width (the widest lane decides)
+    uint32_t width = 0;
+    for (const record* r = b; r != e; r++) width = std::max(width, r->bytes);
+    const int lanes_per_phase = width >= 16 ? 8 : width >= 8 ? 16 : 32;
+    uint64_t wavefronts = 0;
+    for (int p = 0; p < 32 / lanes_per_phase; p++) {
+        std::vector<uintptr_t> words;
+        for (const record* r = b; r != e; r++)
+            if (r->lane / lanes_per_phase == p)
+                for (uintptr_t w = r->addr / 4; w <= (r->addr + r->bytes - 1) / 4; w++) words.push_back(w);
+        wavefronts += phase_wavefronts(words);
+    }
+    if (kind == K_SHARED_LOAD) { k.shared_load_requests++; k.shared_load_wavefronts += wavefronts; }
+    else { k.shared_store_requests++; k.shared_store_wavefronts += wavefronts; }
+}
+
+void write_table() {
+    const char* path = getenv("CUDA_CPU_COUNT_FILE");
+    FILE* f = path && *path ? fopen(path, "w") : stderr;
+    if (!f) {
+        fprintf(stderr, "cuda_cpu: CUDA_CPU_COUNT_FILE=%s cannot be opened for writing: the counts go to stderr\n", path);
+        f = stderr;
+    }
+    count_launch_end();
+    fprintf(f, "%s\n", count_header());
+    for (const auto& kv : table) fprintf(f, "%s\n", count_row(kv.first.c_str(), kv.second).c_str());
+    if (f != stderr) fclose(f);
+}
+
+}  // namespace
+
+const char* count_header() {
+    return "kernel\tlaunches\tblocks\tthreads_per_block\tdynamic_smem\tglobal_load_requests\tglobal_load_sectors"
+           "\tglobal_store_requests\tglobal_store_sectors\tshared_load_requests\tshared_load_wavefronts"
+           "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops\tdistinct_sectors";
+}
+std::string count_row(const char* name, const kernel_counts& k) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
+             name, (unsigned long long)k.launches, (unsigned long long)k.blocks, (unsigned long long)k.threads_per_block,
+             (unsigned long long)k.dynamic_smem, (unsigned long long)k.global_load_requests,
+             (unsigned long long)k.global_load_sectors, (unsigned long long)k.global_store_requests,
+             (unsigned long long)k.global_store_sectors, (unsigned long long)k.shared_load_requests,
+             (unsigned long long)k.shared_load_wavefronts, (unsigned long long)k.shared_store_requests,
+             (unsigned long long)k.shared_store_wavefronts, (unsigned long long)k.atomic_requests,
+             (unsigned long long)k.barriers, (unsigned long long)k.mma_instructions, (unsigned long long)k.tensor_flops,
+             (unsigned long long)k.distinct_sectors);
+    return buf;
+}
+
+void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem) {
+    static bool registered = false;
+    if (!registered) { atexit(write_table); registered = true; }
+    count_launch_end();
+    kernel_counts& k = table[name];
+    k.launches++;
+    k.blocks += blocks;
+    k.threads_per_block = threads;
+    k.dynamic_smem = dynamic_smem;
+    now = &k;
+}
+
+void count_launch_end() {
+    if (now) now->distinct_sectors += launch_sectors.size();
+    launch_sectors.clear();
+    now = nullptr;
+}
+
+void count_block_start() {
+    records.clear();
+    occurrences.clear();
+}
+
+void count_access(uintptr_t a, size_t n, bool write, bool shared, void* ret) {
+    if (!now || !exec.in_kernel || exec.call) return;  // a WMMA call's element moves: count_wmma_memory counts it
+    if (exec.in_atomic && !write) return;             // an atomic's read-modify-write: counted once, at its write
+    uint32_t& occ = occurrences[(uint64_t)exec.thread << 48 | (uint64_t)(uintptr_t)ret];
+    const uint8_t kind = exec.in_atomic ? K_ATOMIC : shared ? (write ? K_SHARED_STORE : K_SHARED_LOAD)
+                                                             : (write ? K_GLOBAL_STORE : K_GLOBAL_LOAD);
+    records.push_back(record{(uint64_t)(uintptr_t)ret, occ++, (uint16_t)(exec.thread / 32), (uint8_t)(exec.thread % 32),
+                             kind, a, (uint32_t)n});
+}
+
+void count_flush() {
+    if (!now || records.empty()) return;
+    std::sort(records.begin(), records.end(), [](const record& x, const record& y) {
+        if (x.warp != y.warp) return x.warp < y.warp;
+        if (x.ret != y.ret) return x.ret < y.ret;
+        if (x.occ != y.occ) return x.occ < y.occ;
+        if (x.kind != y.kind) return x.kind < y.kind;
+        return x.lane < y.lane;
+    });
+    size_t b = 0;
+    for (size_t i = 1; i <= records.size(); i++)
+        if (i == records.size() || records[i].warp != records[b].warp || records[i].ret != records[b].ret ||
+            records[i].occ != records[b].occ || records[i].kind != records[b].kind) {
+            count_group(*now, &records[b], &records.data()[i]);
+            b = i;
+        }
+    records.clear();
+}
+
+void count_barrier() {
+    if (now) now->barriers++;
+}
+
+void count_mma() {
+    if (!now) return;
+    now->mma_instructions++;
+    now->tensor_flops += 2ull * 16 * 16 * 16;  // m16n16k16: a multiply and an add per (m, n, k)
+}
+
+// A WMMA load or store of the whole warp, counted as the 16-byte requests
+// that move its 16 lines of 16 elements (ldm apart): 32 lanes x 16 bytes per
+// request, lane i taking the next 16-byte piece in line order, as ldmatrix's
+// eight row addresses per phase do.
+void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, size_t element_bytes) {
+    if (!now) return;
+    const size_t line = 16 * element_bytes, pieces_per_line = line / 16;
+    std::vector<record> req;
+    for (size_t j = 0; j < 16; j++)
+        for (size_t c = 0; c < pieces_per_line; c++) {
+            const uint8_t kind = shared ? (store ? K_SHARED_STORE : K_SHARED_LOAD) : (store ? K_GLOBAL_STORE : K_GLOBAL_LOAD);
+            req.push_back(record{0, 0, 0, (uint8_t)(req.size() % 32), kind, (uintptr_t)p + j * ldm * element_bytes + c * 16, 16});
+            if (req.size() == 32) { count_group(*now, req.data(), req.data() + 32); req.clear(); }
+        }
+    if (!req.empty()) count_group(*now, req.data(), req.data() + req.size());
+}
+
+kernel_counts count_get(const char* name) {
+    count_launch_end();
+    auto it = table.find(name);
+    return it == table.end() ? kernel_counts{} : it->second;
+}
+void count_reset() {
+    count_launch_end();
+    table.clear();
+    now = nullptr;
+}
+
+}  // namespace cuda_cpu
