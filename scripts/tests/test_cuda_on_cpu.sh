@@ -233,7 +233,7 @@ check $ok "training with --eval-every 6: eval lines at steps 0 6 12, the same mo
     "$(grep '"eval_acc_norm"' "$LOG/train_eval.jsonl" | tail -n 1 | cut -c1-80)"
 [ $ok = ok ] || tail -n 20 "$LOG/train_eval.log"
 # a damaged eval file: a clear error naming it, no crash
-head -c 300 "$LOG/eval_set.bin" > "$LOG/eval_short.bin"
+head -c 1100 "$LOG/eval_set.bin" > "$LOG/eval_short.bin"
 ./train_gpt_cu_cpu --model $m1 --eval-file "$LOG/eval_short.bin" --steps 0 -t 64 -b 4 > "$LOG/eval_short.log" 2>&1 && ok=FAIL ||
     { grep -q "eval_short.bin.*\(damaged\|truncated\)" "$LOG/eval_short.log" && ok=ok || ok=FAIL; }
 check $ok "a truncated eval file: train_gpt_cu refuses it, naming the file" "$(grep -m1 -i 'eval_short' "$LOG/eval_short.log" | cut -c1-120)"
