@@ -1185,6 +1185,8 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
     return (float)gpu_losses_fetch(g, batches);
 }
 
+#include "gptc/cuda/eval.cuh" // --eval-file on the GPU: eval_sums_kernel, gpu_eval_choices, gpu_eval_log, gpu_eval_only
+
 #include "gptc/cuda/states.cuh" // GpuSnapshots, gpu_snapshots_init, _free, gpu_snapshot_start, _hand_over, gpu_states_problem
 #include "gptc/cuda/mfu.cuh" // gpu_peak_tflops, flops_per_token, mfu_format, gpu_device_print
 
@@ -1325,10 +1327,13 @@ static int gpu_train_steps(GpuTrainState* st, GPT2* host, const Options* o, GpuC
     Saver& saver = st->saver;
     GpuSnapshots& gs = st->gs;
     for (int step = start; step <= r.steps; step++) {
-        /* at the boundary before step `step`: validation and a sample */
+        /* at the boundary before step `step`: validation, the eval set and a sample */
         dp_params_ready(&dp);
         if (train_run_val_due(&r, o, step) && (step > start || start == 0))
             train_run_log_val(&r, step, gpu_evaluate_ranks(&g, &r.val, comm, o->val_batches));
+        if (train_run_eval_due(&r, o, step) && (step > start || start == 0) &&
+            gpu_eval_log(&g, &r.eval, o, comm, r.log, step) != 0)
+            return -1;
         if (train_run_sample_due(&r, o, step)) gpu_sample_print(st, host, dist, rank, tok, o);
         if (step == r.steps) break;
         /* the step: gradients of grad_accum micro-batches, reduced over the ranks as backward goes; then AdamW */
@@ -1453,6 +1458,11 @@ int main(int argc, char** argv) {
     if (o.threads > 0) omp_set_num_threads(o.threads);
     printf("threads: %d (OpenMP, host side: data, sampling)%s\n", num_threads(), comm.world > 1 ? " per rank" : "");
 #endif
+    if (o.steps == 0 && o.eval_file[0] && !o.prompt[0]) { /* --eval-file alone: score --model on the GPU(s), stop */
+        rc = gpu_eval_only(&o, &comm);
+        gpu_comm_free(&comm, rc != 0);
+        return rc == 0 ? 0 : EXIT_FAILURE;
+    }
     /* train_gpt.c: model, tokenizer, --prompt, --data (rank 0 tokenizes; under MPI the others wait) */
     rc = gptc_run(&o, gpu_train_fn, &comm, comm.mpi ? &comm.dist : NULL);
     gpu_comm_free(&comm, rc != 0);

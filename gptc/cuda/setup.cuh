@@ -13,9 +13,6 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
         return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
                "parallel), or drop it and shard the state across GPUs with --zero 1|2";
-    if (o->eval_file[0]) /* (the eval's scoring is train_gpt.c's eval_choices, on the CPU model) */
-        return "--eval-file is scored by train_gpt (the CPU trainer) only, for now: drop it here, and score a saved "
-               "checkpoint with ./train_gpt --model out/model_NNNNNNNN.bin --eval-file F --steps 0 (add -b, -t)";
     if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
         return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
                "yet: give --batch-size, --zero and --snapshot-every N";

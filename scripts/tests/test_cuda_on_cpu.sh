@@ -24,6 +24,12 @@
 #      --recompute 3 (the whole block recomputed in backward) with --offload 1
 #      (AdamW on the host; its device memory plan == its ledger), and with
 #      --cuda-graphs 0;
+#   4b. --eval-file on the GPU: a toy multiple-choice set scored by the trained
+#      toy model with train_gpt and with train_gpt_cu_cpu --steps 0 on 1 and 2
+#      emulated GPUs (the same counts, sums within bf16, the same picks but
+#      near-ties, the same acc_norm); a planted bug (GPTC_EVAL_PLANT=whole:
+#      each ending scored over its whole row) rejected; --eval-every 6 during
+#      training logs steps 0 6 12 and trains to the same model bytes;
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
 #   5b. training states under --zero 1|2 (scripts/tests/test_zero_states.sh, ~90 s):
@@ -138,6 +144,99 @@ m0=$LOG/train_nographs/model_00000012.bin
 ok=$([ -s "$m0" ] && cmp -s "$m1" "$m0" && grep -q "CUDA graphs: the step captured" "$LOG/train_seed1.log" && echo ok || echo FAIL)
 check $ok "the same run with --cuda-graphs 0 (every kernel launched each step, not replayed from graphs): the same model bytes"
 [ $ok = ok ] || tail -n 20 "$LOG/train_nographs.log"
+
+# ---- 4b. the eval set on the GPU (--eval-file): the same picks as train_gpt's on the same checkpoint ----
+# A HellaSwag-shaped set made here in the toy data's pattern (counting mod 100, vocab 256): 21 examples,
+# contexts of 3-62 tokens (some rows longer than T = 64: their start goes), endings of 1-9 tokens, the
+# right one the count's continuation, the others random tokens or the count one off. The trained toy model ($m1) scores it with train_gpt (fp32) and
+# with train_gpt_cu_cpu (bf16) on 1 and 2 emulated GPUs (ranks: 11 and 10 examples): every ending's
+# count equal, every sum within the bf16 tolerance, every pick equal unless its two best endings are
+# within that tolerance (near-ties: counted and printed). The planted bug GPTC_EVAL_PLANT=whole
+# (each ending scored over its whole row, the context's targets too) must be rejected.
+EVAL_PY=$LOG/eval_tool.py
+cat > "$EVAL_PY" <<'PYEOF'
+import json, random, struct, sys
+REL, ABS = 1e-2, 1e-2  # bf16 against fp32: a sum's tolerance (bf16 keeps 8 bits; measured: 1.4e-3 at worst)
+def make(path):
+    rng = random.Random(5)
+    words = []
+    for i in range(21):
+        x, nc = rng.randrange(100), rng.randrange(3, 63)
+        ctx = [(x + j) % 100 for j in range(nc)]
+        y = (x + nc) % 100
+        ends, label = [], rng.randrange(4)
+        for k in range(4):
+            n = rng.randrange(1, 10)
+            if k == label: ends.append([(y + j) % 100 for j in range(n)])
+            elif k % 2: ends.append([(y + 1 + j) % 100 for j in range(n)])  # the count one off: a near miss
+            else: ends.append([rng.randrange(255) for _ in range(n)])
+        body = [i, label, 4, len(ctx)] + ctx
+        for e in ends: body += [len(e)] + e
+        words.append([65535, 2 * (len(body) + 2)] + body)
+    longest = max(2 * len(w) for w in words)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240522, 1, len(words), longest, *([0] * 252)))
+        for w in words: f.write(struct.pack("<%dH" % len(w), *w))
+def load(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+def picks(s, c):
+    m = [a / b for a, b in zip(s, c)]
+    return min(range(4), key=lambda k: (s[k], k)), min(range(4), key=lambda k: (m[k], k)), m
+def tie(v):  # the two best within twice a sum's tolerance of each other: bf16 may order them either way
+    a, b = sorted(v)[:2]
+    return b - a <= 2 * (REL * max(abs(a), abs(b)) + ABS)
+def compare(ref, got):
+    r, g = load(ref), load(got)
+    if len(r) != len(g) or not r: print(f"{got}: {len(g)} examples, {ref}: {len(r)}"); return 1
+    bad = ties = worst = 0
+    for x, y in zip(r, g):
+        for k in range(4):
+            err = abs(x["sum"][k] - y["sum"][k])
+            worst = max(worst, err / max(abs(x["sum"][k]), 1e-9))
+            if x["count"][k] != y["count"][k] or err > REL * abs(x["sum"][k]) + ABS:
+                bad += 1
+                if bad <= 4: print(f"example {x['example']} ending {k}: sum {y['sum'][k]:.6g} over {y['count'][k]:.0f}, train_gpt {x['sum'][k]:.6g} over {x['count'][k]:.0f}")
+        rp, rn, rm = picks(x["sum"], x["count"])
+        gp, gn, _ = picks(y["sum"], y["count"])
+        for name, a, b, v in (("acc", rp, gp, x["sum"]), ("acc_norm", rn, gn, rm)):
+            if tie(v): ties += 1
+            elif a != b: bad += 1; print(f"example {x['example']}: {name} pick {b}, train_gpt's {a}")
+    print(f"{got}: {len(r)} examples, worst relative difference of a sum {worst:.2e}, {ties} near-tie pick(s) of {2 * len(r)}, {bad} difference(s)")
+    return 1 if bad or ties > len(r) // 2 else 0
+if sys.argv[1] == "make": make(sys.argv[2])
+else: sys.exit(compare(sys.argv[2], sys.argv[3]))
+PYEOF
+/usr/bin/python3 "$EVAL_PY" make "$LOG/eval_set.bin"
+SCORE="--model $m1 --eval-file $LOG/eval_set.bin --steps 0 -t 64"
+./train_gpt $SCORE -b 3 --threads 1 --eval-detail "$LOG/eval_cpu.jsonl" > "$LOG/eval_cpu.log" 2>&1
+./train_gpt_cu_cpu $SCORE -b 4 --eval-detail "$LOG/eval_gpu1.jsonl" > "$LOG/eval_gpu1.log" 2>&1
+$MPIRUN -np 2 ./train_gpt_cu_cpu --init mpi $SCORE -b 4 --eval-detail "$LOG/eval_gpu2.jsonl" > "$LOG/eval_gpu2.log" 2>&1
+GPTC_EVAL_PLANT=whole ./train_gpt_cu_cpu $SCORE -b 4 --eval-detail "$LOG/eval_plant.jsonl" > "$LOG/eval_plant.log" 2>&1
+for n in 1 2; do
+    /usr/bin/python3 "$EVAL_PY" compare "$LOG/eval_cpu.jsonl" "$LOG/eval_gpu$n.jsonl" > "$LOG/eval_compare$n.log" 2>&1 &&
+        grep -q "$(grep -o 'acc_norm [0-9.]* ([0-9/]*' "$LOG/eval_cpu.log")" "$LOG/eval_gpu$n.log" && ok=ok || ok=FAIL
+    check $ok "--eval-file --steps 0 on $n emulated GPU(s): train_gpt's counts, sums within bf16, picks and acc_norm" \
+        "$(tail -n 1 "$LOG/eval_compare$n.log" | sed 's/.*: 21 examples, //'); $(grep -m1 '^eval: acc' "$LOG/eval_gpu$n.log" | cut -c7-60)"
+    [ $ok = ok ] || { cat "$LOG/eval_compare$n.log"; tail -n 5 "$LOG/eval_gpu$n.log"; }
+done
+/usr/bin/python3 "$EVAL_PY" compare "$LOG/eval_cpu.jsonl" "$LOG/eval_plant.jsonl" > "$LOG/eval_compare_plant.log" 2>&1 &&
+    ok=FAIL || ok=ok
+grep -q 'planted bug' "$LOG/eval_plant.log" || ok=FAIL
+check $ok "the planted bug (each ending scored over its whole row) is rejected" "$(tail -n 1 "$LOG/eval_compare_plant.log" | sed 's/.*: 21 examples, //')"
+# during training: --eval-every 6 logs lines at steps 0, 6, 12 and the run trains to the same bytes as without
+./train_gpt_cu_cpu $TRAIN --eval-file "$LOG/eval_set.bin" --eval-every 6 --output-dir "$LOG/train_eval" \
+    --log-file "$LOG/train_eval.jsonl" > "$LOG/train_eval.log" 2>&1
+echo "rc=$?" >> "$LOG/train_eval.log"
+ok=$(cmp -s "$m1" "$LOG/train_eval/model_00000012.bin" && [ "$(grep '"eval_acc_norm"' "$LOG/train_eval.jsonl" |
+     sed 's/,.*//' | tr -d '{"step: ' | tr '\n' ' ')" = "0 6 12 " ] && echo ok || echo FAIL)
+check $ok "training with --eval-every 6: eval lines at steps 0 6 12, the same model bytes as without" \
+    "$(grep '"eval_acc_norm"' "$LOG/train_eval.jsonl" | tail -n 1 | cut -c1-80)"
+[ $ok = ok ] || tail -n 20 "$LOG/train_eval.log"
+# a damaged eval file: a clear error naming it, no crash
+head -c 1100 "$LOG/eval_set.bin" > "$LOG/eval_short.bin"
+./train_gpt_cu_cpu --model $m1 --eval-file "$LOG/eval_short.bin" --steps 0 -t 64 -b 4 > "$LOG/eval_short.log" 2>&1 && ok=FAIL ||
+    { grep -q "eval_short.bin.*\(damaged\|truncated\)" "$LOG/eval_short.log" && ok=ok || ok=FAIL; }
+check $ok "a truncated eval file: train_gpt_cu refuses it, naming the file" "$(grep -m1 -i 'eval_short' "$LOG/eval_short.log" | cut -c1-120)"
 
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
 GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh
