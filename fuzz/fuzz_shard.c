@@ -34,7 +34,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     /* make test-fuzz's planted bug: a read past the tokens when the shard
      * has token 4660 second (no seed has); coverage-guided
      * fuzzing must find it, and AddressSanitizer report it */
-    if (d.tokens[1] == 4660) FUZZ_ORACLE(d.tokens[n + 8] != 0xFFFF, "(planted)");
+    if (d.tokens[1] == 4660) {
+        uint16_t* copy = (uint16_t*)malloc((size_t)n * 2);
+        memcpy(copy, d.tokens, (size_t)n * 2);
+        FUZZ_ORACLE(copy[n] != 0xFFFF, "(planted)"); /* one past the end */
+        free(copy);
+    }
 #endif
     for (int step = 0; step < 3; step++) {
         long long cursor = d.cursor >= d.num_samples ? 0 : d.cursor;
