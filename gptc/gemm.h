@@ -197,14 +197,18 @@ static void gemm_pack_B(int kc, int nc, const float* B, long b_rs, long b_cs, fl
  * acc[][] has fixed size, so gcc and clang keep it in registers (the tile
  * table above) and turn each fmaf() row into vector FMAs (vfmadd231ps, fmla).
  * fmaf, not a*b+c: in ISO mode, -std=c11, gcc does not contract a*b+c into
- * an FMA; one rounding is also more accurate. The r loop is unrolled whole
- * (clang reads the GCC pragma too): left as a loop, gcc 12 swaps it with the
- * k loop for some tiles (6 x 16) and computes in scalars, 4x slower. */
+ * an FMA; one rounding is also more accurate. On AVX2 the r loop is unrolled
+ * whole (clang reads the GCC pragma too): left as a loop, gcc 12 swaps it with
+ * the k loop for 6 x 16 and computes in scalars, 4x slower. On AVX-512 the
+ * same pragma makes the 8 x 32 kernel 25x slower in cache (69.4 -> 2.8
+ * GFLOP/s, gcc 12, Zen 4), so it is left out there. */
 static void gemm_kernel(int kc, const float* Ap, const float* Bp,
                         float* C, long ldc, int mr, int nr, int add) {
     float acc[GEMM_MR][GEMM_NR] = {{0.0f}};
     for (int k = 0; k < kc; k++, Ap += GEMM_MR, Bp += GEMM_NR) {
+#if GEMM_VEC == 8
         #pragma GCC unroll 16
+#endif
         for (int r = 0; r < GEMM_MR; r++) {
             float a = Ap[r];
             for (int c = 0; c < GEMM_NR; c++)
