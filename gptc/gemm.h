@@ -6,7 +6,8 @@
  * Defines: gemm (C = [C +] A.B with any strides, OpenMP over output tiles,
  * bitwise the same for any thread count) and its parts: gemm_buffers,
  * gemm_pack_A, gemm_pack_B, gemm_kernel, gemm_block, gemm_serial; the tile
- * sizes GEMM_MR, GEMM_NR, GEMM_KC, GEMM_MC, GEMM_NC (overridable with -D).
+ * sizes GEMM_MR, GEMM_NR, GEMM_KC, GEMM_MC, GEMM_NC (overridable with -D),
+ * the vector width GEMM_VEC and the instruction set named GEMM_ISA.
  * It is a general sgemm, not GPT-2: train_gpt.c keeps what each layer
  * multiplies, this header how a product is made fast.
  */
@@ -41,39 +42,70 @@
  * Each C(i,j) is the same chain of fmaf()s in the same order whichever thread
  * computes it, so results are bitwise identical for any thread count.
  *
- * Where the time goes: in gemm_kernel's k loop, 16 vfmadd231ps zmm per step
- * (MR=8 broadcasts of A times NR/16=2 vectors of B), 85-95% of the time.
+ * Where the time goes: in gemm_kernel's k loop, MR*NR/VEC vector FMAs per
+ * step (on AVX-512: 16 vfmadd231ps zmm, MR=8 broadcasts of A times NR/16=2
+ * vectors of B), 85-95% of the time.
  * Packing is O(MK + KN) against O(MNK) FLOPs: the rest.
  * ---------------------------------------------------------------------------- */
 
-/* Micro-tile: MR rows x NR columns of C, held in MR*NR/16 = 16 zmm registers,
- * plus 2 for the B vectors and 1 for the A broadcast. NR runs along the
- * contiguous dimension of C, so it is a multiple of the 16-float vector.
+/* Micro-tile: MR rows x NR columns of C held in registers, one tile per
+ * instruction set, chosen from the target's macros (-march decides). NR runs
+ * along the contiguous dimension of C, so it is a multiple of the vector width
+ * GEMM_VEC; the k loop keeps MR*NR/VEC accumulators, NR/VEC B vectors and an
+ * A broadcast live, sized to the register file:
+ *   AVX-512 (32 zmm, 16 floats):  8 x 32  16 accumulators + 2 B + 1 A
+ *   AVX2+FMA (16 ymm, 8 floats):  4 x 24  12 accumulators + 3 B + 1 A
+ *   NEON (32 q, 4 floats):        8 x 12  24 accumulators + 3 B + 2 A (a q holds 4 broadcasts' worth)
+ *   anything else (16 xmm/SSE2):  4 x 8    8 accumulators + 2 B + 1 A
  * 8 x 32 divides every GPT-2 size (C, 3C, 4C, Vp, T, hs = 64), so no tile is
- * padding. Measured on Zen 4: as fast as 8 x 48 (24 accumulators) on the big
- * products, and 1.35x faster where N = hs = 64 (8 x 48 pads 64 to 96). */
+ * padding; measured on Zen 4 as fast as 8 x 48 on the big products and 1.35x
+ * faster where N = hs = 64. On AVX2 an 8 x 32 tile needs 32 ymm accumulators
+ * and spills. 4 x 24 fills the 16 ymm exactly; measured on Zen 4 with
+ * -march=x86-64-v3 (gcc 12, dev/cpu/bench_gemm): 70 GFLOP/s in-cache on one
+ * core against 24.5 for 6 x 16, whose six broadcasts gcc loads ahead of the
+ * FMAs, so three accumulators spill. It pads N = hs = 64 to 72 in attention.
+ * -DGEMM_MR=.. -DGEMM_NR=.. overrides the choice (so dev/cpu/bench_gemm
+ * validates every tile on one machine).
+ * Every tile computes each C(i,j) as the same chain of fmaf()s over k, so with
+ * the same KC all tiles give bitwise the same C. */
+#if defined(__AVX512F__)
+#define GEMM_VEC 16
+#define GEMM_TILE_MR 8
+#define GEMM_TILE_NR 32
+#define GEMM_ISA "AVX-512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define GEMM_VEC 8
+#define GEMM_TILE_MR 4
+#define GEMM_TILE_NR 24
+#define GEMM_ISA "AVX2+FMA"
+#elif defined(__ARM_NEON) || defined(__aarch64__)
+#define GEMM_VEC 4
+#define GEMM_TILE_MR 8
+#define GEMM_TILE_NR 12
+#define GEMM_ISA "NEON"
+#else
+#define GEMM_VEC 4
+#define GEMM_TILE_MR 4
+#define GEMM_TILE_NR 8
+#define GEMM_ISA "generic"
+#endif
 #ifndef GEMM_MR
-#define GEMM_MR 8
+#define GEMM_MR GEMM_TILE_MR
 #endif
 #ifndef GEMM_NR
-#define GEMM_NR 32
+#define GEMM_NR GEMM_TILE_NR
 #endif
-/* Cache blocks (Zen 4: 32 KiB L1 and 1 MiB L2 per core, 32 MiB shared L3):
- * an A micro-panel (KC*MR*4 = 12 KiB) stays in L1 while the kernel streams the
- * B panel (KC*NC*4 = 4.5 MiB) from L3 in address order, which the prefetchers
- * keep up with. A large NC means A is repacked only N/NC times; measured
- * faster than an L2-sized B panel (NC = 480) by 3-10% on the GPT-2 shapes. */
 #ifndef GEMM_KC
 #define GEMM_KC 384
 #endif
 #ifndef GEMM_MC
-#define GEMM_MC 192                  /* multiple of MR */
+#define GEMM_MC 192                  /* multiple of MR (8 and 4) */
 #endif
 #ifndef GEMM_NC
-#define GEMM_NC 3072                 /* multiple of NR */
+#define GEMM_NC 3072                 /* multiple of NR (32, 24, 12 and 8) */
 #endif
-#if GEMM_NR % 16 || GEMM_MC % GEMM_MR || GEMM_NC % GEMM_NR
-#error "gemm: NR must be a multiple of 16 floats, MC of MR, NC of NR"
+#if GEMM_NR % GEMM_VEC || GEMM_MC % GEMM_MR || GEMM_NC % GEMM_NR
+#error "gemm: NR must be a multiple of the vector width GEMM_VEC, MC of MR, NC of NR"
 #endif
 /* Below this many multiply-adds a thread team costs more than it saves. */
 #define GEMM_MIN_PARALLEL_MACS (1L << 18)
@@ -162,13 +194,21 @@ static void gemm_pack_B(int kc, int nc, const float* B, long b_rs, long b_cs, fl
 }
 
 /* C(0:mr, 0:nr) = (add ? C : 0) + Ap . Bp over kc steps, mr <= MR, nr <= NR.
- * acc[][] has fixed size, so gcc keeps it in 16 zmm registers and turns each
- * fmaf() row into vfmadd231ps (fmaf, not a*b+c: in ISO mode, -std=c11, gcc
- * does not contract a*b+c into an FMA; one rounding is also more accurate). */
+ * acc[][] has fixed size, so gcc and clang keep it in registers (the tile
+ * table above) and turn each fmaf() row into vector FMAs (vfmadd231ps, fmla).
+ * fmaf, not a*b+c: in ISO mode, -std=c11, gcc does not contract a*b+c into
+ * an FMA; one rounding is also more accurate. On AVX2 the r loop is unrolled
+ * whole (clang reads the GCC pragma too): left as a loop, gcc 12 swaps it with
+ * the k loop for 6 x 16 and computes in scalars, 4x slower. On AVX-512 the
+ * same pragma makes the 8 x 32 kernel 25x slower in cache (69.4 -> 2.8
+ * GFLOP/s, gcc 12, Zen 4), so it is left out there. */
 static void gemm_kernel(int kc, const float* Ap, const float* Bp,
                         float* C, long ldc, int mr, int nr, int add) {
     float acc[GEMM_MR][GEMM_NR] = {{0.0f}};
     for (int k = 0; k < kc; k++, Ap += GEMM_MR, Bp += GEMM_NR) {
+#if GEMM_VEC == 8
+        #pragma GCC unroll 16
+#endif
         for (int r = 0; r < GEMM_MR; r++) {
             float a = Ap[r];
             for (int c = 0; c < GEMM_NR; c++)

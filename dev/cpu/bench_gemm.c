@@ -20,6 +20,9 @@
 #include <time.h>
 #ifndef NO_OPENBLAS
 #include <cblas.h>
+/* OpenBLAS's own thread count; declared here because the cblas.h found first
+ * may be netlib's (libblas-dev), which does not declare it */
+void openblas_set_num_threads(int num_threads);
 #endif
 
 static int gemm_max(int a, int b) { return a > b ? a : b; }
@@ -315,8 +318,8 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: %s [test|bench|all]   (default all)\n", argv[0]);
         return 2;
     }
-    printf("gemm: MR=%d NR=%d KC=%d MC=%d NC=%d, %d threads\n",
-           GEMM_MR, GEMM_NR, GEMM_KC, GEMM_MC, GEMM_NC, num_threads());
+    printf("gemm: %s tile, MR=%d NR=%d (vector %d floats) KC=%d MC=%d NC=%d, %d threads\n",
+           GEMM_ISA, GEMM_MR, GEMM_NR, GEMM_VEC, GEMM_KC, GEMM_MC, GEMM_NC, num_threads());
     if (strcmp(mode, "bench")) run_tests();
     if (strcmp(mode, "test")) run_bench();
     printf("%d passed, %d failed\n", n_pass, n_fail);
