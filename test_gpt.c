@@ -1458,6 +1458,20 @@ static void test_input_files(void) {
               "bad eval set refused, naming the example: bytes after the last one", msg);
         free(good);
     }
+    /* --standby naming a directory: an error and a non-zero exit, not a silent "dismissed" */
+    {
+        const char* shard = tmp_path("sb_train_000.bin");
+        write_shard(shard, 400, 50, 1, SHARD_MAGIC, 1, 400);
+        const char* folder = tmp_path("sb_folder");
+        mkdir(folder, 0755);
+        char cmd[3000], out[8192];
+        snprintf(cmd, sizeof(cmd), "./train_gpt --model d1 --channels 16 --num-heads 2 --max-seq-len 16 --vocab-size 50 "
+                 "-b 2 -t 8 --val-every 0 --sample-every 0 -i %s --steps 2 --resume 1 --output-dir %s/sb_out --standby %s",
+                 shard, tmpdir, folder);
+        int rc = run_capture(cmd, out, sizeof(out));
+        check(rc != 0 && strstr(out, "sb_folder: --standby: expected a FIFO") && strstr(out, "found a directory") &&
+              !strstr(out, "dismissed"), "--standby naming a directory: refused with an error, non-zero exit", out);
+    }
 }
 
 /* test_gpt --hf DIR: the checkpoints scripts/hf_reference.py wrote into DIR,
