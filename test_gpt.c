@@ -1458,6 +1458,101 @@ static void test_input_files(void) {
               "bad eval set refused, naming the example: bytes after the last one", msg);
         free(good);
     }
+    /* the calibration cache: a line with an implausible figure is discarded with a note, then replaced */
+    {
+        Calibration good;
+        memset(&good, 0, sizeof(good));
+        good.C = 32; good.NH = 2; good.Vp = 256; good.Tc = 16;
+        snprintf(good.key, sizeof(good.key), "cpu=test threads=1 ranks=1 C=32 NH=2 Vp=256 Tc=16");
+        snprintf(good.path, sizeof(good.path), "%s/calib/calibration.txt", tmpdir);
+        calib_gemm_rows(good.C, good.Vp, good.rows);
+        for (int pass = 0; pass < 2; pass++)
+            for (int q = 0; q < NUM_SHAPES; q++) { good.gemm_fixed[pass][q] = 0.008; good.gemm_row[pass][q] = 1.5e-4; }
+        good.attn_ms = 0.3; good.elem_gbs = 12; good.ce_gbs = 9; good.zero_ns = 0.05; good.norm_ns = 0.1;
+        good.adamw_ns = 0.9; good.adamw_gbs = 30; good.share_gflops = 80;
+        for (int e = 0; e < 2; e++) for (int b = 0; b < 2; b++) good.quant_ns[e][b] = 1.2;
+        good.layer_factor = 1.1; good.ms = 420;
+        calib_save(&good);
+        Calibration c = good;
+        c.attn_ms = 0;
+        check(calib_load(&c) == 1 && c.attn_ms == 0.3 && !c.discarded, "calibration cache: a plausible line is read", good.path);
+        size_t n = 0;
+        char* text = (char*)read_all(good.path, &n);
+        CHECK(text != NULL, "read %s", good.path);
+        char* bar = strchr(text, '\n') ? strchr(strchr(text, '\n'), '|') : NULL;
+        ALWAYS(bar != NULL);
+        size_t head = (size_t)(bar + 1 - text);
+        /* the numbers, as written, to edit one at a time */
+        char nums[CALIB_NUMBERS][40];
+        const char* at = bar + 1;
+        for (int i = 0; i < CALIB_NUMBERS; i++) {
+            char* end = NULL;
+            strtod(at, &end);
+            snprintf(nums[i], sizeof(nums[i]), "%.*s", (int)(end - at), at);
+            at = end;
+        }
+        struct { const char* what; int index; const char* value; const char* said; } cases[] = {
+            {"NaN attention", 2 + 4 * NUM_SHAPES, "nan", "attention ms per sequence is nan, expected more than 0 and at most 100000"},
+            {"Inf elementwise bandwidth", 3 + 4 * NUM_SHAPES, "inf", "elementwise GB/s is inf"},
+            {"a zero GEMM time per row", 3, "0", "qkv forward GEMM ms per row is 0, expected more than 0"},
+            {"a negative fixed time", 2, "-4.8", "qkv forward GEMM fixed ms is -4.8, expected 0..10000"},
+            {"a huge bandwidth", 4 + 4 * NUM_SHAPES, "1e300", "cross-entropy GB/s is 1e+300"},
+            {"a huge row count", 1, "18446744004990074880", "rows[1] is 1.84467e+19, expected 48..512"},
+            {"a row count of another shape", 1, "104", "the row counts are 16 and 104, expected 16 and"},
+            {"a layer factor outside its clamp", CALIB_NUMBERS - 2, "7", "layer factor is 7, expected 0.8..1.6"},
+            {"a line cut short", -1, "", "is missing or not a number"},
+            {"one number too many", -2, "", "more than"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            char line[4096];
+            size_t k = 0;
+            int count = cases[i].index == -1 ? CALIB_NUMBERS - 3 : CALIB_NUMBERS;
+            for (int j = 0; j < count; j++)
+                k += (size_t)snprintf(line + k, sizeof(line) - k, "%s%s", j ? " " : "",
+                                      j == cases[i].index ? cases[i].value : nums[j]);
+            if (cases[i].index == -2) k += (size_t)snprintf(line + k, sizeof(line) - k, " 1");
+            char* file = (char*)xmalloc(head + k + 2);
+            memcpy(file, text, head);
+            memcpy(file + head, line, k);
+            file[head + k] = '\n';
+            CHECK(write_bytes(good.path, file, head + k + 1) == 0, "write %s", good.path);
+            free(file);
+            const char* log = tmp_path("calib_stderr.txt");
+            fflush(stderr);
+            int saved = dup(2);
+            FILE* f = fopen(log, "w");
+            CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
+            c = good;
+            int rc = calib_load(&c);
+            fflush(stderr);
+            CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
+            size_t mn = 0;
+            char* said = (char*)read_all(log, &mn);
+            char what[200];
+            snprintf(what, sizeof(what), "calibration cache: %s discarded with a note naming the file, line and figure", cases[i].what);
+            int ok = rc == 0 && c.discarded && said && strstr(said, good.path) && strstr(said, "line 2: ") &&
+                     strstr(said, cases[i].said) && strstr(said, "measured again");
+            check(ok, what, said ? said : "");
+            free(said);
+        }
+        /* the bad line is replaced: calib_save after a discard drops it, and the next start reads the new one */
+        c = good;
+        CHECK(calib_load(&c) == 0 && c.discarded, "reload the bad cache %s", good.path);
+        c = good;
+        c.discarded = 1;
+        c.attn_ms = 0.25;
+        calib_save(&c);
+        Calibration d = good;
+        int again = calib_load(&d);
+        size_t n2 = 0;
+        char* after = (char*)read_all(good.path, &n2);
+        int lines = 0;
+        for (size_t i = 0; after && i < n2; i++) lines += after[i] == '\n';
+        check(again == 1 && d.attn_ms == 0.25 && !d.discarded && lines == 2,
+              "calibration cache: a discarded line is replaced by the fresh calibration (header + 1 line)", after ? after : "");
+        free(after);
+        free(text);
+    }
     /* --standby naming a directory: an error and a non-zero exit, not a silent "dismissed" */
     {
         const char* shard = tmp_path("sb_train_000.bin");
