@@ -1553,6 +1553,47 @@ static void test_input_files(void) {
         free(after);
         free(text);
     }
+    /* --plan 1 and --auto 1 take every --model the trainer takes: an llm.c fp32 file, a bf16 one, a
+     * Hugging Face folder and its .safetensors file */
+    {
+        GPT2Config c;
+        c.num_layers = 1; c.channels = 32; c.num_heads = 2; c.max_seq_len = 16; c.vocab_size = 50; c.padded_vocab_size = 128;
+        GPT2 m;
+        gpt2_init_random(&m, &c, 5);
+        const char* fp32 = tmp_path("plan_fp32.bin");
+        const char* bf16 = tmp_path("plan_bf16.bin");
+        const char* hf = tmp_path("plan_hf");
+        CHECK(gpt2_save(&m, fp32) == 0 && hf_checkpoint_write(hf, &c, m.params_memory) == 0, "write %s, %s", fp32, hf);
+        size_t n = 0;
+        unsigned char* f32 = read_all(fp32, &n);
+        CHECK(f32 && n == 1024 + 4 * m.num_parameters, "read %s", fp32);
+        size_t nb = 1024 + 2 * m.num_parameters;
+        unsigned char* b = (unsigned char*)xmalloc(nb);
+        memcpy(b, f32, 1024);
+        int32_t version = MODEL_VERSION_BF16;
+        memcpy(b + 4, &version, 4);
+        for (size_t i = 0; i < m.num_parameters; i++) memcpy(b + 1024 + 2 * i, f32 + 1024 + 4 * i + 2, 2); /* the top half */
+        CHECK(write_bytes(bf16, b, nb) == 0, "write %s", bf16);
+        free(b);
+        free(f32);
+        gpt2_free(&m);
+        const char* shard = tmp_path("plan_train_000.bin");
+        write_shard(shard, 400, 50, 1, SHARD_MAGIC, 1, 400);
+        char st[700];
+        snprintf(st, sizeof(st), "%s/model.safetensors", hf);
+        const char* sources[4] = {fp32, bf16, hf, st};
+        const char* names[4] = {"an llm.c fp32 file", "an llm.c bf16 file", "a Hugging Face folder", "a .safetensors file"};
+        for (int i = 0; i < 4; i++)
+            for (int mode = 0; mode < 2; mode++) {
+                char cmd[2000], out[1 << 14];
+                snprintf(cmd, sizeof(cmd), "./train_gpt --model %s -t 16 -i %s -o %s/plan_out --val-every 0 --sample-every 0 %s",
+                         sources[i], shard, tmpdir, mode ? "--auto 1 --steps 0" : "--plan 1");
+                int rc = run_capture(cmd, out, sizeof(out));
+                char what[200];
+                snprintf(what, sizeof(what), "%s takes %s as --model", mode ? "--auto 1" : "--plan 1", names[i]);
+                check(rc == 0 && strstr(out, mode ? "auto: --batch-size" : "choice: --batch-size"), what, rc == 0 ? "" : out);
+            }
+    }
     /* --standby naming a directory: an error and a non-zero exit, not a silent "dismissed" */
     {
         const char* shard = tmp_path("sb_train_000.bin");

@@ -7,7 +7,8 @@
  * Included by train_gpt.c at the end of section 2 (Model files): it uses
  * GPT2Config, parameter_sizes, config_problem, round_up, bf16_to_float and
  * model_file_write from there, and the JSON primitives of text_data.h.
- * Defines: hf_is_checkpoint, hf_checkpoint_read, hf_checkpoint_write,
+ * Defines: hf_is_checkpoint, hf_checkpoint_read, hf_checkpoint_config (the shape
+ * alone, for --plan), hf_checkpoint_write,
  * model_convert (--convert); beneath them HfConfig and hf_config_read
  * (config.json), SafeTensor and st_header_read (the header), st_read_floats
  * (a tensor's values, converted and transposed).
@@ -694,17 +695,18 @@ static int hf_is_checkpoint(const char* path) {
  * Fills *config (Vp = V rounded up to 128) and a fresh fp32 parameter buffer
  * in our layout; -1 after a message naming the file, the problem and what
  * to do. */
-static int hf_checkpoint_read(const char* path, GPT2Config* config, float** params_out) {
-    *params_out = NULL;
-    char st_path[4400], cfg_path[4400];
+/* The two files of checkpoint `path` (a folder, or its .safetensors file
+ * with config.json beside it) into st_path and cfg_path (4400 bytes each);
+ * 0, or -1 after a message when model.safetensors is not there. */
+static int hf_checkpoint_paths(const char* path, char* st_path, char* cfg_path) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(st_path, sizeof(st_path), "%s/model.safetensors", path);
-        snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", path);
+        snprintf(st_path, 4400, "%s/model.safetensors", path);
+        snprintf(cfg_path, 4400, "%s/config.json", path);
     } else {
         const char* slash = strrchr(path, '/');
-        snprintf(st_path, sizeof(st_path), "%s", path);
-        snprintf(cfg_path, sizeof(cfg_path), "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+        snprintf(st_path, 4400, "%s", path);
+        snprintf(cfg_path, 4400, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
     }
     if (access(st_path, F_OK) != 0) {
         char index[4450];
@@ -715,6 +717,28 @@ static int hf_checkpoint_read(const char* path, GPT2Config* config, float** para
                      "(pytorch_model.bin is not read: download model.safetensors)");
         return -1;
     }
+    return 0;
+}
+
+/* The model's shape from checkpoint `path` without reading its weights
+ * (--plan): config.json checked as hf_checkpoint_read checks it, and the
+ * safetensors header read and checked. 0, or -1 after a message. */
+static int hf_checkpoint_config(const char* path, GPT2Config* config) {
+    char st_path[4400], cfg_path[4400];
+    if (hf_checkpoint_paths(path, st_path, cfg_path) != 0 || hf_config_read(cfg_path, config) != 0) return -1;
+    FILE* f = file_open_read(st_path, "safetensors file");
+    if (!f) return -1;
+    StHeader h;
+    int rc = st_header_read(f, st_path, file_size(f), &h);
+    fclose(f);
+    if (rc == 0) free(h.t);
+    return rc;
+}
+
+static int hf_checkpoint_read(const char* path, GPT2Config* config, float** params_out) {
+    *params_out = NULL;
+    char st_path[4400], cfg_path[4400];
+    if (hf_checkpoint_paths(path, st_path, cfg_path) != 0) return -1;
     GPT2Config c;
     if (hf_config_read(cfg_path, &c) != 0) return -1;
     FILE* f = file_open_read(st_path, "safetensors file");
