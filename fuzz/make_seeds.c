@@ -212,9 +212,11 @@ static void seeds_calib(const char* tmp) {
     double* v[CALIB_NUMBERS];
     calib_numbers(&cal, v);
     for (int i = 0; i < CALIB_NUMBERS; i++) *v[i] = 0.001 * (i + 1);
-    cal.rows[0] = 16; cal.rows[1] = 128; cal.layer_factor = 1.1; cal.ms = 250;
+    calib_gemm_rows(768, 50304, cal.rows); /* the row counts calib_load expects for the key's shape */
+    cal.layer_factor = 1.1; cal.ms = 250;
     calib_save(&cal);
     snprintf(cal.key, sizeof(cal.key), "cpu=fuzz threads=1 ranks=1 build=1.1 C=32 NH=2 Vp=128 Tc=16");
+    calib_gemm_rows(32, 128, cal.rows);
     cal.elem_gbs = 12.5; cal.ce_gbs = 8.25; cal.adamw_gbs = 20; cal.share_gflops = 150;
     calib_save(&cal);
     size_t len;
