@@ -8,7 +8,7 @@
  * Included by train_gpt.c in section 8 (after evaluate(), which it sits
  * beside in the story: the model, gpt2_forward, Dist and dist_sum_doubles
  * and Options come before it). Defines: EvalRun, EvalResult,
- * eval_run_init, eval_run_free, eval_choices, eval_log, eval_only.
+ * eval_run_init, eval_run_free, eval_picks, eval_choices, eval_report, eval_log, eval_only.
  */
 #ifndef GPTC_EVAL_H
 #define GPTC_EVAL_H
@@ -105,6 +105,25 @@ static void eval_row_fill(const EvalRun* e, int lo, int row, int* inputs, int* t
     *to = keep - 1;
 }
 
+/* acc and acc_norm from e->scores (per example: the four endings' loss sums,
+ * then their token counts): the pick is the ending of least summed loss
+ * (acc), or of least loss per token (acc_norm, llm.c's HellaSwag figure).
+ * Shared by train_gpt and the CUDA twin. */
+static void eval_picks(const EvalRun* e, int N, EvalResult* out) {
+    memset(out, 0, sizeof(*out));
+    out->examples = N;
+    for (int ex = 0; ex < N; ex++) {
+        const double* sc = e->scores + 8 * (size_t)ex; /* sum_0..3, count_0..3 */
+        int pick = 0, pick_norm = 0;
+        for (int k = 1; k < EVAL_CHOICES; k++) {
+            if (sc[k] < sc[pick]) pick = k;
+            if (sc[k] / sc[4 + k] < sc[pick_norm] / sc[4 + pick_norm]) pick_norm = k;
+        }
+        out->correct += pick == e->set.labels[ex];
+        out->correct_norm += pick_norm == e->set.labels[ex];
+    }
+}
+
 /* Score every example of the eval set (all ranks together): *out gets the
  * counts, e->scores every (sum_k, m_k). */
 static void eval_choices(GPT2* model, EvalRun* e, const Dist* d, EvalResult* out) {
@@ -136,18 +155,7 @@ static void eval_choices(GPT2* model, EvalRun* e, const Dist* d, EvalResult* out
         }
     }
     dist_sum_doubles(d, e->scores, 8 * (size_t)N);
-    memset(out, 0, sizeof(*out));
-    out->examples = N;
-    for (int ex = 0; ex < N; ex++) {
-        const double* sc = e->scores + 8 * (size_t)ex;
-        int pick = 0, pick_norm = 0;
-        for (int k = 1; k < EVAL_CHOICES; k++) {
-            if (sc[k] < sc[pick]) pick = k;
-            if (sc[k] / sc[4 + k] < sc[pick_norm] / sc[4 + pick_norm]) pick_norm = k;
-        }
-        out->correct += pick == e->set.labels[ex];
-        out->correct_norm += pick_norm == e->set.labels[ex];
-    }
+    eval_picks(e, N, out);
 }
 
 /* --eval-detail: each example's scores and picks, one JSON line each. 0 or -1. */
@@ -170,21 +178,29 @@ static int eval_detail_write(const EvalRun* e, const char* path, int step) {
     return 0;
 }
 
+/* The accuracies printed and logged (the JSON keys scripts/plot_loss.py
+ * reads), and --eval-detail written on rank 0; `where` ends the line
+ * ("" or " on the GPU"). Shared by train_gpt and the CUDA twin. 0 or -1. */
+static int eval_report(const EvalRun* e, const EvalResult* res, const Options* o, int rank, FILE* log, int step,
+                       double ms, const char* where) {
+    double acc = (double)res->correct / res->examples, acc_norm = (double)res->correct_norm / res->examples;
+    printf("eval: acc_norm %.4f (%d/%d; llm.c's HellaSwag figure) | acc %.4f (%d/%d) | %.0f ms%s\n", acc_norm,
+           res->correct_norm, res->examples, acc, res->correct, res->examples, ms, where);
+    if (log) {
+        fprintf(log, "{\"step\": %d, \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %d}\n", step,
+                acc_norm, acc, res->examples);
+        fflush(log);
+    }
+    if (o->eval_detail[0] && rank == 0) return eval_detail_write(e, o->eval_detail, step);
+    return 0;
+}
+
 /* Score the eval set, print and log the accuracies (and --eval-detail). 0 or -1. */
 static int eval_log(EvalRun* e, GPT2* model, const Options* o, const Dist* d, FILE* log, int step) {
     double t0 = time_ms();
     EvalResult res;
     eval_choices(model, e, d, &res);
-    double acc = (double)res.correct / res.examples, acc_norm = (double)res.correct_norm / res.examples;
-    printf("eval: acc_norm %.4f (%d/%d; llm.c's HellaSwag figure) | acc %.4f (%d/%d) | %.0f ms\n", acc_norm,
-           res.correct_norm, res.examples, acc, res.correct, res.examples, time_ms() - t0);
-    if (log) {
-        fprintf(log, "{\"step\": %d, \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %d}\n", step,
-                acc_norm, acc, res.examples);
-        fflush(log);
-    }
-    if (o->eval_detail[0] && d->rank == 0) return eval_detail_write(e, o->eval_detail, step);
-    return 0;
+    return eval_report(e, &res, o, d->rank, log, step, time_ms() - t0, "");
 }
 /* --steps 0 --eval-file F: the eval alone, on --model, at the run's (B, T),
  * on one process or several ranks. 0, or -1 after a message. */

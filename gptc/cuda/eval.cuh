@@ -111,18 +111,7 @@ static void gpu_eval_choices(GpuGPT2* g, EvalRun* e, GpuComm* cm, EvalResult* ou
     gpu_release(d_span);
     gpu_release(d_scores);
     free(span);
-    memset(out, 0, sizeof(*out));
-    out->examples = N;
-    for (int ex = 0; ex < N; ex++) {
-        const double* sc = e->scores + 8 * (size_t)ex; /* sum_0..3, m_0..3 */
-        int pick = 0, pick_norm = 0;
-        for (int k = 1; k < EVAL_CHOICES; k++) {
-            if (sc[k] < sc[pick]) pick = k;
-            if (sc[k] / sc[4 + k] < sc[pick_norm] / sc[4 + pick_norm]) pick_norm = k;
-        }
-        out->correct += pick == e->set.labels[ex];
-        out->correct_norm += pick_norm == e->set.labels[ex];
-    }
+    eval_picks(e, N, out);
 }
 
 /* Score the eval set, print and log the accuracies as train_gpt's eval_log
@@ -133,16 +122,7 @@ static int gpu_eval_log(GpuGPT2* g, EvalRun* e, const Options* o, GpuComm* cm, F
     double t0 = time_ms();
     EvalResult res;
     gpu_eval_choices(g, e, cm, &res);
-    double acc = (double)res.correct / res.examples, acc_norm = (double)res.correct_norm / res.examples;
-    printf("eval: acc_norm %.4f (%d/%d; llm.c's HellaSwag figure) | acc %.4f (%d/%d) | %.0f ms on the GPU\n",
-           acc_norm, res.correct_norm, res.examples, acc, res.correct, res.examples, time_ms() - t0);
-    if (log) {
-        fprintf(log, "{\"step\": %d, \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %d}\n", step,
-                acc_norm, acc, res.examples);
-        fflush(log);
-    }
-    if (o->eval_detail[0] && (!cm || cm->rank == 0)) return eval_detail_write(e, o->eval_detail, step);
-    return 0;
+    return eval_report(e, &res, o, cm ? cm->rank : 0, log, step, time_ms() - t0, " on the GPU");
 }
 
 /* --steps 0 --eval-file F: score --model alone on the GPU(s), at --batch-size
