@@ -110,8 +110,7 @@
  * its degree-7 Taylor polynomial (truncation error < 2e-9 relative, below
  * fp32's 6e-8 rounding), times 2^n built in the exponent bits. n is rounded
  * to nearest by adding and subtracting 1.5 * 2^23. Inputs are clamped to
- * [-87, 88], where 2^n stays a normal float: e^-87 = 1.6e-38 stands for 0;
- * a NaN stays NaN. */
+ * [-87, 88], where 2^n stays a normal float: e^-87 = 1.6e-38 stands for 0; a NaN stays NaN. */
 static inline float exp_fast(float x_in) {
     /* written so a NaN fails both tests and becomes -87 (no float-to-int
      * conversion of a NaN below, which is undefined); it comes back out as
@@ -612,8 +611,7 @@ static int model_header_check(const char* path, const int32_t* h, long long fsiz
 }
 
 /* Read n parameters of `elem` bytes each (4: fp32; 2: bf16, widened) from
- * f into a fresh fp32 buffer, all of them finite. The buffer, or NULL
- * after a message. */
+ * f into a fresh fp32 buffer, all of them finite. The buffer, or NULL after a message. */
 static float* model_params_read(FILE* f, const char* path, size_t n, int elem) {
     float* params = (float*)malloc(n * sizeof(float)); /* not xmalloc: a model too big for this machine is named */
     if (!params) {
@@ -980,8 +978,7 @@ static ParameterTensors layer_params(GPT2* model, int l, int backward) {
 /* Forward pass over inputs (B, T) with B, T no larger than allocated. With
  * targets, returns the mean loss and leaves probabilities in acts.logits;
  * without (targets == NULL), leaves the raw logits and returns -1. The
- * activations of a smaller batch use a prefix of each buffer with the
- * smaller strides. */
+ * activations of a smaller batch use a prefix of each buffer with the smaller strides. */
 static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
     const GPT2Config* cfg = &model->config;
     ALWAYS(model->acts_memory != NULL && B <= model->batch_size && T <= model->seq_len);
@@ -1036,7 +1033,6 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
 static void gpt2_zero_grad(GPT2* model) {
     memset(model->grads_memory, 0, model->num_grads * sizeof(float));
 }
-
 
 /* Backward pass of the last forward (which must have had targets): adds
  * d(loss_scale * mean loss)/d(params) into the gradients. loss_scale is
@@ -1325,8 +1321,7 @@ static void shuffle_longs(long long* a, long long n, Rng* rng) {
 }
 
 /* The bytes a loaded shard of n tokens takes, besides its tokens (2n): its
- * sample order, one long long per sample of T + 1 tokens (the memory plan
- * uses it too). */
+ * sample order, one long long per sample of T + 1 tokens (the memory plan uses it too). */
 static size_t dataloader_order_bytes(long long n, int T) {
     long long samples = (n - 1) / T;
     return sizeof(long long) * (size_t)(samples > 0 ? samples : 1);
