@@ -174,6 +174,19 @@ static int fuzz_same_config(const GPT2Config* a, const GPT2Config* b) {
            a->padded_vocab_size == b->padded_vocab_size;
 }
 
+/* The oracle of the model harnesses: the file written back at `path` is read
+ * again by `read` (model_file_read or hf_checkpoint_read) and gives the same
+ * config and bit for bit the same n weights. `what` names the round trip. */
+static void fuzz_reads_back(int (*read)(const char*, GPT2Config*, float**), const char* path, const GPT2Config* c,
+                            const float* params, size_t n, const char* what) {
+    GPT2Config c2;
+    float* again = NULL;
+    FUZZ_ORACLE(read(path, &c2, &again) == 0, "%s: the file written back is refused", what);
+    FUZZ_ORACLE(fuzz_same_config(c, &c2) && fuzz_same_floats(params, again, n), "%s: the config or the weights differ",
+                what);
+    free(again);
+}
+
 
 /* A training state record (gptc/state.h) as the state and slot harnesses
  * take it: one flag byte, then the record. Flag bit 1: the harness sets

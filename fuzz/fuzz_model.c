@@ -40,12 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FUZZ_ORACLE(memcmp(back + HEADER_INTS * 4, data + HEADER_INTS * 4, n * 4) == 0,
                     "the weights differ after a round trip");
         free(back);
-        GPT2Config c2;
-        float* again = NULL;
-        FUZZ_ORACLE(model_file_read(out, &c2, &again) == 0, "the file written back is refused");
-        FUZZ_ORACLE(fuzz_same_config(&c, &c2) && fuzz_same_floats(params, again, n),
-                    "a second reading differs from the first");
-        free(again);
+        fuzz_reads_back(model_file_read, out, &c, params, n, "a second reading");
     } else {
         /* bf16 read by the fp32 seeds' mutants: widening is exact, so the
          * top halves of the floats are the file's words */

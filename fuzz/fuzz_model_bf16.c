@@ -45,12 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FILE* f = fopen(out, "wb");
     FUZZ_ORACLE(f && fwrite(out_h, 4, HEADER_INTS, f) == HEADER_INTS && fwrite(words, 2, n, f) == n &&
                 fclose(f) == 0, "cannot write %s", out);
-    GPT2Config c2;
-    float* again = NULL;
-    FUZZ_ORACLE(model_file_read(out, &c2, &again) == 0, "the bf16 file written back is refused");
-    FUZZ_ORACLE(fuzz_same_config(&c, &c2) && fuzz_same_floats(params, again, n),
-                "a second reading differs from the first");
-    free(again);
+    fuzz_reads_back(model_file_read, out, &c, params, n, "a second reading of the bf16 file");
     free(words);
     free(params);
     return 0;

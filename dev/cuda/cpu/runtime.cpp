@@ -565,37 +565,37 @@ struct atomic_mark {
 #define CPU_ATOMICS(bits, T)                                                                                   \
     extern "C" T __tsan_atomic##bits##_load(const volatile T* a, int) {                                       \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), false, CPU_RET);                                                             \
+        on_access((uintptr_t)a, sizeof(T), false, CPU_RET);                                                    \
         return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                           \
     }                                                                                                          \
     extern "C" void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                    \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                     \
         __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                              \
     }                                                                                                          \
     extern "C" T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                   \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                     \
         return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                     \
     }                                                                                                          \
     extern "C" T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                   \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                     \
         return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                     \
     }                                                                                                          \
     extern "C" T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                    \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                     \
         return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                    \
     }                                                                                                          \
     extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {        \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                     \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
     }                                                                                                          \
     extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {          \
         atomic_mark m;                                                                                         \
-        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                              \
+        on_access((uintptr_t)a, sizeof(T), true, CPU_RET);                                                     \
         return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                 \
     }
 CPU_ATOMICS(8, unsigned char)
