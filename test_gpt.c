@@ -1092,6 +1092,36 @@ static void test_hf_files(void) {
         {"config.json with an impossible shape", NULL, NULL,
          "{\"n_layer\": 2, \"n_embd\": 64, \"n_head\": 5, \"n_positions\": 32, \"vocab_size\": 100}",
          {"impossible model", "multiple of num_heads"}},
+        {"config.json with a negative layer_norm_epsilon", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"layer_norm_epsilon\": -1e-5}",
+         {"layer_norm_epsilon is -1e-05", "1e-5"}},
+        {"config.json with layer_norm_epsilon -1 (not \"absent\")", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"layer_norm_epsilon\": -1}",
+         {"layer_norm_epsilon is -1", "1e-5"}},
+        {"config.json with scale_attn_weights false", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"scale_attn_weights\": false}",
+         {"scale_attn_weights is false, expected true", "sqrt"}},
+        {"config.json with scale_attn_by_inverse_layer_idx true", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"scale_attn_by_inverse_layer_idx\": true}",
+         {"scale_attn_by_inverse_layer_idx is true, expected false", ""}},
+        {"config.json with add_cross_attention true", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"add_cross_attention\": true}",
+         {"add_cross_attention is true", ""}},
+        {"config.json with scale_attn_weights not a boolean", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"scale_attn_weights\": 1}",
+         {"scale_attn_weights: expected true or false", "config.json"}},
+        {"config.json with model_type \"\" (a value, not absent)", NULL, NULL,
+         "{\"model_type\": \"\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}",
+         {"model_type is \"\", not \"gpt2\"", ""}},
+        {"config.json with activation_function \"\" (a value, not absent)", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"activation_function\": \"\"}",
+         {"activation_function is \"\"", "gelu_new"}},
+        {"config.json with a negative n_layer", NULL, NULL,
+         "{\"n_layer\": -2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}",
+         {"n_layer: expected a whole number", "config.json"}},
+        {"config.json with a size with a leading zero", NULL, NULL,
+         "{\"n_layer\": 02, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}",
+         {"n_layer: expected a whole number", ""}},
     };
     for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
         char* h = (char*)xmalloc(hlen + 1);
@@ -1107,6 +1137,45 @@ static void test_hf_files(void) {
         snprintf(what, sizeof(what), "bad Hugging Face checkpoint refused, said why: %s", edits[i].what);
         check(rc == -1 && strstr(msg, edits[i].said[0]) && strstr(msg, edits[i].said[1]), what, msg);
         free(h);
+    }
+    {
+        /* GPT-2's own values of the fields that change the maths are accepted */
+        const char* cfg = "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, "
+                          "\"vocab_size\": 100, \"activation_function\": \"gelu_new\", \"layer_norm_epsilon\": 1e-05, "
+                          "\"scale_attn_weights\": true, \"scale_attn_by_inverse_layer_idx\": false, "
+                          "\"add_cross_attention\": false, \"tie_word_embeddings\": true, \"n_inner\": null}";
+        const char* fine = hf_bad_folder(cfg, header, hlen, data, data_bytes);
+        check(hf_load_said(fine, msg, sizeof(msg)) == 0, "Hugging Face import: config.json with GPT-2's own values of every field read", msg);
+    }
+    /* shapes by rank: a one-row matrix (n_positions 1, vocab_size 1) is a matrix, [1, C] both ways */
+    for (int which = 0; which < 2; which++) {
+        GPT2Config c1 = c;
+        if (which == 0) c1.max_seq_len = 1;
+        else { c1.vocab_size = 1; c1.padded_vocab_size = 128; }
+        GPT2 one, back;
+        gpt2_init_random(&one, &c1, 11);
+        const char* d1 = tmp_path(which ? "hf_v1" : "hf_t1");
+        check(hf_checkpoint_write(d1, &c1, one.params_memory) == 0, "Hugging Face export of a model with a one-row matrix", d1);
+        char p1[700];
+        snprintf(p1, sizeof(p1), "%s/model.safetensors", d1);
+        size_t n1 = 0;
+        unsigned char* f1 = read_all(p1, &n1);
+        const char* want = which ? "\"transformer.wte.weight\":{\"dtype\":\"F32\",\"shape\":[1,64]"
+                                 : "\"transformer.wpe.weight\":{\"dtype\":\"F32\",\"shape\":[1,64]";
+        int has = f1 && n1 > 8 && memmem(f1, n1, want, strlen(want)) != NULL;
+        free(f1);
+        check(has, which ? "Hugging Face export: wte of vocab_size 1 has shape [1, 64], not [64]"
+                         : "Hugging Face export: wpe of n_positions 1 has shape [1, 64], not [64]", want);
+        int rc1 = hf_load_said(d1, msg, sizeof(msg));
+        int same = 0;
+        if (rc1 == 0) {
+            CHECK(gpt2_load(&back, d1) == 0, "reload %s", d1);
+            same = memcmp(back.params_memory, one.params_memory, one.num_parameters * 4) == 0;
+            gpt2_free(&back);
+        }
+        check(rc1 == 0 && same, which ? "Hugging Face import: vocab_size 1, wte [1, 64], the same weights"
+                                       : "Hugging Face import: n_positions 1, wpe [1, 64], the same weights", msg);
+        gpt2_free(&one);
     }
     /* the file cut short, its length field wrong, its header malformed */
     struct { const char* what; size_t keep; uint64_t len; const char* said[2]; } cuts[] = {
@@ -1134,13 +1203,13 @@ static void test_hf_files(void) {
     }
     /* headers written by hand: offsets, JSON, nesting */
     char deep[400];
-    int k = snprintf(deep, sizeof(deep), "{\"__metadata__\":");
+    int k = snprintf(deep, sizeof(deep), "{\"a\":{\"x\":");
     for (int d = 0; d < 100; d++) deep[k++] = '[';
     deep[k] = '\0';
     struct { const char* what; const char* header; size_t data; const char* said[2]; } hand[] = {
         {"data_offsets overlapping",
          "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-         12, {"tensors a [0, 8] and b [4, 12] overlap", "corrupt"}},
+         12, {"tensor b begins at byte 4 of the data buffer, expected 8, where a [0, 8] ends", "overlap"}},
         {"data_offsets past the data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
          {"tensor a: data_offsets [0, 16] fall outside the data buffer of 8 bytes", ""}},
         {"data_offsets reversed", "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8,
@@ -1160,6 +1229,42 @@ static void test_hf_files(void) {
         {"another model's names (no wte.weight)",
          "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
          {"no tensor wte.weight", "the file has 1 tensors: model.embed_tokens.weight"}},
+        {"white space before the header's '{'",
+         " {\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"expected '{' as the header's first byte", ""}},
+        {"bytes after the last tensor",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12,
+         {"4 bytes follow the last tensor", "corrupt"}},
+        {"a hole between tensors",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12,
+         {"tensor b begins at byte 8 of the data buffer, expected 4", "leave a hole"}},
+        {"a hole before the first tensor",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+         {"a, begins at byte 4 of the data buffer, expected 0", ""}},
+        {"__metadata__ not an object",
+         "{\"__metadata__\":\"pt\",\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"__metadata__ is not an object", ""}},
+        {"__metadata__ with a number",
+         "{\"__metadata__\":{\"format\":1},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"a value of __metadata__ is not a string", ""}},
+        {"__metadata__ with an object",
+         "{\"__metadata__\":{\"format\":{}},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"a value of __metadata__ is not a string", ""}},
+        {"a name with invalid UTF-8",
+         "{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"is not valid UTF-8 at byte 3 (0xff)", ""}},
+        {"an overlong UTF-8 form",
+         "{\"a\xc0\xaf\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"is not valid UTF-8 at byte 3 (0xc0)", ""}},
+        {"a UTF-8 surrogate",
+         "{\"a\xed\xa0\x80\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"is not valid UTF-8 at byte 3 (0xed)", ""}},
+        {"a dtype given twice",
+         "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"names dtype, shape or data_offsets twice", ""}},
+        {"valid UTF-8 (not refused as such)",
+         "{\"caf\xc3\xa9\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         {"no tensor wte.weight", "caf\xc3\xa9"}},
     };
     for (size_t i = 0; i < sizeof(hand) / sizeof(hand[0]); i++) {
         const char* bad = hf_bad_folder(NULL, hand[i].header, strlen(hand[i].header), NULL, hand[i].data);
@@ -1248,6 +1353,261 @@ static void test_hf_files(void) {
     free(header);
     free(good);
     gpt2_free(&a);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Other inputs refused when wrong: eval sets, --standby, ...              */
+/* ---------------------------------------------------------------------- */
+
+/* evalset_read(path) with stderr caught: its return code, what it said in msg. */
+static int eval_load_said(const char* path, char* msg, size_t cap) {
+    const char* log = tmp_path("eval_stderr.txt");
+    fflush(stderr);
+    int saved = dup(2);
+    FILE* f = fopen(log, "w");
+    CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
+    EvalSet s;
+    int rc = evalset_read(&s, path);
+    if (rc == 0) evalset_free(&s);
+    fflush(stderr);
+    CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
+    size_t n = 0;
+    unsigned char* text = read_all(log, &n);
+    n = text && n < cap ? n : (text ? cap - 1 : 0);
+    if (text) memcpy(msg, text, n);
+    while (n > 0 && msg[n - 1] == '\n') n--;
+    msg[n] = '\0';
+    for (size_t i = 0; i < n; i++) if (msg[i] == '\n') msg[i] = '|';
+    free(text);
+    return rc;
+}
+
+/* An eval file of 3 examples in llm.c's format, each with a context of 2
+ * tokens and 4 endings of 1..4 tokens; *words_out words after the header. */
+static uint16_t* eval_words(size_t* words_out) {
+    uint16_t* w = (uint16_t*)xmalloc(2 * 3 * 64);
+    size_t p = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t start = p;
+        w[p++] = 65535;
+        w[p++] = 0; /* the size, filled below */
+        w[p++] = (uint16_t)i;
+        w[p++] = (uint16_t)(i % 4);
+        w[p++] = 4;
+        w[p++] = 2; w[p++] = 10; w[p++] = 11;
+        for (int k = 0; k < 4; k++) {
+            w[p++] = (uint16_t)(1 + k);
+            for (int j = 0; j <= k; j++) w[p++] = (uint16_t)(20 + k);
+        }
+        w[start + 1] = (uint16_t)(2 * (p - start));
+    }
+    *words_out = p;
+    return w;
+}
+
+static const char* eval_file_write(const char* name, const uint16_t* w, size_t words, int longest) {
+    const char* path = tmp_path(name);
+    int32_t h[256] = {0};
+    h[0] = EVAL_MAGIC;
+    h[1] = EVAL_VERSION;
+    h[2] = 3;
+    h[3] = longest;
+    FILE* f = fopen(path, "wb");
+    CHECK(f && fwrite(h, 4, 256, f) == 256 && fwrite(w, 2, words, f) == words && fclose(f) == 0, "write %s", path);
+    return path;
+}
+
+static void test_input_files(void) {
+    char msg[4096];
+    /* eval sets: the message names the example that is wrong, what was expected and what was found */
+    {
+        size_t words;
+        uint16_t* good = eval_words(&words);
+        int longest = 0;
+        for (size_t p = 0; p < words;) { longest = good[p + 1] > longest ? good[p + 1] : longest; p += good[p + 1] / 2; }
+        const char* ok_path = eval_file_write("eval_good.bin", good, words, longest);
+        check(eval_load_said(ok_path, msg, sizeof(msg)) == 0, "eval set: a well-formed file of 3 examples is read", msg);
+        size_t ex1 = good[1] / 2, ex2 = ex1 + good[ex1 + 1] / 2; /* where examples 1 and 2 begin */
+        struct { const char* what; size_t at; uint16_t value; const char* said[2]; } cases[] = {
+            {"an empty ending in example 0", 5 + 3, 0, {"example 0: an ending is empty", "ending 0: expected 1..", }},
+            {"an empty context in example 1", ex1 + 5, 0, {"example 1: the context is empty", "found 0"}},
+            {"a label of 7 in example 0", 3, 7, {"example 0: the label is out of range", "expected 0..3, found 7"}},
+            {"3 endings in example 2", ex2 + 4, 3, {"example 2: the number of endings is wrong", "expected 4, found 3"}},
+            {"example 1's index 5", ex1 + 2, 5, {"example 1: the example index is out of order", "expected 1, found 5"}},
+            {"no delimiter before example 2", ex2, 7, {"example 2: the start-of-example delimiter is missing", "found 7"}},
+            {"an ending too long in example 0", 5 + 3 + 2 + 3 + 4, 30, {"example 0: an ending is empty or runs past", "ending 3: expected 1..4 tokens, found 30"}},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            uint16_t* w = (uint16_t*)xmalloc(2 * words);
+            memcpy(w, good, 2 * words);
+            w[cases[i].at] = cases[i].value;
+            const char* bad = eval_file_write("eval_bad.bin", w, words, longest);
+            free(w);
+            int rc = eval_load_said(bad, msg, sizeof(msg));
+            char what[200];
+            snprintf(what, sizeof(what), "bad eval set refused, naming the example: %s", cases[i].what);
+            check(rc == -1 && strstr(msg, cases[i].said[0]) && strstr(msg, cases[i].said[1]) && strstr(msg, "eval_bad.bin"), what, msg);
+        }
+        uint16_t* w = (uint16_t*)xmalloc(2 * (words + 3));
+        memcpy(w, good, 2 * words);
+        w[words] = w[words + 1] = w[words + 2] = 1;
+        const char* bad = eval_file_write("eval_bad.bin", w, words + 3, longest + 6);
+        free(w);
+        int rc = eval_load_said(bad, msg, sizeof(msg));
+        check(rc == -1 && strstr(msg, "example 2: bytes follow the last example (6 bytes after example 2)"),
+              "bad eval set refused, naming the example: bytes after the last one", msg);
+        free(good);
+    }
+    /* the calibration cache: a line with an implausible figure is discarded with a note, then replaced */
+    {
+        Calibration good;
+        memset(&good, 0, sizeof(good));
+        good.C = 32; good.NH = 2; good.Vp = 256; good.Tc = 16;
+        snprintf(good.key, sizeof(good.key), "cpu=test threads=1 ranks=1 C=32 NH=2 Vp=256 Tc=16");
+        snprintf(good.path, sizeof(good.path), "%s/calib/calibration.txt", tmpdir);
+        calib_gemm_rows(good.C, good.Vp, good.rows);
+        for (int pass = 0; pass < 2; pass++)
+            for (int q = 0; q < NUM_SHAPES; q++) { good.gemm_fixed[pass][q] = 0.008; good.gemm_row[pass][q] = 1.5e-4; }
+        good.attn_ms = 0.3; good.elem_gbs = 12; good.ce_gbs = 9; good.zero_ns = 0.05; good.norm_ns = 0.1;
+        good.adamw_ns = 0.9; good.adamw_gbs = 30; good.share_gflops = 80;
+        for (int e = 0; e < 2; e++) for (int b = 0; b < 2; b++) good.quant_ns[e][b] = 1.2;
+        good.layer_factor = 1.1; good.ms = 420;
+        calib_save(&good);
+        Calibration c = good;
+        c.attn_ms = 0;
+        check(calib_load(&c) == 1 && c.attn_ms == 0.3 && !c.discarded, "calibration cache: a plausible line is read", good.path);
+        size_t n = 0;
+        char* text = (char*)read_all(good.path, &n);
+        CHECK(text != NULL, "read %s", good.path);
+        char* bar = strchr(text, '\n') ? strchr(strchr(text, '\n'), '|') : NULL;
+        ALWAYS(bar != NULL);
+        size_t head = (size_t)(bar + 1 - text);
+        /* the numbers, as written, to edit one at a time */
+        char nums[CALIB_NUMBERS][40];
+        const char* at = bar + 1;
+        for (int i = 0; i < CALIB_NUMBERS; i++) {
+            char* end = NULL;
+            strtod(at, &end);
+            snprintf(nums[i], sizeof(nums[i]), "%.*s", (int)(end - at), at);
+            at = end;
+        }
+        struct { const char* what; int index; const char* value; const char* said; } cases[] = {
+            {"NaN attention", 2 + 4 * NUM_SHAPES, "nan", "attention ms per sequence is nan, expected more than 0 and at most 100000"},
+            {"Inf elementwise bandwidth", 3 + 4 * NUM_SHAPES, "inf", "elementwise GB/s is inf"},
+            {"a zero GEMM time per row", 3, "0", "qkv forward GEMM ms per row is 0, expected more than 0"},
+            {"a negative fixed time", 2, "-4.8", "qkv forward GEMM fixed ms is -4.8, expected 0..10000"},
+            {"a huge bandwidth", 4 + 4 * NUM_SHAPES, "1e300", "cross-entropy GB/s is 1e+300"},
+            {"a huge row count", 1, "18446744004990074880", "rows[1] is 1.84467e+19, expected 48..512"},
+            {"a row count of another shape", 1, "104", "the row counts are 16 and 104, expected 16 and"},
+            {"a layer factor outside its clamp", CALIB_NUMBERS - 2, "7", "layer factor is 7, expected 0.8..1.6"},
+            {"a line cut short", -1, "", "is missing or not a number"},
+            {"one number too many", -2, "", "more than"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            char line[4096];
+            size_t k = 0;
+            int count = cases[i].index == -1 ? CALIB_NUMBERS - 3 : CALIB_NUMBERS;
+            for (int j = 0; j < count; j++)
+                k += (size_t)snprintf(line + k, sizeof(line) - k, "%s%s", j ? " " : "",
+                                      j == cases[i].index ? cases[i].value : nums[j]);
+            if (cases[i].index == -2) k += (size_t)snprintf(line + k, sizeof(line) - k, " 1");
+            char* file = (char*)xmalloc(head + k + 2);
+            memcpy(file, text, head);
+            memcpy(file + head, line, k);
+            file[head + k] = '\n';
+            CHECK(write_bytes(good.path, file, head + k + 1) == 0, "write %s", good.path);
+            free(file);
+            const char* log = tmp_path("calib_stderr.txt");
+            fflush(stderr);
+            int saved = dup(2);
+            FILE* f = fopen(log, "w");
+            CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
+            c = good;
+            int rc = calib_load(&c);
+            fflush(stderr);
+            CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
+            size_t mn = 0;
+            char* said = (char*)read_all(log, &mn);
+            char what[200];
+            snprintf(what, sizeof(what), "calibration cache: %s discarded with a note naming the file, line and figure", cases[i].what);
+            int ok = rc == 0 && c.discarded && said && strstr(said, good.path) && strstr(said, "line 2: ") &&
+                     strstr(said, cases[i].said) && strstr(said, "measured again");
+            check(ok, what, said ? said : "");
+            free(said);
+        }
+        /* the bad line is replaced: calib_save after a discard drops it, and the next start reads the new one */
+        c = good;
+        CHECK(calib_load(&c) == 0 && c.discarded, "reload the bad cache %s", good.path);
+        c = good;
+        c.discarded = 1;
+        c.attn_ms = 0.25;
+        calib_save(&c);
+        Calibration d = good;
+        int again = calib_load(&d);
+        size_t n2 = 0;
+        char* after = (char*)read_all(good.path, &n2);
+        int lines = 0;
+        for (size_t i = 0; after && i < n2; i++) lines += after[i] == '\n';
+        check(again == 1 && d.attn_ms == 0.25 && !d.discarded && lines == 2,
+              "calibration cache: a discarded line is replaced by the fresh calibration (header + 1 line)", after ? after : "");
+        free(after);
+        free(text);
+    }
+    /* --plan 1 and --auto 1 take every --model the trainer takes: an llm.c fp32 file, a bf16 one, a
+     * Hugging Face folder and its .safetensors file */
+    {
+        GPT2Config c;
+        c.num_layers = 1; c.channels = 32; c.num_heads = 2; c.max_seq_len = 16; c.vocab_size = 50; c.padded_vocab_size = 128;
+        GPT2 m;
+        gpt2_init_random(&m, &c, 5);
+        const char* fp32 = tmp_path("plan_fp32.bin");
+        const char* bf16 = tmp_path("plan_bf16.bin");
+        const char* hf = tmp_path("plan_hf");
+        CHECK(gpt2_save(&m, fp32) == 0 && hf_checkpoint_write(hf, &c, m.params_memory) == 0, "write %s, %s", fp32, hf);
+        size_t n = 0;
+        unsigned char* f32 = read_all(fp32, &n);
+        CHECK(f32 && n == 1024 + 4 * m.num_parameters, "read %s", fp32);
+        size_t nb = 1024 + 2 * m.num_parameters;
+        unsigned char* b = (unsigned char*)xmalloc(nb);
+        memcpy(b, f32, 1024);
+        int32_t version = MODEL_VERSION_BF16;
+        memcpy(b + 4, &version, 4);
+        for (size_t i = 0; i < m.num_parameters; i++) memcpy(b + 1024 + 2 * i, f32 + 1024 + 4 * i + 2, 2); /* the top half */
+        CHECK(write_bytes(bf16, b, nb) == 0, "write %s", bf16);
+        free(b);
+        free(f32);
+        gpt2_free(&m);
+        const char* shard = tmp_path("plan_train_000.bin");
+        write_shard(shard, 400, 50, 1, SHARD_MAGIC, 1, 400);
+        char st[700];
+        snprintf(st, sizeof(st), "%s/model.safetensors", hf);
+        const char* sources[4] = {fp32, bf16, hf, st};
+        const char* names[4] = {"an llm.c fp32 file", "an llm.c bf16 file", "a Hugging Face folder", "a .safetensors file"};
+        for (int i = 0; i < 4; i++)
+            for (int mode = 0; mode < 2; mode++) {
+                char cmd[2000], out[1 << 14];
+                snprintf(cmd, sizeof(cmd), "./train_gpt --model %s -t 16 -i %s -o %s/plan_out --val-every 0 --sample-every 0 %s",
+                         sources[i], shard, tmpdir, mode ? "--auto 1 --steps 0" : "--plan 1");
+                int rc = run_capture(cmd, out, sizeof(out));
+                char what[200];
+                snprintf(what, sizeof(what), "%s takes %s as --model", mode ? "--auto 1" : "--plan 1", names[i]);
+                check(rc == 0 && strstr(out, mode ? "auto: --batch-size" : "choice: --batch-size"), what, rc == 0 ? "" : out);
+            }
+    }
+    /* --standby naming a directory: an error and a non-zero exit, not a silent "dismissed" */
+    {
+        const char* shard = tmp_path("sb_train_000.bin");
+        write_shard(shard, 400, 50, 1, SHARD_MAGIC, 1, 400);
+        const char* folder = tmp_path("sb_folder");
+        mkdir(folder, 0755);
+        char cmd[3000], out[8192];
+        snprintf(cmd, sizeof(cmd), "./train_gpt --model d1 --channels 16 --num-heads 2 --max-seq-len 16 --vocab-size 50 "
+                 "-b 2 -t 8 --val-every 0 --sample-every 0 -i %s --steps 2 --resume 1 --output-dir %s/sb_out --standby %s",
+                 shard, tmpdir, folder);
+        int rc = run_capture(cmd, out, sizeof(out));
+        check(rc != 0 && strstr(out, "sb_folder: --standby: expected a FIFO") && strstr(out, "found a directory") &&
+              !strstr(out, "dismissed"), "--standby naming a directory: refused with an error, non-zero exit", out);
+    }
 }
 
 /* test_gpt --hf DIR: the checkpoints scripts/hf_reference.py wrote into DIR,
@@ -2368,6 +2728,7 @@ int main(int argc, char** argv) {
     int extra_steps = 1 << 30;
     const char* default_run = NULL;
     const char* hf_dir = NULL;
+    const char* only = NULL;
     const char* tok_dir_decode = "data/tokenizer/gpt2_tokenizer.bin";
     const char* tok_dir_merges = "data/tokenizer/gpt2_merges.bin";
     for (int i = 1; i < argc; i++) {
@@ -2378,10 +2739,12 @@ int main(int argc, char** argv) {
             default_run = argv[++i];
         } else if (!strcmp(argv[i], "--hf") && i + 1 < argc) {
             hf_dir = argv[++i];
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            only = argv[++i];
         } else if (!strcmp(argv[i], "--ref-steps") && i + 1 < argc) {
             extra_steps = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]] [--default-run DIR] | --hf DIR\n", argv[0]);
+            fprintf(stderr, "usage: %s [--ref MODEL REF [--ref-steps N]] [--default-run DIR] | --hf DIR | --only hf|inputs\n", argv[0]);
             return EXIT_FAILURE;
         }
     }
@@ -2390,6 +2753,17 @@ int main(int argc, char** argv) {
     CHECK(mkdtemp(tmpdir) != NULL, "cannot make a temporary directory: %s", strerror(errno));
     printf("threads: %d; scratch files in %s\n", num_threads(), tmpdir);
 
+    if (only) { /* one group of checks: hf (Hugging Face files), inputs (every other file the trainer reads) */
+        int known = !strcmp(only, "hf") || !strcmp(only, "inputs");
+        if (!strcmp(only, "hf")) test_hf_files();
+        if (!strcmp(only, "inputs")) test_input_files();
+        if (!known) fprintf(stderr, "error: --only %s: expected hf or inputs\n", only);
+        char cmd[600];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
+        printf("%d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed || !known ? EXIT_FAILURE : EXIT_SUCCESS;
+    }
     if (hf_dir) { /* only the Hugging Face checks, against scripts/hf_reference.py's DIR */
         test_hf_files();
         test_hf_reference(hf_dir);
@@ -2407,6 +2781,7 @@ int main(int argc, char** argv) {
     test_thread_invariance(model);
     test_model_files(model);
     test_hf_files();
+    test_input_files();
     test_dataloader();
     test_tokenizer_file();
     test_tokenizer_full_vocab();

@@ -77,6 +77,7 @@ typedef struct {
     double ms;                        /* how long the measurement took */
     double share;                     /* the share of the calibrated speed this process gets now (every start) */
     int cached;                       /* read from the cache file */
+    int discarded;                    /* the cache held an implausible line for this key: calib_save drops it */
     char key[600];
     char path[4400];
 } Calibration;
@@ -707,29 +708,120 @@ static void calib_numbers(Calibration* cal, double* v[CALIB_NUMBERS]) {
     ALWAYS(n == CALIB_NUMBERS);
 }
 
-/* The line of `cal->key` in the cache: 1 when found (and read), else 0. */
+/* What each cached number is, in calib_numbers' order, and the range a
+ * measurement on any machine falls in: a cache is believed only inside
+ * these (NaN, Inf, zero, negative or huge figures are a damaged or edited
+ * file, and would give the planner nonsense or a huge allocation). */
+typedef struct { const char* name; double lo, hi; int lo_open; } CalibRange;
+#define CALIB_RANGE(nm, l, h, open_below)                                                   \
+    do {                                                                                  \
+        r[n].name = (nm); r[n].lo = (l); r[n].hi = (h); r[n].lo_open = (open_below); n++; \
+    } while (0)
+static void calib_ranges(CalibRange r[CALIB_NUMBERS]) {
+    static const char* const shape[NUM_SHAPES] = {"qkv", "attproj", "fc", "fcproj", "classifier"};
+    static char names[4 * NUM_SHAPES][48];
+    int n = 0;
+    CALIB_RANGE("rows[0]", 16, 16, 0); /* (checked against calib_gemm_rows exactly, below) */
+    CALIB_RANGE("rows[1]", 48, 512, 0);
+    for (int pass = 0; pass < 2; pass++)
+        for (int q = 0; q < NUM_SHAPES; q++) {
+            char* a = names[2 * (pass * NUM_SHAPES + q)];
+            char* b = names[2 * (pass * NUM_SHAPES + q) + 1];
+            snprintf(a, 48, "%s %s GEMM fixed ms", shape[q], pass ? "backward" : "forward");
+            snprintf(b, 48, "%s %s GEMM ms per row", shape[q], pass ? "backward" : "forward");
+            CALIB_RANGE(a, 0, 1e4, 0);
+            CALIB_RANGE(b, 0, 1e3, 1);
+        }
+    CALIB_RANGE("attention ms per sequence", 0, 1e5, 1);
+    CALIB_RANGE("elementwise GB/s", 0, 1e5, 1);
+    CALIB_RANGE("cross-entropy GB/s", 0, 1e5, 1);
+    CALIB_RANGE("zeroing ns per float", 0, 1e6, 1);
+    CALIB_RANGE("norm ns per float", 0, 1e6, 1);
+    CALIB_RANGE("AdamW ns per float", 0, 1e6, 1);
+    CALIB_RANGE("AdamW GB/s", 0, 1e5, 1);
+    CALIB_RANGE("fc GFLOP/s", 0, 1e7, 1);
+    CALIB_RANGE("quantise INT8 ns per element", 0, 1e6, 1);
+    CALIB_RANGE("quantise INT4 ns per element", 0, 1e6, 1);
+    CALIB_RANGE("dequantise INT8 ns per element", 0, 1e6, 1);
+    CALIB_RANGE("dequantise INT4 ns per element", 0, 1e6, 1);
+    CALIB_RANGE("layer factor", 0.8, 1.6, 0); /* calib_layer_factor's clamp (1 when not measured) */
+    CALIB_RANGE("calibration ms", 0, 1e7, 0);
+    ALWAYS(n == CALIB_NUMBERS);
+}
+#undef CALIB_RANGE
+
+/* Read the numbers of one cache line (`at`: just after "key|") into *c and
+ * check each against its range: NULL, or why not (into why, naming the
+ * number, what was expected and what was found). */
+static const char* calib_line_parse(Calibration* c, const char* at, char* why, size_t cap) {
+    double* v[CALIB_NUMBERS];
+    CalibRange r[CALIB_NUMBERS];
+    calib_numbers(c, v);
+    calib_ranges(r);
+    for (int i = 0; i < CALIB_NUMBERS; i++) {
+        char* end = NULL;
+        double x = strtod(at, &end);
+        if (end == at) {
+            snprintf(why, cap, "number %d of %d (%s) is missing or not a number", i + 1, CALIB_NUMBERS, r[i].name);
+            return why;
+        }
+        at = end;
+        int low = r[i].lo_open ? !(x > r[i].lo) : !(x >= r[i].lo);
+        if (!isfinite(x) || low || !(x <= r[i].hi)) {
+            if (r[i].lo_open) snprintf(why, cap, "%s is %g, expected more than %g and at most %g", r[i].name, x, r[i].lo, r[i].hi);
+            else snprintf(why, cap, "%s is %g, expected %g..%g", r[i].name, x, r[i].lo, r[i].hi);
+            return why;
+        }
+        *v[i] = x;
+    }
+    while (*at == ' ' || *at == '\t' || *at == '\r') at++;
+    if (*at != '\n' && *at != '\0') {
+        snprintf(why, cap, "more than %d numbers", CALIB_NUMBERS);
+        return why;
+    }
+    double rows[2];
+    calib_gemm_rows(c->C, c->Vp, rows);
+    if (c->rows[0] != rows[0] || c->rows[1] != rows[1]) {
+        snprintf(why, cap, "the row counts are %g and %g, expected %g and %g (calibration's rule for C=%d Vp=%d)",
+                 c->rows[0], c->rows[1], rows[0], rows[1], c->C, c->Vp);
+        return why;
+    }
+    return NULL;
+}
+
+/* The line of `cal->key` in the cache: 1 when found (and read), else 0. A
+ * line of this key that is cut off or holds an implausible figure is not
+ * believed: a one-line note names the file, the line and the figure, the
+ * calibration runs again and calib_save drops that line. */
 static int calib_load(Calibration* cal) {
     FILE* f = fopen(cal->path, "r");
     if (!f) return 0;
     char line[4096];
     int found = 0;
+    long lineno = 1;
     if (fgets(line, sizeof(line), f) && !strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT))) {
         size_t k = strlen(cal->key);
         while (!found && fgets(line, sizeof(line), f)) {
+            lineno++;
+            size_t len = strlen(line);
+            int whole = len > 0 && line[len - 1] == '\n';
+            if (!whole && !feof(f)) { /* longer than any line we write: skip the rest of it */
+                int ch;
+                while ((ch = fgetc(f)) != EOF && ch != '\n') {}
+            }
             if (strncmp(line, cal->key, k) || line[k] != '|') continue;
             Calibration c = *cal;
-            double* v[CALIB_NUMBERS];
-            calib_numbers(&c, v);
-            char* at = line + k + 1;
-            int got = 0;
-            for (; got < CALIB_NUMBERS; got++) {
-                char* end = NULL;
-                *v[got] = strtod(at, &end);
-                if (end == at) break;
-                at = end;
+            char why[300];
+            const char* bad = !whole && !feof(f) ? "the line is longer than any calibration line"
+                              : calib_line_parse(&c, line + k + 1, why, sizeof(why));
+            if (bad) {
+                fprintf(stderr, "note: %s line %ld: %s: this cached calibration is discarded and measured again\n",
+                        cal->path, lineno, bad);
+                cal->discarded = 1;
+                break;
             }
-            found = got == CALIB_NUMBERS;
-            if (found) *cal = c;
+            found = 1;
+            *cal = c;
         }
     }
     fclose(f);
@@ -756,6 +848,28 @@ static void calib_save(const Calibration* cal) {
             return;
         }
         fresh = strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT)) != 0; /* an older version's: its lines dropped */
+    }
+    if (!fresh && cal->discarded) { /* the file without this key's lines, then this calibration appended */
+        char tmp[4410];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", cal->path);
+        FILE* in = fopen(cal->path, "r");
+        FILE* out = in ? fopen(tmp, "w") : NULL;
+        size_t k = strlen(cal->key);
+        char line[4096];
+        int ok = in && out, at_start = 1, drop = 0;
+        while (ok && fgets(line, sizeof(line), in)) {
+            if (at_start) drop = !strncmp(line, cal->key, k) && line[k] == '|'; /* (a long line's rest: as its start) */
+            size_t len = strlen(line);
+            if (!drop && fputs(line, out) == EOF) ok = 0;
+            at_start = len > 0 && line[len - 1] == '\n';
+        }
+        if (in) fclose(in);
+        if (out && fclose(out) != 0) ok = 0;
+        if (!ok || rename(tmp, cal->path) != 0) {
+            remove(tmp);
+            fprintf(stderr, "warning: cannot rewrite the calibration cache %s: %s\n", cal->path, strerror(errno));
+            return;
+        }
     }
     if (!(f = fopen(cal->path, fresh ? "w" : "a"))) {
         fprintf(stderr, "warning: cannot write the calibration cache %s: %s\n", cal->path, strerror(errno));

@@ -115,19 +115,42 @@ static int evalset_read(EvalSet* s, const char* path) {
     s->tokens = (int*)xmalloc(sizeof(int) * words); /* more than enough: tokens are a subset of the words */
     size_t p = 0; /* the word being read */
     const char* why = NULL;
+    char found[160] = ""; /* what the file holds where `why` says it is wrong */
     int i = 0;
-    for (; i < N && !why; i++) {
+    for (; i < N; i++) { /* i moves only after example i has passed every check */
         size_t start = p;
-        if (words - p < 5) { why = "the file ends inside an example's header"; break; }
-        if (w[p] != EVAL_DELIMITER) { why = "the start-of-example delimiter (65535) is missing"; break; }
-        size_t bytes = w[p + 1];
-        if (w[p + 2] != (uint16_t)i) { why = "the example index is out of order"; break; }
-        if (bytes < 20 || bytes % 2 != 0 || bytes > (size_t)h[3] || bytes / 2 > words - p) {
-            why = "the example's size is out of range (or past the end of the file)";
+        if (words - p < 5) {
+            why = "the file ends inside an example's header";
+            snprintf(found, sizeof(found), "%zu of its 5 header words are left", words - p);
             break;
         }
-        if (w[p + 3] >= EVAL_CHOICES) { why = "the label is not 0..3"; break; }
-        if (w[p + 4] != EVAL_CHOICES) { why = "the number of endings is not 4"; break; }
+        if (w[p] != EVAL_DELIMITER) {
+            why = "the start-of-example delimiter is missing";
+            snprintf(found, sizeof(found), "expected 65535 at word %zu, found %u", p, w[p]);
+            break;
+        }
+        size_t bytes = w[p + 1];
+        if (w[p + 2] != (uint16_t)i) {
+            why = "the example index is out of order";
+            snprintf(found, sizeof(found), "expected %d, found %u", i, w[p + 2]);
+            break;
+        }
+        if (bytes < 20 || bytes % 2 != 0 || bytes > (size_t)h[3] || bytes / 2 > words - p) {
+            why = "the example's size is out of range";
+            snprintf(found, sizeof(found), "expected an even size of 20..%d bytes within the %zu bytes left, found %zu",
+                     h[3], 2 * (words - p), bytes);
+            break;
+        }
+        if (w[p + 3] >= EVAL_CHOICES) {
+            why = "the label is out of range";
+            snprintf(found, sizeof(found), "expected 0..3, found %u", w[p + 3]);
+            break;
+        }
+        if (w[p + 4] != EVAL_CHOICES) {
+            why = "the number of endings is wrong";
+            snprintf(found, sizeof(found), "expected 4, found %u", w[p + 4]);
+            break;
+        }
         s->labels[i] = w[p + 3];
         size_t end = start + bytes / 2;
         p += 5;
@@ -135,6 +158,11 @@ static int evalset_read(EvalSet* s, const char* path) {
             if (p >= end || w[p] == 0 || w[p] > end - p - 1) {
                 why = k == 0 ? "the context is empty or runs past the example's end"
                              : "an ending is empty or runs past the example's end";
+                char part[16] = "context";
+                if (k) snprintf(part, sizeof(part), "ending %d", k - 1);
+                if (p >= end) snprintf(found, sizeof(found), "%s: no token count left in the example", part);
+                else snprintf(found, sizeof(found), "%s: expected 1..%zu tokens, found %u", part,
+                              end > p + 1 ? end - p - 1 : 0, w[p]);
                 break;
             }
             size_t n = w[p++];
@@ -142,12 +170,21 @@ static int evalset_read(EvalSet* s, const char* path) {
             s->len[5 * (size_t)i + k] = (int)n;
             for (size_t j = 0; j < n; j++) s->tokens[s->num_tokens++] = w[p++];
         }
-        if (!why && p != end) why = "the example's size does not match its contents";
+        if (!why && p != end) {
+            why = "the example's size does not match its contents";
+            snprintf(found, sizeof(found), "its size says %zu bytes, its context and endings take %zu",
+                     bytes, 2 * (p - start));
+        }
+        if (why) break;
     }
-    if (!why && p != words) why = "bytes follow the last example";
+    if (!why && p != words) {
+        why = "bytes follow the last example";
+        snprintf(found, sizeof(found), "%zu bytes after example %d", 2 * (words - p), N - 1);
+        i = N - 1;
+    }
     free(w);
     if (why) {
-        FILE_ERROR(path, "example %d: %s: a damaged file. " EVAL_HINT, i, why);
+        FILE_ERROR(path, "example %d: %s (%s): a damaged file. " EVAL_HINT, i, why, found);
         evalset_free(s);
         return -1;
     }

@@ -287,11 +287,15 @@ static int plan_check(const TrainRun* r, const Options* o, const Dist* d, const 
     return bad ? -1 : 0;
 }
 
-/* The model's shape from the flags: --model dN (with the shape flags) or a
- * model file's header. 0, or -1 after a message. */
+/* The model's shape from the flags: --model dN (with the shape flags), a
+ * Hugging Face checkpoint's config.json (a folder or its .safetensors file,
+ * as gpt2_load takes them), or an llm.c model file's header (fp32 or bf16).
+ * 0, or -1 after a message. */
 static int plan_config(const Options* o, GPT2Config* c) {
     if (depth_from_name(o->model)) {
         if (config_from_options(c, o) != 0) return -1;
+    } else if (hf_is_checkpoint(o->model)) {
+        if (hf_checkpoint_config(o->model, c) != 0) return -1;
     } else { /* a model file: its header is enough */
         FILE* f = file_open_read(o->model, "model file");
         int32_t h[HEADER_INTS];

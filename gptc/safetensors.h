@@ -7,7 +7,8 @@
  * Included by train_gpt.c at the end of section 2 (Model files): it uses
  * GPT2Config, parameter_sizes, config_problem, round_up, bf16_to_float and
  * model_file_write from there, and the JSON primitives of text_data.h.
- * Defines: hf_is_checkpoint, hf_checkpoint_read, hf_checkpoint_write,
+ * Defines: hf_is_checkpoint, hf_checkpoint_read, hf_checkpoint_config (the shape
+ * alone, for --plan), hf_checkpoint_write,
  * model_convert (--convert); beneath them HfConfig and hf_config_read
  * (config.json), SafeTensor and st_header_read (the header), st_read_floats
  * (a tensor's values, converted and transposed).
@@ -62,6 +63,7 @@ static int json_uint(const char** p, const char* end, long long* v) {
     const char* s = *p;
     long long x = 0;
     if (s >= end || *s < '0' || *s > '9') return -1;
+    if (*s == '0' && s + 1 < end && s[1] >= '0' && s[1] <= '9') return -1; /* JSON writes no leading zeros */
     while (s < end && *s >= '0' && *s <= '9') {
         if (x > (1LL << 53) / 10) return -1;
         x = x * 10 + (*s++ - '0');
@@ -85,9 +87,30 @@ static int json_string_into(const char** p, const char* end, char* out, size_t c
 typedef struct {
     long long n_layer, n_embd, n_head, n_positions, vocab_size, n_inner; /* -1: absent (n_inner: null) */
     char model_type[32], activation[32];
-    double layer_norm_epsilon; /* -1: absent */
-    int tie_word_embeddings;   /* -1: absent */
+    int have_model_type, have_activation;  /* 1: the key is present ("" is a value) */
+    double layer_norm_epsilon;
+    int have_layer_norm_epsilon;
+    int tie_word_embeddings;               /* -1: absent, else 0/1 */
+    int scale_attn_weights;                /* -1: absent, else 0/1 (GPT-2: true) */
+    int scale_attn_by_inverse_layer_idx;   /* -1: absent, else 0/1 (GPT-2: false) */
+    int add_cross_attention;               /* -1: absent, else 0/1 (GPT-2: false) */
 } HfConfig;
+
+/* An HfConfig with every field absent. */
+static HfConfig hf_config_absent(void) {
+    HfConfig h;
+    memset(&h, 0, sizeof(h));
+    h.n_layer = h.n_embd = h.n_head = h.n_positions = h.vocab_size = h.n_inner = -1;
+    h.tie_word_embeddings = h.scale_attn_weights = h.scale_attn_by_inverse_layer_idx = h.add_cross_attention = -1;
+    return h;
+}
+
+/* A JSON true or false at *p: 1 or 0, or -1 if neither. */
+static int json_bool(const char** p, const char* end) {
+    if (end - *p >= 4 && !memcmp(*p, "true", 4)) { *p += 4; return 1; }
+    if (end - *p >= 5 && !memcmp(*p, "false", 5)) { *p += 5; return 0; }
+    return -1;
+}
 
 /* Parse config.json's text into *h: the fields above, any others skipped.
  * NULL, or why not (static text) and where (*at, a byte offset). */
@@ -96,7 +119,9 @@ static const char* hf_config_parse(const char* text, size_t len, HfConfig* h, lo
     struct { const char* key; long long* v; } ints[] = {
         {"n_layer", &h->n_layer}, {"n_embd", &h->n_embd}, {"n_head", &h->n_head},
         {"n_positions", &h->n_positions}, {"vocab_size", &h->vocab_size}};
+    static char said[160]; /* a message naming the field, returned as the "static text" */
 #define HF_CONFIG_FAIL(why) do { *at = (long)(p - text); return (why); } while (0)
+#define HF_CONFIG_FAIL_FIELD(fmt) do { snprintf(said, sizeof(said), fmt, key); HF_CONFIG_FAIL(said); } while (0)
     json_space(&p, end);
     if (p >= end || *p != '{') HF_CONFIG_FAIL("it does not start a JSON object ('{')");
     p++;
@@ -118,32 +143,40 @@ static const char* hf_config_parse(const char* text, size_t len, HfConfig* h, lo
         int done = 0;
         for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
             if (strcmp(key, ints[i].key) != 0) continue;
-            if (json_uint(&p, end, ints[i].v) != 0) HF_CONFIG_FAIL("a size (n_layer, n_embd, ...) is not a whole number");
+            if (json_uint(&p, end, ints[i].v) != 0) HF_CONFIG_FAIL_FIELD("%s: expected a whole number >= 0 (a size)");
             done = 1;
         }
         if (!strcmp(key, "model_type") || !strcmp(key, "activation_function")) {
-            char* dst = key[0] == 'm' ? h->model_type : h->activation;
-            if (json_string_into(&p, end, dst, 32) != 0) HF_CONFIG_FAIL("model_type or activation_function is not a short string");
+            int is_type = key[0] == 'm';
+            char* dst = is_type ? h->model_type : h->activation;
+            if (json_string_into(&p, end, dst, 32) != 0) HF_CONFIG_FAIL_FIELD("%s: expected a string of at most 31 bytes");
+            *(is_type ? &h->have_model_type : &h->have_activation) = 1;
             done = 1;
         } else if (!strcmp(key, "n_inner") && end - p >= 4 && !memcmp(p, "null", 4)) {
             p += 4;
             done = 1;
         } else if (!strcmp(key, "n_inner")) {
-            if (json_uint(&p, end, &h->n_inner) != 0) HF_CONFIG_FAIL("n_inner is neither null nor a whole number");
+            if (json_uint(&p, end, &h->n_inner) != 0) HF_CONFIG_FAIL("n_inner: expected null or a whole number");
             done = 1;
         } else if (!strcmp(key, "layer_norm_epsilon")) {
             const char* s = p;
             char num[64];
-            if (json_number(&p, end) != 0 || p - s >= (long)sizeof(num)) HF_CONFIG_FAIL("layer_norm_epsilon is not a number");
+            if (json_number(&p, end) != 0 || p - s >= (long)sizeof(num)) HF_CONFIG_FAIL("layer_norm_epsilon: expected a number");
             memcpy(num, s, (size_t)(p - s));
             num[p - s] = '\0';
             h->layer_norm_epsilon = strtod(num, NULL);
+            h->have_layer_norm_epsilon = 1;
             done = 1;
-        } else if (!strcmp(key, "tie_word_embeddings")) {
-            if (end - p >= 4 && !memcmp(p, "true", 4)) { h->tie_word_embeddings = 1; p += 4; }
-            else if (end - p >= 5 && !memcmp(p, "false", 5)) { h->tie_word_embeddings = 0; p += 5; }
-            else HF_CONFIG_FAIL("tie_word_embeddings is not true or false");
-            done = 1;
+        } else {
+            struct { const char* key; int* v; } bools[] = {
+                {"tie_word_embeddings", &h->tie_word_embeddings}, {"scale_attn_weights", &h->scale_attn_weights},
+                {"scale_attn_by_inverse_layer_idx", &h->scale_attn_by_inverse_layer_idx},
+                {"add_cross_attention", &h->add_cross_attention}};
+            for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++) {
+                if (strcmp(key, bools[i].key) != 0) continue;
+                if ((*bools[i].v = json_bool(&p, end)) < 0) HF_CONFIG_FAIL_FIELD("%s: expected true or false");
+                done = 1;
+            }
         }
         JsonError e = {NULL, NULL};
         if (!done && json_skip(&p, end, 1, &e) != 0) { p = e.at ? e.at : p; HF_CONFIG_FAIL(e.why); }
@@ -155,6 +188,7 @@ static const char* hf_config_parse(const char* text, size_t len, HfConfig* h, lo
     json_space(&p, end);
     if (p < end) HF_CONFIG_FAIL("more follows the object");
     return NULL;
+#undef HF_CONFIG_FAIL_FIELD
 #undef HF_CONFIG_FAIL
 }
 
@@ -176,7 +210,7 @@ static int hf_config_read(const char* path, GPT2Config* out) {
                         "(from huggingface.co/openai-community/gpt2)\n");
         return -1;
     }
-    HfConfig h = {-1, -1, -1, -1, -1, -1, "", "", -1.0, -1};
+    HfConfig h = hf_config_absent();
     long at = 0;
     const char* why = hf_config_parse(text, len, &h, &at);
     if (why) FILE_ERROR(path, "not valid JSON at byte %ld: %s", at, why);
@@ -185,7 +219,7 @@ static int hf_config_read(const char* path, GPT2Config* out) {
     struct { const char* key; long long v; } ints[] = {
         {"n_layer", h.n_layer}, {"n_embd", h.n_embd}, {"n_head", h.n_head},
         {"n_positions", h.n_positions}, {"vocab_size", h.vocab_size}};
-    if (h.model_type[0] && strcmp(h.model_type, "gpt2") != 0) {
+    if (h.have_model_type && strcmp(h.model_type, "gpt2") != 0) {
         FILE_ERROR(path, "model_type is \"%s\", not \"gpt2\": gpt.c reads GPT-2 checkpoints only "
                    "(gpt2, gpt2-medium, gpt2-large, gpt2-xl and models of their shape)", h.model_type);
         return -1;
@@ -197,11 +231,11 @@ static int hf_config_read(const char* path, GPT2Config* out) {
             return -1;
         }
     }
-    if (h.activation[0] && strcmp(h.activation, "gelu_new") != 0) {
+    if (h.have_activation && strcmp(h.activation, "gelu_new") != 0) {
         FILE_ERROR(path, "activation_function is \"%s\"; gpt.c computes GPT-2's tanh GELU (\"gelu_new\") only", h.activation);
         return -1;
     }
-    if (h.layer_norm_epsilon >= 0 && fabs(h.layer_norm_epsilon - 1e-5) > 1e-12) {
+    if (h.have_layer_norm_epsilon && !(fabs(h.layer_norm_epsilon - 1e-5) <= 1e-12)) {
         FILE_ERROR(path, "layer_norm_epsilon is %g; gpt.c's LayerNorm uses GPT-2's 1e-5", h.layer_norm_epsilon);
         return -1;
     }
@@ -211,6 +245,22 @@ static int hf_config_read(const char* path, GPT2Config* out) {
     }
     if (h.tie_word_embeddings == 0) {
         FILE_ERROR(path, "tie_word_embeddings is false; gpt.c ties the LM head to wte, as GPT-2 does");
+        return -1;
+    }
+    /* the attention's arithmetic: GPT-2 divides the scores by sqrt(head size), nothing else */
+    if (h.scale_attn_weights == 0) {
+        FILE_ERROR(path, "scale_attn_weights is false, expected true (or absent): gpt.c's attention divides the scores "
+                   "by sqrt(n_embd / n_head), as GPT-2 does, and computes no other attention");
+        return -1;
+    }
+    if (h.scale_attn_by_inverse_layer_idx == 1) {
+        FILE_ERROR(path, "scale_attn_by_inverse_layer_idx is true, expected false (or absent): gpt.c does not divide "
+                   "layer i's attention scores by i + 1 (GPT-2 does not)");
+        return -1;
+    }
+    if (h.add_cross_attention == 1) {
+        FILE_ERROR(path, "add_cross_attention is true, expected false (or absent): gpt.c is a decoder only, "
+                   "with no cross-attention layers");
         return -1;
     }
     GPT2Config c;
@@ -270,6 +320,9 @@ static const char* st_entry_parse(const char** p, const char* end, SafeTensor* t
         if (*p >= end || **p != ':') return "a ':' is missing after a key";
         (*p)++;
         json_space(p, end);
+        if ((!strcmp(key, "dtype") && have_dtype) || (!strcmp(key, "shape") && have_shape) ||
+            (!strcmp(key, "data_offsets") && have_offsets))
+            return "a tensor's entry names dtype, shape or data_offsets twice";
         if (!strcmp(key, "dtype")) {
             if (json_string_into(p, end, dtype_out, 32) != 0) return "a dtype is not a short string";
             int k = -1;
@@ -317,6 +370,50 @@ static const char* st_entry_parse(const char** p, const char* end, SafeTensor* t
     return NULL;
 }
 
+/* The byte offset of the first invalid UTF-8 sequence in [s, s + n) (an
+ * overlong form, a surrogate, a code point past U+10FFFF, a stray or missing
+ * continuation byte), or -1 if it is all valid (RFC 3629). */
+static long utf8_invalid_at(const unsigned char* s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : 9;
+        if (k == 9 || k > n - i - 1) return (long)i; /* not a lead byte, or the sequence is cut off */
+        uint32_t cp = k == 0 ? c : k == 1 ? c & 0x1F : k == 2 ? c & 0x0F : c & 0x07;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return (long)i;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        static const uint32_t least[4] = {0, 0x80, 0x800, 0x10000}; /* below these, the form is overlong */
+        if (cp < least[k] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return (long)i;
+        i += k + 1;
+    }
+    return -1;
+}
+
+/* The __metadata__ value at *p: an object whose values are strings, as the
+ * format defines it (a map of string to string). NULL, or why not. */
+static const char* st_metadata_parse(const char** p, const char* end) {
+    if (*p >= end || **p != '{') return "__metadata__ is not an object (expected {\"key\": \"text\", ...})";
+    (*p)++;
+    json_space(p, end);
+    if (*p < end && **p == '}') { (*p)++; return NULL; }
+    for (;;) {
+        json_space(p, end);
+        if (json_string(p, end, NULL) < 0) return "a key of __metadata__ is not a string";
+        json_space(p, end);
+        if (*p >= end || **p != ':') return "a ':' is missing after a key of __metadata__";
+        (*p)++;
+        json_space(p, end);
+        if (*p >= end || **p != '"' || json_string(p, end, NULL) < 0)
+            return "a value of __metadata__ is not a string (the format allows strings only)";
+        json_space(p, end);
+        if (*p < end && **p == ',') { (*p)++; continue; }
+        if (*p < end && **p == '}') { (*p)++; return NULL; }
+        return "a ',' or '}' is missing in __metadata__";
+    }
+}
+
 static int st_by_begin(const void* a, const void* b) {
     const SafeTensor* x = *(const SafeTensor* const*)a;
     const SafeTensor* y = *(const SafeTensor* const*)b;
@@ -350,11 +447,17 @@ static int st_header_read(FILE* f, const char* path, long long fsize, StHeader* 
     if (read_exact(f, text, (size_t)n, path) != 0) { free(text); return -1; }
     const char *p = text, *end = text + n, *why = NULL;
     char dtype[32] = "";
-    int cap = 0;
+    int cap = 0, have_metadata = 0;
     h->data_start = 8 + (long long)n;
     h->data_bytes = fsize - h->data_start;
-    json_space(&p, end);
-    if (p >= end || *p != '{') { why = "the header is not a JSON object"; goto bad; }
+    long bad_utf8 = utf8_invalid_at((const unsigned char*)text, (size_t)n);
+    if (bad_utf8 >= 0) {
+        FILE_ERROR(path, "the safetensors header (%llu bytes) is not valid UTF-8 at byte %ld (0x%02x), as the format "
+                   "requires: corrupt (download it again)", n, bad_utf8, (unsigned char)text[bad_utf8]);
+        goto fail;
+    }
+    /* the format: the header's first byte is '{' (no white space before it); white space may pad its end */
+    if (*p != '{') { why = "expected '{' as the header's first byte (the format allows no white space before it)"; goto bad; }
     p++;
     json_space(&p, end);
     if (p < end && *p == '}') p++;
@@ -370,8 +473,9 @@ static int st_header_read(FILE* f, const char* path, long long fsize, StHeader* 
         p++;
         json_space(&p, end);
         if (!strcmp(name, "__metadata__")) {
-            JsonError e = {NULL, NULL};
-            if (json_skip(&p, end, 1, &e) != 0) { why = e.why; goto bad; }
+            if (have_metadata) { why = "__metadata__ appears twice"; goto bad; }
+            have_metadata = 1;
+            if ((why = st_metadata_parse(&p, end)) != NULL) goto bad;
         } else {
             if (h->n == ST_MAX_TENSORS) { why = "more than 65536 tensors"; goto bad; }
             if (h->n == cap) {
@@ -425,24 +529,37 @@ static int st_header_read(FILE* f, const char* path, long long fsize, StHeader* 
         }
     }
     {
-        /* no two tensors share bytes */
+        /* the format: sorted by offset, the tensors tile the data buffer: the
+         * first begins at 0, each begins where the one before it ends (no
+         * holes, no overlaps), the last ends at the end of the file */
         size_t count = h->n > 0 ? (size_t)h->n : 1;
         SafeTensor** order = (SafeTensor**)xmalloc(sizeof(SafeTensor*) * count);
         for (int i = 0; i < h->n; i++) order[i] = &h->t[i];
         qsort(order, (size_t)h->n, sizeof(SafeTensor*), st_by_begin);
-        const SafeTensor* last = NULL; /* the non-empty tensor reaching furthest so far */
+        unsigned long long at = 0;
+        const SafeTensor* prev = NULL;
         for (int i = 0; i < h->n; i++) {
             const SafeTensor* t = order[i];
-            if (t->end == t->begin) continue; /* an empty tensor holds no bytes */
-            if (last && t->begin < last->end) {
-                FILE_ERROR(path, "tensors %s [%llu, %llu] and %s [%llu, %llu] overlap in the data buffer: corrupt",
-                           last->name, last->begin, last->end, t->name, t->begin, t->end);
+            if (t->begin != at) {
+                if (prev) FILE_ERROR(path, "tensor %s begins at byte %llu of the data buffer, expected %llu, where %s [%llu, %llu] "
+                                     "ends: the tensors %s; the format stores them back to back: corrupt",
+                                     t->name, t->begin, at, prev->name, prev->begin, prev->end,
+                                     t->begin < at ? "overlap" : "leave a hole");
+                else FILE_ERROR(path, "the first tensor by offset, %s, begins at byte %llu of the data buffer, expected 0: "
+                                "the format leaves no hole before it: corrupt", t->name, t->begin);
                 free(order);
                 goto fail;
             }
-            if (!last || t->end > last->end) last = t;
+            at = t->end;
+            prev = t;
         }
         free(order);
+        if (at != (unsigned long long)h->data_bytes) {
+            FILE_ERROR(path, "the tensors end at byte %llu of the data buffer, the file holds %lld: %lld bytes follow the "
+                       "last tensor, and the format allows none: corrupt, or not a safetensors file (download it again)",
+                       at, h->data_bytes, h->data_bytes - (long long)at);
+            goto fail;
+        }
     }
     return 0;
 bad:
@@ -526,16 +643,18 @@ static const char* const HF_NAMES[NUM_PARAMETER_TENSORS] = {
 static const int HF_CONV1D[NUM_PARAMETER_TENSORS] = {0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0};
 
 /* HF's shape of our tensor i for one layer: rows x cols as stored (rows = 1
- * for a vector); wte has V rows, not Vp. */
-static void hf_shape(int i, const GPT2Config* c, size_t* rows, size_t* cols) {
+ * for a vector); wte has V rows, not Vp. Returns the rank, 1 or 2: a matrix
+ * with one row (n_positions or vocab_size 1) is still a matrix. */
+static int hf_shape(int i, const GPT2Config* c, size_t* rows, size_t* cols) {
     size_t C = (size_t)c->channels;
     static const int out_mult[NUM_PARAMETER_TENSORS] = {0, 0, 1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1, 1, 1};
     static const int in_mult[NUM_PARAMETER_TENSORS] = {0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0, 0, 0};
-    if (i == 0) { *rows = (size_t)c->vocab_size; *cols = C; return; }
-    if (i == 1) { *rows = (size_t)c->max_seq_len; *cols = C; return; }
-    if (!in_mult[i]) { *rows = 1; *cols = out_mult[i] * C; return; } /* a vector */
+    if (i == 0) { *rows = (size_t)c->vocab_size; *cols = C; return 2; }
+    if (i == 1) { *rows = (size_t)c->max_seq_len; *cols = C; return 2; }
+    if (!in_mult[i]) { *rows = 1; *cols = out_mult[i] * C; return 1; } /* a vector */
     *rows = in_mult[i] * C;  /* Conv1D: (in, out) */
     *cols = out_mult[i] * C;
+    return 2;
 }
 
 static void hf_name(char* out, size_t cap, const char* prefix, int i, int layer) {
@@ -576,17 +695,18 @@ static int hf_is_checkpoint(const char* path) {
  * Fills *config (Vp = V rounded up to 128) and a fresh fp32 parameter buffer
  * in our layout; -1 after a message naming the file, the problem and what
  * to do. */
-static int hf_checkpoint_read(const char* path, GPT2Config* config, float** params_out) {
-    *params_out = NULL;
-    char st_path[4400], cfg_path[4400];
+/* The two files of checkpoint `path` (a folder, or its .safetensors file
+ * with config.json beside it) into st_path and cfg_path (4400 bytes each);
+ * 0, or -1 after a message when model.safetensors is not there. */
+static int hf_checkpoint_paths(const char* path, char* st_path, char* cfg_path) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(st_path, sizeof(st_path), "%s/model.safetensors", path);
-        snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", path);
+        snprintf(st_path, 4400, "%s/model.safetensors", path);
+        snprintf(cfg_path, 4400, "%s/config.json", path);
     } else {
         const char* slash = strrchr(path, '/');
-        snprintf(st_path, sizeof(st_path), "%s", path);
-        snprintf(cfg_path, sizeof(cfg_path), "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+        snprintf(st_path, 4400, "%s", path);
+        snprintf(cfg_path, 4400, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
     }
     if (access(st_path, F_OK) != 0) {
         char index[4450];
@@ -597,6 +717,28 @@ static int hf_checkpoint_read(const char* path, GPT2Config* config, float** para
                      "(pytorch_model.bin is not read: download model.safetensors)");
         return -1;
     }
+    return 0;
+}
+
+/* The model's shape from checkpoint `path` without reading its weights
+ * (--plan): config.json checked as hf_checkpoint_read checks it, and the
+ * safetensors header read and checked. 0, or -1 after a message. */
+static int hf_checkpoint_config(const char* path, GPT2Config* config) {
+    char st_path[4400], cfg_path[4400];
+    if (hf_checkpoint_paths(path, st_path, cfg_path) != 0 || hf_config_read(cfg_path, config) != 0) return -1;
+    FILE* f = file_open_read(st_path, "safetensors file");
+    if (!f) return -1;
+    StHeader h;
+    int rc = st_header_read(f, st_path, file_size(f), &h);
+    fclose(f);
+    if (rc == 0) free(h.t);
+    return rc;
+}
+
+static int hf_checkpoint_read(const char* path, GPT2Config* config, float** params_out) {
+    *params_out = NULL;
+    char st_path[4400], cfg_path[4400];
+    if (hf_checkpoint_paths(path, st_path, cfg_path) != 0) return -1;
     GPT2Config c;
     if (hf_config_read(cfg_path, &c) != 0) return -1;
     FILE* f = file_open_read(st_path, "safetensors file");
@@ -622,7 +764,7 @@ static int hf_checkpoint_read(const char* path, GPT2Config* config, float** para
     for (int i = 0; i < NUM_PARAMETER_TENSORS && rc == 0; i++) {
         int layered = i >= LAYER_TENSORS_BEGIN && i < LAYER_TENSORS_END;
         size_t rows, cols;
-        hf_shape(i, &c, &rows, &cols);
+        int is_vector = hf_shape(i, &c, &rows, &cols) == 1;
         for (int l = 0; l < (layered ? c.num_layers : 1) && rc == 0; l++) {
             char name[ST_NAME_MAX];
             hf_name(name, sizeof(name), prefix, i, l);
@@ -635,7 +777,6 @@ static int hf_checkpoint_read(const char* path, GPT2Config* config, float** para
                 break;
             }
             used[t - h.t] = 1;
-            int is_vector = rows == 1;
             int shape_ok = is_vector ? t->ndim == 1 && (size_t)t->shape[0] == cols
                                      : t->ndim == 2 && (size_t)t->shape[0] == rows && (size_t)t->shape[1] == cols;
             if (!shape_ok) {
@@ -712,11 +853,11 @@ static int hf_checkpoint_write(const char* dir, const GPT2Config* c, const float
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         int layered = i >= LAYER_TENSORS_BEGIN && i < LAYER_TENSORS_END;
         size_t rows, cols;
-        hf_shape(i, c, &rows, &cols);
+        int is_vector = hf_shape(i, c, &rows, &cols) == 1;
         for (int l = 0; l < (layered ? c->num_layers : 1); l++) {
             char name[ST_NAME_MAX], shape[64];
             hf_name(name, sizeof(name), "transformer.", i, l);
-            if (rows == 1) snprintf(shape, sizeof(shape), "[%zu]", cols);
+            if (is_vector) snprintf(shape, sizeof(shape), "[%zu]", cols);
             else snprintf(shape, sizeof(shape), "[%zu,%zu]", rows, cols);
             unsigned long long bytes = (unsigned long long)rows * cols * 4;
             len += (size_t)snprintf(header + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",

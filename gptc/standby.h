@@ -20,6 +20,12 @@
  * FIFO's end (the supervisor went away, or wants it gone), -1 when the FIFO
  * cannot be read (said). (Several ranks: standby_wait_ranks.) */
 static int standby_wait(const Options* o) {
+    struct stat sb;
+    if (stat(o->standby, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* open() of a folder succeeds, its read() fails */
+        FILE_ERROR(o->standby, "--standby: expected a FIFO (mkfifo PATH; scripts/supervise.py --spare 1 makes one), "
+                   "found a directory");
+        return -1;
+    }
     printf("standby: ready; waiting for 'go' on %s (no lock taken, nothing written)\n", o->standby);
     fflush(stdout);
     int fd = open(o->standby, O_RDONLY | O_CLOEXEC); /* blocks until a writer opens it (supervise: already) */
@@ -32,7 +38,12 @@ static int standby_wait(const Options* o) {
     while (n + 1 < sizeof(line)) {
         ssize_t got = read(fd, line + n, 1);
         if (got < 0 && errno == EINTR) continue;
-        if (got <= 0 || line[n] == '\n') break;
+        if (got < 0) { /* a read error is no word from the supervisor: said, not taken for the FIFO's end */
+            FILE_ERROR(o->standby, "cannot read the standby FIFO: %s", strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (got == 0 || line[n] == '\n') break;
         n++;
     }
     close(fd);
