@@ -116,12 +116,15 @@ static void reference_free(Reference* r) {
 
 /* ---- files and commands, for the tests that run the trainer binaries ---- */
 
+/* A whole file, NUL-terminated so that text files can be searched with strstr
+ * (*n excludes the terminator). NULL if it cannot be opened. */
 static unsigned char* read_all(const char* path, size_t* n) {
     FILE* f = fopen(path, "rb");
     if (!f) return NULL;
     long long sz = file_size(f);
-    unsigned char* buf = (unsigned char*)xmalloc((size_t)sz);
-    *n = fread(buf, 1, (size_t)sz, f);
+    unsigned char* buf = (unsigned char*)xmalloc((size_t)(sz < 0 ? 0 : sz) + 1);
+    *n = sz < 0 ? 0 : fread(buf, 1, (size_t)sz, f);
+    buf[*n] = 0;
     fclose(f);
     return buf;
 }

@@ -1116,6 +1116,9 @@ static void test_hf_files(void) {
         {"config.json with activation_function \"\" (a value, not absent)", NULL, NULL,
          "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100, \"activation_function\": \"\"}",
          {"activation_function is \"\"", "gelu_new"}},
+        {"config.json of a 157 GB model beside a small file (refused before anything is allocated)", NULL, NULL,
+         "{\"model_type\": \"gpt2\", \"n_layer\": 48, \"n_embd\": 8192, \"n_head\": 64, \"n_positions\": 32768, \"vocab_size\": 50257}",
+         {"transformer.wte.weight has shape [100, 64], config.json (n_embd=8192", "implies [50257, 8192]"}},
         {"config.json with a negative n_layer", NULL, NULL,
          "{\"n_layer\": -2, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100}",
          {"n_layer: expected a whole number", "config.json"}},
@@ -1360,15 +1363,14 @@ static void test_hf_files(void) {
 /* ---------------------------------------------------------------------- */
 
 /* evalset_read(path) with stderr caught: its return code, what it said in msg. */
-static int eval_load_said(const char* path, char* msg, size_t cap) {
-    const char* log = tmp_path("eval_stderr.txt");
+/* fn(arg) with its stderr captured into msg (lines joined by '|'): fn's result. */
+static int said_while(int (*fn)(const void*), const void* arg, char* msg, size_t cap) {
+    const char* log = tmp_path("said_stderr.txt");
     fflush(stderr);
     int saved = dup(2);
     FILE* f = fopen(log, "w");
     CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
-    EvalSet s;
-    int rc = evalset_read(&s, path);
-    if (rc == 0) evalset_free(&s);
+    int rc = fn(arg);
     fflush(stderr);
     CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
     size_t n = 0;
@@ -1381,6 +1383,15 @@ static int eval_load_said(const char* path, char* msg, size_t cap) {
     free(text);
     return rc;
 }
+
+static int eval_load_quiet(const void* path) {
+    EvalSet s;
+    int rc = evalset_read(&s, (const char*)path);
+    if (rc == 0) evalset_free(&s);
+    return rc;
+}
+
+static int eval_load_said(const char* path, char* msg, size_t cap) { return said_while(eval_load_quiet, path, msg, cap); }
 
 /* An eval file of 3 examples in llm.c's format, each with a context of 2
  * tokens and 4 endings of 1..4 tokens; *words_out words after the header. */
@@ -2140,6 +2151,74 @@ static void state_write_for_test(const char* path, const StateInfo* s, const flo
           fwrite(m + s->lo, 4, n, f) == n && fwrite(v + s->lo, 4, n, f) == n && fclose(f) == 0, "write %s", path);
 }
 
+static int state_header_quiet(const void* path) {
+    StateInfo s;
+    int32_t h[HEADER_INTS];
+    return state_read_header((const char*)path, &s, h, 0);
+}
+
+/* A training state's header must agree with itself field by field: each
+ * header below has a valid checksum and every field in range, but one
+ * field contradicts the rest (the slice against the rank, world and P; the
+ * tokens per step against B x T x ranks; the step against --steps; the
+ * loss window's count, next slot and entries; an unused word set). */
+static void test_state_headers(void) {
+    char msg[4096];
+    StateInfo s;
+    memset(&s, 0, sizeof(s));
+    s.config.num_layers = 1; s.config.channels = 32; s.config.num_heads = 2; s.config.max_seq_len = 16;
+    s.config.vocab_size = 50; s.config.padded_vocab_size = 128;
+    s.P = parameter_count(&s.config);
+    s.step = 5; s.steps = 10; s.rank = 1; s.world = 2; s.zero = 1; s.B = 2; s.T = 8; s.total = 64; s.seed = 42;
+    s.shuffle = 1; s.epoch = 0; s.shard_pos = 0; s.cursor = 160; s.sample_rng = 0x9E3779B97F4A7C15ull; s.nonce = 0x1234;
+    size_t shard = (s.P + 1) / 2;
+    s.lo = shard; s.hi = s.P;
+    s.watch.count = 3; s.watch.next = 3; s.watch.recent[0] = 3.1f; s.watch.recent[1] = 3.0f; s.watch.recent[2] = 2.9f;
+    size_t n = s.hi - s.lo;
+    float* arrays = xmalloc_floats(3 * n);
+    for (size_t i = 0; i < 3 * n; i++) arrays[i] = 0.001f * (float)(i % 1000);
+    uint32_t crc[3] = {crc32c(0, arrays, n * 4), crc32c(0, arrays + n, n * 4), crc32c(0, arrays + 2 * n, n * 4)};
+    int32_t good[HEADER_INTS];
+    state_header_make(good, &s, crc);
+    char path[1200];
+    snprintf(path, sizeof(path), "%s", tmp_path("state_00000005_rank1.bin")); /* (tmp_path's buffer is reused) */
+    float nan = NAN, past = 1.5f;
+    int32_t nan_bits, past_bits;
+    memcpy(&nan_bits, &nan, 4);
+    memcpy(&past_bits, &past, 4);
+    struct { const char* what; int at[2]; int32_t value[2]; const char* said; } cases[] = {
+        {"none: the header as written", {-1, -1}, {0, 0}, NULL},
+        {"an unused word (19) set", {19, -1}, {1, 0}, "header field word 19 (unused) holds 1, expected 0"},
+        {"an unused word past the loss window (200) set", {200, -1}, {7, 0}, "word 200 (unused) holds 7, expected 0"},
+        {"tokens per step 48 with B=2, T=8 on 2 ranks", {8, -1}, {48, 0},
+         "tokens per step ([8]) holds 48, expected a multiple of B x T x ranks = 2 x 8 x 2 = 32"},
+        {"the slice moved by one float (its size kept)", {24, 26}, {(int32_t)shard - 1, (int32_t)s.P - 1},
+         "slice start ([24..25]) holds"},
+        {"rank 0 holding rank 1's slice", {3, -1}, {0, 0}, "slice start ([24..25]) holds"},
+        {"step 11 of a run of --steps 10", {2, -1}, {11, 0}, "step ([2]) holds 11, expected at most the run's --steps, 10"},
+        {"the loss window's next slot 5 with 3 losses held", {36, -1}, {5, 0},
+         "loss window's next slot ([36]) holds 5, expected 3"},
+        {"a NaN loss in the window", {41, -1}, {nan_bits, 0}, "loss window's entry 1 ([41])"},
+        {"a loss past the window's count", {50, -1}, {past_bits, 0}, "entry 10 ([50])"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int32_t h[HEADER_INTS];
+        memcpy(h, good, sizeof(h));
+        for (int k = 0; k < 2; k++)
+            if (cases[i].at[k] >= 0) h[cases[i].at[k]] = cases[i].value[k];
+        h[255] = (int32_t)crc32c(0, h, 255 * sizeof(int32_t));
+        FILE* f = fopen(path, "wb");
+        CHECK(f != NULL && fwrite(h, 1, STATE_HEADER_BYTES, f) == STATE_HEADER_BYTES &&
+              fwrite(arrays, 4, 3 * n, f) == 3 * n && fclose(f) == 0, "write %s", path);
+        int rc = said_while(state_header_quiet, path, msg, sizeof(msg));
+        char what[200];
+        snprintf(what, sizeof(what), "training state header: %s %s", cases[i].what,
+                 cases[i].said ? "refused, naming the field, what it holds and what is expected" : "read");
+        check(cases[i].said ? rc == -1 && strstr(msg, cases[i].said) && strstr(msg, path) : rc == 0, what, msg);
+    }
+    free(arrays);
+}
+
 /* Read back a one-rank state written by a run: header and full arrays. */
 static int state_read_for_test(const char* path, StateInfo* s, float** w, float** m, float** v) {
     int32_t h[HEADER_INTS];
@@ -2756,7 +2835,7 @@ int main(int argc, char** argv) {
     if (only) { /* one group of checks: hf (Hugging Face files), inputs (every other file the trainer reads) */
         int known = !strcmp(only, "hf") || !strcmp(only, "inputs");
         if (!strcmp(only, "hf")) test_hf_files();
-        if (!strcmp(only, "inputs")) test_input_files();
+        if (!strcmp(only, "inputs")) { test_input_files(); test_state_headers(); }
         if (!known) fprintf(stderr, "error: --only %s: expected hf or inputs\n", only);
         char cmd[600];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
@@ -2782,6 +2861,7 @@ int main(int argc, char** argv) {
     test_model_files(model);
     test_hf_files();
     test_input_files();
+    test_state_headers();
     test_dataloader();
     test_tokenizer_file();
     test_tokenizer_full_vocab();

@@ -735,6 +735,37 @@ static int hf_checkpoint_config(const char* path, GPT2Config* config) {
     return rc;
 }
 
+/* Tensor i of layer l (0 for a tensor outside the layers) as config.json's
+ * model needs it: found in the header and of the shape that model implies
+ * (by rank, so a one-row matrix is still a matrix). The tensor, its
+ * rows x cols as stored; NULL after a message. */
+static const SafeTensor* hf_tensor_of(const StHeader* h, const char* st_path, const char* prefix, const GPT2Config* c,
+                                      int i, int l, size_t* rows, size_t* cols) {
+    char name[ST_NAME_MAX];
+    hf_name(name, sizeof(name), prefix, i, l);
+    int is_vector = hf_shape(i, c, rows, cols) == 1;
+    const SafeTensor* t = st_find(h, name);
+    if (!t) {
+        FILE_ERROR(st_path, "no tensor %s (GPT-2 with n_layer=%d, as config.json says, needs it): not a GPT-2 "
+                   "checkpoint, or config.json belongs to another model", name, c->num_layers);
+        st_names_print(h);
+        return NULL;
+    }
+    int shape_ok = is_vector ? t->ndim == 1 && (size_t)t->shape[0] == *cols
+                             : t->ndim == 2 && (size_t)t->shape[0] == *rows && (size_t)t->shape[1] == *cols;
+    if (shape_ok) return t;
+    char got[160] = "";
+    size_t k = 0;
+    for (int d = 0; d < t->ndim && k < sizeof(got) - 24; d++)
+        k += (size_t)snprintf(got + k, sizeof(got) - k, "%s%lld", d ? ", " : "", t->shape[d]);
+    if (is_vector) FILE_ERROR(st_path, "tensor %s has shape [%s], config.json (n_embd=%d) implies [%zu]", name, got,
+                              c->channels, *cols);
+    else FILE_ERROR(st_path, "tensor %s has shape [%s], config.json (n_embd=%d, vocab_size=%d, n_positions=%d) "
+                    "implies [%zu, %zu]", name, got, c->channels, c->vocab_size, c->max_seq_len, *rows, *cols);
+    fprintf(stderr, "  config.json and model.safetensors must come from the same model\n");
+    return NULL;
+}
+
 static int hf_checkpoint_read(const char* path, GPT2Config* config, float** params_out) {
     *params_out = NULL;
     char st_path[4400], cfg_path[4400];
@@ -746,52 +777,35 @@ static int hf_checkpoint_read(const char* path, GPT2Config* config, float** para
     StHeader h;
     if (st_header_read(f, st_path, file_size(f), &h) != 0) { fclose(f); return -1; }
     const char* prefix = st_find(&h, "wte.weight") || !st_find(&h, "transformer.wte.weight") ? "" : "transformer.";
+    /* every tensor config.json's model needs, found and of its shape, before anything is sized by config.json:
+     * the header's tensors tile the file, so the fp32 weights allocated below are at most twice its size (16-bit
+     * tensors), the pad rows of wte aside */
+    int rc = 0;
+    size_t rows, cols;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS && rc == 0; i++) {
+        int layered = i >= LAYER_TENSORS_BEGIN && i < LAYER_TENSORS_END;
+        for (int l = 0; l < (layered ? c.num_layers : 1) && rc == 0; l++)
+            if (!hf_tensor_of(&h, st_path, prefix, &c, i, l, &rows, &cols)) rc = -1;
+    }
     size_t n = parameter_count(&c);
-    float* params = (float*)malloc(n * sizeof(float));
-    if (!params) {
+    float* params = rc ? NULL : (float*)malloc(n * sizeof(float));
+    if (rc == 0 && !params) {
         FILE_ERROR(st_path, "its %zu parameters need %.1f GB as fp32, more than this machine can allocate now",
                    n, n * 4.0 / 1e9);
-        free(h.t); fclose(f);
-        return -1;
+        rc = -1;
     }
+    if (rc != 0) { free(h.t); fclose(f); return -1; }
     memset(params, 0, n * sizeof(float)); /* the pad rows of wte stay zero */
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, &c);
     float* dst = params;
-    int rc = 0;
     char* used = (char*)xmalloc((size_t)(h.n ? h.n : 1));
     memset(used, 0, (size_t)(h.n ? h.n : 1));
     for (int i = 0; i < NUM_PARAMETER_TENSORS && rc == 0; i++) {
         int layered = i >= LAYER_TENSORS_BEGIN && i < LAYER_TENSORS_END;
-        size_t rows, cols;
-        int is_vector = hf_shape(i, &c, &rows, &cols) == 1;
         for (int l = 0; l < (layered ? c.num_layers : 1) && rc == 0; l++) {
-            char name[ST_NAME_MAX];
-            hf_name(name, sizeof(name), prefix, i, l);
-            const SafeTensor* t = st_find(&h, name);
-            if (!t) {
-                FILE_ERROR(st_path, "no tensor %s (GPT-2 with n_layer=%d, as config.json says, needs it): not a GPT-2 "
-                           "checkpoint, or config.json belongs to another model", name, c.num_layers);
-                st_names_print(&h);
-                rc = -1;
-                break;
-            }
+            const SafeTensor* t = hf_tensor_of(&h, st_path, prefix, &c, i, l, &rows, &cols); /* (checked above) */
             used[t - h.t] = 1;
-            int shape_ok = is_vector ? t->ndim == 1 && (size_t)t->shape[0] == cols
-                                     : t->ndim == 2 && (size_t)t->shape[0] == rows && (size_t)t->shape[1] == cols;
-            if (!shape_ok) {
-                char got[160] = "";
-                size_t k = 0;
-                for (int d = 0; d < t->ndim && k < sizeof(got) - 24; d++)
-                    k += (size_t)snprintf(got + k, sizeof(got) - k, "%s%lld", d ? ", " : "", t->shape[d]);
-                if (is_vector) FILE_ERROR(st_path, "tensor %s has shape [%s], config.json (n_embd=%d) implies [%zu]",
-                                          name, got, c.channels, cols);
-                else FILE_ERROR(st_path, "tensor %s has shape [%s], config.json (n_embd=%d, vocab_size=%d, n_positions=%d) "
-                                "implies [%zu, %zu]", name, got, c.channels, c.vocab_size, c.max_seq_len, rows, cols);
-                fprintf(stderr, "  config.json and model.safetensors must come from the same model\n");
-                rc = -1;
-                break;
-            }
             rc = st_read_floats(f, st_path, &h, t, dst + (size_t)l * rows * cols, rows, cols, HF_CONV1D[i]);
         }
         dst += sizes[i];

@@ -217,6 +217,63 @@ static void state_header_make(int32_t* h, const StateInfo* s, const uint32_t crc
     h[255] = (int32_t)crc32c(0, h, 255 * sizeof(int32_t));
 }
 
+/* A header whose checksum matches can still contradict itself (a writer
+ * with a bug, or a header rebuilt by hand): every field that follows from
+ * the others is checked against them, and the unused words must be 0, so
+ * that nothing in a state is taken unless the trainer could have written
+ * it. 0, or -1 after a message naming the field, what it holds and what the
+ * rest of the header implies. */
+static int state_header_consistent(const int32_t* h, const StateInfo* s, const char* path) {
+    char field[48] = "", want[96] = "";
+    long long found = 0;
+    long long per_pass = (long long)s->B * s->T * s->world; /* tokens per micro-batch over all ranks */
+    size_t shard = (s->P + (size_t)s->world - 1) / (size_t)s->world; /* rank r holds [r shard, (r+1) shard) of P */
+    size_t lo = (size_t)s->rank * shard < s->P ? (size_t)s->rank * shard : s->P;
+    size_t hi = lo + shard < s->P ? lo + shard : s->P;
+    for (int i = 19; i < HEADER_INTS - 1 && !field[0]; i++)
+        if ((i == 19 || i == 39 || i >= 40 + LOSS_WINDOW) && h[i] != 0) {
+            snprintf(field, sizeof(field), "word %d (unused)", i);
+            found = h[i];
+            snprintf(want, sizeof(want), "0");
+        }
+    if (field[0]) {
+        /* an unused word set: said below */
+    } else if (s->total % per_pass != 0) {
+        snprintf(field, sizeof(field), "tokens per step ([8])");
+        found = s->total;
+        snprintf(want, sizeof(want), "a multiple of B x T x ranks = %d x %d x %d = %lld", s->B, s->T, s->world, per_pass);
+    } else if (s->lo != lo || s->hi != hi) {
+        snprintf(field, sizeof(field), s->lo != lo ? "slice start ([24..25])" : "slice end ([26..27])");
+        found = (long long)(s->lo != lo ? s->lo : s->hi);
+        snprintf(want, sizeof(want), "%zu (rank %d's slice of %zu parameters over %d ranks: [%zu, %zu))",
+                 s->lo != lo ? lo : hi, s->rank, s->P, s->world, lo, hi);
+    } else if (s->step > s->steps) {
+        snprintf(field, sizeof(field), "step ([2])");
+        found = s->step;
+        snprintf(want, sizeof(want), "at most the run's --steps, %d ([38])", s->steps);
+    } else if (s->watch.count < LOSS_WINDOW && s->watch.next != s->watch.count) {
+        snprintf(field, sizeof(field), "loss window's next slot ([36])");
+        found = s->watch.next;
+        snprintf(want, sizeof(want), "%d (the window holds %d losses and is not yet full)", s->watch.count,
+                 s->watch.count);
+    } else {
+        for (int i = 0; i < LOSS_WINDOW && !field[0]; i++) {
+            float x = s->watch.recent[i];
+            int held = i < s->watch.count;
+            if (held ? !(isfinite(x) && x >= 0.0f) : x != 0.0f) {
+                snprintf(field, sizeof(field), "loss window's entry %d ([%d])", i, 40 + i);
+                found = h[40 + i];
+                if (held) snprintf(want, sizeof(want), "a finite loss >= 0 (found %g)", (double)x);
+                else snprintf(want, sizeof(want), "0.0, past the %d losses held (found %g)", s->watch.count, (double)x);
+            }
+        }
+    }
+    if (!field[0]) return 0;
+    FILE_ERROR(path, "header field %s holds %lld, expected %s: the header contradicts itself (a state written by "
+               "another program, or corrupt); resume from another step or remove this one", field, found, want);
+    return -1;
+}
+
 /* Check a header read from a file of `size` bytes and unpack it. 0, or -1
  * after a message naming `path`. */
 static int state_header_parse(const int32_t* h, long long size, const char* path, StateInfo* s) {
@@ -269,7 +326,7 @@ static int state_header_parse(const int32_t* h, long long size, const char* path
                    "or corrupt", bad);
         return -1;
     }
-    return 0;
+    return state_header_consistent(h, s, path);
 }
 
 /* Read a state file's header and check it and its size. 0, or -1 after a

@@ -220,13 +220,13 @@ rc=$?
     check FAIL "the slowest rank's calibration" "status $rc: $(grep -o 'attention [0-9.]* ms per sequence' "$dir/fill.out")"
 
 # the runtime model against its closed form, computed independently (scripts/tests/runtime_closed_form.py): the cached
-# calibration's numbers replaced by chosen ones (per GEMM shape a fixed and a per-row ms, forward and backward;
+# calibration's numbers replaced by chosen ones (the row counts kept at calib_gemm_rows' 16 and 512, which the reader checks; per GEMM shape a fixed and a per-row ms, forward and backward;
 # attention per sequence; the elementwise and cross-entropy bandwidths; zero/norm/AdamW ns per float; quantise and
 # dequantise ns per element, INT8 and INT4; the layer factor), then each candidate's idle ms/step must be the formula's: 1 rank;
 # 2 ranks on one node (ZeRO 0-3, the measured MPI latency and rates as printed); 4 ranks as 2 nodes of 2 with
 # stated link rates and ZeRO++'s candidates, hierarchical reduction (time, and bytes per level: ZeRO-3's from
 # scripts/zeropp_bytes.py, ZeRO 0-2's from gptc/zero3.h's header formulas). A planted wrong coefficient (GPTC_INJECT_RUNTIME_ERROR) must be caught.
-NUMS="16 48 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 1.5 2.5 0.5 1.25 1.15 12"
+NUMS="16 512 1.0 0.01 1.1 0.02 1.2 0.03 1.3 0.04 1.4 0.05 2.0 0.02 2.2 0.04 2.4 0.06 2.6 0.08 2.8 0.1 0.7 0.001 0.001 110 230 570 9 30 1.5 2.5 0.5 1.25 1.15 12"
 PLAN2="$CAL -d 128"
 PLAN4="$CAL -d 256 --topology 2x2 --auto-quantise 1 --link-gbs 10,0.005"
 $MPIRUN -np 2 "$MPIBIN" $PLAN2 > "$dir/plan.out" 2>&1 && $MPIRUN -np 4 "$MPIBIN" $PLAN4 > "$dir/plan.out" 2>&1 # (their cache lines)
