@@ -100,6 +100,10 @@ echo "== coverage-guided fuzzing: every parser's libFuzzer harness on its seeds,
 stage test_fuzz $MAKE_Q test-fuzz
 tail -n 1 "$LOGS/test_fuzz.log"
 
+echo "== the CPU programs built with clang + OpenMP and with gcc without OpenMP: no warning, the same checks pass"
+stage test_portable scripts/tests/test_portable.sh --quick
+tail -n 1 "$LOGS/test_portable.log"
+
 echo "== test_gpt under AddressSanitizer + UBSan (tiny fixture)"
 ASAN_OPTIONS=detect_leaks=1 stage test_gpt_asan ./test_gpt_asan
 grep -v '^ok ' "$LOGS/test_gpt_asan.log" | grep -v '^error: ' || true

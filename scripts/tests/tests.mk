@@ -64,6 +64,10 @@ check-cxx:
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -fsyntax-only $(OPENMP) train_gpt.c
 	$(CXX) -x c++ -std=c++17 -Wall -Wextra -Wno-unused-function -fsyntax-only $(OPENMP) test_gpt.c
 
+## make test-portable   gcc and clang, with and without OpenMP: no warning, test_gpt's file checks pass (~2 min)
+test-portable:
+	scripts/tests/test_portable.sh
+
 ## make test-asan       test_gpt under AddressSanitizer + UBSan
 test-asan: train_gpt $(HOOKS_BUILD)/train_gpt test_gpt_asan $(TOKENIZER_FILES)
 	ASAN_OPTIONS=detect_leaks=1 ./test_gpt_asan
@@ -142,7 +146,7 @@ test-resume: train_gpt train_gpt_mpi
 test-slurm: train_gpt_mpi
 	scripts/tests/test_slurm.sh ./train_gpt_mpi
 
-.PHONY: check-cxx test-asan test-hf test-eval test-quant test-dp test-zero3 test-zeropp test-zeropp-mutants test-plan \
+.PHONY: check-cxx test-portable test-asan test-hf test-eval test-quant test-dp test-zero3 test-zeropp test-zeropp-mutants test-plan \
 	test-failover test-failover-long test-resume test-slurm
 
 # ---- the CUDA twin, compiled without a GPU ------------------------------------
