@@ -23,9 +23,10 @@
 #include <fcntl.h>
 #include <signal.h>
 
-/* FUZZ_STRICT=1 (make fuzz FUZZ_STRICT=1): also the oracles of what the
- * parsers must refuse and do not yet (fuzz/pending/ holds an input for
- * each); 0: only what the current parsers promise. */
+/* FUZZ_STRICT=1 (make fuzz FUZZ_STRICT=1): also the oracles a harness
+ * keeps under `if (FUZZ_STRICT)` for what a parser must refuse and does not
+ * yet, while fuzz/pending/ holds an input for it (none at present: every
+ * oracle is on by default); 0: only what the current parsers promise. */
 #ifndef FUZZ_STRICT
 #define FUZZ_STRICT 0
 #endif

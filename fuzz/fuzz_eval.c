@@ -3,7 +3,7 @@
  * HellaSwag format, magic 20240522), read by gptc/eval_data.h's
  * evalset_read (--eval-file).
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_eval    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_eval    (or make fuzz, make test-fuzz)
  *
  * The input is the file. Oracles for a file that reads: labels 0..3,
  * every context and ending non-empty and inside the token array; written

@@ -4,7 +4,7 @@
  * gptc/eval_data.h's evalset_from_jsonl (prepare_eval) with a fixed
  * tokenizer (fuzz/fuzz_vocab.h).
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_eval_jsonl    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_eval_jsonl    (or make fuzz, make test-fuzz)
  *
  * The input is the file. Oracles for one that reads: one example per
  * non-blank line at most; labels 0..3; every context decodes to a

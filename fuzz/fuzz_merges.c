@@ -4,7 +4,7 @@
  * tokenizer_init beside a fixed decode file (fuzz/fuzz_vocab.h's
  * vocabulary: 256 bytes, 16 merges, end-of-text).
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_merges    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_merges    (or make fuzz, make test-fuzz)
  *
  * The input is the merges file. Oracles for one that loads: every merge
  * and alias of the file is found in the table with its rank and merged

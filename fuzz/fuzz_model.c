@@ -2,7 +2,7 @@
  * fuzz/fuzz_model.c — libFuzzer harness for llm.c's fp32 model file
  * (version 3), read by train_gpt.c's model_file_read.
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_model    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_model    (or make fuzz, make test-fuzz)
  *
  * The input is the file. Oracle for a file that parses: model_file_write
  * of what was read gives the same bytes (header words 0..7 and every

@@ -2,7 +2,7 @@
  * fuzz/fuzz_model_bf16.c — libFuzzer harness for llm.c's bf16 model file
  * (version 5), read by train_gpt.c's model_file_read (widened to fp32).
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_model_bf16    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_model_bf16    (or make fuzz, make test-fuzz)
  *
  * The input is the file; seeded with bf16 files, so the mutations explore
  * the version-5 path. Oracle for a file that parses: every weight is

@@ -4,7 +4,7 @@
  * dataloader_init (which loads it and checks every token against the
  * vocabulary) and a few dataloader_next batches.
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_shard    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_shard    (or make fuzz, make test-fuzz)
  *
  * The input is the file. Loader settings: B=1, T=4, one rank, vocabulary
  * 50257, not shuffled. Oracles for a file that loads: its size is exactly

@@ -4,7 +4,7 @@
  * slot: gptc/state.h's slot_map of the existing file (its contents kept),
  * then state_load_record.
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_slot    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_slot    (or make fuzz, make test-fuzz)
  *
  * The input: a flag byte that may set the checksums (fuzz_state_record),
  * then the slot's bytes. Oracles for a record that loads: the slot is

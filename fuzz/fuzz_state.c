@@ -4,7 +4,7 @@
  * resume reads it: gptc/state.h's state_read_header, then
  * state_read_arrays.
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_state    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_state    (or make fuzz, make test-fuzz)
  *
  * The input: a flag byte that may set the checksums (fuzz_state_record),
  * then the file. Oracles for a state that reads: its header made again by

@@ -5,7 +5,7 @@
  * its "text" field) and encoded by documents_encode with a fixed tokenizer
  * (fuzz/fuzz_vocab.h).
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_text    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_text    (or make fuzz, make test-fuzz)
  *
  * The input: one byte, whose low bit chooses .jsonl (1) or .txt (0), then
  * the file. Oracles for a file that reads:

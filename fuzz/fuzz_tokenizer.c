@@ -3,7 +3,7 @@
  * (llm.c's gpt2_tokenizer.bin, magic 20240328, version 2), read by
  * gptc/tokenizer.h's tokenizer_init without a merges file.
  *
- *   make -f fuzz/fuzz.mk fuzz/.build/fuzz_tokenizer    (or make fuzz, make test-fuzz)
+ *   make fuzz/.build/fuzz_tokenizer    (or make fuzz, make test-fuzz)
  *
  * The input is the file. Oracles for a file that loads: the decode table
  * written back in the same format (by the harness: magic, version, count,
