@@ -291,6 +291,17 @@ check "${v%% *}" "GPU sampling, temperature 1.3, top-p 0.8: the CPU sampler's to
 v=$(PLANT=last sample_pair sample_plant 1 40 --temperature 0)
 [ "${v%% *}" = FAIL ] && grep -q "newest position left out" "$LOG/sample_plant.gpu.log" && ok=ok || ok=FAIL
 check $ok "... and the planted bug GPTC_SAMPLE_PLANT=last (the newest cached position left out) is rejected" "$v"
+# --prompt on the GPU: GPT-2's tokenizer, a random d1 model of its vocabulary (50257), greedy
+./train_gpt --model d1 --channels 64 --num-heads 2 --max-seq-len 64 --steps 0 --output-dir "$LOG/prompt_model" \
+    > "$LOG/prompt_model.log" 2>&1
+PR=(--model "$LOG/prompt_model/model_00000000.bin" --prompt "The meaning of life is" -g 12 --temperature 0)
+GPTC_SAMPLE_TRACE=$LOG/prompt.cpu .hooks/train_gpt "${PR[@]}" > "$LOG/prompt.cpu.log" 2>&1
+GPTC_SAMPLE_TRACE=$LOG/prompt.gpu ./train_gpt_cu_cpu "${PR[@]}" > "$LOG/prompt.gpu.log" 2>&1
+v=$(/usr/bin/python3 "$SAMPLE_PY" "$LOG/prompt.cpu" "$LOG/prompt.gpu" 1 1 2>&1)
+text_cpu=$(grep '^The meaning of life is' "$LOG/prompt.cpu.log") text_gpu=$(grep '^The meaning of life is' "$LOG/prompt.gpu.log")
+[ "${v%% *}" = ok ] && [ -n "$text_gpu" ] && [ "$text_cpu" = "$text_gpu" ] && ok=ok || ok=FAIL
+check $ok "train_gpt_cu --prompt (GPT-2's tokenizer, V = 50257): the CPU sampler's text and tokens" \
+    "${v#* }; $(cut -c1-80 <<< "$text_gpu")"
 $MPIRUN -np 2 ./train_gpt_cu_cpu $S --temperature 0 --output-dir "$LOG/sample_np2" > "$LOG/sample_np2.log" 2>&1
 ok=$([ "$(grep -c '^sample: ' "$LOG/sample_np2.log")" = 1 ] &&
      [ "$(grep '^sample: ' "$LOG/sample_np2.log")" = "$(grep '^sample: ' "$LOG/sample_greedy.gpu.log")" ] && echo ok || echo FAIL)
