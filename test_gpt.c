@@ -2504,7 +2504,7 @@ static void test_train_error_paths(void) {
         char** av = (char**)argv;
         dist_init(&dist, &argc, &av);
         int parsed = options_parse(&o, argc, av) == 0 && options_problem(&o) == NULL;
-        int rc = parsed ? gptc_run(&o, train_cpu, &dist, &dist) : 0;
+        int rc = parsed ? gptc_run(&o, train_cpu, prompt_cpu, &dist, &dist) : 0;
         dist_finish(&dist, 0);
         check(parsed && rc == -1,
               variant ? "train(): a refused resume (a state past --steps) returns -1 and frees what it made"

@@ -43,6 +43,7 @@
  *   gptc/eval_data.h  multiple-choice eval sets (HellaSwag) in llm.c's format
  *   gptc/eval.h       scoring them with the model: acc, acc_norm, the split over ranks (section 8)
  *   gptc/safetensors.h  Hugging Face GPT-2 checkpoints in and out (section 2)
+ *   gptc/sample.h     temperature / top-k / top-p and the generation loop, shared with the twin (section 7)
  *   gptc/cli.h        the flag table, parsing, usage, checks; what the flags build (section 8)
  *   gptc/zero3.h      ZeRO-3's gathers, nodes (--topology), bytes per level, hierarchical reduction (section 6)
  *   gptc/zeropp.h     ZeRO++ on --zero 3: quantised gathers and reductions, hpZ (section 6)
@@ -1993,54 +1994,7 @@ static double dist_step(Dist* d, GPT2* model, const AdamWConfig* opt, double max
 /* ------------------------------------------------------------------------ */
 /* 7. Sampler                                                               */
 /* ------------------------------------------------------------------------ */
-typedef struct {
-    float value;
-    int index;
-} ScoredToken;
-
-static int scored_desc(const void* a, const void* b) {
-    float x = ((const ScoredToken*)a)->value, y = ((const ScoredToken*)b)->value;
-    return (x < y) - (x > y);
-}
-
-/* Draw a token from raw logits (the first V of them): softmax(logits / T),
- * keep the top_k most likely (0 = all) and the smallest set whose mass
- * reaches top_p (1 = all), renormalise, sample with `coin` in [0, 1).
- * temperature 0 means greedy. `work` holds V ScoredTokens. */
-static int sample_token(const float* logits, int V, float temperature, int top_k, float top_p,
-                        float coin, ScoredToken* work) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
-    if (temperature <= 0.0f) return best;
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) {
-        work[v].value = expf((logits[v] - logits[best]) / temperature);
-        work[v].index = v;
-        sum += work[v].value;
-    }
-    int n = V;
-    if ((top_k > 0 && top_k < V) || top_p < 1.0f) {
-        qsort(work, (size_t)V, sizeof(ScoredToken), scored_desc);
-        if (top_k > 0 && top_k < n) n = top_k;
-        double kept = 0.0;
-        for (int i = 0; i < n; i++) kept += work[i].value;
-        if (top_p < 1.0f) {
-            double mass = 0.0;
-            for (int i = 0; i < n; i++) {
-                mass += work[i].value;
-                if (mass >= top_p * kept) { n = i + 1; break; }
-            }
-        }
-        sum = 0.0;
-        for (int i = 0; i < n; i++) sum += work[i].value;
-    }
-    double target = coin * sum, acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += work[i].value;
-        if (target < acc) return work[i].index;
-    }
-    return work[n - 1].index; /* rounding: the last kept token */
-}
+#include "gptc/sample.h"   /* defines: sample_token (temperature, top-k, top-p), SamplingConfig, Decoder, generate_tokens */
 
 /* Generation with a KV cache: each new token runs the model for one
  * position only, attending to the keys and values of all earlier positions,
@@ -2145,34 +2099,34 @@ static const float* gpt2_forward_cached(const GPT2* model, KVCache* kv, int toke
     return kv->logits;
 }
 
+/* The CPU model as generate_tokens' Decoder: each step one position through
+ * gpt2_forward_cached, the cache kept here. */
 typedef struct {
-    float temperature;
-    int top_k;
-    float top_p;
-} SamplingConfig;
-
-/* Feed prompt[0..n) (n >= 1), then sample up to max_new tokens into out,
- * stopping after an end-of-text token (`eot`, or -1 for none) or at maxT.
- * on_token, if given, is called with each new token as it is drawn.
- * Returns the number of tokens generated. */
-static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_new, const SamplingConfig* s,
-                         Rng* rng, int eot, int* out, void (*on_token)(int, void*), void* ctx) {
-    int V = model->config.vocab_size;
+    Decoder d;
+    const GPT2* model;
     KVCache kv;
-    kvcache_init(&kv, &model->config);
-    ScoredToken* work = (ScoredToken*)ledger_malloc(MEM_SAMPLER, sizeof(ScoredToken) * (size_t)V);
-    const float* logits = NULL;
-    for (int i = 0; i < n && kv.len < kv.max_len; i++) logits = gpt2_forward_cached(model, &kv, prompt[i]);
-    int made = 0;
-    while (logits && made < max_new) {
-        int next = sample_token(logits, V, s->temperature, s->top_k, s->top_p, rng_uniform(rng), work);
-        out[made++] = next;
-        if (on_token) on_token(next, ctx);
-        if (next == eot || kv.len >= kv.max_len) break;
-        logits = gpt2_forward_cached(model, &kv, next);
-    }
-    ledger_free(work);
-    kvcache_free(&kv);
+} CpuDecoder;
+
+static void cpu_decoder_reset(void* self) { ((CpuDecoder*)self)->kv.len = 0; }
+static const float* cpu_decoder_step(void* self, int token) {
+    CpuDecoder* c = (CpuDecoder*)self;
+    return gpt2_forward_cached(c->model, &c->kv, token);
+}
+static const Decoder* cpu_decoder_open(CpuDecoder* c, const GPT2* model) {
+    c->model = model;
+    kvcache_init(&c->kv, &model->config);
+    Decoder d = {c, model->config.max_seq_len, model->config.vocab_size, cpu_decoder_reset, cpu_decoder_step};
+    c->d = d;
+    return &c->d;
+}
+static void cpu_decoder_close(CpuDecoder* c) { kvcache_free(&c->kv); }
+
+/* generate_tokens on the CPU model (its arguments and result). */
+MAYBE_UNUSED static int gpt2_generate(const GPT2* model, const int* prompt, int n, int max_new, const SamplingConfig* s,
+                         Rng* rng, int eot, int* out, void (*on_token)(int, void*), void* ctx) {
+    CpuDecoder c;
+    int made = generate_tokens(cpu_decoder_open(&c, model), prompt, n, max_new, s, rng, eot, out, on_token, ctx);
+    cpu_decoder_close(&c);
     return made;
 }
 
@@ -2211,26 +2165,26 @@ static void print_token(int id, void* ctx) {
     fflush(stdout);
 }
 
-/* A sample from nothing: generation after a single end-of-text token. */
-static void sample_print(const GPT2* model, const Tokenizer* tok, const Options* o, Rng* rng) {
-    int V = model->config.vocab_size;
-    int eot = tok->vocab_size ? (int)tok->eot_token : V - 1;
+/* A sample from nothing: generation after a single end-of-text token, by
+ * any Decoder (the CPU model's, or the GPU's in train_gpt.cu). */
+static void sample_print(const Decoder* d, const Tokenizer* tok, const Options* o, Rng* rng) {
+    int eot = tok->vocab_size ? (int)tok->eot_token : d->V - 1;
     int* out = (int*)ledger_malloc(MEM_SAMPLER, sizeof(int) * (size_t)o->sample_length);
     SamplingConfig s = sampling_from_options(o);
     printf("sample: ");
-    gpt2_generate(model, &eot, 1, o->sample_length, &s, rng, eot, out, print_token, (void*)tok);
+    generate_tokens(d, &eot, 1, o->sample_length, &s, rng, eot, out, print_token, (void*)tok);
     printf("\n");
     ledger_free(out);
 }
 
 /* --prompt: encode the prompt, generate with the KV cache, print. */
-static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const Options* o) {
+static int generate_from_prompt(const Decoder* d, const Tokenizer* tok, const Options* o) {
     size_t len = strlen(o->prompt);
     int* ids = (int*)xmalloc(sizeof(int) * (len + 1));
     int n = (int)tokenizer_encode(tok, NULL, (const unsigned char*)o->prompt, len, ids, len);
     if (n == 0) ids[n++] = (int)tok->eot_token;
-    if (n >= model->config.max_seq_len) {
-        fprintf(stderr, "error: the prompt is %d tokens, the model's context is %d\n", n, model->config.max_seq_len);
+    if (n >= d->max_len) {
+        fprintf(stderr, "error: the prompt is %d tokens, the model's context is %d\n", n, d->max_len);
         free(ids);
         return -1;
     }
@@ -2241,12 +2195,26 @@ static int generate_from_prompt(const GPT2* model, const Tokenizer* tok, const O
     printf("%s", o->prompt);
     fflush(stdout);
     double t0 = time_ms();
-    int made = gpt2_generate(model, ids, n, o->sample_length, &s, &rng, (int)tok->eot_token, out, print_token, (void*)tok);
+    int made = generate_tokens(d, ids, n, o->sample_length, &s, &rng, (int)tok->eot_token, out, print_token, (void*)tok);
     double ms = time_ms() - t0;
     printf("\n[%d prompt tokens, %d generated in %.0f ms: %.1f tokens/s]\n", n, made, ms, made / (ms / 1000.0));
     free(out);
     free(ids);
     return 0;
+}
+
+/* The CPU model's sample at a boundary, and its --prompt (a PromptFn, below). */
+static void cpu_sample_print(const GPT2* model, const Tokenizer* tok, const Options* o, Rng* rng) {
+    CpuDecoder c;
+    sample_print(cpu_decoder_open(&c, model), tok, o, rng);
+    cpu_decoder_close(&c);
+}
+static int prompt_cpu(const GPT2* model, const Tokenizer* tok, const Options* o, void* ctx) {
+    (void)ctx;
+    CpuDecoder c;
+    int rc = generate_from_prompt(cpu_decoder_open(&c, model), tok, o);
+    cpu_decoder_close(&c);
+    return rc;
 }
 
 #include "gptc/run.h"       /* defines: TrainRun, train_run_init, train_run_free, train_run_log_step, the *_due checks */
@@ -2328,7 +2296,7 @@ static int train_steps(TrainRun* r, Saver* saver, GPT2* model, const Options* o,
             return -1;
         if (train_run_sample_due(r, o, step)) {
             float* whole = zero3_sample_begin(dist, model); /* ZeRO-3: the weights on rank 0 meanwhile */
-            if (r->rank == 0) sample_print(model, tok, o, &r->sample_rng);
+            if (r->rank == 0) cpu_sample_print(model, tok, o, &r->sample_rng);
             zero3_sample_end(dist, model, whole);
         }
         if (step == r->steps) break;
@@ -2390,9 +2358,10 @@ static int train(GPT2* model, const Options* o, const Tokenizer* tok, const char
     return rc;
 }
 
-/* A training loop: train() here, gpu_train() in the CUDA twin. */
+/* A training loop: train() here, gpu_train() in the CUDA twin; and --prompt: prompt_cpu, gpu_prompt. */
 typedef int (*TrainFn)(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                        const char* val_pattern, void* ctx);
+typedef int (*PromptFn)(const GPT2* model, const Tokenizer* tok, const Options* o, void* ctx);
 
 static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                      const char* val_pattern, void* ctx) {
@@ -2400,11 +2369,11 @@ static int train_cpu(GPT2* model, const Options* o, const Tokenizer* tok, const 
 }
 
 /* Everything after the flags, shared with train_gpt.cu: build the model,
- * load the tokenizer, then generate from --prompt, or tokenize --data and
- * train with `train_fn`. With several ranks (dist, or NULL), rank 0
+ * load the tokenizer, then generate from --prompt with `prompt_fn`, or
+ * tokenize --data and train with `train_fn` (both get ctx). With several ranks (dist, or NULL), rank 0
  * tokenizes --data while the others wait, then they reuse its cache.
  * Returns 0 or -1. */
-static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* dist) {
+static int gptc_run(const Options* o, TrainFn train_fn, PromptFn prompt_fn, void* ctx, const Dist* dist) {
     GPT2 model;
     StartupMark mark = startup_begin();
     if (model_from_options(&model, o) != 0) return -1;
@@ -2447,7 +2416,7 @@ static int gptc_run(const Options* o, TrainFn train_fn, void* ctx, const Dist* d
     } else {
         startup_end(SU_DATA, mark);
         if (o->prompt[0]) {
-            rc = generate_from_prompt(&model, &tok, o);
+            rc = prompt_fn(&model, &tok, o, ctx);
         } else {
             char train_pattern[8600], val_pattern[8600];
             snprintf(train_pattern, sizeof(train_pattern), "%s", o->train_data);
@@ -2492,7 +2461,7 @@ int main(int argc, char** argv) {
 #endif
     if (rc == 0 && (o.plan || o.auto_plan || o.snapshot_auto)) rc = plan_runtime(&o, &dist); /* calibrated; may set B, ZeRO, ZeRO++ */
     if (rc == 0) rc = zeropp_init(&dist, o.qwz, o.qgz, o.qgz_feedback, o.hpz, o.quant_block); /* gptc/zeropp.h */
-    if (rc == 0 && !o.plan) rc = gptc_run(&o, train_cpu, &dist, &dist);
+    if (rc == 0 && !o.plan) rc = gptc_run(&o, train_cpu, prompt_cpu, &dist, &dist);
     dist_finish(&dist, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }

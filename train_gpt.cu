@@ -1186,6 +1186,7 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
 }
 
 #include "gptc/cuda/eval.cuh" // --eval-file on the GPU: eval_sums_kernel, gpu_eval_choices, gpu_eval_log, gpu_eval_only
+#include "gptc/cuda/sample.cuh" // generation with a KV cache: GpuSampler, gpu_sampler_init, _free, gpu_prompt
 
 #include "gptc/cuda/states.cuh" // GpuSnapshots, gpu_snapshots_init, _free, gpu_snapshot_start, _hand_over, gpu_states_problem
 #include "gptc/cuda/mfu.cuh" // gpu_peak_tflops, flops_per_token, mfu_format, gpu_device_print
@@ -1262,17 +1263,29 @@ static float gpu_evaluate_ranks(GpuGPT2* g, DataLoader* val, GpuComm* comm, int 
     return (float)(loss / comm->world);
 }
 
-/* A sample at a boundary: the sampler runs on the CPU, with the KV cache,
- * on the host's copy of the weights. */
+/* A sample at a boundary, on rank 0: on the GPU from the bf16 weights the
+ * next step uses (gptc/cuda/sample.cuh), nothing copied back. Under ZeRO-3
+ * no rank holds them whole: there the CPU sampler runs on the host's copy
+ * of the master, gathered (collective). */
 static void gpu_sample_print(GpuTrainState* st, GPT2* host, const Dist* dist, int rank, const Tokenizer* tok,
                              const Options* o) {
+    GpuGPT2* g = &st->g;
+    if (!g->layer_weights) {
+        if (rank != 0) return;
+        gpu_offload_sync(g); /* --offload 1: the last update's weights are on the device */
+        GpuSampler sp;
+        gpu_sampler_init(&sp, &g->config, g->param_sizes, &g->params, &g->lt, g->stream);
+        sample_print(&sp.d, tok, o, &st->r.sample_rng);
+        gpu_sampler_free(&sp);
+        return;
+    }
     if (st->gs.pending) { /* the snapshot's copies are this very master: take them */
         gpu_snapshot_hand_over(&st->gs, &st->saver, dist, host, o);
     } else {
         saver_before_update(&st->saver); /* the Saver's thread is done with the host weights */
         dp_params_to_host(&st->dp, host);
     }
-    if (rank == 0) sample_print(host, tok, o, &st->r.sample_rng);
+    if (rank == 0) cpu_sample_print(host, tok, o, &st->r.sample_rng);
 }
 
 /* A model file at `done` steps, for a run without training states. */
@@ -1401,8 +1414,7 @@ static int gpu_train(GPT2* host, const Options* o, GpuComm* comm, const Tokenize
     return rc;
 }
 
-/* gpu_train as train_gpt.c's TrainFn; ctx is the GpuComm.
- * (--prompt stays on the CPU: the sampler with its KV cache.) */
+/* gpu_train as train_gpt.c's TrainFn; ctx is the GpuComm (gpu_prompt is its PromptFn). */
 static int gpu_train_fn(GPT2* model, const Options* o, const Tokenizer* tok, const char* train_pattern,
                         const char* val_pattern, void* ctx) {
     return gpu_train(model, o, (GpuComm*)ctx, tok, train_pattern, val_pattern);
@@ -1464,7 +1476,7 @@ int main(int argc, char** argv) {
         return rc == 0 ? 0 : EXIT_FAILURE;
     }
     /* train_gpt.c: model, tokenizer, --prompt, --data (rank 0 tokenizes; under MPI the others wait) */
-    rc = gptc_run(&o, gpu_train_fn, &comm, comm.mpi ? &comm.dist : NULL);
+    rc = gptc_run(&o, gpu_train_fn, gpu_prompt, &comm, comm.mpi ? &comm.dist : NULL);
     gpu_comm_free(&comm, rc != 0);
     return rc == 0 ? 0 : EXIT_FAILURE;
 }

@@ -313,7 +313,7 @@ static size_t ledger_release(const void* p) {
 
 /* p (bytes) now belongs to `c`. An address recorded before and freed
  * without the ledger (a test swapping buffers) is replaced, not doubled. */
-static void ledger_record(MemComponent c, const void* p, size_t bytes) {
+static void ledger_record(MemComponent c, void* p, size_t bytes) { /* (p not const: gcc warns of a fresh, unwritten buffer passed as const) */
     if (!p) return;
     LedgerEntry* old = ledger_find(p);
     size_t mapped = old ? old->mapped : 0; /* re-recorded (gpt2_init_with): still big_alloc's */

@@ -30,6 +30,9 @@
 #      near-ties, the same acc_norm); a planted bug (GPTC_EVAL_PLANT=whole:
 #      each ending scored over its whole row) rejected; --eval-every 6 during
 #      training logs steps 0 6 12 and trains to the same model bytes;
+#   4c. sampling on the GPU (bf16 KV cache): the CPU sampler's tokens from the
+#      same checkpoint and seed, greedy (and its margins) and sampled, up to
+#      the first bf16 near-tie; a planted cache bug rejected; 2 emulated GPUs;
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
 #   5b. training states under --zero 1|2 (scripts/tests/test_zero_states.sh, ~90 s):
@@ -58,7 +61,7 @@ run() {
     [ $rc -eq 0 ] || tail -n 30 "$LOG/$name.log"
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .hooks/train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
          .cpu/dev/cuda/cpu/test_graph_nccl \
          dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention \
          .cpu/dev/cuda/attention_scalar .cpu/dev/cuda/dp_layout \
@@ -237,6 +240,72 @@ head -c 1100 "$LOG/eval_set.bin" > "$LOG/eval_short.bin"
 ./train_gpt_cu_cpu --model $m1 --eval-file "$LOG/eval_short.bin" --steps 0 -t 64 -b 4 > "$LOG/eval_short.log" 2>&1 && ok=FAIL ||
     { grep -q "eval_short.bin.*\(damaged\|truncated\)" "$LOG/eval_short.log" && ok=ok || ok=FAIL; }
 check $ok "a truncated eval file: train_gpt_cu refuses it, naming the file" "$(grep -m1 -i 'eval_short' "$LOG/eval_short.log" | cut -c1-120)"
+
+# ---- 4c. sampling on the GPU (KV cache, gptc/cuda/sample.cuh): the CPU sampler's tokens ----
+# A toy model trained 300 steps by train_gpt (it counts mod 100), then one sample of 48 tokens from the same
+# checkpoint by train_gpt (fp32, its KV cache) and train_gpt_cu_cpu (bf16 weights and KV cache, the decode
+# kernels), the same seed, greedy and sampled (temperature, top-k, top-p). GPTC_SAMPLE_TRACE (test builds)
+# writes each drawn token and its margin: how far, in logits, the logits must move to change the pick
+# (greedy: half the gap between the two best). Tokens must be equal at every step, or part at a step whose CPU
+# margin is within the bf16 tolerance (a near-tie: the comparison stops there), and in greedy mode
+# every margin within the tolerance of the CPU's: a check of the GPU's logits, which the planted bug
+# GPTC_SAMPLE_PLANT=last (the newest cached position left out of the attention) must fail. 2 emulated GPUs:
+# rank 0 samples, the same tokens.
+SM=$LOG/sample_model
+./train_gpt --model d2 --channels 64 --num-heads 2 --max-seq-len 64 --vocab-size 256 --train-data $TOY --seq-len 64 \
+    --batch-size 4 --steps 300 --lr 3e-3 --warmup-steps 2 --val-every 0 --sample-every 0 --output-dir "$SM" \
+    > "$LOG/sample_train.log" 2>&1
+S="--model $SM/model_00000300.bin --train-data $TOY --seq-len 64 --batch-size 4 --steps 1 --lr 0 --val-every 0
+   --sample-every 1 --sample-length 48"
+SAMPLE_PY=$LOG/sample_compare.py
+cat > "$SAMPLE_PY" <<'PYEOF'
+import sys
+TOL = 0.1  # logits: bf16 keeps 8 bits (an error of 1/32 at a logit of 8); measured CPU-GPU margin gaps <= 0.023
+def read(p): return [(int(a), float(b)) for a, b in (l.split() for l in open(p))]
+cpu, gpu, greedy, need = read(sys.argv[1]), read(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+n, worst, why = 0, 0.0, ""
+for (tc, mc), (tg, mg) in zip(cpu, gpu):
+    if tc != tg and mc < TOL: why = f"near-tie at step {n} (margin {mc:.3g}): tokens {tc} and {tg}"; break
+    if tc != tg: print(f"FAIL step {n}: token {tg} on the GPU, {tc} on the CPU (margin {mc:.3g})"); sys.exit(1)
+    if greedy and abs(mc - mg) > TOL: print(f"FAIL step {n}: margin {mg:.4g} on the GPU, {mc:.4g} on the CPU"); sys.exit(1)
+    worst = max(worst, abs(mc - mg)); n += 1
+if not why and len(cpu) != len(gpu): print(f"FAIL {len(cpu)} tokens drawn on the CPU, {len(gpu)} on the GPU"); sys.exit(1)
+if n < need: print(f"FAIL only {n} tokens compared before the {why}, expected >= {need}"); sys.exit(1)
+print(f"ok {n} of {len(cpu)} tokens equal{', then a ' + why if why else ''}; margins within {worst:.3g}")
+PYEOF
+sample_pair() { # sample_pair NAME GREEDY NEED FLAGS...: CPU and GPU traces of one sample, compared
+    local name=$1 greedy=$2 need=$3
+    shift 3
+    rm -f "$LOG/$name.cpu" "$LOG/$name.gpu"
+    GPTC_SAMPLE_TRACE=$LOG/$name.cpu .hooks/train_gpt $S "$@" --output-dir "$LOG/$name.cpu.d" > "$LOG/$name.cpu.log" 2>&1
+    GPTC_SAMPLE_TRACE=$LOG/$name.gpu ${PLANT:+env GPTC_SAMPLE_PLANT=$PLANT} ./train_gpt_cu_cpu $S "$@" \
+        --output-dir "$LOG/$name.gpu.d" > "$LOG/$name.gpu.log" 2>&1
+    /usr/bin/python3 "$SAMPLE_PY" "$LOG/$name.cpu" "$LOG/$name.gpu" $greedy $need 2>&1
+}
+v=$(sample_pair sample_greedy 1 40 --temperature 0)
+check "${v%% *}" "GPU sampling, greedy: the CPU sampler's tokens and margins (KV cache in bf16, one query a step)" "${v#* }"
+v=$(sample_pair sample_topk 0 16 --temperature 0.9 --top-k 40 --top-p 0.9)
+check "${v%% *}" "GPU sampling, temperature 0.9, top-k 40, top-p 0.9, the default seed: the CPU sampler's tokens" "${v#* }"
+v=$(sample_pair sample_hot 0 1 --temperature 1.3 --top-p 0.8)
+check "${v%% *}" "GPU sampling, temperature 1.3, top-p 0.8: the CPU sampler's tokens up to the first near-tie" "${v#* }"
+v=$(PLANT=last sample_pair sample_plant 1 40 --temperature 0)
+[ "${v%% *}" = FAIL ] && grep -q "newest position left out" "$LOG/sample_plant.gpu.log" && ok=ok || ok=FAIL
+check $ok "... and the planted bug GPTC_SAMPLE_PLANT=last (the newest cached position left out) is rejected" "$v"
+# --prompt on the GPU: GPT-2's tokenizer, a random d1 model of its vocabulary (50257), greedy
+./train_gpt --model d1 --channels 64 --num-heads 2 --max-seq-len 64 --steps 0 --output-dir "$LOG/prompt_model" \
+    > "$LOG/prompt_model.log" 2>&1
+PR=(--model "$LOG/prompt_model/model_00000000.bin" --prompt "The meaning of life is" -g 12 --temperature 0)
+GPTC_SAMPLE_TRACE=$LOG/prompt.cpu .hooks/train_gpt "${PR[@]}" > "$LOG/prompt.cpu.log" 2>&1
+GPTC_SAMPLE_TRACE=$LOG/prompt.gpu ./train_gpt_cu_cpu "${PR[@]}" > "$LOG/prompt.gpu.log" 2>&1
+v=$(/usr/bin/python3 "$SAMPLE_PY" "$LOG/prompt.cpu" "$LOG/prompt.gpu" 1 1 2>&1)
+text_cpu=$(grep '^The meaning of life is' "$LOG/prompt.cpu.log") text_gpu=$(grep '^The meaning of life is' "$LOG/prompt.gpu.log")
+[ "${v%% *}" = ok ] && [ -n "$text_gpu" ] && [ "$text_cpu" = "$text_gpu" ] && ok=ok || ok=FAIL
+check $ok "train_gpt_cu --prompt (GPT-2's tokenizer, V = 50257): the CPU sampler's text and tokens" \
+    "${v#* }; $(cut -c1-80 <<< "$text_gpu")"
+$MPIRUN -np 2 ./train_gpt_cu_cpu $S --temperature 0 --output-dir "$LOG/sample_np2" > "$LOG/sample_np2.log" 2>&1
+ok=$([ "$(grep -c '^sample: ' "$LOG/sample_np2.log")" = 1 ] &&
+     [ "$(grep '^sample: ' "$LOG/sample_np2.log")" = "$(grep '^sample: ' "$LOG/sample_greedy.gpu.log")" ] && echo ok || echo FAIL)
+check $ok "2 emulated GPUs: rank 0 samples, once, the same tokens as 1 GPU" "$(grep -m1 '^sample: ' "$LOG/sample_np2.log" | cut -c1-80)"
 
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
 GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh

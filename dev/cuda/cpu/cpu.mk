@@ -140,7 +140,7 @@ print-cpu-layer:
 # ---- the tests on emulated GPUs ---------------------------------------------------
 
 ## make test-cuda-on-cpu  the CUDA twin on the CPU: its tests, dev/cuda, a training run, 3 emulated GPUs (~6-7 min)
-test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(HOOKS_BUILD)/train_gpt $(TOKENIZER_FILES) $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
 		$(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
 		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout $(CPU_LAB)
