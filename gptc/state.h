@@ -224,7 +224,7 @@ static void state_header_make(int32_t* h, const StateInfo* s, const uint32_t crc
  * it. 0, or -1 after a message naming the field, what it holds and what the
  * rest of the header implies. */
 static int state_header_consistent(const int32_t* h, const StateInfo* s, const char* path) {
-    char field[48] = "", want[96] = "";
+    char field[48] = "", want[160] = "";
     long long found = 0;
     long long per_pass = (long long)s->B * s->T * s->world; /* tokens per micro-batch over all ranks */
     size_t shard = (s->P + (size_t)s->world - 1) / (size_t)s->world; /* rank r holds [r shard, (r+1) shard) of P */
