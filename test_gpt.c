@@ -975,17 +975,14 @@ static void test_cli(void) {
 /* Hugging Face checkpoints (gptc/safetensors.h)                          */
 /* ---------------------------------------------------------------------- */
 
-/* gpt2_load(path) with stderr caught in a file: its return code, and what
- * it said in msg (the tests check the words). */
-static int hf_load_said(const char* path, char* msg, size_t cap) {
-    const char* log = tmp_path("hf_stderr.txt");
+/* fn(arg) with its stderr captured into msg (lines joined by '|'): fn's result. */
+static int said_while(int (*fn)(const void*), const void* arg, char* msg, size_t cap) {
+    const char* log = tmp_path("said_stderr.txt");
     fflush(stderr);
     int saved = dup(2);
     FILE* f = fopen(log, "w");
     CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
-    GPT2 m;
-    int rc = gpt2_load(&m, path);
-    if (rc == 0) gpt2_free(&m);
+    int rc = fn(arg);
     fflush(stderr);
     CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
     size_t n = 0;
@@ -994,10 +991,21 @@ static int hf_load_said(const char* path, char* msg, size_t cap) {
     if (text) memcpy(msg, text, n);
     while (n > 0 && msg[n - 1] == '\n') n--;
     msg[n] = '\0';
-    for (size_t i = 0; i < n; i++) if (msg[i] == '\n') msg[i] = '|'; /* one line per check */
+    for (size_t i = 0; i < n; i++) if (msg[i] == '\n') msg[i] = '|';
     free(text);
     return rc;
 }
+
+static int hf_load_quiet(const void* path) {
+    GPT2 m;
+    int rc = gpt2_load(&m, (const char*)path);
+    if (rc == 0) gpt2_free(&m);
+    return rc;
+}
+
+/* gpt2_load(path) with its stderr caught: its return code, and what it said
+ * in msg, one line per check (the tests check the words). */
+static int hf_load_said(const char* path, char* msg, size_t cap) { return said_while(hf_load_quiet, path, msg, cap); }
 
 /* A folder holding config.json (`config`, or a valid one for L=2 C=64 NH=4
  * maxT=32 V=100 if NULL) and model.safetensors: the 8-byte length of
@@ -1363,27 +1371,6 @@ static void test_hf_files(void) {
 /* ---------------------------------------------------------------------- */
 
 /* evalset_read(path) with stderr caught: its return code, what it said in msg. */
-/* fn(arg) with its stderr captured into msg (lines joined by '|'): fn's result. */
-static int said_while(int (*fn)(const void*), const void* arg, char* msg, size_t cap) {
-    const char* log = tmp_path("said_stderr.txt");
-    fflush(stderr);
-    int saved = dup(2);
-    FILE* f = fopen(log, "w");
-    CHECK(saved >= 0 && f != NULL && dup2(fileno(f), 2) >= 0, "cannot redirect stderr to %s", log);
-    int rc = fn(arg);
-    fflush(stderr);
-    CHECK(dup2(saved, 2) >= 0 && close(saved) == 0 && fclose(f) == 0, "cannot restore stderr");
-    size_t n = 0;
-    unsigned char* text = read_all(log, &n);
-    n = text && n < cap ? n : (text ? cap - 1 : 0);
-    if (text) memcpy(msg, text, n);
-    while (n > 0 && msg[n - 1] == '\n') n--;
-    msg[n] = '\0';
-    for (size_t i = 0; i < n; i++) if (msg[i] == '\n') msg[i] = '|';
-    free(text);
-    return rc;
-}
-
 static int eval_load_quiet(const void* path) {
     EvalSet s;
     int rc = evalset_read(&s, (const char*)path);
