@@ -212,6 +212,7 @@ static void print_flops(const char* what, double ms, double flops, double peak_t
     double tf = flops / (ms * 1e-3) / 1e12;
     if (peak_tflops > 0) printf("  %-28s %8.3f ms  %7.1f TFLOP/s  (%.0f%% of %.0f TFLOP/s)\n", what, ms, tf, 100 * tf / peak_tflops, peak_tflops);
     else printf("  %-28s %8.3f ms  %7.1f TFLOP/s  (roofline unknown)\n", what, ms, tf);
+    print_counted();
 }
 
 /* dq, dk or dv (part 0, 1, 2) of a (B, T, 3C) gradient, as (B, T, C). */

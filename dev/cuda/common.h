@@ -116,7 +116,13 @@ static void l2flush_init(L2Flush* f) {
 }
 static void l2flush_free(L2Flush* f) { CUDA_CHECK(cudaFree(f->buf)); }
 
-/* Median time in ms of `reps` runs of fn(ctx), each after an L2 flush. */
+#ifdef CUDA_CPU_LAYER
+static std::string counted_call; /* the CPU layer's counts of time_kernel's last call, for print_timing */
+#endif
+
+/* Median time in ms of `reps` runs of fn(ctx), each after an L2 flush. On
+ * the CPU execution layer with CUDA_CPU_COUNT=1, one more call is counted
+ * (dev/cuda/cpu/counters.cpp) and print_timing prints its counts. */
 static double time_kernel(L2Flush* f, int reps, void (*fn)(void*), void* ctx) {
     cudaEvent_t a, b;
     CUDA_CHECK(cudaEventCreate(&a));
@@ -140,13 +146,34 @@ static double time_kernel(L2Flush* f, int reps, void (*fn)(void*), void* ctx) {
         for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { double t = ms[j]; ms[j] = ms[j - 1]; ms[j - 1] = t; }
     CUDA_CHECK(cudaEventDestroy(a));
     CUDA_CHECK(cudaEventDestroy(b));
+#ifdef CUDA_CPU_LAYER
+    if (cuda_cpu::count_on) {
+        cuda_cpu::count_mark();
+        fn(ctx);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        counted_call = cuda_cpu::count_summary_since_mark();
+    }
+#endif
     return ms[reps / 2];
+}
+
+/* Beneath a variant's time: the counts of its last timed call, when the CPU
+ * layer counted one (CUDA_CPU_COUNT=1); nothing on a GPU. */
+static void print_counted(void) {
+#ifdef CUDA_CPU_LAYER
+    if (counted_call.empty()) return;
+    printf("    counted (CPU layer, one call; dev/cuda/cpu/README.md, Counters):\n      ");
+    for (char ch : counted_call) printf(ch == '\n' ? "\n      " : "%c", ch);
+    printf("\n");
+    counted_call.clear();
+#endif
 }
 
 static void print_timing(const char* variant, double ms, double bytes, double peak_gbs) {
     double gbs = bytes / (ms * 1e-3) / 1e9;
     if (peak_gbs > 0) printf("  %-28s %8.3f ms  %7.1f GB/s  (%.0f%% of %.0f GB/s)\n", variant, ms, gbs, 100 * gbs / peak_gbs, peak_gbs);
     else printf("  %-28s %8.3f ms  %7.1f GB/s  (roofline unknown)\n", variant, ms, gbs);
+    print_counted();
 }
 
 /* No device: say so and exit 77 (skipped), so a driver can tell it from a failure. */

@@ -167,6 +167,7 @@ static void print_tflops(const char* what, double ms, double flops, double peak_
         printf("  %-28s %8.3f ms  %7.1f TFLOP/s  (%.0f%% of %.0f TFLOP/s, dense bf16 datasheet)\n", what, ms, tf,
                100 * tf / peak_tflops, peak_tflops);
     else printf("  %-28s %8.3f ms  %7.1f TFLOP/s  (peak unknown for this device)\n", what, ms, tf);
+    print_counted();
 }
 
 int main(int argc, char** argv) {

@@ -25,6 +25,18 @@
 //   atomic  1 request per group, whatever it touches
 // and per launch the distinct 32-byte global sectors all its requests touch
 // (the traffic DRAM must serve at least once, with every re-read a cache hit).
+//
+// Round trips (the latency a warp waits for, in program order): a thread's
+// global loads form batches that can be in flight together; a batch ends at
+// a global store or atomic (nothing says the next load does not alias it, so
+// the compiler cannot hoist the load above it, and the store waits for the
+// loads it is computed from), at a barrier, and when an instruction would
+// run a fifth time in it (nvcc unrolls a loop of unknown trip count by 4).
+// A warp's k-th batch is a DRAM round trip when any lane's loads in it touch
+// a sector this launch had not touched yet, a cache round trip otherwise.
+// This is the compiler's freedom as the source gives it, not the schedule
+// ptxas chose; a load whose address comes from an earlier load (a gather)
+// is not seen as dependent.
 #include "cuda_cpu.h"
 
 #include <algorithm>      // sort
@@ -63,10 +75,64 @@ std::vector<record> records;                   // since the last flush
 std::unordered_map<uint64_t, uint32_t> occurrences;  // (thread << 48 | ret) -> executions so far, this block
 std::unordered_set<uintptr_t> launch_sectors;       // distinct 32-byte sectors of global memory this launch touches
 
+constexpr unsigned UNROLL = 4;  // loads of one instruction a batch holds at most (nvcc's default unrolling)
+
+// A warp's round trips in one barrier interval, from its lanes' records in
+// each lane's program order (the push order of that lane's records). Every
+// global sector touched goes into launch_sectors here.
+struct lane_state {
+    bool open;
+    unsigned n_in_batch;
+    std::pair<uint64_t, unsigned> in_batch[16];  // instruction -> its loads in the open batch (the first 16)
+    std::vector<uint8_t> dram;                   // per batch: touched a sector new to the launch
+};
+std::vector<lane_state> lanes;  // per thread of the block, reused
+
+void count_round_trips(kernel_counts& k) {
+    unsigned nthreads = 0;
+    for (const record& r : records) nthreads = std::max(nthreads, 32u * r.warp + r.lane + 1);
+    if (lanes.size() < nthreads) lanes.resize(nthreads);
+    for (unsigned t = 0; t < nthreads; t++) {
+        lanes[t].open = false;
+        lanes[t].n_in_batch = 0;
+        lanes[t].dram.clear();
+    }
+    for (const record& r : records) {
+        if (r.kind == K_SHARED_LOAD || r.kind == K_SHARED_STORE) continue;
+        lane_state& l = lanes[32u * r.warp + r.lane];
+        bool fresh = false;
+        for (uintptr_t sec = r.addr / 32; sec <= (r.addr + r.bytes - 1) / 32; sec++) fresh |= launch_sectors.insert(sec).second;
+        if (r.kind != K_GLOBAL_LOAD) {  // a store or an atomic ends the batch
+            l.open = false;
+            continue;
+        }
+        unsigned i = 0;
+        while (i < l.n_in_batch && l.in_batch[i].first != r.ret) i++;
+        if (!l.open || (i < l.n_in_batch && l.in_batch[i].second >= UNROLL)) {
+            l.open = true;
+            l.n_in_batch = 0;
+            l.dram.push_back(0);
+            i = 0;
+        }
+        if (i == l.n_in_batch && i < 16) l.in_batch[l.n_in_batch++] = {r.ret, 0};
+        if (i < l.n_in_batch) l.in_batch[i].second++;
+        if (fresh) l.dram.back() = 1;
+    }
+    for (unsigned w = 0; 32 * w < nthreads; w++) {
+        size_t n = 0;
+        for (unsigned t = 32 * w; t < std::min(nthreads, 32 * w + 32); t++) n = std::max(n, lanes[t].dram.size());
+        for (size_t b = 0; b < n; b++) {
+            bool d = false;
+            for (unsigned t = 32 * w; t < std::min(nthreads, 32 * w + 32); t++) d |= b < lanes[t].dram.size() && lanes[t].dram[b];
+            if (d) k.dram_round_trips++;
+            else k.cache_round_trips++;
+        }
+    }
+}
+
 // Wavefronts of one phase: the most distinct words any bank is asked for.
-uint64_t phase_wavefronts(const std::vector<uintptr_t>& words) {
-    if (words.empty()) return 0;
-    std::vector<uintptr_t> w = words;
+uint64_t phase_wavefronts(std::vector<uintptr_t>& w) {  // sorts w
+    if (w.empty()) return 0;
     std::sort(w.begin(), w.end());
     w.erase(std::unique(w.begin(), w.end()), w.end());
     unsigned per_bank[32] = {0};
@@ -80,12 +146,12 @@ void count_group(kernel_counts& k, const record* b, const record* e) {
     const int kind = b->kind;
     if (kind == K_ATOMIC) { k.atomic_requests++; return; }
     if (kind == K_GLOBAL_LOAD || kind == K_GLOBAL_STORE) {
-        std::vector<uintptr_t> sectors;
+        static std::vector<uintptr_t> sectors;  // reused: this runs for every request
+        sectors.clear();
         for (const record* r = b; r != e; r++)
             for (uintptr_t s = r->addr / 32; s <= (r->addr + r->bytes - 1) / 32; s++) sectors.push_back(s);
         std::sort(sectors.begin(), sectors.end());
         const uint64_t n = (uint64_t)(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
-        launch_sectors.insert(sectors.begin(), sectors.begin() + n);
         if (kind == K_GLOBAL_LOAD) { k.global_load_requests++; k.global_load_sectors += n; }
         else { k.global_store_requests++; k.global_store_sectors += n; }
         return;
@@ -96,7 +162,8 @@ void count_group(kernel_counts& k, const record* b, const record* e) {
     const int lanes_per_phase = width >= 16 ? 8 : width >= 8 ? 16 : 32;
     uint64_t wavefronts = 0;
     for (int p = 0; p < 32 / lanes_per_phase; p++) {
-        std::vector<uintptr_t> words;
+        static std::vector<uintptr_t> words;
+        words.clear();
         for (const record* r = b; r != e; r++)
             if (r->lane / lanes_per_phase == p)
                 for (uintptr_t w = r->addr / 4; w <= (r->addr + r->bytes - 1) / 4; w++) words.push_back(w);
@@ -124,11 +191,12 @@ void write_table() {
 const char* count_header() {
     return "kernel\tlaunches\tblocks\tthreads_per_block\tdynamic_smem\tglobal_load_requests\tglobal_load_sectors"
            "\tglobal_store_requests\tglobal_store_sectors\tshared_load_requests\tshared_load_wavefronts"
-           "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops\tdistinct_sectors";
+           "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops\tdistinct_sectors"
+           "\tdram_round_trips\tcache_round_trips";
 }
 std::string count_row(const char* name, const kernel_counts& k) {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
+    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
              name, (unsigned long long)k.launches, (unsigned long long)k.blocks, (unsigned long long)k.threads_per_block,
              (unsigned long long)k.dynamic_smem, (unsigned long long)k.global_load_requests,
              (unsigned long long)k.global_load_sectors, (unsigned long long)k.global_store_requests,
@@ -136,7 +204,8 @@ std::string count_row(const char* name, const kernel_counts& k) {
              (unsigned long long)k.shared_load_wavefronts, (unsigned long long)k.shared_store_requests,
              (unsigned long long)k.shared_store_wavefronts, (unsigned long long)k.atomic_requests,
              (unsigned long long)k.barriers, (unsigned long long)k.mma_instructions, (unsigned long long)k.tensor_flops,
-             (unsigned long long)k.distinct_sectors);
+             (unsigned long long)k.distinct_sectors, (unsigned long long)k.dram_round_trips,
+             (unsigned long long)k.cache_round_trips);
     return buf;
 }
 
@@ -175,20 +244,51 @@ void count_access(uintptr_t a, size_t n, bool write, bool shared, void* ret) {
 
 void count_flush() {
     if (!now || records.empty()) return;
-    std::sort(records.begin(), records.end(), [](const record& x, const record& y) {
-        if (x.warp != y.warp) return x.warp < y.warp;
-        if (x.ret != y.ret) return x.ret < y.ret;
-        if (x.occ != y.occ) return x.occ < y.occ;
-        if (x.kind != y.kind) return x.kind < y.kind;
-        return x.lane < y.lane;
-    });
-    size_t b = 0;
-    for (size_t i = 1; i <= records.size(); i++)
-        if (i == records.size() || records[i].warp != records[b].warp || records[i].ret != records[b].ret ||
-            records[i].occ != records[b].occ || records[i].kind != records[b].kind) {
-            count_group(*now, &records[b], &records.data()[i]);
-            b = i;
+    count_round_trips(*now);  // before the grouping: it needs each lane's program order
+    // group by (warp, instruction, occurrence) with a counting sort: per (warp,
+    // instruction) the occurrences in this interval are a dense range
+    static std::vector<uint64_t> rets;  // the interval's instructions: few, found by a linear search
+    static std::vector<uint32_t> ids, lo, hi, base, fill;
+    static std::vector<record> sorted;
+    rets.clear();
+    ids.resize(records.size());
+    unsigned warps = 0;
+    uint64_t last = 0;
+    uint32_t last_id = 0;
+    for (size_t i = 0; i < records.size(); i++) {
+        const record& r = records[i];
+        if (i == 0 || r.ret != last) {
+            last_id = (uint32_t)(std::find(rets.begin(), rets.end(), r.ret) - rets.begin());
+            if (last_id == rets.size()) rets.push_back(r.ret);
+            last = r.ret;
         }
+        ids[i] = last_id;
+        warps = std::max(warps, (unsigned)r.warp + 1);
+    }
+    const size_t nwr = (size_t)warps * rets.size();  // (warp, instruction) pairs
+    lo.assign(nwr, UINT32_MAX);
+    hi.assign(nwr, 0);
+    for (size_t i = 0; i < records.size(); i++) {
+        const size_t wr = (size_t)records[i].warp * rets.size() + ids[i];
+        lo[wr] = std::min(lo[wr], records[i].occ);
+        hi[wr] = std::max(hi[wr], records[i].occ + 1);
+    }
+    base.assign(nwr + 1, 0);
+    for (size_t wr = 0; wr < nwr; wr++) base[wr + 1] = base[wr] + (lo[wr] == UINT32_MAX ? 0 : hi[wr] - lo[wr]);
+    fill.assign(base[nwr] + 1, 0);  // per group: records, then (prefix sums) where it starts
+    for (size_t i = 0; i < records.size(); i++) {
+        const size_t wr = (size_t)records[i].warp * rets.size() + ids[i];
+        fill[base[wr] + records[i].occ - lo[wr] + 1]++;
+    }
+    for (size_t g = 1; g < fill.size(); g++) fill[g] += fill[g - 1];
+    sorted.resize(records.size());
+    for (size_t i = 0; i < records.size(); i++) {
+        const size_t wr = (size_t)records[i].warp * rets.size() + ids[i];
+        sorted[fill[base[wr] + records[i].occ - lo[wr]]++] = records[i];
+    }
+    // fill[g] is now where group g + 1 starts: group g is [g ? fill[g - 1] : 0, fill[g])
+    for (size_t g = 0, start = 0; g + 1 < fill.size(); start = fill[g], g++)
+        if (fill[g] > start) count_group(*now, &sorted[start], sorted.data() + fill[g]);
     records.clear();
 }
 
@@ -214,9 +314,46 @@ void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, siz
         for (size_t c = 0; c < pieces_per_line; c++) {
             const uint8_t kind = shared ? (store ? K_SHARED_STORE : K_SHARED_LOAD) : (store ? K_GLOBAL_STORE : K_GLOBAL_LOAD);
             req.push_back(record{0, 0, 0, (uint8_t)(req.size() % 32), kind, (uintptr_t)p + j * ldm * element_bytes + c * 16, 16});
+            if (!shared) launch_sectors.insert(req.back().addr / 32);  // 16 bytes, 16-aligned: one sector
             if (req.size() == 32) { count_group(*now, req.data(), req.data() + 32); req.clear(); }
         }
     if (!req.empty()) count_group(*now, req.data(), req.data() + req.size());
+}
+
+namespace {
+std::map<std::string, kernel_counts> marked;  // the table at count_mark()
+}
+void count_mark() {
+    count_launch_end();
+    marked = table;
+}
+// One line per kernel launched since count_mark(): its requests, sectors and
+// wavefronts per request, round trips per warp (dev/cuda/common.h prints them
+// beside a lab variant's time).
+std::string count_summary_since_mark() {
+    count_launch_end();
+    std::string out;
+    for (const auto& kv : table) {
+        const kernel_counts& a = kv.second;
+        const kernel_counts b = marked.count(kv.first) ? marked[kv.first] : kernel_counts{};
+        if (a.launches == b.launches) continue;
+        const unsigned long long g = a.global_load_requests + a.global_store_requests - b.global_load_requests - b.global_store_requests;
+        const unsigned long long gs = a.global_load_sectors + a.global_store_sectors - b.global_load_sectors - b.global_store_sectors;
+        const unsigned long long sh = a.shared_load_requests + a.shared_store_requests - b.shared_load_requests - b.shared_store_requests;
+        const unsigned long long sw = a.shared_load_wavefronts + a.shared_store_wavefronts - b.shared_load_wavefronts - b.shared_store_wavefronts;
+        const unsigned long long warps = (a.blocks - b.blocks) * ((a.threads_per_block + 31) / 32);
+        char buf[640];
+        snprintf(buf, sizeof buf,
+                 "%s%s x%llu: global %llu requests, %.2f sectors each, %.2f MB distinct; shared %llu requests, %.2f "
+                 "wavefronts each; per warp %.1f DRAM + %.1f cache round trips; %llu atomics; %.3g tensor FLOPs",
+                 out.empty() ? "" : "\n", kv.first.c_str(), a.launches - b.launches, g, g ? (double)gs / g : 0.0,
+                 (a.distinct_sectors - b.distinct_sectors) * 32 / 1e6, sh, sh ? (double)sw / sh : 0.0,
+                 warps ? (double)(a.dram_round_trips - b.dram_round_trips) / warps : 0.0,
+                 warps ? (double)(a.cache_round_trips - b.cache_round_trips) / warps : 0.0,
+                 a.atomic_requests - b.atomic_requests, (double)(a.tensor_flops - b.tensor_flops));
+        out += buf;
+    }
+    return out;
 }
 
 kernel_counts count_get(const char* name) {

@@ -183,7 +183,7 @@ test-cuda-spare: train_gpt_cu_cpu
 	scripts/tests/test_cuda_spare.sh
 
 # Bugs planted in a copy of train_gpt.cu must be caught (dev/cuda/cpu/mutants.sh; ~3 min, not in make test)
-## make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (~2-3 min)
+## make test-cuda-mutants bugs planted in a copy of train_gpt.cu must be caught by the CPU layer (about 2 min)
 test-cuda-mutants: $(CPU_LAYER)
 	dev/cuda/cpu/mutants.sh
 
@@ -199,29 +199,31 @@ GPU_METRICS_RUN = --model d1 --channels 768 --num-heads 12 --vocab-size 1024 --m
 $(TEST_DIR)/gpu_metrics/ptxas_%.txt: train_gpt.cu train_gpt.c $(GPTC_H) $(CUDA_CUH)
 	@mkdir -p $(@D)
 	$(NVCC) -arch=$* -O3 -std=c++17 -I. -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/train_gpt_$*.cubin train_gpt.cu > $@ 2>&1 || { cat $@; exit 1; }
-# the lab's files with H200 readings: their device code's resources, and the
-# readings' variants counted (dev/cuda/gpu_metrics.py LAB_READINGS: variant and size)
+# the lab's files with H200 readings: their device code's resources (the
+# readings' variants and sizes: dev/cuda/gpu_metrics.py LAB_READINGS)
 $(TEST_DIR)/gpu_metrics/ptxas_lab_%.txt: dev/cuda/%.cu dev/cuda/common.h train_gpt.cu $(CUDA_CUH)
 	@mkdir -p $(@D)
 	$(NVCC) -arch=sm_90 -O3 -std=c++17 -I. -Idev/cuda -DGPTC_NO_NCCL -cubin -Xptxas -v -o $(@D)/lab_$*.cubin $< > $@ 2>&1 || { cat $@; exit 1; }
-GPU_METRICS_LAB = layernorm:1:64 layernorm:3:64 classifier:1:32 classifier:3:32
-## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (~2-3 min)
-gpu-metrics: train_gpt_cu_cpu $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
-		$(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier \
-		$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
-	/usr/bin/python3 scripts/toy_shard.py $(TEST_DIR)/gpu_metrics/toy1024.bin 20000 1024 0 > /dev/null
-	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$(TEST_DIR)/gpu_metrics/counts.tsv ./train_gpt_cu_cpu $(GPU_METRICS_RUN) \
-		--train-data $(TEST_DIR)/gpu_metrics/toy1024.bin > $(TEST_DIR)/gpu_metrics/run.log 2>&1 || { cat $(TEST_DIR)/gpu_metrics/run.log; exit 1; }
+## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (about 2 min)
+# one training step of GPT-2 124M's layer shapes, counted (about 50 s)
+$(TEST_DIR)/gpu_metrics/counts.tsv: train_gpt_cu_cpu scripts/toy_shard.py
+	@mkdir -p $(@D)
+	/usr/bin/python3 scripts/toy_shard.py $(@D)/toy1024.bin 20000 1024 0 > /dev/null
+	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$@.part ./train_gpt_cu_cpu $(GPU_METRICS_RUN) \
+		--train-data $(@D)/toy1024.bin > $(@D)/run.log 2>&1 || { cat $(@D)/run.log; exit 1; }
+	mv $@.part $@
+GPU_METRICS_NEEDS = $(TEST_DIR)/gpu_metrics/counts.tsv $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt \
+	$(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier \
+	$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
+## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (about 2 min)
+gpu-metrics:
+	@$(MAKE) --no-print-directory -j2 $(GPU_METRICS_NEEDS)  # the counted step beside the four ptxas runs (about 25 s each)
 	/usr/bin/python3 dev/cuda/gpu_metrics.py --counts $(TEST_DIR)/gpu_metrics/counts.tsv --run 1,256,1,1024,256 \
 		--ptxas90 $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt --ptxas80 $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
 		--out $(TEST_DIR)/gpu_metrics.tsv
-	@pairs=""; for x in $(GPU_METRICS_LAB); do p=$${x%%:*}; r=$${x#*:}; v=$${r%%:*}; n=$${r#*:}; \
-		if [ $$p = layernorm ]; then a="$$v 1 $$n 768"; else a="$$v $$n 50257 50304"; fi; \
-		f=$(TEST_DIR)/gpu_metrics/lab_$${p}_$$v.tsv; \
-		CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$$f DEV_CUDA_REPS=1 $(CPU_BUILD)/dev/cuda/$$p $$a > $$f.log 2>&1 || { cat $$f.log; exit 1; }; \
-		pairs="$$pairs $$f $(TEST_DIR)/gpu_metrics/ptxas_lab_$$p.txt"; done; \
-		/usr/bin/python3 dev/cuda/gpu_metrics.py --lab-check $$pairs
-	@tail -n 1 $(TEST_DIR)/gpu_metrics.tsv > /dev/null; /usr/bin/python3 -c "import sys; print(open('$(TEST_DIR)/gpu_metrics/step.txt').read().strip())"
+	/usr/bin/python3 dev/cuda/gpu_metrics.py --lab-check $(CPU_BUILD)/dev/cuda $(TEST_DIR)/gpu_metrics \
+		$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
+	@tail -n 1 $(TEST_DIR)/gpu_metrics.tsv
 
 .PHONY: gpu-metrics test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
 	test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants

@@ -30,6 +30,7 @@
 // The runtime API (memory, streams, events, launches on streams: runtime.cpp),
 // cuBLASLt, NCCL and the launch-syntax translation (translate.py) build on it.
 #pragma once
+#define CUDA_CPU_LAYER 1 /* dev/cuda/common.h prints the counters beside a variant's time */
 
 #include <cstddef>      // size_t
 #include <cstdint>      // uint64_t
@@ -343,6 +344,7 @@ struct kernel_counts {
     unsigned long long shared_load_requests, shared_load_wavefronts, shared_store_requests, shared_store_wavefronts;
     unsigned long long atomic_requests, barriers, mma_instructions, tensor_flops;
     unsigned long long distinct_sectors;  // per launch, summed: the global 32-byte sectors it touches at least once
+    unsigned long long dram_round_trips, cache_round_trips;  // per warp, summed: batches of loads waited for in turn
 };
 extern bool count_on;
 void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem);
@@ -354,6 +356,8 @@ void count_barrier();  // one block-wide barrier completed
 void count_mma();      // one warp's mma_sync
 void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, size_t element_bytes);
 kernel_counts count_get(const char* name);  // zeros for a kernel never launched
+void count_mark();                           // count_summary_since_mark() counts from here
+std::string count_summary_since_mark();      // one line: what the launches since count_mark() did
 void count_reset();
 const char* count_header();
 std::string count_row(const char* name, const kernel_counts& k);

@@ -751,6 +751,20 @@ __global__ void count_wmma_kernel(float* d, const __nv_bfloat16* a, const __nv_b
     wmma::mma_sync(fc, fa, fb, fc);
     wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
 }
+// round trips: `n` loads of 128 new bytes per warp; with `store_each` each is stored before the next
+// load (n round trips), without they batch by 4 (ceil(n / 4)); then, after a barrier, the first
+// 128 bytes again: one cache round trip
+__global__ void count_round_trips_kernel(float* out, const float* in, int n, int store_each) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float x = in[i * 32 + threadIdx.x];
+        if (store_each) out[i * 32 + threadIdx.x] = x;
+        acc += x;
+    }
+    __syncthreads();
+    acc += in[threadIdx.x];
+    out[threadIdx.x] = acc;
+}
 // 32 lanes atomicAdd into one float: 1 atomic request
 __global__ void count_atomic_kernel(float* out) { atomicAdd(out, 1.0f); }
 
@@ -850,6 +864,18 @@ static int counts_case(bool wrong_expectation) {
         count_expect("wmma tile", "global_store_requests", k.global_store_requests, 2);
         count_expect("wmma tile", "global_store_sectors", k.global_store_sectors, 32);
     }
+    for (int store_each = 0; store_each < 2; store_each++) {  // n = 10: 10 round trips, or 4 + 4 + 2 -> 3
+        K k = count_one("count_round_trips_kernel", [&] { count_round_trips_kernel<<<1, 32>>>(fout, fin, 10, store_each); });
+        const char* what = store_each ? "round trips, a store after each load" : "round trips, loads only";
+        count_expect(what, "global_load_requests", k.global_load_requests, 11);
+        count_expect(what, "dram_round_trips", k.dram_round_trips, store_each ? 10 : 3);
+        count_expect(what, "cache_round_trips", k.cache_round_trips, 1);
+    }
+    {  // the simple kernels: one load request, one DRAM round trip
+        K k = count_one("count_global4_kernel", [&] { count_global4_kernel<<<1, 32>>>(fout, fin, 0, 1); });
+        count_expect("global 4-byte", "dram_round_trips", k.dram_round_trips, 1);
+        count_expect("global 4-byte", "cache_round_trips", k.cache_round_trips, 0);
+    }
     {
         K k = count_one("count_atomic_kernel", [&] { count_atomic_kernel<<<1, 32>>>(fout); });
         count_expect("atomicAdd", "atomic_requests", k.atomic_requests, 1);
@@ -928,7 +954,7 @@ static const Case cases[] = {
     {"graph_bad_launch_in_capture", case_graph_bad_launch_in_capture, 3, "a failed launch", "a launch over the limits in a capture: its own error, then Invalidated"},
     {"graph_replay_oob", case_graph_replay_oob, 86, "past the end of cudaMalloc #1", "a replayed graph's out-of-bounds write is reported as an ordinary launch's"},
     {"graph_replay_uninitialised", case_graph_replay_uninitialised, 86, "nothing has written since cudaMalloc", "a replayed graph's read of never-written memory is reported"},
-    {"counts_exact", case_counts_exact, 0, "", "counters: planted kernels (shared strides 1/2/32/broadcast, 8/16-byte shared, 4/8/16-byte global aligned and not, strided, divergent lanes, a WMMA tile, an atomic) give the hand-computed counts"},
+    {"counts_exact", case_counts_exact, 0, "", "counters: planted kernels (shared strides 1/2/32/broadcast, 8/16-byte shared, 4/8/16-byte global aligned and not, strided, divergent lanes, a WMMA tile, an atomic, DRAM and cache round trips with and without a store between loads) give the hand-computed counts"},
     {"counts_planted_wrong", case_counts_planted_wrong, 1, "count mismatch: shared read, stride 2: shared_load_wavefronts = 2, expected 1", "counters: a planted wrong expectation (no 2-way conflict at stride 2) is rejected"},
     {"counts_overhead", case_counts_overhead, 0, "", "counters: a fill kernel's time with counting off and on (printed with TEST_VERBOSE=1)"},
     {"graph_nccl_ok", case_graph_nccl_ok, 0, "", "ncclAllReduce captured (1 rank): not run at capture, run at each of 2 replays"},
