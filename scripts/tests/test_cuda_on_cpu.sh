@@ -103,6 +103,16 @@ run dev_cuda_encoder_c768 ./.cpu/dev/cuda/encoder 0 4 64 768 2048 # (a bucket of
 run dev_cuda_gelu ./.cpu/dev/cuda/gelu 0 4099 # (variant 3: 3 blocks and a tail of 3)
 run dev_cuda_matmul ./.cpu/dev/cuda/matmul 0 13 20 # (C = 768 takes a minute here: 8 x 32, rows 16-byte aligned, instead)
 run dev_cuda_matmul_c32 ./.cpu/dev/cuda/matmul 0 8 32
+# counting on (CUDA_CPU_COUNT=1): every variant's time has its counts beneath it (dev/cuda/common.h)
+for lab in "layernorm 0 4 9 36" "classifier 0 27 131 256" "attention 0 2 70 2 20" "matmul 0 8 32" "gelu 0 4099"; do
+    name=$(echo "$lab" | cut -d' ' -f1)
+    CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE="$LOG/lab_counts_$name.tsv" ./.cpu/dev/cuda/$lab > "$LOG/lab_counts_$name.log" 2>&1
+    rc=$?
+    timed=$(grep -c ' ms ' "$LOG/lab_counts_$name.log")
+    counted=$(grep -c 'counted (CPU layer, one call' "$LOG/lab_counts_$name.log")
+    check "$([ $rc -eq 0 ] && [ "$timed" -gt 0 ] && [ "$timed" = "$counted" ] && echo ok || echo FAIL)" \
+        "lab counts beside each variant: $name" "$timed timed, $counted counted; rc=$rc"
+done
 unset DEV_CUDA_REPS
 
 # ---- 4. a training run: the loss falls, and another scheduling seed gives the same bytes ----

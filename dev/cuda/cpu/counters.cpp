@@ -353,7 +353,7 @@ std::string count_summary_since_mark() {
                  a.atomic_requests - b.atomic_requests, (double)(a.tensor_flops - b.tensor_flops));
         out += buf;
     }
-    return out;
+    return out.empty() ? "no kernel launched (a library's work, cuBLASLt's, is not counted)" : out;
 }
 
 kernel_counts count_get(const char* name) {
