@@ -4,6 +4,8 @@
  *
  *   make dev/cpu/bench_train && dev/cpu/bench_train 4 64 3 [L]
  *   args: B T steps [num_layers, default 12 = GPT-2 124M]
+ *   BENCH_DUMP=DIR: also writes the initial weights and the batch there (for the
+ *   PyTorch baseline's loss check: scripts/bench/bench_torch.py --from DIR)
  * Prints parseable lines (scripts/bench/bench.sh reads them): one per matmul kind
  * (each weight's forward and backward calls of a step, replayed alone), then
  *   gptc B=4 T=64 ms/step=... gflops=... peak_rss_gb=... threads=2 ... matmul_gflops=...
@@ -111,6 +113,20 @@ int main(int argc, char** argv) {
         x[i] = (int)(rng_u32(&rng) % (uint32_t)c.vocab_size);
         y[i] = (int)(rng_u32(&rng) % (uint32_t)c.vocab_size);
     }
+    /* BENCH_DUMP=DIR: the initial weights (DIR/model.bin, llm.c format) and the
+     * batch (DIR/batch.bin: B*T int32 x, then y), so that scripts/bench/
+     * bench_torch.py --from DIR computes its loss on the same weights and batch */
+    const char* dump = getenv("BENCH_DUMP");
+    if (dump && *dump) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/model.bin", dump);
+        CHECK(gpt2_save(&model, path) == 0, "cannot write the BENCH_DUMP model");
+        snprintf(path, sizeof path, "%s/batch.bin", dump);
+        FILE* f = fopen(path, "wb");
+        CHECK(f && fwrite(x, sizeof(int), (size_t)B * T, f) == (size_t)B * T &&
+                  fwrite(y, sizeof(int), (size_t)B * T, f) == (size_t)B * T && fclose(f) == 0,
+              "cannot write the BENCH_DUMP batch");
+    }
     AdamWConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 0};
     double best = 1e30, fwd = 0, bwd = 0, upd = 0;
     double* times = (double*)xmalloc(sizeof(double) * (size_t)steps);
@@ -124,7 +140,7 @@ int main(int argc, char** argv) {
         double norm = gradients_clip(&model, 1.0);
         adamw_update(&model, &opt, 1e-4f, s + 1);
         double t3 = time_ms();
-        printf("step %d: loss %.4f norm %.3f | forward %.0f ms, backward %.0f ms, clip+adamw %.0f ms, total %.0f ms\n",
+        printf("step %d: loss %.6f norm %.3f | forward %.0f ms, backward %.0f ms, clip+adamw %.0f ms, total %.0f ms\n",
                s, loss, norm, t1 - t0, t2 - t1, t3 - t2, t3 - t0);
         if (s > 0) times[s - 1] = t3 - t0;
         if (s > 0 && t3 - t0 < best) { best = t3 - t0; fwd = t1 - t0; bwd = t2 - t1; upd = t3 - t2; }

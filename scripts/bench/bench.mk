@@ -18,8 +18,17 @@ dev/cpu/profile_plan: dev/cpu/profile_plan.c train_gpt.c $(GPTC_H)
 dev/cpu/fma_peak: dev/cpu/fma_peak.c
 	$(CC) $(CFLAGS) $(OPENMP) -o $@ dev/cpu/fma_peak.c -lm
 
-## make bench           GPT-2 124M training steps here and in PyTorch, as % of the measured FMA peak
-bench: dev/cpu/bench_train dev/cpu/fma_peak $(TOKENIZER_FILES)
+# the same two built for AVX2 (-march=x86-64-v3, in place of $(MARCH)): an AVX2 machine's tile and peak
+AVX2_CFLAGS = $(filter-out $(MARCH),$(CFLAGS)) -march=x86-64-v3
+dev/cpu/bench_train_avx2: dev/cpu/bench_train.c train_gpt.c $(GPTC_H)
+	$(CC) $(AVX2_CFLAGS) -Wno-unused-function $(OPENMP) -I. -o $@ dev/cpu/bench_train.c $(LDLIBS)
+dev/cpu/fma_peak_avx2: dev/cpu/fma_peak.c
+	$(CC) $(AVX2_CFLAGS) $(OPENMP) -o $@ dev/cpu/fma_peak.c -lm
+
+## make bench           GPT-2 124M training steps here and in PyTorch per x86 instruction set (native, AVX2), as % of each one's FMA peak (~8 min)
+bench: dev/cpu/bench_train dev/cpu/fma_peak dev/cpu/bench_train_avx2 dev/cpu/fma_peak_avx2 $(TOKENIZER_FILES)
+	@[ -e /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 ] || { echo "make bench: the OpenMP OpenBLAS," \
+		"its PyTorch baseline's BLAS, is missing: sudo apt-get install libopenblas0-openmp (scripts/install_deps.sh installs it)"; exit 1; }
 	scripts/bench/bench.sh
 
 # data-parallel scaling: 2 ranks x 1 thread against 1 rank x 1 thread
