@@ -38,8 +38,11 @@ A100 = dict(sms=108, clock_hz=1.41e9, regs_per_sm=65536, reg_unit=256, max_regs_
 # fitted on the lab's two L1-bound readings, LayerNorm forward and classifier variant 1), mma.sync-class tensor work (WMMA: no wgmma) at
 # 2/3 of the 989 TFLOP/s dense bf16 peak, cuBLASLt's GEMMs at 600 TFLOP/s
 # (measured cuBLAS bf16 GEMMs at these shapes reach 550-700 on an H100/H200),
-# and 2 us per kernel launch (launch and tail).
-RATE = dict(dram=0.80 * 4.8e12, l1=132 * 1.755e9 * 192, smem_wavefronts=132 * 1.755e9, mma=0.66 * 989e12, gemm=600e12, launch_s=2e-6)
+# the special-function unit's 16 results per clock per SM (exp, log, tanh,
+# sqrt: the CUDA C++ Programming Guide's arithmetic-instruction throughput
+# table, compute capability 9.0), and 2 us per kernel launch (launch and tail).
+RATE = dict(dram=0.80 * 4.8e12, l1=132 * 1.755e9 * 192, smem_wavefronts=132 * 1.755e9, mma=0.66 * 989e12, gemm=600e12,
+            sfu=132 * 1.755e9 * 16, launch_s=2e-6)
 PEAK_BF16 = 989e12
 # A round trip's loaded latency (counters.cpp: a warp's batches of loads in
 # program order): 0.8 us from DRAM, 0.4 us from L1/L2. Fitted on the lab's
@@ -170,10 +173,12 @@ def estimate(k, bps, warps, blocks):
     t_l1 = sectors * 32 / (RATE["l1"] * share)           # every request's sectors through L1
     t_smem = (k["shared_load_wavefronts"] + k["shared_store_wavefronts"]) / (RATE["smem_wavefronts"] * share)
     t_mma = k["tensor_flops"] / (RATE["mma"] * share)
+    t_sfu = k.get("sfu_ops", 0) / (RATE["sfu"] * share)
     # Little's law: each warp waits for its round trips in turn, `resident` warps per SM overlap
     t_lat = (k["dram_round_trips"] * LATENCY["dram"] + k["cache_round_trips"] * LATENCY["cache"]) / (sms * resident)
     hide_sm = min(1.0, resident / 16)    # shared memory and mma latency want about 16 warps per SM
-    parts = {"dram": t_mem, "l1": t_l1, "shared": t_smem / hide_sm, "tensor": t_mma / hide_sm, "latency": t_lat}
+    parts = {"dram": t_mem, "l1": t_l1, "shared": t_smem / hide_sm, "tensor": t_mma / hide_sm, "sfu": t_sfu / hide_sm,
+             "latency": t_lat}
     bound = max(parts, key=parts.get)
     t = parts[bound] + k["launches"] * RATE["launch_s"]
     if resident < 16:
@@ -295,8 +300,8 @@ def main():
     cols = ["kernel", "launches", "shared_requests", "shared_wavefronts", "global_load_requests", "global_load_sectors",
             "global_store_requests", "global_store_sectors", "atomic_requests", "tensor_flops", "registers", "spill_bytes",
             "smem_bytes", "blocks_per_sm", "warps_per_sm", "blocks_per_sm_a100", "sectors_per_request",
-            "wavefronts_per_request", "dram_round_trips", "cache_round_trips", "round_trips_per_warp", "bound",
-            "est_us_h200"]
+            "wavefronts_per_request", "dram_round_trips", "cache_round_trips", "round_trips_per_warp", "sfu_ops",
+            "bound", "est_us_h200"]
     rows, total = [], 0.0
     for name in sorted(counts):
         if name not in SCALE:
@@ -328,17 +333,17 @@ def main():
                      round(k["atomic_requests"]), round(k["tensor_flops"]), r["registers"], r["spill_bytes"], smem, bps,
                      bps * warps, bps80, f"{g_sec / g_req:.2f}" if g_req else "-",
                      f"{sh_wav / sh_req:.2f}" if sh_req else "-", round(k["dram_round_trips"]),
-                     round(k["cache_round_trips"]), f"{rt_warp:.1f}", bound, f"{t * 1e6:.1f}"])
+                     round(k["cache_round_trips"]), f"{rt_warp:.1f}", round(k["sfu_ops"]), bound, f"{t * 1e6:.1f}"])
     # cuBLASLt's GEMMs: not our kernels; FLOPs over the stated rate
     BT = tg["B"] * tg["T"]
     gemm_flops = 3 * (tg["L"] * 24 * BT * C * C + 2 * BT * C * tg["Vp"])  # forward, and backward's two per GEMM
     t_gemm = gemm_flops / RATE["gemm"]
     total += t_gemm
     rows.append(["cublaslt_gemms (estimated from FLOPs)", tg["L"] * 4 * 3 + 3, "-", "-", "-", "-", "-", "-", "-",
-                 round(gemm_flops), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "tensor (cuBLASLt, 600 TFLOP/s)",
+                 round(gemm_flops), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "tensor (cuBLASLt, 600 TFLOP/s)",
                  f"{t_gemm * 1e6:.1f}"])
     w = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
-    show = [0, 1, 3, 5, 7, 9, 10, 11, 12, 13, 14, 16, 17, 20, 21, 22]
+    show = [0, 1, 3, 5, 7, 9, 10, 11, 12, 13, 14, 16, 17, 20, 21, 22, 23]
     print("ESTIMATES for GPT-2 124M, B=64 T=1024, on an H200 (counts measured on the CPU layer at "
           f"B={B} T={T} L={L} Vp={Vp}, scaled; registers from ptxas sm_90):")
     print("  ".join(cols[i].ljust(w[i]) for i in show))

@@ -192,11 +192,11 @@ const char* count_header() {
     return "kernel\tlaunches\tblocks\tthreads_per_block\tdynamic_smem\tglobal_load_requests\tglobal_load_sectors"
            "\tglobal_store_requests\tglobal_store_sectors\tshared_load_requests\tshared_load_wavefronts"
            "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops\tdistinct_sectors"
-           "\tdram_round_trips\tcache_round_trips";
+           "\tdram_round_trips\tcache_round_trips\tsfu_ops";
 }
 std::string count_row(const char* name, const kernel_counts& k) {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
+    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
              name, (unsigned long long)k.launches, (unsigned long long)k.blocks, (unsigned long long)k.threads_per_block,
              (unsigned long long)k.dynamic_smem, (unsigned long long)k.global_load_requests,
              (unsigned long long)k.global_load_sectors, (unsigned long long)k.global_store_requests,
@@ -205,7 +205,7 @@ std::string count_row(const char* name, const kernel_counts& k) {
              (unsigned long long)k.shared_store_wavefronts, (unsigned long long)k.atomic_requests,
              (unsigned long long)k.barriers, (unsigned long long)k.mma_instructions, (unsigned long long)k.tensor_flops,
              (unsigned long long)k.distinct_sectors, (unsigned long long)k.dram_round_trips,
-             (unsigned long long)k.cache_round_trips);
+             (unsigned long long)k.cache_round_trips, (unsigned long long)k.sfu_ops);
     return buf;
 }
 
@@ -292,6 +292,10 @@ void count_flush() {
     records.clear();
 }
 
+void count_sfu() {
+    if (now && exec.in_kernel && !exec.call) now->sfu_ops++;
+}
+
 void count_barrier() {
     if (now) now->barriers++;
 }
@@ -345,12 +349,13 @@ std::string count_summary_since_mark() {
         char buf[640];
         snprintf(buf, sizeof buf,
                  "%s%s x%llu: global %llu requests, %.2f sectors each, %.2f MB distinct; shared %llu requests, %.2f "
-                 "wavefronts each; per warp %.1f DRAM + %.1f cache round trips; %llu atomics; %.3g tensor FLOPs",
+                 "wavefronts each; per warp %.1f DRAM + %.1f cache round trips; %llu atomics; %.3g tensor FLOPs; "
+                 "%llu SFU operations",
                  out.empty() ? "" : "\n", kv.first.c_str(), a.launches - b.launches, g, g ? (double)gs / g : 0.0,
                  (a.distinct_sectors - b.distinct_sectors) * 32 / 1e6, sh, sh ? (double)sw / sh : 0.0,
                  warps ? (double)(a.dram_round_trips - b.dram_round_trips) / warps : 0.0,
                  warps ? (double)(a.cache_round_trips - b.cache_round_trips) / warps : 0.0,
-                 a.atomic_requests - b.atomic_requests, (double)(a.tensor_flops - b.tensor_flops));
+                 a.atomic_requests - b.atomic_requests, (double)(a.tensor_flops - b.tensor_flops), a.sfu_ops - b.sfu_ops);
         out += buf;
     }
     return out.empty() ? "no kernel launched (a library's work, cuBLASLt's, is not counted)" : out;

@@ -345,6 +345,7 @@ struct kernel_counts {
     unsigned long long atomic_requests, barriers, mma_instructions, tensor_flops;
     unsigned long long distinct_sectors;  // per launch, summed: the global 32-byte sectors it touches at least once
     unsigned long long dram_round_trips, cache_round_trips;  // per warp, summed: batches of loads waited for in turn
+    unsigned long long sfu_ops;  // per thread: exp, log, tanh, sqrt, sin, cos, pow calls (the SFU's work)
 };
 extern bool count_on;
 void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem);
@@ -353,6 +354,7 @@ void count_block_start();
 void count_access(uintptr_t a, size_t n, bool write, bool shared, void* ret);
 void count_flush();    // at every barrier and block end: the lanes' records become warp requests
 void count_barrier();  // one block-wide barrier completed
+void count_sfu();      // one special-function call of a kernel's thread
 void count_mma();      // one warp's mma_sync
 void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, size_t element_bytes);
 kernel_counts count_get(const char* name);  // zeros for a kernel never launched

@@ -765,6 +765,11 @@ __global__ void count_round_trips_kernel(float* out, const float* in, int n, int
     acc += in[threadIdx.x];
     out[threadIdx.x] = acc;
 }
+// special functions: each lane two expf and one tanhf -> 96 SFU operations
+__global__ void count_sfu_kernel(float* out, const float* in) {
+    float x = in[threadIdx.x];
+    out[threadIdx.x] = expf(x) + tanhf(x) + expf(2.0f * x);
+}
 // 32 lanes atomicAdd into one float: 1 atomic request
 __global__ void count_atomic_kernel(float* out) { atomicAdd(out, 1.0f); }
 
@@ -871,6 +876,12 @@ static int counts_case(bool wrong_expectation) {
         count_expect(what, "dram_round_trips", k.dram_round_trips, store_each ? 10 : 3);
         count_expect(what, "cache_round_trips", k.cache_round_trips, 1);
     }
+    {  // special functions: 32 lanes x (2 expf + 1 tanhf); nothing else counts as one
+        K k = count_one("count_sfu_kernel", [&] { count_sfu_kernel<<<1, 32>>>(fout, fin); });
+        count_expect("expf and tanhf", "sfu_ops", k.sfu_ops, 96);
+        K g = count_one("count_global4_kernel", [&] { count_global4_kernel<<<1, 32>>>(fout, fin, 0, 1); });
+        count_expect("global 4-byte", "sfu_ops", g.sfu_ops, 0);
+    }
     {  // the simple kernels: one load request, one DRAM round trip
         K k = count_one("count_global4_kernel", [&] { count_global4_kernel<<<1, 32>>>(fout, fin, 0, 1); });
         count_expect("global 4-byte", "dram_round_trips", k.dram_round_trips, 1);
@@ -954,7 +965,7 @@ static const Case cases[] = {
     {"graph_bad_launch_in_capture", case_graph_bad_launch_in_capture, 3, "a failed launch", "a launch over the limits in a capture: its own error, then Invalidated"},
     {"graph_replay_oob", case_graph_replay_oob, 86, "past the end of cudaMalloc #1", "a replayed graph's out-of-bounds write is reported as an ordinary launch's"},
     {"graph_replay_uninitialised", case_graph_replay_uninitialised, 86, "nothing has written since cudaMalloc", "a replayed graph's read of never-written memory is reported"},
-    {"counts_exact", case_counts_exact, 0, "", "counters: planted kernels (shared strides 1/2/32/broadcast, 8/16-byte shared, 4/8/16-byte global aligned and not, strided, divergent lanes, a WMMA tile, an atomic, DRAM and cache round trips with and without a store between loads) give the hand-computed counts"},
+    {"counts_exact", case_counts_exact, 0, "", "counters: planted kernels (shared strides 1/2/32/broadcast, 8/16-byte shared, 4/8/16-byte global aligned and not, strided, divergent lanes, a WMMA tile, an atomic, DRAM and cache round trips with and without a store between loads, SFU calls) give the hand-computed counts"},
     {"counts_planted_wrong", case_counts_planted_wrong, 1, "count mismatch: shared read, stride 2: shared_load_wavefronts = 2, expected 1", "counters: a planted wrong expectation (no 2-way conflict at stride 2) is rejected"},
     {"counts_overhead", case_counts_overhead, 0, "", "counters: a fill kernel's time with counting off and on (printed with TEST_VERBOSE=1)"},
     {"graph_nccl_ok", case_graph_nccl_ok, 0, "", "ncclAllReduce captured (1 rank): not run at capture, run at each of 2 replays"},

@@ -20,6 +20,30 @@
 #include <memory>  // std::shared_ptr: a launch's arguments live until it runs
 #include <type_traits>  // std::common_type_t: min, max
 
+// ---- the special-function unit's work, counted (CUDA_CPU_COUNT=1) -------------------
+// A GPU computes these through its SFU (MUFU: 16 results per clock per SM on
+// sm_80/sm_90), which bounds softmax-heavy kernels. With counting on, each call
+// a kernel's thread makes is one SFU operation (counters.cpp, count_sfu); host
+// code calling them is not counted. std::expf and the like are not used, so
+// function-like macros catch every call.
+namespace cuda_cpu {
+extern bool count_on;
+void count_sfu();
+}  // namespace cuda_cpu
+inline float cuda_cpu_sfu(float r) {
+    if (cuda_cpu::count_on) cuda_cpu::count_sfu();
+    return r;
+}
+#define expf(x) cuda_cpu_sfu(::expf(x))
+#define exp2f(x) cuda_cpu_sfu(::exp2f(x))
+#define logf(x) cuda_cpu_sfu(::logf(x))
+#define log2f(x) cuda_cpu_sfu(::log2f(x))
+#define tanhf(x) cuda_cpu_sfu(::tanhf(x))
+#define sinf(x) cuda_cpu_sfu(::sinf(x))
+#define cosf(x) cuda_cpu_sfu(::cosf(x))
+#define sqrtf(x) cuda_cpu_sfu(::sqrtf(x))
+#define powf(x, y) cuda_cpu_sfu(::powf(x, y))
+
 // ---- device intrinsics, as host functions ------------------------------------------
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline unsigned int __float_as_uint(float x) {
