@@ -285,6 +285,9 @@ def main():
     ap.add_argument("--ptxas80")
     ap.add_argument("--run", required=True, help="B,T,L,V,maxT of the counted run")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--classifier", metavar="COUNTS:ROWS",
+                    help="the production classifier counted at GPT-2's vocabulary (V=50257, Vp=50304) by its lab "
+                         "program over ROWS rows: used in place of the step's (its per-row merges do not grow with V)")
     a = ap.parse_args()
     try:
         B, T, L, V, maxT = map(int, a.run.split(","))
@@ -303,6 +306,17 @@ def main():
             "wavefronts_per_request", "dram_round_trips", "cache_round_trips", "round_trips_per_warp", "sfu_ops",
             "bound", "est_us_h200"]
     rows, total = [], 0.0
+    if a.classifier:
+        path, nrows = a.classifier.rsplit(":", 1)
+        lab = read_counts(path)
+        if "classifier_kernel" not in lab:
+            die(f"{path}: no classifier_kernel counted: run the classifier lab's variant 3 with CUDA_CPU_COUNT=1")
+        c, n = lab["classifier_kernel"], lab["classifier_kernel"]["launches"]
+        # one launch's counts over ROWS rows, as if from the counted step (B*T rows at Vp): the "logits" factor
+        # then scales them to B*T*Vp at the target
+        f = B * T / int(nrows) * Vp / 50304
+        counts["classifier_kernel"] = {x: (c[x] if x in ("threads_per_block", "dynamic_smem") else
+                                           1 if x == "launches" else c[x] / n * f) for x in c}
     for name in sorted(counts):
         if name not in SCALE:
             die(f"kernel '{name}' has no scaling rule: add it to SCALE in dev/cuda/gpu_metrics.py (what its work grows with)")

@@ -293,7 +293,7 @@ void count_flush() {
 }
 
 void count_sfu() {
-    if (now && exec.in_kernel && !exec.call) now->sfu_ops++;
+    if (count_on && now && exec.in_kernel && !exec.call) now->sfu_ops++;
 }
 
 void count_barrier() {

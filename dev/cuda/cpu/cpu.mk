@@ -212,7 +212,12 @@ $(TEST_DIR)/gpu_metrics/counts.tsv: train_gpt_cu_cpu scripts/toy_shard.py
 	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$@.part ./train_gpt_cu_cpu $(GPU_METRICS_RUN) \
 		--train-data $(@D)/toy1024.bin > $(@D)/run.log 2>&1 || { cat $(@D)/run.log; exit 1; }
 	mv $@.part $@
-GPU_METRICS_NEEDS = $(TEST_DIR)/gpu_metrics/counts.tsv $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt \
+# the production classifier at GPT-2's vocabulary, 8 rows (the step's run has V = 1024)
+$(TEST_DIR)/gpu_metrics/classifier_v50257.tsv: $(CPU_BUILD)/dev/cuda/classifier
+	@mkdir -p $(@D)
+	CUDA_CPU_COUNT=1 CUDA_CPU_COUNT_FILE=$@.part DEV_CUDA_REPS=1 $< 3 8 50257 50304 > $@.log 2>&1 || { cat $@.log; exit 1; }
+	mv $@.part $@
+GPU_METRICS_NEEDS = $(TEST_DIR)/gpu_metrics/classifier_v50257.tsv $(TEST_DIR)/gpu_metrics/counts.tsv $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt \
 	$(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier \
 	$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
 ## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (about 2 min)
@@ -220,7 +225,7 @@ gpu-metrics:
 	@$(MAKE) --no-print-directory -j2 $(GPU_METRICS_NEEDS)  # the counted step beside the four ptxas runs (about 25 s each)
 	/usr/bin/python3 dev/cuda/gpu_metrics.py --counts $(TEST_DIR)/gpu_metrics/counts.tsv --run 1,256,1,1024,256 \
 		--ptxas90 $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt --ptxas80 $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
-		--out $(TEST_DIR)/gpu_metrics.tsv
+		--classifier $(TEST_DIR)/gpu_metrics/classifier_v50257.tsv:8 --out $(TEST_DIR)/gpu_metrics.tsv
 	/usr/bin/python3 dev/cuda/gpu_metrics.py --lab-check $(CPU_BUILD)/dev/cuda $(TEST_DIR)/gpu_metrics \
 		$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
 	@tail -n 1 $(TEST_DIR)/gpu_metrics.tsv
