@@ -23,6 +23,10 @@ PYTHON ?= /usr/bin/python3
 #                  (AdamW's sqrtf: 3x faster). NaN and Inf keep their meaning.
 # No -ffast-math: it lets the compiler assume no NaN/Inf, and the trainer checks for them.
 MARCH ?= -march=native
+# $(call sub_jobs,N): -jN for a sub-make, unless this make already shares a
+# jobserver (make -j): then the sub-make takes its slots from it (an explicit
+# -j there would make GNU make warn and start a second pool)
+sub_jobs = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(1))
 CFLAGS = -O3 $(MARCH) -fno-math-errno -std=c11 -Wall -Wextra
 # clang says where it could not vectorise a `#pragma omp simd` loop that gcc does; that is no fault
 ifneq ($(shell $(CC) --version 2>/dev/null | grep -c clang),0)
@@ -208,7 +212,7 @@ CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_PREREQS = check-cxx train_gpt train_gpt_mpi $(HOOKS_BUILD)/train_gpt $(HOOKS_BUILD)/train_gpt_mpi prepare_eval test_gpt_asan test_gpt test_tokenizer dev/quant/test_quant $(TOKENIZER_FILES) $(CORPUS) $(FIXTURE_124M)/gpt2_124M_ref.bin
 ## make test            the whole suite (scripts/tests/test_all.sh; ~15 min)
 test:
-	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) $(TEST_PREREQS)
+	@$(MAKE) --no-print-directory $(call sub_jobs,$(CHECK_JOBS)) $(TEST_PREREQS)
 	TEST_DIR=$(TEST_DIR) FIXTURE_124M=$(FIXTURE_124M) DEFAULT_RUN=$(DEFAULT_RUN) NVCC=$(NVCC) CHECK_JOBS=$(CHECK_JOBS) scripts/tests/test_all.sh
 
 ## make test-fast       test_gpt on the committed tiny fixture only (seconds, no PyTorch)

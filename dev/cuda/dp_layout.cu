@@ -105,7 +105,7 @@ static void test_shape(int L, int C, int maxT, int V, int W) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     parameter_sizes(sizes, &c);
     size_t P = parameter_count(&c);
-    char what[512], why[512] = "";
+    char what[1024], why[512] = "";
     ShardMap* maps = maps_for(sizes, L, W);
     size_t S = shard_map_elements(&maps[0]);
 

@@ -218,7 +218,7 @@ FORCE:
 check-cuda:
 	@command -v $(NVCC) >/dev/null 2>&1 || { echo "nvcc not found: install the CUDA toolkit (CI has CUDA 13 in /usr/local/cuda)"; exit 1; }
 	@[ -n "$(HAVE_MPICC)" ] || echo "check-cuda: train_gpt_cu_mpi SKIPPED: $(MPICC) not found (apt-get install libopenmpi-dev openmpi-bin)"
-	@$(MAKE) --no-print-directory -j$(CHECK_JOBS) check-cuda-builds
+	@$(MAKE) --no-print-directory $(call sub_jobs,$(CHECK_JOBS)) check-cuda-builds
 	@echo "test_gpt_cu --host-only (the sm_90 build above)" && \
 	$(call quietly,$(CHECK_CUDA_OUT)/sm_90/test_gpt --host-only)
 	@echo "dev/cuda/dp_layout (the sm_90 build above)" && $(call quietly,$(CHECK_CUDA_OUT)/sm_90/dev/cuda/dp_layout)

@@ -222,7 +222,7 @@ GPU_METRICS_NEEDS = $(TEST_DIR)/gpu_metrics/classifier_v50257.tsv $(TEST_DIR)/gp
 	$(TEST_DIR)/gpu_metrics/ptxas_lab_layernorm.txt $(TEST_DIR)/gpu_metrics/ptxas_lab_classifier.txt
 ## make gpu-metrics    counts, registers, occupancy and an ESTIMATED H200 step time for every production kernel (about 2 min)
 gpu-metrics:
-	@$(MAKE) --no-print-directory -j2 $(GPU_METRICS_NEEDS)  # the counted step beside the four ptxas runs (about 25 s each)
+	@$(MAKE) --no-print-directory $(call sub_jobs,2) $(GPU_METRICS_NEEDS)  # the counted step beside the four ptxas runs (about 25 s each)
 	/usr/bin/python3 dev/cuda/gpu_metrics.py --counts $(TEST_DIR)/gpu_metrics/counts.tsv --run 1,256,1,1024,256 \
 		--ptxas90 $(TEST_DIR)/gpu_metrics/ptxas_sm_90.txt --ptxas80 $(TEST_DIR)/gpu_metrics/ptxas_sm_80.txt \
 		--classifier $(TEST_DIR)/gpu_metrics/classifier_v50257.tsv:8 --out $(TEST_DIR)/gpu_metrics.tsv
