@@ -17,6 +17,16 @@ bad() { echo "FAIL $*"; failed=$((failed + 1)); }
 tmp=$(mktemp -d /tmp/gptc_portable.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 counts=""
+# group_result NAME DIR GROUP: test_gpt --only GROUP's exit status ($DIR/GROUP.rc) and last line ($DIR/GROUP.log)
+# passed with no failure; its count goes into $counts
+group_result() {
+    local last
+    last=$(tail -1 "$2/$3.log")
+    if [ "$(cat "$2/$3.rc")" = 0 ] && [[ "$last" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
+        ok "$1: test_gpt --only $3: $last"
+    else grep '^FAIL' "$2/$3.log" | head -5; bad "$1: test_gpt --only $3: $last"; fi
+    counts+="$3:${last%% *} "
+}
 for cc in gcc clang; do
     if ! command -v $cc > /dev/null; then bad "$cc: not installed (scripts/install_deps.sh installs it)"; continue; fi
     for omp in on off; do
@@ -36,11 +46,7 @@ for cc in gcc clang; do
         [ $omp = off ] && { grep -q "^threads: 1;" <<< "$threads" && ok "$name: one thread" || bad "$name: $threads"; }
         for group in inputs hf; do
             [ $group = hf ] && (cd "$dir" && ./test_gpt --only hf > hf.log 2>&1; echo $? > hf.rc)
-            last=$(tail -1 "$dir/$group.log")
-            if [ "$(cat "$dir/$group.rc")" = 0 ] && [[ "$last" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
-                ok "$name: test_gpt --only $group: $last"
-            else grep '^FAIL' "$dir/$group.log" | head -5; bad "$name: test_gpt --only $group: $last"; fi
-            counts+="$group:${last%% *} "
+            group_result "$name" "$dir" $group
         done
     done
 done
@@ -68,11 +74,7 @@ else
         chmod +x "$dir/train_gpt"
         for group in inputs hf; do
             (cd "$dir" && qemu-aarch64 ./test_gpt --only $group > $group.log 2>&1; echo $? > $group.rc)
-            last=$(tail -1 "$dir/$group.log")
-            if [ "$(cat "$dir/$group.rc")" = 0 ] && [[ "$last" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
-                ok "$name: test_gpt --only $group: $last"
-            else grep '^FAIL' "$dir/$group.log" | head -5; bad "$name: test_gpt --only $group: $last"; fi
-            counts+="$group:${last%% *} "
+            group_result "$name" "$dir" $group
         done
         # the whole of test_gpt (make test-portable only: about 2 minutes under qemu): the count the native one gives
         if [ $quick = 0 ] && make -s tokenizer test_gpt .hooks/train_gpt train_gpt > /dev/null 2>&1 &&
