@@ -29,7 +29,8 @@
  *       runs, the step (dp_step); start-up, levels, ZeRO++ and the shards'
  *       set-up are one include away (comm, levels, zeropp, zero .cuh)
  *   G7. The training loop and main (training states: states.cuh, setup.cuh)
- * Machinery by concern sits in gptc/cuda/: plan.cuh (memory plan, --plan),
+ * Machinery by concern sits in gptc/cuda/: plan.cuh (memory plan), runtime.cuh
+ * (the runtime model: --plan's step times, --auto 1, --snapshot-every auto),
  * offload.cuh (--offload 1), recompute.cuh (--recompute), mfu.cuh.
  *
  * Left out: CUDA graphs with several GPUs, --zero, --spike-z or --offload 1
@@ -896,7 +897,7 @@ static void gpu_params_to_host(GpuGPT2* g, GPT2* host) {
 
 #include "gptc/cuda/comm.cuh" // GpuComm, GpuLevels, gpu_comm_init, gpu_comm_free, gpu_comm_sum, gpu_comm_check_agreement
 #include "gptc/cuda/levels.cuh" // gpu_levels_init, _free, _count, _allreduce, _reduce_to_owners, _print
-#include "gptc/cuda/plan.cuh" // MemoryPlan, gpu_memory_plan_for, memory_check, gpu_plan_check, gpu_plan_print
+#include "gptc/cuda/plan.cuh" // MemoryPlan, gpu_memory_plan_for, memory_check, gpu_plan_check
 
 /* ---- gradients and weights across the ranks ----------------------------- */
 
@@ -1190,6 +1191,7 @@ static float gpu_evaluate(GpuGPT2* g, DataLoader* val, int batches) {
 
 #include "gptc/cuda/states.cuh" // GpuSnapshots, gpu_snapshots_init, _free, gpu_snapshot_start, _hand_over, gpu_states_problem
 #include "gptc/cuda/mfu.cuh" // gpu_peak_tflops, flops_per_token, mfu_format, gpu_device_print
+#include "gptc/cuda/runtime.cuh" // the runtime model, its calibration: gpu_plan_print (--plan), gpu_plan_runtime (--auto)
 
 /* What a training run holds: gpu_train_setup sets it up piece by piece,
  * and gpu_train_free releases whatever of it was set up, on every way out
@@ -1453,10 +1455,14 @@ int main(int argc, char** argv) {
     startup_end(SU_COMM, mark);
     /* ranks other than 0 train silently: their errors still go to stderr */
     if (comm.rank != 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "warning: rank %d prints\n", comm.rank);
-    if (o.plan) { /* the device memory plan and its candidates, then exit */
+    if (o.plan) { /* the device memory plan and its candidates with their step times, then exit */
         rc = gpu_plan_print(&o, &comm);
         gpu_comm_free(&comm, 0);
         return rc == 0 ? 0 : EXIT_FAILURE;
+    }
+    if ((o.auto_plan || o.snapshot_auto) && gpu_plan_runtime(&o, &comm) != 0) { /* may set B, ZeRO, recompute, offload */
+        gpu_comm_free(&comm, 0);
+        return EXIT_FAILURE;
     }
     if (o.data[0] && comm.world > 1 && !comm.mpi) {
         fprintf(stderr, "error: --data with several ranks needs --init mpi (the others wait at a barrier while rank 0 "

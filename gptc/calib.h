@@ -674,12 +674,18 @@ static void calib_key(Calibration* cal, int threads, int world) {
              threads, world, size, mtime, cal->C, cal->NH, cal->Vp, cal->Tc);
 }
 
-static void calib_path(Calibration* cal, const char* output_dir) {
+/* Where a calibration cache named `name` lives: in --output-dir when there
+ * is one, else $XDG_CACHE_HOME/gptc/ (~/.cache/gptc/). */
+static void calib_file_path(char* out, size_t cap, const char* output_dir, const char* name) {
     const char* xdg = getenv("XDG_CACHE_HOME");
     const char* home = getenv("HOME");
-    if (output_dir && output_dir[0]) snprintf(cal->path, sizeof(cal->path), "%s/calibration.txt", output_dir);
-    else if (xdg && xdg[0]) snprintf(cal->path, sizeof(cal->path), "%s/gptc/calibration.txt", xdg);
-    else snprintf(cal->path, sizeof(cal->path), "%s/.cache/gptc/calibration.txt", home && home[0] ? home : "/tmp");
+    if (output_dir && output_dir[0]) snprintf(out, cap, "%s/%s", output_dir, name);
+    else if (xdg && xdg[0]) snprintf(out, cap, "%s/gptc/%s", xdg, name);
+    else snprintf(out, cap, "%s/.cache/gptc/%s", home && home[0] ? home : "/tmp", name);
+}
+
+static void calib_path(Calibration* cal, const char* output_dir) {
+    calib_file_path(cal->path, sizeof(cal->path), output_dir, "calibration.txt");
 }
 
 /* The cached numbers, in the file's order (the header line names them). */
@@ -750,19 +756,17 @@ static void calib_ranges(CalibRange r[CALIB_NUMBERS]) {
 }
 #undef CALIB_RANGE
 
-/* Read the numbers of one cache line (`at`: just after "key|") into *c and
- * check each against its range: NULL, or why not (into why, naming the
- * number, what was expected and what was found). */
-static const char* calib_line_parse(Calibration* c, const char* at, char* why, size_t cap) {
-    double* v[CALIB_NUMBERS];
-    CalibRange r[CALIB_NUMBERS];
-    calib_numbers(c, v);
-    calib_ranges(r);
-    for (int i = 0; i < CALIB_NUMBERS; i++) {
+/* Read n numbers of a cache line (`at`: just after "key|") through v and
+ * check each against its range r[i]; nothing more may follow on the line.
+ * NULL, or why not (into why, naming the number, what was expected and what
+ * was found). The GPU's calibration (gptc/cuda/runtime.cuh) reads its own
+ * numbers with it too. */
+static const char* numbers_parse(const char* at, double* const* v, const CalibRange* r, int n, char* why, size_t cap) {
+    for (int i = 0; i < n; i++) {
         char* end = NULL;
         double x = strtod(at, &end);
         if (end == at) {
-            snprintf(why, cap, "number %d of %d (%s) is missing or not a number", i + 1, CALIB_NUMBERS, r[i].name);
+            snprintf(why, cap, "number %d of %d (%s) is missing or not a number", i + 1, n, r[i].name);
             return why;
         }
         at = end;
@@ -776,9 +780,20 @@ static const char* calib_line_parse(Calibration* c, const char* at, char* why, s
     }
     while (*at == ' ' || *at == '\t' || *at == '\r') at++;
     if (*at != '\n' && *at != '\0') {
-        snprintf(why, cap, "more than %d numbers", CALIB_NUMBERS);
+        snprintf(why, cap, "more than %d numbers", n);
         return why;
     }
+    return NULL;
+}
+
+/* The CPU calibration's line into *c: its numbers, then its GEMM row counts
+ * against the rule for its shape. NULL, or why not. */
+static const char* calib_line_parse(Calibration* c, const char* at, char* why, size_t cap) {
+    double* v[CALIB_NUMBERS];
+    CalibRange r[CALIB_NUMBERS];
+    calib_numbers(c, v);
+    calib_ranges(r);
+    if (numbers_parse(at, v, r, CALIB_NUMBERS, why, cap)) return why;
     double rows[2];
     calib_gemm_rows(c->C, c->Vp, rows);
     if (c->rows[0] != rows[0] || c->rows[1] != rows[1]) {
@@ -789,18 +804,24 @@ static const char* calib_line_parse(Calibration* c, const char* at, char* why, s
     return NULL;
 }
 
-/* The line of `cal->key` in the cache: 1 when found (and read), else 0. A
- * line of this key that is cut off or holds an implausible figure is not
- * believed: a one-line note names the file, the line and the figure, the
- * calibration runs again and calib_save drops that line. */
-static int calib_load(Calibration* cal) {
-    FILE* f = fopen(cal->path, "r");
+/* A cache of keyed lines, "key|numbers": the first line names the format
+ * (`format`; a file of another version of it, `format_any`, is replaced).
+ * keyed_load finds `key`'s line in `path` and hands the rest of it to
+ * parse(ctx, at, why, cap), which reads the numbers or says why not: 1 when
+ * found and read, else 0. A line of the key that is cut off or holds an
+ * implausible figure is not believed: a one-line note names the file, the
+ * line and the figure, *discarded is set (the caller measures again) and
+ * keyed_save drops that line. */
+typedef const char* (*KeyedParse)(void* ctx, const char* at, char* why, size_t cap);
+static int keyed_load(const char* path, const char* format, const char* key, KeyedParse parse, void* ctx,
+                      int* discarded) {
+    FILE* f = fopen(path, "r");
     if (!f) return 0;
     char line[4096];
     int found = 0;
     long lineno = 1;
-    if (fgets(line, sizeof(line), f) && !strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT))) {
-        size_t k = strlen(cal->key);
+    if (fgets(line, sizeof(line), f) && !strncmp(line, format, strlen(format))) {
+        size_t k = strlen(key);
         while (!found && fgets(line, sizeof(line), f)) {
             lineno++;
             size_t len = strlen(line);
@@ -809,82 +830,104 @@ static int calib_load(Calibration* cal) {
                 int ch;
                 while ((ch = fgetc(f)) != EOF && ch != '\n') {}
             }
-            if (strncmp(line, cal->key, k) || line[k] != '|') continue;
-            Calibration c = *cal;
+            if (strncmp(line, key, k) || line[k] != '|') continue;
             char why[300];
             const char* bad = !whole && !feof(f) ? "the line is longer than any calibration line"
-                              : calib_line_parse(&c, line + k + 1, why, sizeof(why));
+                              : parse(ctx, line + k + 1, why, sizeof(why));
             if (bad) {
                 fprintf(stderr, "note: %s line %ld: %s: this cached calibration is discarded and measured again\n",
-                        cal->path, lineno, bad);
-                cal->discarded = 1;
+                        path, lineno, bad);
+                *discarded = 1;
                 break;
             }
             found = 1;
-            *cal = c;
         }
     }
     fclose(f);
     return found;
 }
 
-/* Append this calibration (a file that is not ours is left alone). */
-static void calib_save(const Calibration* cal) {
+/* Append `key`'s line of n numbers (a file that is not such a cache is left
+ * alone; after a discard, the key's old lines are dropped first). */
+static void keyed_save(const char* path, const char* format, const char* format_any, const char* header,
+                       const char* key, int discarded, double* const* v, int n) {
     char dir[4400];
-    snprintf(dir, sizeof(dir), "%s", cal->path);
+    snprintf(dir, sizeof(dir), "%s", path);
     char* slash = strrchr(dir, '/');
     if (slash) {
         *slash = '\0';
         if (mkdir_p(dir) != 0) return;
     }
-    FILE* f = fopen(cal->path, "r");
+    FILE* f = fopen(path, "r");
     int fresh = !f;
     if (f) {
         char line[64] = "";
         int read = fgets(line, sizeof(line), f) != NULL;
         fclose(f);
-        if (!read || strncmp(line, CALIB_FORMAT_ANY, strlen(CALIB_FORMAT_ANY))) {
-            fprintf(stderr, "warning: %s is not a gptc calibration file: not written\n", cal->path);
+        if (!read || strncmp(line, format_any, strlen(format_any))) {
+            fprintf(stderr, "warning: %s is not a gptc calibration file: not written\n", path);
             return;
         }
-        fresh = strncmp(line, CALIB_FORMAT, strlen(CALIB_FORMAT)) != 0; /* an older version's: its lines dropped */
+        fresh = strncmp(line, format, strlen(format)) != 0; /* an older version's: its lines dropped */
     }
-    if (!fresh && cal->discarded) { /* the file without this key's lines, then this calibration appended */
+    if (!fresh && discarded) { /* the file without this key's lines, then this calibration appended */
         char tmp[4410];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", cal->path);
-        FILE* in = fopen(cal->path, "r");
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE* in = fopen(path, "r");
         FILE* out = in ? fopen(tmp, "w") : NULL;
-        size_t k = strlen(cal->key);
+        size_t k = strlen(key);
         char line[4096];
         int ok = in && out, at_start = 1, drop = 0;
         while (ok && fgets(line, sizeof(line), in)) {
-            if (at_start) drop = !strncmp(line, cal->key, k) && line[k] == '|'; /* (a long line's rest: as its start) */
+            if (at_start) drop = !strncmp(line, key, k) && line[k] == '|'; /* (a long line's rest: as its start) */
             size_t len = strlen(line);
             if (!drop && fputs(line, out) == EOF) ok = 0;
             at_start = len > 0 && line[len - 1] == '\n';
         }
         if (in) fclose(in);
         if (out && fclose(out) != 0) ok = 0;
-        if (!ok || rename(tmp, cal->path) != 0) {
+        if (!ok || rename(tmp, path) != 0) {
             remove(tmp);
-            fprintf(stderr, "warning: cannot rewrite the calibration cache %s: %s\n", cal->path, strerror(errno));
+            fprintf(stderr, "warning: cannot rewrite the calibration cache %s: %s\n", path, strerror(errno));
             return;
         }
     }
-    if (!(f = fopen(cal->path, fresh ? "w" : "a"))) {
-        fprintf(stderr, "warning: cannot write the calibration cache %s: %s\n", cal->path, strerror(errno));
+    if (!(f = fopen(path, fresh ? "w" : "a"))) {
+        fprintf(stderr, "warning: cannot write the calibration cache %s: %s\n", path, strerror(errno));
         return;
     }
-    if (fresh) fprintf(f, "%s: key|rows(2), per GEMM shape (qkv attproj fc fcproj classifier) forward then backward: "
-                       "fixed ms, ms per row; attention ms per sequence, elementwise GB/s, cross-entropy GB/s, "
-                       "zero/norm/AdamW ns per float, AdamW GB/s, fc GFLOP/s, quantise INT8/INT4 and dequantise INT8/INT4 ns per "
-                       "element, a layer in the step over its kernels, ms\n", CALIB_FORMAT);
-    double* v[CALIB_NUMBERS];
-    calib_numbers((Calibration*)cal, v);
-    fprintf(f, "%s|", cal->key);
-    for (int i = 0; i < CALIB_NUMBERS; i++) fprintf(f, "%s%.6g", i ? " " : "", *v[i]);
+    if (fresh) fprintf(f, "%s: %s\n", format, header);
+    fprintf(f, "%s|", key);
+    for (int i = 0; i < n; i++) fprintf(f, "%s%.6g", i ? " " : "", *v[i]);
     fprintf(f, "\n");
     fclose(f);
+}
+
+static const char* calib_parse_into(void* ctx, const char* at, char* why, size_t cap) {
+    return calib_line_parse((Calibration*)ctx, at, why, cap);
+}
+
+/* The line of `cal->key` in the CPU's cache (keyed_load): 1 when found and
+ * read into *cal, else 0 (cal->discarded: a bad line of the key was met). */
+static int calib_load(Calibration* cal) {
+    Calibration c = *cal;
+    int found = keyed_load(cal->path, CALIB_FORMAT, cal->key, calib_parse_into, &c, &cal->discarded);
+    if (found) {
+        c.discarded = cal->discarded;
+        *cal = c;
+    }
+    return found;
+}
+
+/* Append this calibration to the CPU's cache (keyed_save). */
+static void calib_save(const Calibration* cal) {
+    double* v[CALIB_NUMBERS];
+    calib_numbers((Calibration*)cal, v);
+    keyed_save(cal->path, CALIB_FORMAT, CALIB_FORMAT_ANY,
+               "key|rows(2), per GEMM shape (qkv attproj fc fcproj classifier) forward then backward: "
+               "fixed ms, ms per row; attention ms per sequence, elementwise GB/s, cross-entropy GB/s, "
+               "zero/norm/AdamW ns per float, AdamW GB/s, fc GFLOP/s, quantise INT8/INT4 and dequantise INT8/INT4 ns per "
+               "element, a layer in the step over its kernels, ms", cal->key, cal->discarded, v, CALIB_NUMBERS);
 }
 
 static void calibration_print(const Calibration* cal) {

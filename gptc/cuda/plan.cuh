@@ -3,8 +3,8 @@
  * (comm.cuh, levels.cuh). Defines GpuPlanKnobs, dp_sizes, GpuZeroPPSizes,
  * gpu_zeropp_sizes, dp_weight_elems, MemoryPlan, gpu_memory_plan_for,
  * gpu_memory_plan, memory_plan_print, MemoryHeadroom, memory_check,
- * gpu_memory_headroom, gpu_plan_knobs, gpu_plan_check (--plan-check 1)
- * and gpu_plan_print (--plan 1). */
+ * gpu_memory_headroom, gpu_plan_knobs and gpu_plan_check (--plan-check 1);
+ * --plan's candidates and their step times are runtime.cuh's. */
 #ifndef GPTC_CUDA_PLAN_CUH
 #define GPTC_CUDA_PLAN_CUH
 
@@ -345,88 +345,6 @@ static int gpu_plan_check(const MemoryPlan* p, const GpuComm* comm, const char* 
            l->device_peak, taken, exact ? "the CPU execution layer: exact" : "a GPU: context and libraries beside",
            bad ? "MISMATCH" : "equal");
     return bad ? -1 : 0;
-}
-
-/* --plan on the GPU: the plan of the flags given, then a table of
- * candidates for the global batch (micro-batch B from the divisors of the
- * sequences per rank; --recompute 0..3; ZeRO 0/1/2 with several ranks;
- * --offload 0/1 without ZeRO) with their predicted device bytes by
- * component against --memory-budget (auto: what cudaMemGetInfo says is free
- * now, after the context), less the memory check's allowance for what the
- * libraries load lazily (G4). No step-time column: the GPU's runtime model
- * is not calibrated (no GPU here), so the choice is the least memory-saving
- * that fits: no offload before offload, lower recompute and ZeRO first,
- * then the largest B (fewest micro-batches). 0, or -1 when nothing fits. */
-static int gpu_plan_print(const Options* o, const GpuComm* comm) {
-    GPT2Config c;
-    if (plan_config(o, &c) != 0) return -1;
-    size_t free_now = 0, total_mem = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_now, &total_mem));
-    const char* how = "auto: cudaMemGetInfo's free bytes";
-    size_t budget = !strcmp(o->memory_budget, "auto") ? free_now : plan_budget(o->memory_budget, comm->world, &how);
-    if (!budget) return -1;
-    size_t allowance = memory_allowance(gpu_comm_count(comm));
-    double mb = 1.0 / (1024.0 * 1024.0);
-    int T = o->seq_len, W = comm->world;
-    long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * T * W;
-    long long seqs = total / ((long long)T * W); /* sequences per rank per step */
-    if (seqs < 1 || seqs * T * W != total) {
-        fprintf(stderr, "error: --plan: the global batch %lld tokens is not a multiple of T x ranks = %d\n", total, T * W);
-        return -1;
-    }
-    GpuPlanKnobs mine = gpu_plan_knobs(o, o->batch_size, T, comm);
-    MemoryPlan p = gpu_memory_plan_for(&c, &mine);
-    printf("plan: model L=%d C=%d NH=%d Vp=%d, %zu parameters; B=%d T=%d, %d rank(s), ZeRO %d, recompute %d, "
-           "offload %d (device memory of rank %d)\n", c.num_layers, c.channels, c.num_heads, c.padded_vocab_size,
-           parameter_count(&c), o->batch_size, T, W, o->zero, o->recompute, o->offload, comm->rank);
-    memory_plan_print(&p);
-    printf("budget: %.1f MB (%s), less %.0f MB allowance for what loads lazily: %.1f MB usable\n", budget * mb, how,
-           allowance * mb, budget > allowance ? (budget - allowance) * mb : 0.0);
-    printf("%6s %6s %4s %4s %7s | %9s %9s %9s %9s %9s %9s %9s | %10s %5s | %s\n", "B", "accum", "zero", "rcmp",
-           "offload", "weights", "master", "grads", "moments", "acts", "scratch", "other", "total MB", "fits",
-           "step ms");
-    printf("(MB of device memory by component; step ms n/a: the GPU's runtime model is not calibrated, no GPU here)\n");
-    int found = 0;
-    GpuPlanKnobs best = mine;
-    size_t best_need = 0, least = 0;
-    GpuPlanKnobs smallest = mine;
-    for (int offload = 0; offload <= 1; offload++)
-        for (int zero = 0; zero <= (W > 1 ? 3 : 0); zero++)
-            for (int r = 0; r < RECOMPUTE_LEVELS; r++)
-                for (long long B = seqs; B >= 1; B--) {
-                    if (seqs % B || (offload && zero)) continue;
-                    GpuPlanKnobs k = {(int)B, T, r, zero, comm->rank, W, W > 1 || zero > 0, offload, 0, 0, 0, 0, 0, 1};
-                    MemoryPlan q = gpu_memory_plan_for(&c, &k);
-                    size_t need = memory_plan_total(&q), other = need;
-                    size_t show[7] = {q.bytes[GMEM_PARAMS] + q.bytes[GMEM_ZERO], q.bytes[GMEM_MASTER], q.bytes[GMEM_GRADS],
-                                      q.bytes[GMEM_ADAMW], q.bytes[GMEM_ACTS], q.bytes[GMEM_SCRATCH], 0};
-                    for (int i = 0; i < 6; i++) other -= show[i];
-                    show[6] = other;
-                    int fits = need + allowance <= budget;
-                    printf("%6lld %6lld %4d %4d %7d |", B, seqs / B, zero, r, offload);
-                    for (int i = 0; i < 7; i++) printf(" %9.1f", show[i] * mb);
-                    printf(" | %10.1f %5s | n/a\n", need * mb,
-                           fits ? "yes" : "no");
-                    if (fits && !found) {
-                        found = 1;
-                        best = k;
-                        best_need = need;
-                    }
-                    if (!least || need < least) {
-                        least = need;
-                        smallest = k;
-                    }
-                }
-    if (!found) {
-        fprintf(stderr, "error: --plan: nothing fits in %.1f MB (%s) with %.0f MB allowance: the smallest is B=%d "
-                "--zero %d --recompute %d --offload %d, which needs %.1f MB of device memory\n", budget * mb, how,
-                allowance * mb, smallest.B, smallest.zero, smallest.recompute, smallest.offload, least * mb);
-        return -1;
-    }
-    printf("plan: choice (the least memory-saving that fits; no runtime model on the GPU yet): -b %d --zero %d "
-           "--recompute %d --offload %d, %.1f MB of device memory\n", best.B, best.zero, best.recompute, best.offload,
-           best_need * mb);
-    return 0;
 }
 
 #endif /* GPTC_CUDA_PLAN_CUH */

@@ -13,9 +13,6 @@ static const char* gpu_options_problem(const Options* o) {
     if (o->offload && o->zero > 0) /* (G8: the host updates the whole flat state) */
         return "--offload 1 keeps the whole optimizer state on the host: use it with --zero 0 (one GPU or plain data "
                "parallel), or drop it and shard the state across GPUs with --zero 1|2";
-    if (o->auto_plan || o->snapshot_auto) /* (gptc/runtime.h models the CPU trainer's step) */
-        return "--auto and --snapshot-every auto use the CPU trainer's runtime model (train_gpt); train_gpt_cu has none "
-               "yet: give --batch-size, --zero and --snapshot-every N";
     /* a hot spare (gpu_train_resume) stands by as one process or as a whole job under mpirun: rank 0 reads the
      * FIFO and its word reaches the other ranks through MPI (standby_wait_ranks), which ranks that met through a
      * file or a TCP port do not share (gpu_train_states_decide catches the rest: no states, no standby) */

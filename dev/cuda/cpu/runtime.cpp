@@ -1620,6 +1620,20 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     return cudaSuccess;
 }
 
+// The versions of the headers the layer is built against (no driver: the layer is its own).
+cudaError_t cudaDriverGetVersion(int* v) {
+    API("cudaDriverGetVersion");
+    if (!v) return set_error(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+    API("cudaRuntimeGetVersion");
+    if (!v) return set_error(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
     API("cudaDeviceGetAttribute");
     if (!v) return set_error(cudaErrorInvalidValue);
