@@ -17,7 +17,8 @@
  * test_hook_plan_error (GPTC_INJECT_PLAN_ERROR), test_hook_runtime_error
  * (GPTC_INJECT_RUNTIME_ERROR), test_hook_calib_slow (GPTC_CALIB_PLANT_SLOW):
  * scripts/tests/test_plan.sh's planted faults in the memory plan, the runtime
- * model and the calibration. (GPTC_ZEROPP_DUMP, a record of ZeRO++'s wire
+ * model and the calibration; test_hook_gpu_runtime (GPTC_GPU_RUNTIME_PLANT):
+ * scripts/tests/test_gpu_runtime.sh's in the GPU's runtime model. (GPTC_ZEROPP_DUMP, a record of ZeRO++'s wire
  * rather than a fault, is gptc/zeropp.h's, under the same switch.)
  */
 #ifndef GPTC_TEST_HOOKS_H
@@ -96,6 +97,15 @@ static int test_hook_calib_slow(int rank) {
     return plant && plant[0] && atoi(plant) == rank;
 }
 
+/* GPTC_GPU_RUNTIME_PLANT=k plants a wrong term in train_gpt_cu's runtime
+ * model (gptc/cuda/runtime.cuh) that scripts/tests/test_gpu_runtime.sh's
+ * predicted-against-measured check must catch: 1, a step's micro-batches
+ * counted once. 0: none. */
+static int test_hook_gpu_runtime(void) {
+    const char* v = getenv("GPTC_GPU_RUNTIME_PLANT");
+    return v ? atoi(v) : 0;
+}
+
 #else /* a user's build: no hook reads anything */
 
 static inline int test_hook_nan(TrainRun* r, int step) { (void)r, (void)step; return 0; }
@@ -105,6 +115,7 @@ static inline void test_hook_standby_setup(void) {}
 static inline void test_hook_plan_error(size_t setup[MEM_COMPONENTS]) { (void)setup; }
 static inline int test_hook_runtime_error(void) { return 0; }
 static inline int test_hook_calib_slow(int rank) { (void)rank; return 0; }
+static inline int test_hook_gpu_runtime(void) { return 0; }
 
 #endif /* GPTC_TEST_HOOKS */
 

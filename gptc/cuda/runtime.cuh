@@ -23,10 +23,13 @@
  * piecewise linear between the micro-batches measured and along the last
  * segment beyond them. GEMM efficiency grows with the rows, so the figure
  * for a micro-batch between two measured ones is a little pessimistic.
- * Besides: zeroing the gradients and the norm + AdamW per parameter (on
- * the 2-layer copy), pinned copies to and from the host and a copy on the
- * device, --offload 1's AdamW on the host per parameter, a host memcpy
- * (the Saver's copy into its slot). The collectives are measured on this
+ * When the run uses graphs, forward + backward at level 0 also without them
+ * (--offload 1 runs without). Besides, on the 2-layer copy: zeroing the
+ * gradients and the norm + AdamW per parameter, pinned copies to and from
+ * the host and a copy on the device, --offload 1's whole update per
+ * parameter (the norm, then gpu_offload_update until done: the gradients
+ * out, the host's AdamW, the master back, rounded); and a host memcpy (the
+ * Saver's copy into its slot). The collectives are measured on this
  * run's communicator at every start, not cached (the peers and links may
  * differ from run to run): an allreduce of one float (the latency, the
  * median of 11) and an allreduce, a reduce-scatter and an all-gather of
@@ -53,10 +56,11 @@
  *             waits for layer l's compute); the head's gather is exposed;
  *   optimizer zeroing (P floats, ZeRO-1 the buckets' P, ZeRO-2/3 the shard
  *             S), the norm and AdamW over P, or S under ZeRO; --offload 1
- *             instead: the gradients to the host and the master back
- *             (pinned copies) beside the host's AdamW, in L + 2 pieces, and
- *             the next forward waits for each piece: what it does not hide,
- *             at least one piece's worth, is exposed;
+ *             instead: its update as measured, in L + 2 pieces, behind
+ *             which the next forward runs (each layer waits for its own
+ *             piece): what the forward does not hide, at least one piece's
+ *             worth, is exposed (on the CPU execution layer all of it: the
+ *             "device" computes on the cores the host's AdamW needs);
  *   host sums with several ranks: the loss and the norm, one latency each.
  * Collective times are latency + bytes / rate (rates as measured, bytes
  * handed in; ZeRO's padding is left out: at most 63 floats a piece).
@@ -85,19 +89,26 @@ typedef struct {
     double t1_f[GPU_CALIB_POINTS], t2_f[GPU_CALIB_POINTS];       /* ms: forward of 1 layer, of 2 layers */
     double t1_fb[RECOMPUTE_LEVELS][GPU_CALIB_POINTS];            /* ms: 1 layer forward + backward at each level */
     double t2_fb[GPU_CALIB_POINTS];                              /* ms: 2 layers forward + backward, level 0 */
+    double t1_fb_ng[GPU_CALIB_POINTS], t2_fb_ng[GPU_CALIB_POINTS]; /* the same, level 0, without CUDA graphs
+                                                                    (--offload 1 runs without; = t*_fb when
+                                                                    the run has none) */
     double zero_ns, update_ns;      /* per float: zeroing the gradients; the norm and AdamW per parameter */
     double d2h_gbs, h2d_gbs, d2d_gbs; /* GB/s copied: pinned device-to-host, host-to-device, on the device */
-    double host_adamw_ns;           /* --offload 1: the host's AdamW per parameter (this run's threads) */
+    double offload_ns;              /* --offload 1's whole update per parameter: the norm, gradients out, host
+                                       AdamW, master back, rounded, slots zeroed (gpu_grad_norm, then
+                                       gpu_offload_update until it is done) */
     double host_copy_gbs;           /* a host memcpy, bytes copied per second (the Saver's copy into its slot) */
     double ms;                      /* how long the compute calibration took */
     /* the collectives on this run's communicator (measured at every start; 0 without one) */
     double alpha_us, allreduce_gbs, reduce_scatter_gbs, allgather_gbs;
     int comm, cached, discarded;
+    int shared_cores;               /* the CPU execution layer: the "device" computes on the host's cores */
     char key[800], path[4400];
 } GpuCalibration;
 
 /* The cached numbers, in the file's order. */
-#define GPU_CALIB_NUMBERS (GPU_CALIB_POINTS * (4 + RECOMPUTE_LEVELS) + 8)
+#define GPU_CALIB_PER_POINT (5 + RECOMPUTE_LEVELS)
+#define GPU_CALIB_NUMBERS (GPU_CALIB_POINTS * (1 + GPU_CALIB_PER_POINT) + 8) /* B, then each point's, then 8 */
 static void gpu_calib_numbers(GpuCalibration* c, double* v[GPU_CALIB_NUMBERS]) {
     int n = 0;
     for (int i = 0; i < GPU_CALIB_POINTS; i++) v[n++] = &c->B[i];
@@ -106,8 +117,10 @@ static void gpu_calib_numbers(GpuCalibration* c, double* v[GPU_CALIB_NUMBERS]) {
         v[n++] = &c->t2_f[i];
         for (int r = 0; r < RECOMPUTE_LEVELS; r++) v[n++] = &c->t1_fb[r][i];
         v[n++] = &c->t2_fb[i];
+        v[n++] = &c->t1_fb_ng[i];
+        v[n++] = &c->t2_fb_ng[i];
     }
-    double* rest[8] = {&c->zero_ns, &c->update_ns, &c->d2h_gbs, &c->h2d_gbs, &c->d2d_gbs, &c->host_adamw_ns,
+    double* rest[8] = {&c->zero_ns, &c->update_ns, &c->d2h_gbs, &c->h2d_gbs, &c->d2d_gbs, &c->offload_ns,
                        &c->host_copy_gbs, &c->ms};
     for (int i = 0; i < 8; i++) v[n++] = rest[i];
     ALWAYS(n == GPU_CALIB_NUMBERS);
@@ -120,17 +133,19 @@ static CalibRange calib_range(const char* name, double lo, double hi, int lo_ope
 
 /* The range each cached number of any GPU (or of the CPU layer) falls in. */
 static void gpu_calib_ranges(CalibRange r[GPU_CALIB_NUMBERS]) {
-    static char names[GPU_CALIB_POINTS * (4 + RECOMPUTE_LEVELS)][64];
+    static char names[GPU_CALIB_POINTS * GPU_CALIB_PER_POINT][72];
     int n = 0, k = 0;
     for (int i = 0; i < GPU_CALIB_POINTS; i++) r[n++] = calib_range("micro-batch measured", 1, GPU_CALIB_MAX_B, 0);
     for (int i = 0; i < GPU_CALIB_POINTS; i++) {
-        const char* what[4 + RECOMPUTE_LEVELS] = {"1-layer forward ms", "2-layer forward ms",
-                                                  "1-layer forward+backward ms (recompute 0)",
-                                                  "1-layer forward+backward ms (recompute 1)",
-                                                  "1-layer forward+backward ms (recompute 2)",
-                                                  "1-layer forward+backward ms (recompute 3)",
-                                                  "2-layer forward+backward ms"};
-        for (int j = 0; j < 4 + RECOMPUTE_LEVELS; j++) {
+        const char* what[GPU_CALIB_PER_POINT] = {"1-layer forward ms", "2-layer forward ms",
+                                                 "1-layer forward+backward ms (recompute 0)",
+                                                 "1-layer forward+backward ms (recompute 1)",
+                                                 "1-layer forward+backward ms (recompute 2)",
+                                                 "1-layer forward+backward ms (recompute 3)",
+                                                 "2-layer forward+backward ms",
+                                                 "1-layer forward+backward ms without graphs",
+                                                 "2-layer forward+backward ms without graphs"};
+        for (int j = 0; j < GPU_CALIB_PER_POINT; j++) {
             snprintf(names[k], sizeof(names[k]), "%s at point %d", what[j], i + 1);
             r[n++] = calib_range(names[k++], 0, 1e6, 1);
         }
@@ -140,7 +155,7 @@ static void gpu_calib_ranges(CalibRange r[GPU_CALIB_NUMBERS]) {
     r[n++] = calib_range("device-to-host GB/s", 0, 1e5, 1);
     r[n++] = calib_range("host-to-device GB/s", 0, 1e5, 1);
     r[n++] = calib_range("device copy GB/s", 0, 1e6, 1);
-    r[n++] = calib_range("host AdamW ns per parameter", 0, 1e6, 1);
+    r[n++] = calib_range("offloaded update ns per parameter", 0, 1e6, 1);
     r[n++] = calib_range("host copy GB/s", 0, 1e5, 1);
     r[n++] = calib_range("calibration ms", 0, 1e8, 0);
     ALWAYS(n == GPU_CALIB_NUMBERS);
@@ -172,7 +187,8 @@ static const char* gpu_calib_parse(void* ctx, const char* at, char* why, size_t 
             snprintf(why, cap, "micro-batch %d measured is %g, the key says %g", i + 1, c->B[i], want[i]);
             return why;
         }
-        if (!(c->t1_fb[0][i] > c->t1_f[i]) || !(c->t2_fb[i] > c->t2_f[i])) {
+        if (!(c->t1_fb[0][i] > c->t1_f[i]) || !(c->t2_fb[i] > c->t2_f[i]) || !(c->t1_fb_ng[i] > c->t1_f[i]) ||
+            !(c->t2_fb_ng[i] > c->t2_f[i])) {
             snprintf(why, cap, "at micro-batch %g a forward + backward (%g, %g ms) is not longer than its forward "
                      "(%g, %g ms)", c->B[i], c->t1_fb[0][i], c->t2_fb[i], c->t1_f[i], c->t2_f[i]);
             return why;
@@ -276,8 +292,10 @@ static void calib_host_model(GPT2* h, const GPT2Config* c, int layers) {
 }
 
 /* Times the forward (fwd, may be NULL) and forward + backward of `host`'s
- * model at --recompute r, at each micro-batch of cal->B. */
-static void calib_model_times(const GpuCalibration* cal, GPT2* host, int r, double* fwd, double* fb) {
+ * model at --recompute r, at each micro-batch of cal->B; fb_ng (may be
+ * NULL): forward + backward without graphs (a copy of fb when the run has
+ * none). */
+static void calib_model_times(const GpuCalibration* cal, GPT2* host, int r, double* fwd, double* fb, double* fb_ng) {
     int T = cal->T, Bmax = (int)cal->B[GPU_CALIB_POINTS - 1];
     GpuGPT2 g;
     gpu_model_init_with(&g, host, Bmax, T, cal->fusion, r, 1, 0, host->num_parameters);
@@ -301,6 +319,7 @@ static void calib_model_times(const GpuCalibration* cal, GPT2* host, int r, doub
         gpu_tokens_upload(&g, tokens, tokens, w.B * T, 0);
         fb[i] = gpu_time_ms(g.stream, calib_micro_batch, &w);
         g.graphs = 0;
+        if (fb_ng) fb_ng[i] = cal->graphs ? gpu_time_ms(g.stream, calib_micro_batch, &w) : fb[i];
         if (fwd) fwd[i] = gpu_time_ms(g.stream, calib_forward, &w);
     }
     free(tokens);
@@ -314,8 +333,9 @@ static void gpu_calib_compute(GpuCalibration* cal, const GPT2Config* c) {
     GPT2 h1, h2;
     calib_host_model(&h1, c, 1);
     calib_host_model(&h2, c, 2);
-    for (int r = 0; r < RECOMPUTE_LEVELS; r++) calib_model_times(cal, &h1, r, r == 0 ? cal->t1_f : NULL, cal->t1_fb[r]);
-    calib_model_times(cal, &h2, 0, cal->t2_f, cal->t2_fb);
+    for (int r = 0; r < RECOMPUTE_LEVELS; r++)
+        calib_model_times(cal, &h1, r, r == 0 ? cal->t1_f : NULL, cal->t1_fb[r], r == 0 ? cal->t1_fb_ng : NULL);
+    calib_model_times(cal, &h2, 0, cal->t2_f, cal->t2_fb, cal->t2_fb_ng);
     /* the update and the copies, on the 2-layer copy at one sequence */
     GpuGPT2 g;
     gpu_model_init_with(&g, &h2, 1, cal->T, cal->fusion, 0, 1, 0, h2.num_parameters);
@@ -339,27 +359,34 @@ static void gpu_calib_compute(GpuCalibration* cal, const GPT2Config* c) {
     cal->d2d_gbs = bytes / (gpu_time_ms(g.stream, calib_copy, &w) * 1e6);
     CUDA_CHECK(cudaFreeHost(pinned));
     gpu_model_free(&g);
-    /* the host: --offload 1's AdamW over the 2-layer model, the Saver's memcpy */
-    float* grads = (float*)xmalloc(bytes);
-    float* m = (float*)calloc(P, sizeof(float));
-    float* v = (float*)calloc(P, sizeof(float));
-    CHECK(m && v, "out of memory (%zu bytes) for the calibration's host AdamW", 2 * bytes);
-    for (size_t i = 0; i < P; i++) grads[i] = 1e-3f;
-    double best = 0.0, copy = 0.0;
+    /* --offload 1's update on the 2-layer copy, queued and waited for (the fastest of the runs after the first) */
+    gpu_model_init_with(&g, &h2, 1, cal->T, cal->fusion, 0, 1, 1, h2.num_parameters);
+    double off = 0.0;
     for (int k = 0; k <= GPU_CALIB_REPS; k++) {
         double a = time_ms();
-        adamw_update_range(&h2, &w.opt, 1e-4f, 1, 0, P, grads, m, v);
-        double b = time_ms();
-        memcpy(m, grads, bytes);
-        double e = time_ms();
-        if (k == 1 || (k > 1 && b - a < best)) best = b - a; /* (the first run, not timed, touches the pages) */
-        if (k == 1 || (k > 1 && e - b < copy)) copy = e - b;
+        float norm = (float)gpu_grad_norm(&g); /* (dp_step: the norm on the device, then the host's update) */
+        gpu_offload_update(&g, &opt, 1e-4f, 1, 1.0f, 1u, norm);
+        gpu_offload_sync(&g);
+        double e = time_ms() - a;
+        if (k == 1 || (k > 1 && e < off)) off = e;
     }
-    cal->host_adamw_ns = fmax(best, 1e-6) * 1e6 / (double)P;
+    cal->offload_ns = fmax(off, 1e-6) * 1e6 / (double)P;
+    g.off->updates = 0; /* (its overlap line is the training run's to print) */
+    gpu_model_free(&g);
+    /* the host: the Saver's memcpy (the fastest of the runs after the first, which touches the pages) */
+    float* from = (float*)xmalloc(bytes);
+    float* to = (float*)xmalloc(bytes);
+    for (size_t i = 0; i < P; i++) from[i] = 1e-3f;
+    double copy = 0.0;
+    for (int k = 0; k <= GPU_CALIB_REPS; k++) {
+        double a = time_ms();
+        memcpy(to, from, bytes);
+        double e = time_ms() - a;
+        if (k == 1 || (k > 1 && e < copy)) copy = e;
+    }
     cal->host_copy_gbs = bytes / (fmax(copy, 1e-6) * 1e6);
-    free(grads);
-    free(m);
-    free(v);
+    free(from);
+    free(to);
     gpt2_free(&h1);
     gpt2_free(&h2);
     /* the copies' buffers are freed: the run's peak counts from its own allocations on (--plan-check) */
@@ -395,7 +422,7 @@ static void gpu_calib_network(GpuCalibration* cal, GpuComm* cm, size_t P) {
     n = (n + W - 1) / W * W;
     void* buf = NULL;
     CUDA_CHECK(cudaMalloc(&buf, n * sizeof(float))); /* (freed below) */
-    CUDA_CHECK(cudaMemset(buf, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemsetAsync(buf, 0, n * sizeof(float), cm->stream)); /* (the collectives' stream: no race) */
     CommWork w = {cm, buf, 1, 0};
     double one[11];
     for (int k = 0; k < 11; k++) { /* the latency: the median of 11 one-float allreduces */
@@ -442,6 +469,7 @@ static void gpu_calibration_get(GpuCalibration* cal, const GPT2Config* c, int T,
     cal->graphs = o->cuda_graphs && cm->world == 1 && !(o->spike_z > 0); /* (as gpu_train_build decides) */
     cal->threads = num_threads();
     gpu_calib_points(cal->B, most);
+    cal->shared_cores = gpu_memory_exact();
     gpu_calib_key(cal);
     calib_file_path(cal->path, sizeof(cal->path), o->output_dir, "gpu_calibration.txt");
     const char* again = getenv("GPTC_CALIBRATE");
@@ -461,6 +489,11 @@ static void gpu_calibration_get(GpuCalibration* cal, const GPT2Config* c, int T,
         gpu_calib_compute(cal, c);
         double* v[GPU_CALIB_NUMBERS];
         gpu_calib_numbers(cal, v);
+        for (int i = 0; i < GPU_CALIB_NUMBERS; i++) { /* the digits the cache keeps: this run plans as the next will */
+            char digits[32];
+            snprintf(digits, sizeof(digits), "%.6g", *v[i]);
+            *v[i] = strtod(digits, NULL);
+        }
         if (cm->rank == 0)
             keyed_save(cal->path, GPU_CALIB_FORMAT, GPU_CALIB_FORMAT_ANY,
                        "key|micro-batches measured (3); at each: forward of 1 and 2 layers, forward+backward of 1 "
@@ -503,11 +536,14 @@ static void gpu_calibration_print(const GpuCalibration* cal, const GPT2Config* c
     printf("gpu calibration (%s, %.0f ms, %s): at B=%g x T=%d, a micro-batch of 1 / 2 layers: forward %.3f / %.3f "
            "ms, forward+backward %.3f / %.3f ms (recompute 1/2/3, 1 layer: %.3f / %.3f / %.3f ms); at B=%g: %.3f / "
            "%.3f ms; zeroing %.3g, norm+AdamW %.3g ns per float; copies to host %.3g, from host %.3g, on device %.3g "
-           "GB/s; host AdamW %.3g ns per parameter, host copy %.3g GB/s%s\n", cal->cached ? "cached" : "measured now",
+           "GB/s; --offload 1's update %.3g ns per parameter; host copy %.3g GB/s%s\n", cal->cached ? "cached" : "measured now",
            cal->ms, cal->path, B, cal->T, cal->t1_f[last], cal->t2_f[last], cal->t1_fb[0][last], cal->t2_fb[last],
            cal->t1_fb[1][last], cal->t1_fb[2][last], cal->t1_fb[3][last], cal->B[0], cal->t1_fb[0][0], cal->t2_fb[0],
-           cal->zero_ns, cal->update_ns, cal->d2h_gbs, cal->h2d_gbs, cal->d2d_gbs, cal->host_adamw_ns,
-           cal->host_copy_gbs, cal->graphs ? "; micro-batches through CUDA graphs" : "");
+           cal->zero_ns, cal->update_ns, cal->d2h_gbs, cal->h2d_gbs, cal->d2d_gbs, cal->offload_ns,
+           cal->host_copy_gbs, "");
+    if (cal->graphs)
+        printf("gpu calibration: micro-batches through CUDA graphs (as this run will); without them (--offload 1) at "
+               "B=%g: %.3f / %.3f ms\n", B, cal->t1_fb_ng[last], cal->t2_fb_ng[last]);
     if (cal->comm) /* (every digit: the test recomputes the collectives' terms) */
         printf("gpu network (measured at this start, NCCL): latency %.6g us, allreduce %.6g GB/s, reduce-scatter %.6g "
                "GB/s, all-gather %.6g GB/s (bytes handed in)\n", cal->alpha_us, cal->allreduce_gbs,
@@ -591,9 +627,11 @@ static GpuStepTime gpu_runtime_step(const GpuCalibration* cal, const GPT2Config*
     memset(&s, 0, sizeof(s));
     double B = k->B;
     int L = c->num_layers, r = k->recompute;
+    int graphs = cal->graphs && !k->offload; /* (--offload 1 runs without CUDA graphs) */
     double f1 = calib_at(cal->B, cal->t1_f, B), f2 = calib_at(cal->B, cal->t2_f, B);
-    double fb1 = calib_at(cal->B, cal->t1_fb[0], B), fb2 = calib_at(cal->B, cal->t2_fb, B);
-    double redo = fmax(0.0, calib_at(cal->B, cal->t1_fb[r], B) - fb1); /* a layer's recompute, level r */
+    double fb1 = calib_at(cal->B, graphs ? cal->t1_fb[0] : cal->t1_fb_ng, B);
+    double fb2 = calib_at(cal->B, graphs ? cal->t2_fb : cal->t2_fb_ng, B);
+    double redo = fmax(0.0, calib_at(cal->B, cal->t1_fb[r], B) - calib_at(cal->B, cal->t1_fb[0], B)); /* level r's */
     double f_layer = fmax(0.0, f2 - f1), fb_layer = fmax(0.0, fb2 - fb1);
     double f_head = fmax(0.0, f1 - f_layer), fb_head = fmax(0.0, fb1 - fb_layer);
     double bk_layer = fmax(0.0, fb_layer - f_layer) + redo, bk_head = fmax(0.0, fb_head - f_head);
@@ -602,7 +640,7 @@ static GpuStepTime gpu_runtime_step(const GpuCalibration* cal, const GPT2Config*
     double P = (double)parameter_count(c), W = k->world;
     double Pl = 12.0 * c->channels * c->channels + 13.0 * c->channels, Ph = P - L * Pl; /* a layer's, the head's */
     double n = k->zero > 0 && k->comm ? ceil(P / W) : P; /* the parameters this rank updates */
-    double micro_total = accum * s.micro;
+    double micro_total = (test_hook_gpu_runtime() == 1 ? 1 : accum) * s.micro; /* (planted: counted once) */
     if (k->comm && cal->comm) {
         double ar = cal->allreduce_gbs, rs = cal->reduce_scatter_gbs, ag = cal->allgather_gbs;
         if (k->zero == 0) { /* the last micro-batch's backward reduces */
@@ -626,11 +664,10 @@ static GpuStepTime gpu_runtime_step(const GpuCalibration* cal, const GPT2Config*
         if (W > 1) s.comm += 2 * cal->alpha_us / 1e3; /* the loss's and the norm's sums */
     }
     double zeroed = k->zero == 0 || !k->comm ? P : k->zero == 1 ? n * W : n;
-    if (k->offload) { /* the gradients out, the master back, the host's AdamW: pipelined by piece */
-        double copies = 4 * P / (cal->d2h_gbs * 1e6) + 4 * P / (cal->h2d_gbs * 1e6);
-        double host = cal->host_adamw_ns * P / 1e6;
-        double t = fmax(copies, host) + fmin(copies, host) / (L + 2);
-        s.optimizer = fmax(t - s.forward, t / (L + 2));
+    if (k->offload) { /* the update as measured, behind which the next forward runs layer by layer */
+        double t = cal->offload_ns * P / 1e6;
+        s.optimizer = cal->shared_cores ? t : fmax(t - s.forward, t / (L + 2)); /* (the layer: the host's AdamW and
+                                                                                the forward share the cores) */
     } else {
         s.optimizer = (cal->zero_ns * zeroed + cal->update_ns * n) / 1e6;
     }
