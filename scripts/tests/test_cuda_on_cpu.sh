@@ -33,6 +33,11 @@
 #   4c. sampling on the GPU (bf16 KV cache): the CPU sampler's tokens from the
 #      same checkpoint and seed, greedy (and its margins) and sampled, up to
 #      the first bf16 near-tie; a planted cache bug rejected; 2 emulated GPUs;
+#   4d. the GPU planner's runtime model (scripts/tests/test_gpu_runtime.sh, ~35 s):
+#      the calibration measured, cached and a damaged line refused; --plan's
+#      fastest candidate that fits; --auto 1 and --snapshot-every auto on 1
+#      and 2 emulated GPUs; the predicted step within 35% of the measured
+#      one, and a planted fault in the model outside it;
 #   5. gpu_check_dp.sh's correctness checks on 3 emulated GPUs (MPI ranks):
 #      --zero 0/1/2 on 2 and 3 GPUs against one;
 #   5b. training states under --zero 1|2 (scripts/tests/test_zero_states.sh, ~90 s):
@@ -316,6 +321,9 @@ $MPIRUN -np 2 ./train_gpt_cu_cpu $S --temperature 0 --output-dir "$LOG/sample_np
 ok=$([ "$(grep -c '^sample: ' "$LOG/sample_np2.log")" = 1 ] &&
      [ "$(grep '^sample: ' "$LOG/sample_np2.log")" = "$(grep '^sample: ' "$LOG/sample_greedy.gpu.log")" ] && echo ok || echo FAIL)
 check $ok "2 emulated GPUs: rank 0 samples, once, the same tokens as 1 GPU" "$(grep -m1 '^sample: ' "$LOG/sample_np2.log" | cut -c1-80)"
+
+# ---- 4d. the GPU planner's runtime model: calibration, --plan, --auto 1, --snapshot-every auto ----
+run gpu_runtime scripts/tests/test_gpu_runtime.sh "$LOG/gpu_runtime"
 
 # ---- 5. data parallel on emulated GPUs -------------------------------------------------
 GPU_EMULATED=3 GPU_CHECK_DP_LOG=$LOG/gpu_check/dp run gpu_check_dp_emulated scripts/gpu_check_dp.sh

@@ -46,6 +46,7 @@ LOG=${1:-$(mktemp -d /tmp/gptc_gpu_plan.XXXXXX)}
 mkdir -p "$LOG"
 BIN=./train_gpt_cu_cpu
 PY=/usr/bin/python3
+export XDG_CACHE_HOME=$LOG/cache # (--plan's calibration, measured once and shared by the runs below)
 [ -x $BIN ] || { echo "test_gpu_plan: $BIN not built: make train_gpt_cu_cpu"; exit 1; }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 . scripts/tests/check.sh # check ok|FAIL what [detail], $passed, $failed, $CLEAN_ENV
@@ -185,13 +186,14 @@ check $ok "--offload 1 resumed from its step-2 state: the same model bytes as th
 # ---- 4. --plan, its budget, and its choice run -----------------------------------------------
 PLAN="--model d2 -t 64 -b 16 --total-batch-size 1024"
 $CLEAN_ENV $BIN $BASE $PLAN --plan 1 > "$LOG/plan_auto.log" 2>&1
-rows=$(grep -c "| n/a$" "$LOG/plan_auto.log")
+ROW='^ *[0-9]+ +[0-9]+ +[0-3] +[0-3] +[01] \|.*\| +[0-9.]+ +(yes|no) \| +[0-9.]+ ' # (a candidate row, its step ms)
+rows=$(grep -cE "$ROW" "$LOG/plan_auto.log")
 ok=$([ "$rows" = 40 ] && grep -q "^budget: .*auto: cudaMemGetInfo" "$LOG/plan_auto.log" && grep -q "^plan: choice" "$LOG/plan_auto.log" && echo ok || echo FAIL)
-check $ok "--plan: 40 candidates (B = 5 divisors of 16 sequences x 4 recompute levels x offload 0/1), the budget from cudaMemGetInfo, a choice" "$rows rows"
+check $ok "--plan: 40 candidates (B = 5 divisors of 16 sequences x 4 recompute levels x offload 0/1) with a predicted step, the budget from cudaMemGetInfo, a choice" "$rows rows"
 # a budget between the default's need and recompute 3's: the default fails the memory check, the choice trains
 read -r need0 need3 <<< "$($PY - "$LOG/plan_auto.log" <<'EOF'
 import re, sys
-rows = [l.split() for l in open(sys.argv[1]) if l.rstrip().endswith("| n/a")]
+rows = [l.split() for l in open(sys.argv[1]) if re.match(r" *\d+ +\d+ +[0-3] +[0-3] +[01] \|.*\| +[\d.]+ +(yes|no) \| +[\d.]+ ", l)]
 need = {(int(r[0]), int(r[2]), int(r[3]), int(r[4])): float(r[r.index("|", 6) + 1]) for r in rows}
 print(need[(16, 0, 0, 0)], need[(16, 0, 3, 0)])
 EOF
@@ -213,7 +215,7 @@ check $([ $? -eq 0 ] && echo ok || echo FAIL) "the choice also trains on an emul
 # a budget only --offload 1 fits (between the least needs with and without it, + the allowance): the choice offloads
 budget_b=$($PY - "$LOG/plan_auto.log" <<'EOF'
 import re, sys
-rows = [l.split() for l in open(sys.argv[1]) if l.rstrip().endswith("| n/a")]
+rows = [l.split() for l in open(sys.argv[1]) if re.match(r" *\d+ +\d+ +[0-3] +[0-3] +[01] \|.*\| +[\d.]+ +(yes|no) \| +[\d.]+ ", l)]
 least = {o: min(float(r[r.index("|", 6) + 1]) for r in rows if int(r[4]) == o) for o in (0, 1)}
 print(int((384 + (least[0] + least[1]) / 2) * 1048576))
 EOF

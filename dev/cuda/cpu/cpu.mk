@@ -149,6 +149,10 @@ test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(HOOKS_BUILD)/trai
 # The GPU trainer's memory plan == its device allocation over a grid of 23 configurations (1 and 2 emulated
 # GPUs, ZeRO 0/1/2, --recompute 0-3, --offload), --offload 1 == --offload 0 bytes, --plan's choice under a
 # budget (scripts/tests/test_gpu_plan.sh; ~4 min, not in make test)
+## make test-gpu-runtime  the GPU's runtime model, --plan/--auto/--snapshot-every auto on the CPU layer (~35 s)
+test-gpu-runtime: train_gpt_cu_cpu
+	scripts/tests/test_gpu_runtime.sh
+
 ## make test-gpu-plan   the GPU memory plan == its device allocation, --offload, on the CPU layer (~5 min)
 test-gpu-plan: train_gpt_cu_cpu
 	scripts/tests/test_gpu_plan.sh
@@ -231,4 +235,4 @@ gpu-metrics:
 	@tail -n 1 $(TEST_DIR)/gpu_metrics.tsv
 
 .PHONY: gpu-metrics test-cuda-cpu test-nccl-cpu test-cublaslt-cpu print-cpu-app-flags print-cpu-app-libs print-cpu-layer \
-	test-cuda-on-cpu test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants
+	test-cuda-on-cpu test-gpu-runtime test-gpu-plan test-cuda-levels test-cuda-zero3 test-cuda-zeropp test-cuda-spare test-cuda-mutants
