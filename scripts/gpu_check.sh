@@ -5,7 +5,8 @@
 # run test_gpt.cu (the CUDA twin against the CPU trainer and PyTorch's
 # fixture, training states, a GPU state resumed on the CPU), validate the
 # kernel lab, time GPT-2 124M training at T=1024 with the largest
-# micro-batch that fits, run the data-parallel (NCCL, ZeRO) code through
+# micro-batch that fits, set the planner's predicted step (its calibration on
+# this GPU) beside it and beside a 350M run, run the data-parallel (NCCL, ZeRO) code through
 # scripts/gpu_check_dp.sh (with one GPU its one-GPU mode: --zero 1 and 2 as
 # one rank of a one-rank communicator, bit for bit against --zero 0; with
 # two or more also 2 GPUs against 1 and the scaling), time PyTorch
@@ -52,7 +53,7 @@ dp_mode() {
 }
 
 # The steps, in order, for a machine with NGPU GPUs: gpu_check_steps NGPU HAVE_NCCL.
-gpu_check_steps() { echo build tests kernel_lab bench profile "dp_$(dp_mode "$1" "$2")" torch sanitizer; }
+gpu_check_steps() { echo build tests kernel_lab bench planner profile "dp_$(dp_mode "$1" "$2")" torch sanitizer; }
 
 # What each step does, for --plan.
 step_describe() {
@@ -63,6 +64,8 @@ step_describe() {
     tests) echo "tests: ./test_gpt_cu --binary ./train_gpt_cu --cpu-binary ./train_gpt" ;;
     bench) echo "benchmark: GPT-2 124M, T=1024, the largest B that fits; GELU in cuBLASLt's epilogue and in our kernel;" \
         "CUDA graphs and plain launches" ;;
+    planner) echo "planner: train_gpt_cu --plan's predicted step (its GPU calibration) against the benchmark's" \
+        "measured one (124M), and a 350M candidate trained 8 steps against its prediction" ;;
     profile) echo "profile: ncu's time of every kernel in one step (B=16), grouped (scripts/ncu_breakdown.py)" ;;
     torch) echo "PyTorch, same model and batch (when torch with CUDA imports)" ;;
     dp_one) echo "data parallel, one GPU: scripts/gpu_check_dp.sh (--zero 1 and 2 as one rank of a one-rank NCCL" \
@@ -165,6 +168,31 @@ step_bench() {
     else
         note "train_gpt_cu benchmark: FAILED (see $LOG/bench_B*.log)"
     fi
+}
+
+# The predicted step of the --plan row B, zero 0, recompute 0, offload 0 in a --plan log: plan_ms LOG B
+plan_ms() { awk -v b="$2" '$1 == b && $3 == 0 && $4 == 0 && $5 == 0 && $6 == "|" { print $(NF - 3); exit }' "$1"; }
+# The median step ms of a training log's steps after the first three: step_ms LOG
+step_ms() { grep '^step' "$1" | tail -n +4 | sed 's/.*| \([0-9.]*\) ms |.*/\1/' | sort -n | awk '{a[NR]=$0} END {if (NR) print a[int((NR+1)/2)]}'; }
+# 4b. the planner's GPU runtime model (gptc/cuda/runtime.cuh): its predicted
+# step against the measured one, GPT-2 124M at the benchmark's B and 350M at B=8
+step_planner() {
+    local t pred meas shard=$LOG/bench_train.bin
+    [ -n "$BENCH_B" ] || { note "planner: no benchmark to compare with, skipped"; return; }
+    t=$(step_limit 60 30)
+    [ "$t" -gt 0 ] || { skipped "planner (124M)"; return; }
+    timeout "$t" ./train_gpt_cu --model d12 --seq-len 1024 --batch-size "$BENCH_B" --output-dir "$LOG/plan124" \
+        --plan 1 > "$LOG/plan_124M.log" 2>&1
+    pred=$(plan_ms "$LOG/plan_124M.log" "$BENCH_B") meas=$(step_ms "$LOG/bench_B$BENCH_B.log")
+    note "planner, 124M B=$BENCH_B: predicted ${pred:-?} ms per step, measured ${meas:-?} ms (the benchmark's median); $(grep -o '^plan: choice[^,]*' "$LOG/plan_124M.log") ($(elapsed))"
+    t=$(step_limit 120 60)
+    [ "$t" -gt 0 ] || { skipped "planner (350M)"; return; }
+    timeout "$t" ./train_gpt_cu --model d24 --seq-len 1024 --batch-size 8 --output-dir "$LOG/plan350" --plan 1 \
+        > "$LOG/plan_350M.log" 2>&1
+    timeout "$t" ./train_gpt_cu --model d24 --train-data "$shard" --seq-len 1024 --batch-size 8 --steps 8 \
+        --val-every 0 --sample-every 0 --lr 3e-4 > "$LOG/train_350M.log" 2>&1
+    pred=$(plan_ms "$LOG/plan_350M.log" 8) meas=$(step_ms "$LOG/train_350M.log")
+    note "planner, 350M B=8: predicted ${pred:-?} ms per step, measured ${meas:-?} ms (median of steps 4-8) ($(elapsed))"
 }
 
 # 5. profile: every kernel of one step timed by Nsight Compute (one metric,
