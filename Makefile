@@ -293,7 +293,7 @@ help:
 clean:
 	rm -rf $(DEFAULT_RUN) $(TEST_DIR)/logs $(CPU_BUILD) $(HOOKS_BUILD) train_gpt_cu_cpu test_gpt_cu_cpu
 	rm -f train_gpt train_gpt_mpi test_gpt test_gpt_asan prepare_data test_tokenizer dev/cpu/bench_train dev/cpu/profile_plan dev/cpu/fma_peak dev/quant/test_quant \
-		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma
+		train_gpt_cu train_gpt_cu_mpi test_gpt_cu $(CUDA_DEV) dev/cuda/dp_layout dev/cuda/cpu/test_cuda_cpu dev/cuda/cpu/test_nccl_mpi dev/cuda/cpu/test_wmma dev/cuda/cpu/test_ptx
 
 # ---- the rest: tests, benchmarks, the CPU execution layer ---------------------
 

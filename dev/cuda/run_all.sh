@@ -26,9 +26,10 @@ LAB="$LAB encoder"
 LAB="$LAB gelu"
 LAB="$LAB matmul"
 LAB="$LAB wmma" # the CPU layer's own WMMA test (dev/cuda/cpu/test_wmma.cu), built by nvcc below
+LAB="$LAB ptx"  # and its test of mma.sync, ldmatrix and cp.async (dev/cuda/cpu/test_ptx.cu)
 [ $# -gt 0 ] && LAB="$*" # the files named on the command line only
 # in one parallel make: about 10 s of nvcc a file, one after another they would eat gpu_check.sh's time for the lab
-targets=$(for f in $LAB; do [ "$f" = wmma ] || printf 'dev/cuda/%s ' "$f"; done)
+targets=$(for f in $LAB; do [ "$f" = wmma ] || [ "$f" = ptx ] || printf 'dev/cuda/%s ' "$f"; done)
 echo "== build $targets($ARCH)"
 make -B -j "$(nproc 2>/dev/null || echo 4)" --no-print-directory $targets NVCC="$NVCC" CUDA_ARCH="$ARCH" || fail=$((fail + 1))
 run layernorm
@@ -54,6 +55,15 @@ case " $LAB " in *" wmma "*)
     if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o dev/cuda/cpu/test_wmma dev/cuda/cpu/test_wmma.cu; then
         LAB="$LAB cpu/test_wmma"
         run cpu/test_wmma
+    else
+        fail=$((fail + 1))
+    fi ;;
+esac
+case " $LAB " in *" ptx "*)
+    echo "== build dev/cuda/cpu/test_ptx ($ARCH)"
+    if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o dev/cuda/cpu/test_ptx dev/cuda/cpu/test_ptx.cu; then
+        LAB="$LAB cpu/test_ptx"
+        run cpu/test_ptx
     else
         fail=$((fail + 1))
     fi ;;

@@ -8,7 +8,9 @@
 #
 # What runs, each a check line (details in $LOG/*.log):
 #   1. the layer's own tests: planted bugs it must catch (test_layer), tensor
-#      cores (test_wmma: products against float64, WMMA misuse caught; again
+#      cores (test_ptx: mma.sync m16n8k16, ldmatrix, cp.async against PTX's
+#      documented layouts and float64, a missing cp.async wait caught;
+#      test_wmma: products against float64, WMMA misuse caught; again
 #      under another seed, which scrambles fragments another way), its
 #      cuBLASLt against float64 (test_cublaslt), NCCL over MPI on 1-3 ranks,
 #      and an all-reduce captured in a CUDA graph, replayed on 2 ranks;
@@ -66,7 +68,7 @@ run() {
     [ $rc -eq 0 ] || tail -n 30 "$LOG/$name.log"
 }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .hooks/train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+for b in train_gpt_cu_cpu test_gpt_cu_cpu train_gpt .hooks/train_gpt .cpu/dev/cuda/cpu/test_layer .cpu/dev/cuda/cpu/test_wmma .cpu/dev/cuda/cpu/test_ptx dev/cuda/cpu/test_cublaslt \
          .cpu/dev/cuda/cpu/test_graph_nccl \
          dev/cuda/cpu/test_nccl_mpi .cpu/dev/cuda/layernorm .cpu/dev/cuda/classifier .cpu/dev/cuda/attention \
          .cpu/dev/cuda/attention_scalar .cpu/dev/cuda/dp_layout \
@@ -82,6 +84,7 @@ echo "test_cuda_on_cpu: logs in $LOG"
 run layer_planted_bugs ./.cpu/dev/cuda/cpu/test_layer
 run layer_wmma ./.cpu/dev/cuda/cpu/test_wmma
 run layer_wmma_seed7 env CUDA_CPU_SEED=7 ./.cpu/dev/cuda/cpu/test_wmma
+run layer_ptx ./.cpu/dev/cuda/cpu/test_ptx
 run layer_cublaslt ./dev/cuda/cpu/test_cublaslt
 run layer_nccl_over_mpi dev/cuda/cpu/test_nccl_mpi.sh ./dev/cuda/cpu/test_nccl_mpi
 run layer_graph_nccl timeout 60 $MPIRUN -np 2 ./.cpu/dev/cuda/cpu/test_graph_nccl  # a captured all-reduce replayed on 2 ranks

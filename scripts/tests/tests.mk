@@ -181,7 +181,7 @@ CHECK_CUDA_LAB += dev/cuda/matmul.cu
 # checks), the others go to /dev/null.
 CHECK_CUDA_OUT = $(TEST_DIR)/check_cuda
 CHECK_CUDA_SM90 = train_gpt.cu test_gpt.cu dev/cuda/layernorm.cu dev/cuda/classifier.cu dev/cuda/attention.cu \
-	dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu $(CHECK_CUDA_LAB)
+	dev/cuda/dp_layout.cu dev/cuda/cpu/test_wmma.cu dev/cuda/cpu/test_ptx.cu $(CHECK_CUDA_LAB)
 # train_gpt.cu twice, not four times: -DUSE_MPI changes host code only, so
 # the Ampere build with MPI covers Ampere's device code and the MPI host
 # code, and the Hopper build above the rest (without mpicc: Ampere without MPI)

@@ -306,6 +306,21 @@ void count_mma() {
     now->tensor_flops += 2ull * 16 * 16 * 16;  // m16n16k16: a multiply and an add per (m, n, k)
 }
 
+void count_mma_16816() {
+    if (!now) return;
+    now->mma_instructions++;
+    now->tensor_flops += 2ull * 16 * 8 * 16;
+}
+
+// An ldmatrix: one request of the `count` x 8 rows of 16 bytes (lanes 8i..8i+7
+// name matrix i's), as the hardware reads them, a phase of 8 rows at a time.
+void count_rows_memory(const uintptr_t* rows, int count) {
+    if (!now) return;
+    std::vector<record> req;
+    for (int i = 0; i < 8 * count; i++) req.push_back(record{0, 0, 0, (uint8_t)i, K_SHARED_LOAD, rows[i], 16});
+    count_group(*now, req.data(), req.data() + req.size());
+}
+
 // A WMMA load or store of the whole warp, counted as the 16-byte requests
 // that move its 16 lines of 16 elements (ldm apart): 32 lanes x 16 bytes per
 // request, lane i taking the next 16-byte piece in line order, as ldmatrix's

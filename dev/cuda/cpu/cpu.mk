@@ -93,7 +93,8 @@ CPU_LAB += $(CPU_BUILD)/dev/cuda/gelu
 CPU_LAB += $(CPU_BUILD)/dev/cuda/matmul
 
 # the layer's planted-bug tests share their driver
-$(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma: dev/cuda/cpu/test_cases.h dev/cuda/cpu/ck.h
+$(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma $(CPU_BUILD)/dev/cuda/cpu/test_ptx: dev/cuda/cpu/test_cases.h dev/cuda/cpu/ck.h
+$(CPU_BUILD)/dev/cuda/cpu/test_ptx: gptc/cuda/ptx.cuh
 $(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl: dev/cuda/cpu/ck.h
 
 # the lab's attention once more with -DATTN_MMA_SCALAR: flash attention's tile
@@ -140,7 +141,7 @@ print-cpu-layer:
 # ---- the tests on emulated GPUs ---------------------------------------------------
 
 ## make test-cuda-on-cpu  the CUDA twin on the CPU: its tests, dev/cuda, a training run, 3 emulated GPUs (~6-7 min)
-test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(HOOKS_BUILD)/train_gpt $(TOKENIZER_FILES) $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma dev/cuda/cpu/test_cublaslt \
+test-cuda-on-cpu: train_gpt_cu_cpu test_gpt_cu_cpu train_gpt $(HOOKS_BUILD)/train_gpt $(TOKENIZER_FILES) $(CPU_BUILD)/dev/cuda/cpu/test_layer $(CPU_BUILD)/dev/cuda/cpu/test_wmma $(CPU_BUILD)/dev/cuda/cpu/test_ptx dev/cuda/cpu/test_cublaslt \
 		$(CPU_BUILD)/dev/cuda/cpu/test_graph_nccl \
 		dev/cuda/cpu/test_nccl_mpi $(CPU_BUILD)/dev/cuda/layernorm $(CPU_BUILD)/dev/cuda/classifier $(CPU_BUILD)/dev/cuda/attention \
 		$(CPU_BUILD)/dev/cuda/attention_scalar $(CPU_BUILD)/dev/cuda/dp_layout $(CPU_LAB)

@@ -84,11 +84,19 @@ struct warp_call {
     uint64_t extra;   // WMMA load/store: ldm
 };
 
+struct async_copy {  // a cp.async in flight (section 4c)
+    void* dst;
+    uint8_t bytes[16];
+    uint32_t group;   // the commit group it belongs to: the number of commits before it
+};
+
 struct fiber {
     void* sp;          // its saved stack pointer while it does not run
     fiber_state state;
     uint3 tid;
     warp_call call;
+    std::vector<async_copy> async;  // its cp.async copies not yet waited for
+    uint32_t commits;               // its cp.async.commit_group count
 };
 
 struct block_run {
@@ -133,6 +141,8 @@ static const char* op_name(warp_op op) {
         case WARP_WMMA_LOAD: return "wmma::load_matrix_sync";
         case WARP_WMMA_STORE: return "wmma::store_matrix_sync";
         case WARP_WMMA_MMA: return "wmma::mma_sync";
+        case WARP_MMA_16816: return "mma.sync.m16n8k16";
+        case WARP_LDMATRIX: return "ldmatrix";
     }
     return "?";
 }
@@ -487,6 +497,8 @@ static void fiber_init(fiber& f, int t) {
     const unsigned u = (unsigned)t;
     f.state = FIBER_RUNNABLE;
     f.tid = uint3{u % blockDim.x, (u / blockDim.x) % blockDim.y, u / (blockDim.x * blockDim.y)};
+    f.async.clear();
+    f.commits = 0;
     // The first switch to it "returns" into fiber_main with the six saved
     // registers zero, on a 16-byte aligned stack as the ABI wants at a call.
     uintptr_t top = ((uintptr_t)fiber_stack(t) + stack_bytes()) & ~(uintptr_t)15;
@@ -673,8 +685,11 @@ static void wmma_put(int kind, void* frag, int i, float v) {
 // The whole warp has arrived at the same WMMA call (same kinds): check what
 // must agree between lanes, and for mma_sync compute every lane's d. Returns
 // false after setting r.fault.
+static bool ptx_complete(block_run& r, int base);  // section 4c
+
 static bool wmma_complete(block_run& r, int base) {
     const warp_call& c0 = r.fibers[base].call;
+    if (c0.op == WARP_MMA_16816 || c0.op == WARP_LDMATRIX) return ptx_complete(r, base);
     if (c0.op == WARP_WMMA_LOAD || c0.op == WARP_WMMA_STORE) {
         // "The values of mptr, ldm, layout and all template parameters ... must be the same for all threads in the warp."
         for (int l = 1; l < 32; l++) {
@@ -722,6 +737,118 @@ static bool wmma_complete(block_run& r, int base) {
         for (int i = 0; i < wmma_per_lane(kd); i++) wmma_put(kd, ops->d, i, D[wmma_position(m, i, wmma_per_lane(kd))]);
     }
     return true;
+}
+
+// ---- 4c. mma.sync m16n8k16, ldmatrix, cp.async (cuda_cpu.h section 3c) -----------------
+// The fragments of mma.m16n8k16 with .bf16 inputs, as PTX ISA documents them
+// (groupID g = lane / 4, t = lane % 4; a register holds two bf16, the lower
+// index in its low half):
+//   A (16 x 16, row): a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 2t+8..), a[3] = (g+8, 2t+8..)
+//   B (16 x 8, col):  b[0] = (k 2t..2t+1, n g), b[1] = (k 2t+8.., n g)
+//   C, D (16 x 8):    d[0], d[1] = (g, 2t), (g, 2t+1); d[2], d[3] = (g+8, 2t), (g+8, 2t+1)
+// ldmatrix.m8n8: lane l receives from matrix i the elements (l / 4, 2 (l % 4))
+// and (l / 4, 2 (l % 4) + 1), or with .trans (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+struct mma_operands { float* d; const uint32_t* a; const uint32_t* b; };
+
+static float bf16_bits(uint32_t w, int high) {
+    const uint32_t u = high ? (w & 0xffff0000u) : (w << 16);
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
+    fiber& f = self(op_name(WARP_MMA_16816));
+    wmma_need_whole_warp(f, WARP_MMA_16816);
+    mma_operands ops{d, a, b};
+    wmma_wait(f, WARP_MMA_16816, (uint64_t)(uintptr_t)&ops, 0, 0);
+}
+
+static thread_local uintptr_t ldm_rows[32];  // the completed ldmatrix's addresses (read by each lane after it)
+
+const uintptr_t* ldmatrix_rows(const void* row, int count, bool trans) {
+    fiber& f = self(op_name(WARP_LDMATRIX));
+    wmma_need_whole_warp(f, WARP_LDMATRIX);
+    const int lane = running->current % 32;
+    if (count != 1 && count != 2 && count != 4) fault(f, "ldmatrix of %d matrices: .x1, .x2 or .x4", count);
+    const uintptr_t a = (uintptr_t)row;
+    if (lane < 8 * count) {
+        const bool shared = a - shared_static_lo < shared_static_bytes || a - shared_dynamic_lo < shared_dynamic_bytes;
+        if (!shared) fault(f, "ldmatrix with row address %p (lane %d), which is not in this block's shared memory", row, lane);
+        if (a % 16 != 0)
+            fault(f, "ldmatrix with row address %p (lane %d), which is not 16-byte aligned (%zu bytes past): each row "
+                  "of 8 b16 must be", row, lane, (size_t)(a % 16));
+    }
+    wmma_wait(f, WARP_LDMATRIX, a, (uint64_t)count | (uint64_t)trans << 8, 0);
+    exec.call = op_name(WARP_LDMATRIX);
+    return ldm_rows;
+}
+
+static bool ptx_complete(block_run& r, int base) {
+    const warp_call& c0 = r.fibers[base].call;
+    if (c0.op == WARP_LDMATRIX) {
+        for (int l = 0; l < 32; l++) ldm_rows[l] = (uintptr_t)r.fibers[base + l].call.value;
+        if (count_on) count_rows_memory(ldm_rows, (int)(c0.tag & 255));
+        return true;
+    }
+    if (count_on) count_mma_16816();
+    float A[16][16], B[16][8], D[16][8];
+    for (int l = 0; l < 32; l++) {
+        const mma_operands* o = reinterpret_cast<const mma_operands*>((uintptr_t)r.fibers[base + l].call.value);
+        const int g = l / 4, t = l % 4;
+        for (int h = 0; h < 2; h++) {
+            A[g][2 * t + h] = bf16_bits(o->a[0], h);
+            A[g + 8][2 * t + h] = bf16_bits(o->a[1], h);
+            A[g][2 * t + 8 + h] = bf16_bits(o->a[2], h);
+            A[g + 8][2 * t + 8 + h] = bf16_bits(o->a[3], h);
+            B[2 * t + h][g] = bf16_bits(o->b[0], h);
+            B[2 * t + 8 + h][g] = bf16_bits(o->b[1], h);
+            D[g][2 * t + h] = o->d[h];
+            D[g + 8][2 * t + h] = o->d[2 + h];
+        }
+    }
+    for (int i = 0; i < 16; i++)  // each product exact in fp32 (8 significant bits each), summed in k order
+        for (int j = 0; j < 8; j++) {
+            float acc = D[i][j];
+            for (int k = 0; k < 16; k++) acc += A[i][k] * B[k][j];
+            D[i][j] = acc;
+        }
+    for (int l = 0; l < 32; l++) {
+        const mma_operands* o = reinterpret_cast<const mma_operands*>((uintptr_t)r.fibers[base + l].call.value);
+        const int g = l / 4, t = l % 4;
+        for (int h = 0; h < 2; h++) {
+            o->d[h] = D[g][2 * t + h];
+            o->d[2 + h] = D[g + 8][2 * t + h];
+        }
+    }
+    return true;
+}
+
+void async_issue(void* dst, const void* bytes16) {
+    fiber& f = self("cp.async");
+    const uintptr_t a = (uintptr_t)dst;
+    const bool shared = a - shared_static_lo < shared_static_bytes || a - shared_dynamic_lo < shared_dynamic_bytes;
+    if (!shared) fault(f, "cp.async to %p, which is not in this block's shared memory", dst);
+    if (a % 16 != 0) fault(f, "cp.async of 16 bytes to %p, which is not 16-byte aligned", dst);
+    async_copy c;
+    c.dst = dst;
+    memcpy(c.bytes, bytes16, 16);
+    c.group = f.commits;
+    f.async.push_back(c);
+}
+
+void async_commit() { self("cp.async.commit_group").commits++; }
+
+bool async_take(int keep, void** dst, void* bytes16) {
+    fiber& f = self("cp.async.wait_group");
+    for (size_t i = 0; i < f.async.size(); i++)
+        if (f.async[i].group + (uint32_t)keep < f.commits) {  // committed, and older than the newest `keep` groups
+            *dst = f.async[i].dst;
+            memcpy(bytes16, f.async[i].bytes, 16);
+            f.async.erase(f.async.begin() + (long)i);
+            return true;
+        }
+    return false;
 }
 
 // ---- 5. launch ----------------------------------------------------------------------------

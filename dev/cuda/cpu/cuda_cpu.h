@@ -134,6 +134,7 @@ enum warp_op {
     WARP_SYNC, WARP_SHFL_IDX, WARP_SHFL_XOR, WARP_SHFL_DOWN, WARP_SHFL_UP,
     WARP_BALLOT, WARP_ANY, WARP_ALL,
     WARP_WMMA_FILL, WARP_WMMA_LOAD, WARP_WMMA_STORE, WARP_WMMA_MMA,  // section 3b
+    WARP_MMA_16816, WARP_LDMATRIX,                                   // section 3c
 };
 // The calling lane arrives at a warp operation with its mask and value; it
 // yields until every lane in the mask has arrived with the same operation,
@@ -226,6 +227,41 @@ void wmma_fill(int tag);
 // mma_sync: d = a * b + c, each lane passing its own fragments' elements;
 // the products are exact, summed in fp32 over k in order from c (half d: rounded to nearest at the end).
 void wmma_mma(int kind_d, int kind_a, int kind_b, int kind_c, void* d, const void* a, const void* b, const void* c);
+}  // namespace cuda_cpu
+
+// ---- 3c. PTX's warp-level tensor-core instructions and asynchronous copies -------------
+// gptc/cuda/ptx.cuh gives kernels small device functions for
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, ldmatrix.sync.aligned
+// .m8n8.{x1,x2,x4}[.trans].shared.b16 and cp.async.cg.shared.global (16
+// bytes) with commit_group and wait_group: inline PTX on a GPU, these on the
+// layer. Unlike WMMA's, these fragments' layouts are PTX's documented ones
+// (PTX ISA, "Matrix Fragments for mma.m16n8k16", ldmatrix), which kernels
+// rely on; so the layer implements exactly them, and a kernel that assumes
+// another layout computes wrong values here as on a GPU.
+//   mma_16816: d += a * b for a warp, each lane passing its 4 + 2 registers
+//     of bf16 pairs and its 4 fp32 accumulators (products exact, the sum
+//     over k in fp32 in k order from d). All 32 lanes, or the launch fails.
+//   ldmatrix_rows: the calling lane's row address for an ldmatrix of `count`
+//     8x8 matrices (lanes 8i..8i+7 name the rows of matrix i); checks every
+//     used lane's address (shared memory, 16-byte aligned), waits for the
+//     warp, and returns the warp's 32 addresses, from which ptx.cuh reads
+//     this lane's elements (through the instrumented code, so the race and
+//     never-written checks see them); ldmatrix_leave after.
+//   async_issue / async_commit / async_take: cp.async's copy is modelled as
+//     one completed at the wait: issue records the 16 bytes read from global
+//     now (they must not change before the wait: they do not in a kernel),
+//     nothing reaches shared memory until a cp.async.wait_group N takes every
+//     copy of a group older than the newest N committed; ptx.cuh then stores
+//     them, as the calling thread, at that point. A read of the destination
+//     before its wait sees what was there before (never-written memory
+//     faults), as a missing wait may on a GPU.
+namespace cuda_cpu {
+void mma_16816(float* d, const uint32_t* a, const uint32_t* b);
+const uintptr_t* ldmatrix_rows(const void* row, int count, bool trans);
+inline void ldmatrix_leave() { exec.call = nullptr; }
+void async_issue(void* dst, const void* bytes16);
+void async_commit();
+bool async_take(int keep, void** dst, void* bytes16);  // one copy of a group older than the newest `keep`, or false
 }  // namespace cuda_cpu
 
 // ---- 4. atomics ---------------------------------------------------------------------
@@ -356,6 +392,8 @@ void count_flush();    // at every barrier and block end: the lanes' records bec
 void count_barrier();  // one block-wide barrier completed
 void count_sfu();      // one special-function call of a kernel's thread
 void count_mma();      // one warp's mma_sync
+void count_mma_16816(); // one warp's mma.sync.m16n8k16
+void count_rows_memory(const uintptr_t* rows, int count); // an ldmatrix of `count` 8x8 matrices (8 rows of 16 bytes each)
 void count_wmma_memory(bool store, bool shared, const void* p, unsigned ldm, size_t element_bytes);
 kernel_counts count_get(const char* name);  // zeros for a kernel never launched
 void count_mark();                           // count_summary_since_mark() counts from here
