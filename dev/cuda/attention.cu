@@ -14,9 +14,14 @@
  *      softmax and its backward one row per warp; (B, NH, T, T) fp32 scores
  *      and bf16 probabilities in memory, the full square computed (the
  *      masked half too).
- *   2  flash (production): attention_forward_gpu / attention_backward_gpu
- *      (tiles in shared memory, online softmax, WMMA, only the log-sum-exp
- *      per row kept; see gptc/cuda/attention.cuh).
+ *   2  flash with WMMA: attention_forward_wmma_gpu / attention_backward_gpu
+ *      (tiles in shared memory, online softmax, WMMA, the score, probability
+ *      and accumulator tiles in shared memory, only the log-sum-exp per row
+ *      kept; see gptc/cuda/attention.cuh).
+ *   3  production: attention_forward_gpu, FlashAttention-2 class where hs is
+ *      a multiple of 8 (mma.sync on ldmatrix'd operands, S, P and O in
+ *      registers, K and V double-buffered by cp.async; variant 2 otherwise),
+ *      and variant 2's backward.
  * FLOPs counted (the roofline is the tensor cores' dense bf16 peak): the
  * causal half of the products, forward 2 x 2 B NH T^2 hs / 2 (S and A V),
  * backward 5 x that / 2 (dV, dP, dQ, dK, and S recomputed): what a flash
@@ -29,8 +34,8 @@
  *
  * Build and run (from the repository root):
  *   make dev/cuda/attention                 (CUDA_ARCH=sm_80 for an A100; the Makefile finds NCCL)
- *   ./dev/cuda/attention               # validate and time both variants (B=16, T=1024, NH=12, hs=64)
- *   ./dev/cuda/attention 2             # only variant 2
+ *   ./dev/cuda/attention               # validate and time every variant (B=16, T=1024, NH=12, hs=64)
+ *   ./dev/cuda/attention 3             # only variant 3 (production)
  *   ./dev/cuda/attention 0 2 70 2 20   # both at B=2 T=70 NH=2 hs=20 (awkward sizes; make test on the CPU)
  */
 #define GPTC_NO_MAIN
@@ -198,6 +203,7 @@ typedef struct {
 static void run_forward(void* p) {
     AttnCtx* c = (AttnCtx*)p;
     if (c->variant == 1) attention_forward_materialised(&c->mat, c->out, c->att, c->qkv, c->B, c->T, c->NH, c->hs, 0);
+    else if (c->variant == 2) attention_forward_wmma_gpu(c->out, c->lse, c->qkv, c->B, c->T, c->NH, c->hs, 0);
     else attention_forward_gpu(c->out, c->lse, c->qkv, c->B, c->T, c->NH, c->hs, 0);
 }
 
@@ -295,17 +301,21 @@ int main(int argc, char** argv) {
     double peak = gpu_peak_tflops(prop.name);
     double fwd_flops = 2.0 * B * NH * (double)T * T * hs; /* 2 products x 2 T^2 hs, causal half */
     int ok = 1;
-    for (int v = 1; v <= 2; v++) {
+    static const char* const what[4] = {"", "materialised, cuBLASLt", "flash, WMMA, accumulators in shared memory",
+                                        "production: the forward FlashAttention-2 class (mma.sync, registers, "
+                                        "cp.async) where hs is a multiple of 8, the backward variant 2's"};
+    char label[2][40];
+    for (int v = 1; v <= 3; v++) {
         if (only && v != only) continue;
         ctx.variant = v;
-        printf("variant %d (%s)\n", v, v == 1 ? "materialised, cuBLASLt" : "flash, production");
+        printf("variant %d (%s)\n", v, what[v]);
         /* tolerances relative to each element: bf16 outputs (8 significant
          * bits) from bf16 P and dS, summed over up to T terms */
         run_forward(&ctx);
         float* got = from_device_bf16(ctx.out, nout);
         ok &= validate("out (bf16)", got, out, nout, 5e-3, 1e-2);
         free(got);
-        if (v == 2) {
+        if (v >= 2) {
             float* gl = from_device_f32(ctx.lse, nlse);
             ok &= validate("lse (fp32)", gl, lse, nlse, 1e-5, 1e-5);
             free(gl);
@@ -322,9 +332,11 @@ int main(int argc, char** argv) {
         }
         free(gd);
         double ms = time_kernel(&flush, 20, run_forward, &ctx);
-        print_flops(v == 1 ? "forward variant 1" : "forward variant 2", ms, fwd_flops, peak);
+        snprintf(label[0], sizeof(label[0]), "forward variant %d", v);
+        snprintf(label[1], sizeof(label[1]), "backward variant %d", v);
+        print_flops(label[0], ms, fwd_flops, peak);
         ms = time_kernel(&flush, 20, run_backward, &ctx);
-        print_flops(v == 1 ? "backward variant 1" : "backward variant 2", ms, 2.5 * fwd_flops, peak);
+        print_flops(label[1], ms, 2.5 * fwd_flops, peak);
     }
     l2flush_free(&flush);
     printf("%s\n", ok ? "attention: all variants valid" : "attention: FAILED");

@@ -17,6 +17,7 @@
 #define GPTC_CUDA_ATTENTION_CUH
 
 #include "gptc/cuda/common.cuh" // floatX, Pack8, ceil_div, KERNEL_CHECK
+#include "gptc/cuda/ptx.cuh"    // mma_bf16_16816, ldsm_x4(_t), cp_async16, cp_async_commit, cp_async_wait, pack_bf16
 #include <type_traits> // std::conditional: the WMMA layouts of attn_mma_strip
 
 /* ---- attention: flash-style (variant 2), forward and backward ------------ */
@@ -453,6 +454,156 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_backward_dq_kernel(flo
     attn_store_rows(dqkv + (size_t)b * T * 3 * C + (size_t)h * hs, 3 * C, dQs, q0, T, hs, hsp, 1.0f);
 }
 
+/* ---- the forward at FlashAttention-2 class (variant 3, production) --------
+ * The same algorithm as attention_forward_kernel, with everything a warp
+ * computes in registers (Dao, FlashAttention-2, 2023, Alg. 1): mma.sync
+ * m16n8k16 on ldmatrix'd operands (gptc/cuda/ptx.cuh), no score,
+ * probability or accumulator tile in shared memory.
+ *   block: 4 warps, 64 queries (warp w: rows 16w..16w+15), key tiles of 64;
+ *   shared: Q (64 x HSP) once, then K and V (64 x HSP each) twice over,
+ *     rows HSP + 8 elements apart (16 bytes of padding: the 8 rows an
+ *     ldmatrix phase reads fall in 8 different 16-byte bank groups), loaded
+ *     by cp.async 16 bytes a thread, tile j + 1 while tile j computes;
+ *   registers per lane: S for 16 x 64 (32 fp32,
+ *     rows g and g + 8 of the warp's 16, keys 2t, 2t + 1 of each 8), the
+ *     running max and sum of rows g and g + 8, O for 16 x HSP (HSP/2 fp32);
+ *   per key tile: S = Q K^T (Q's A fragments by ldmatrix from shared
+ *     memory each tile: held in registers they would cost HSP/4 a lane, and
+ *     4 blocks an SM would no longer fit; K's rows by ldmatrix are the B fragments of
+ *     K^T), scaled into log2 units, masked (causal, and keys >= T), the row
+ *     max over the lane's 16 values and the quad (shuffles), O and the
+ *     partial sum rescaled by exp2(m - m'), P = exp2(S - m') packed to bf16
+ *     as A fragments straight from the accumulators (the C layout of two
+ *     8-key blocks is the A layout of 16 keys), O += P V (V's rows by
+ *     ldmatrix.trans are the B fragments);
+ *   at the end the sum over the quad, O / l stored as bf16 pairs, lse =
+ *     (m + log2 l) ln 2 (natural units, as the backward reads it).
+ * Needs hs a multiple of 8 (16-byte rows in qkv for cp.async) and C too;
+ * attention_forward_gpu keeps variant 2 for other head sizes. Shared memory
+ * (64 + 4 x 64) (HSP + 8) 2 bytes: 46,080 at HSP = 64, 87,040 at 128; the
+ * registers held to 128 a thread at HSP <= 64 (__launch_bounds__), so that
+ * 4 blocks (16 warps, 25% occupancy) fit an SM of an H200, 2 at 128. */
+#define ATTN3_LD(HSP) ((HSP) + 8)
+static size_t attn3_smem(int hsp) { return (size_t)5 * ATTN_TILE * ATTN3_LD(hsp) * sizeof(floatX); }
+
+/* rows [r0, r0 + 64) of one head's q, k or v (row stride ld elements in
+ * qkv) into a tile (HSP + 8 apart): 16 bytes a cp.async; columns hs..HSP
+ * and rows >= T zeroed by plain stores */
+template <int HSP>
+__device__ void attn3_load(floatX* tile, const floatX* src, int ld, int r0, int T, int hs) {
+    constexpr int chunks = HSP / 8; /* 16-byte pieces a row */
+    for (int c = threadIdx.x; c < ATTN_TILE * chunks; c += ATTN_THREADS) {
+        int r = c / chunks, d = (c % chunks) * 8;
+        floatX* dst = tile + r * ATTN3_LD(HSP) + d;
+        if (r0 + r < T && d < hs) cp_async16(dst, src + (size_t)(r0 + r) * ld + d);
+        else *(uint4*)dst = make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int HSP>
+__global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv,
+                                                                             int T, int NH, int hs) {
+    constexpr int LD = ATTN3_LD(HSP), KC = HSP / 16, DB = HSP / 8;
+    extern __shared__ __align__(128) unsigned char attn_smem[];
+    floatX* Qs = (floatX*)attn_smem;           /* (64, LD) */
+    floatX* Ks = Qs + ATTN_TILE * LD;          /* 2 x (64, LD) */
+    floatX* Vs = Ks + 2 * ATTN_TILE * LD;      /* 2 x (64, LD) */
+    int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, q0 = qt * ATTN_TILE, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float scale = 1.4426950408889634f / sqrtf((float)hs); /* log2(e) / sqrt(hs): exponents in base 2 */
+    const floatX* q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs; /* row r at q + r 3C; k, v at + C, + 2C */
+    attn3_load<HSP>(Qs, q, 3 * C, q0, T, hs);
+    attn3_load<HSP>(Ks, q + C, 3 * C, 0, T, hs);
+    attn3_load<HSP>(Vs, q + 2 * C, 3 * C, 0, T, hs);
+    cp_async_commit();
+    /* this lane's ldmatrix row: matrix lane / 8 of a 16 x 16 block (rows 0-7 | 8-15 of columns 0-7, then 8-15) */
+    int lr = lane % 8 + 8 * (lane / 8 % 2), lc = 8 * (lane / 16);
+    float o[DB][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int i = 0; i < DB; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    int row0 = q0 + warp * 16 + g, row1 = row0 + 8; /* the lane's two query rows */
+    for (int kt = 0; kt <= qt; kt++) {
+        int buf = kt % 2, k0 = kt * ATTN_TILE;
+        cp_async_wait<0>();
+        __syncthreads(); /* tile kt is in shared memory (every thread's copies), and tile kt - 1's buffer is free */
+        if (kt < qt) { /* the next tile, beside this one's compute */
+            attn3_load<HSP>(Ks + (1 - buf) * ATTN_TILE * LD, q + C, 3 * C, k0 + ATTN_TILE, T, hs);
+            attn3_load<HSP>(Vs + (1 - buf) * ATTN_TILE * LD, q + 2 * C, 3 * C, k0 + ATTN_TILE, T, hs);
+        }
+        cp_async_commit();
+        const floatX* K = Ks + buf * ATTN_TILE * LD;
+        const floatX* V = Vs + buf * ATTN_TILE * LD;
+        /* S (16 x 64) = Q K^T: 8 blocks of 8 keys, two a ldmatrix.x4 */
+        float s[8][4];
+        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int kc = 0; kc < KC; kc++) {
+            uint32_t qf[4]; /* Q's A fragment, from shared memory each tile (in registers it would cost 4 KC a lane) */
+            ldsm_x4(qf, Qs + (warp * 16 + lr) * LD + kc * 16 + lc);
+            for (int n = 0; n < 8; n += 2) {
+                uint32_t kb[4]; /* matrices: keys 8n.. x dims 16kc.. | 16kc+8.., keys 8n+8.. x the same */
+                ldsm_x4(kb, K + (n * 8 + lane % 8 + 8 * (lane / 16)) * LD + kc * 16 + 8 * (lane / 8 % 2));
+                mma_bf16_16816(s[n], qf, kb);
+                mma_bf16_16816(s[n + 1], qf, kb + 2);
+            }
+        }
+        /* scale, mask, the rows' max */
+        float mt[2] = {-INFINITY, -INFINITY};
+        int edge = kt == qt || k0 + ATTN_TILE > T; /* the diagonal tile, or the last keys: masked */
+        for (int n = 0; n < 8; n++)
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + n * 8 + 2 * t + (e & 1);
+                s[n][e] = !edge || (key <= (e < 2 ? row0 : row1) && key < T) ? s[n][e] * scale : -INFINITY;
+                mt[e / 2] = fmaxf(mt[e / 2], s[n][e]);
+            }
+        float alpha[2];
+        for (int r = 0; r < 2; r++) { /* the quad holds a row's 64 keys */
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+            float mnew = fmaxf(m[r], mt[r]); /* finite: key k0 <= row for every row of the tile's queries */
+            alpha[r] = exp2f(m[r] - mnew);   /* (0 on the first tile: m = -inf) */
+            m[r] = mnew;
+            l[r] *= alpha[r];
+        }
+        for (int i = 0; i < DB; i++) {
+            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+        }
+        /* P = exp2(S - m), its partial row sums, and O += P V, 16 keys at a time */
+        for (int kc = 0; kc < 4; kc++) {
+            float p[2][4];
+            for (int j = 0; j < 2; j++)
+                for (int e = 0; e < 4; e++) {
+                    p[j][e] = exp2f(s[2 * kc + j][e] - m[e / 2]);
+                    l[e / 2] += p[j][e];
+                }
+            uint32_t pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
+                              pack_bf16(p[1][2], p[1][3])};
+            for (int d = 0; d < DB; d += 2) {
+                uint32_t vb[4]; /* matrices: keys 16kc.. | 16kc+8.. x dims 8d.., then x dims 8d+8.. */
+                ldsm_x4_t(vb, V + (kc * 16 + lane % 8 + 8 * (lane / 8 % 2)) * LD + (d + lane / 16) * 8);
+                mma_bf16_16816(o[d], pa, vb);
+                mma_bf16_16816(o[d + 1], pa, vb + 2);
+            }
+        }
+    }
+    for (int r = 0; r < 2; r++) { /* the quad's partial sums */
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    floatX* y = out + (size_t)b * T * C + (size_t)h * hs;
+    for (int r = 0; r < 2; r++) {
+        int row = r ? row1 : row0;
+        if (row >= T) continue;
+        float inv = 1.0f / l[r];
+        for (int d = 0; d < DB; d++) {
+            int col = d * 8 + 2 * t;
+            if (col >= hs) continue; /* (hs a multiple of 8: the pair is whole) */
+            __nv_bfloat162 v = __floats2bfloat162_rn(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+            *(__nv_bfloat162*)(y + (size_t)row * C + col) = v;
+        }
+        if (t == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * 0.6931471805599453f;
+    }
+}
+
 /* Dynamic shared memory over the 48 KB default must be granted per kernel
  * (cudaFuncSetAttribute); `granted` remembers the most granted so far. */
 static void attn_smem_grant(const void* kernel, size_t bytes, size_t* granted) {
@@ -466,15 +617,49 @@ static int attn_hsp(int hs) {
     return (hs + 15) / 16 * 16;
 }
 
-/* out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). */
-static void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
-                                  cudaStream_t s) {
+/* Variant 2's forward (the WMMA kernel): any head size up to 128. */
+static void attention_forward_wmma_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
+                                       cudaStream_t s) {
     static size_t granted;
     int hsp = attn_hsp(hs);
     attn_smem_grant((const void*)attention_forward_kernel, attn_smem_forward(hsp), &granted);
     dim3 grid(ceil_div(T, ATTN_TILE), B * NH);
     attention_forward_kernel<<<grid, ATTN_THREADS, attn_smem_forward(hsp), s>>>(out, lse, qkv, T, NH, hs, hsp);
     KERNEL_CHECK();
+}
+
+/* Variant 3 at HSP (a multiple of 16). */
+template <int HSP>
+static void attention_forward_mma_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
+                                         cudaStream_t s) {
+    static size_t granted;
+    attn_smem_grant((const void*)attention_forward_mma_kernel<HSP>, attn3_smem(HSP), &granted);
+    dim3 grid(ceil_div(T, ATTN_TILE), B * NH);
+    attention_forward_mma_kernel<HSP><<<grid, ATTN_THREADS, attn3_smem(HSP), s>>>(out, lse, qkv, T, NH, hs);
+    KERNEL_CHECK();
+}
+
+/* Whether variant 3 takes this shape: 16-byte rows of each head in qkv. */
+static int attn_mma_ok(int NH, int hs) { return hs % 8 == 0 && (NH * hs) % 8 == 0 && hs <= ATTN_MAX_HS; }
+
+/* out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C): variant 3 where it
+ * applies (hs a multiple of 8), else variant 2. */
+static void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
+                                  cudaStream_t s) {
+    if (!attn_mma_ok(NH, hs)) {
+        attention_forward_wmma_gpu(out, lse, qkv, B, T, NH, hs, s);
+        return;
+    }
+    switch (attn_hsp(hs)) {
+        case 16: attention_forward_mma_launch<16>(out, lse, qkv, B, T, NH, hs, s); break;
+        case 32: attention_forward_mma_launch<32>(out, lse, qkv, B, T, NH, hs, s); break;
+        case 48: attention_forward_mma_launch<48>(out, lse, qkv, B, T, NH, hs, s); break;
+        case 64: attention_forward_mma_launch<64>(out, lse, qkv, B, T, NH, hs, s); break;
+        case 80: attention_forward_mma_launch<80>(out, lse, qkv, B, T, NH, hs, s); break;
+        case 96: attention_forward_mma_launch<96>(out, lse, qkv, B, T, NH, hs, s); break;
+        case 112: attention_forward_mma_launch<112>(out, lse, qkv, B, T, NH, hs, s); break;
+        default: attention_forward_mma_launch<128>(out, lse, qkv, B, T, NH, hs, s); break;
+    }
 }
 
 /* dqkv (B, T, 3C, written) from dout (B, T, C), the forward's qkv, out and

@@ -102,6 +102,16 @@ run dev_cuda_classifier ./.cpu/dev/cuda/classifier 0 27 131 256
 run dev_cuda_classifier_scalar ./.cpu/dev/cuda/classifier 0 5 13 21  # Vp % 8 != 0: the scalar fallback
 run dev_cuda_attention ./.cpu/dev/cuda/attention 0 2 70 2 20
 run dev_cuda_attention_scalar ./.cpu/dev/cuda/attention_scalar 0 2 70 2 20 # tile products without WMMA
+# the production forward (variant 3: mma.sync, ldmatrix, cp.async) over T = 1, 7, 64, 129, 1024 and hs = 32, 64, 128
+attention3() {
+    local a rc=0
+    for a in "1 1 2 32" "2 7 2 64" "1 64 2 128" "2 129 3 64" "1 129 1 32" "1 7 1 128" "1 1024 1 64"; do
+        echo "== B T NH hs = $a"
+        ./.cpu/dev/cuda/attention 3 $a || rc=1
+    done
+    return $rc
+}
+run dev_cuda_attention3 attention3
 run dev_cuda_dp_layout ./.cpu/dev/cuda/dp_layout
 # issue 13's files: awkward sizes, then a reduced default size (the full one is too slow here), one a line
 run dev_cuda_adamw ./.cpu/dev/cuda/adamw 0 1001

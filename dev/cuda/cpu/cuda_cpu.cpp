@@ -764,7 +764,9 @@ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
     wmma_wait(f, WARP_MMA_16816, (uint64_t)(uintptr_t)&ops, 0, 0);
 }
 
-static thread_local uintptr_t ldm_rows[32];  // the completed ldmatrix's addresses (read by each lane after it)
+// Each warp's last completed ldmatrix: its lanes' addresses, read by every lane after it (per warp: the warps of
+// a block complete their calls in one pass of the scheduler, before any lane runs on).
+static thread_local uintptr_t ldm_rows[MAX_THREADS_PER_BLOCK / 32][32];
 
 const uintptr_t* ldmatrix_rows(const void* row, int count, bool trans) {
     fiber& f = self(op_name(WARP_LDMATRIX));
@@ -781,14 +783,15 @@ const uintptr_t* ldmatrix_rows(const void* row, int count, bool trans) {
     }
     wmma_wait(f, WARP_LDMATRIX, a, (uint64_t)count | (uint64_t)trans << 8, 0);
     exec.call = op_name(WARP_LDMATRIX);
-    return ldm_rows;
+    return ldm_rows[running->current / 32];
 }
 
 static bool ptx_complete(block_run& r, int base) {
     const warp_call& c0 = r.fibers[base].call;
     if (c0.op == WARP_LDMATRIX) {
-        for (int l = 0; l < 32; l++) ldm_rows[l] = (uintptr_t)r.fibers[base + l].call.value;
-        if (count_on) count_rows_memory(ldm_rows, (int)(c0.tag & 255));
+        uintptr_t* rows = ldm_rows[base / 32];
+        for (int l = 0; l < 32; l++) rows[l] = (uintptr_t)r.fibers[base + l].call.value;
+        if (count_on) count_rows_memory(rows, (int)(c0.tag & 255));
         return true;
     }
     if (count_on) count_mma_16816();

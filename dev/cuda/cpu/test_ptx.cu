@@ -64,19 +64,21 @@ __global__ void frag_mma_kernel(float* D, const bf16* A, const bf16* Bt, int pla
 
 // Every lane's 4 registers of ldsm_x4 (trans: ldsm_x4_t) of a 16 x 16 tile,
 // matrices in the A-fragment order (rows 0-7 | 8-15 of columns 0-7, then of
-// 8-15). plant 1: lane 3's row address 2 bytes off.
+// 8-15); with several warps, warp w reads tile w, all at once. plant 1: lane
+// 3's row address 2 bytes off.
 __global__ void ldsm_kernel(uint32_t* out, const bf16* tile, int trans, int plant) {
-    __shared__ __align__(16) uint16_t raw[16 * LDS]; /* (bf16's constructor would give a static a guard) */
-    bf16* sm = (bf16*)raw;
-    const int l = threadIdx.x;
-    for (int i = l; i < 256; i += 32) sm[(i / 16) * LDS + i % 16] = tile[i];
+    __shared__ __align__(16) uint16_t raw[4 * 16 * LDS]; /* (bf16's constructor would give a static a guard) */
+    const int l = threadIdx.x % 32, w = threadIdx.x / 32;
+    for (int i = threadIdx.x; i < 256 * (int)(blockDim.x / 32); i += blockDim.x)
+        ((bf16*)raw)[(i / 256) * 16 * LDS + (i % 256 / 16) * LDS + i % 16] = tile[i];
     __syncthreads();
+    bf16* sm = (bf16*)raw + w * 16 * LDS;
     const int row = l % 8 + 8 * (l / 8 % 2), col = 8 * (l / 16);
     const char* p = (const char*)&sm[row * LDS + col] + (plant == 1 && l == 3 ? 2 : 0);
     uint32_t r[4];
     if (trans) ldsm_x4_t(r, p);
     else ldsm_x4(r, p);
-    for (int i = 0; i < 4; i++) out[l * 4 + i] = r[i];
+    for (int i = 0; i < 4; i++) out[threadIdx.x * 4 + i] = r[i];
 }
 
 // S (16 x 16) = Q K^T (Q, K: 16 x 32 row-major, hs 32), then O (16 x 32) =
@@ -215,36 +217,40 @@ static int case_mma_ok() { return frag_mma_case(0); }
 static int case_mma_wrong_layout() { return frag_mma_case(1); }
 static int case_mma_lane_skips() { return frag_mma_case(2); }
 
-static int ldsm_case(int trans, int plant) {
+static int ldsm_case(int trans, int plant, int warps = 1) {
     std::vector<float> T;
-    bf16* dT = device_bf16(T, 256, 3);
+    bf16* dT = device_bf16(T, 256 * warps, 3);
     uint32_t* dout;
-    CK(cudaMalloc(&dout, 128 * sizeof(uint32_t)));
-    ldsm_kernel<<<1, 32>>>(dout, dT, trans, plant);
+    CK(cudaMalloc(&dout, 128 * warps * sizeof(uint32_t)));
+    ldsm_kernel<<<1, 32 * warps>>>(dout, dT, trans, plant);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    std::vector<uint32_t> out = fetch(dout, 128);
+    std::vector<uint32_t> all = fetch(dout, 128 * warps);
+    for (int w = 0; w < warps; w++)
     for (int l = 0; l < 32; l++)
         for (int i = 0; i < 4; i++) {
+            const uint32_t* out = all.data() + w * 128;
+            const float* Tw = T.data() + w * 256;
             const int r0 = 8 * (i % 2), c0 = 8 * (i / 2), g = l / 4, t = l % 4;  // matrix i's corner
             uint16_t want[2];
             for (int h = 0; h < 2; h++) {
                 const int r = trans ? 2 * t + h : g, c = trans ? g : 2 * t + h;
-                want[h] = bits16(T[(r0 + r) * 16 + c0 + c]);
+                want[h] = bits16(Tw[(r0 + r) * 16 + c0 + c]);
             }
-            const uint32_t w = (uint32_t)want[0] | (uint32_t)want[1] << 16;
-            if (out[l * 4 + i] != w) {
-                fprintf(stderr, "ldmatrix%s: lane %d register %d is 0x%08x, PTX's layout says 0x%08x\n",
-                        trans ? ".trans" : "", l, i, out[l * 4 + i], w);
+            const uint32_t want32 = (uint32_t)want[0] | (uint32_t)want[1] << 16;
+            if (out[l * 4 + i] != want32) {
+                fprintf(stderr, "ldmatrix%s: warp %d lane %d register %d is 0x%08x, PTX's layout says 0x%08x\n",
+                        trans ? ".trans" : "", w, l, i, out[l * 4 + i], want32);
                 return 1;
             }
         }
-    printf("ldmatrix.x4%s: every lane's 4 registers as PTX documents them\n", trans ? ".trans" : "");
+    printf("ldmatrix.x4%s, %d warp(s) at once: every lane's 4 registers as PTX documents them\n", trans ? ".trans" : "", warps);
     return 0;
 }
 static int case_ldsm_x4() { return ldsm_case(0, 0); }
 static int case_ldsm_x4_trans() { return ldsm_case(1, 0); }
 static int case_ldsm_misaligned() { return ldsm_case(0, 1); }
+static int case_ldsm_four_warps() { return ldsm_case(1, 0, 4); }
 
 static int case_attention_pattern() {
     std::vector<float> Q, K, V;
@@ -306,6 +312,7 @@ static const Case cases[] = {
      "lane 5 skips the mma: the launch fails, naming it"},
     {"ldsm_x4", case_ldsm_x4, 0, "", "ldmatrix.x4: every lane's registers as PTX documents"},
     {"ldsm_x4_trans", case_ldsm_x4_trans, 0, "", "ldmatrix.x4.trans: the transposed pairs"},
+    {"ldsm_four_warps", case_ldsm_four_warps, 0, "", "ldmatrix.x4.trans in 4 warps at once: each warp its own tile's"},
     {"ldsm_misaligned", case_ldsm_misaligned, 2, "not 16-byte aligned", "a row address 2 bytes off: the launch fails"},
     {"attention_pattern", case_attention_pattern, 0, "",
      "S = Q K^T and O = bf16(S) V through ldmatrix (x4, x2, x2.trans) and mma, as flash attention uses them"},
