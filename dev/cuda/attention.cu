@@ -18,10 +18,10 @@
  *      (tiles in shared memory, online softmax, WMMA, the score, probability
  *      and accumulator tiles in shared memory, only the log-sum-exp per row
  *      kept; see gptc/cuda/attention.cuh).
- *   3  production: attention_forward_gpu, FlashAttention-2 class where hs is
- *      a multiple of 8 (mma.sync on ldmatrix'd operands, S, P and O in
- *      registers, K and V double-buffered by cp.async; variant 2 otherwise),
- *      and variant 2's backward.
+ *   3  production: attention_forward_gpu / attention_backward_gpu,
+ *      FlashAttention-2 class where hs is a multiple of 8 (mma.sync on
+ *      ldmatrix'd operands, S, P, dS and the accumulators in registers, tiles
+ *      double-buffered by cp.async; variant 2 otherwise).
  * FLOPs counted (the roofline is the tensor cores' dense bf16 peak): the
  * causal half of the products, forward 2 x 2 B NH T^2 hs / 2 (S and A V),
  * backward 5 x that / 2 (dV, dP, dQ, dK, and S recomputed): what a flash
@@ -211,6 +211,8 @@ static void run_backward(void* p) {
     AttnCtx* c = (AttnCtx*)p;
     if (c->variant == 1)
         attention_backward_materialised(&c->mat, c->dqkv, c->dout, c->qkv, c->att, c->B, c->T, c->NH, c->hs, 0);
+    else if (c->variant == 2)
+        attention_backward_wmma_gpu(c->dqkv, c->D, c->dout, c->qkv, c->out, c->lse, c->B, c->T, c->NH, c->hs, 0);
     else attention_backward_gpu(c->dqkv, c->D, c->dout, c->qkv, c->out, c->lse, c->B, c->T, c->NH, c->hs, 0);
 }
 
@@ -302,8 +304,8 @@ int main(int argc, char** argv) {
     double fwd_flops = 2.0 * B * NH * (double)T * T * hs; /* 2 products x 2 T^2 hs, causal half */
     int ok = 1;
     static const char* const what[4] = {"", "materialised, cuBLASLt", "flash, WMMA, accumulators in shared memory",
-                                        "production: the forward FlashAttention-2 class (mma.sync, registers, "
-                                        "cp.async) where hs is a multiple of 8, the backward variant 2's"};
+                                        "production: FlashAttention-2 class (mma.sync, registers, cp.async) "
+                                        "where hs is a multiple of 8, else variant 2"};
     char label[2][40];
     for (int v = 1; v <= 3; v++) {
         if (only && v != only) continue;

@@ -71,7 +71,8 @@ SCALE = {
     "adamw_kernel": ("params", False), "float_to_bf16_kernel": ("params", False),
     "norm_squares_partial_kernel": ("params", False), "norm_finish_kernel": ("one", False),
     "mean_kernel": ("one", False), "update_gate_kernel": ("one", False),
-    "attention_forward_kernel": ("attn", True), "attention_backward_dkv_kernel": ("attn", True),
+    "attention_forward_kernel": ("attn", True), "attention_forward_mma_kernel": ("attn", True),
+    "attention_backward_dkv_kernel": ("attn", True),
     "attention_backward_dq_kernel": ("attn", True), "attention_backward_d_kernel": ("tokens", True),
     "classifier_kernel": ("logits", False), "classifier_scalar_kernel": ("logits", False),
     "encoder_forward_kernel": ("tokens", False), "encoder_backward_wpe_kernel": ("tokens", False),
@@ -85,6 +86,11 @@ SCALE = {
     "accumulate_kernel": ("tokens", True), "bf16_round_stochastic_kernel": ("params", False),
     "bf16_to_float_kernel": ("params", False), "encoder_backward_kernel": ("tokens", False),
 }
+
+
+# Template kernels whose instantiations differ in resources: the one the
+# target (GPT-2 124M: hs 64) runs, by its template argument.
+INSTANCE = {"attention_forward_mma_kernel": 64}
 
 
 def base_name(name):
@@ -133,22 +139,26 @@ def read_ptxas(path):
         m = re.search(r"Compiling entry function '([^']+)'", line)
         if m:
             d = re.sub(r"^void ", "", names.get(m.group(1), m.group(1)))  # templates demangle with their return type
-            cur = base_name(re.sub(r"\(.*", "", d).split("<")[0])
+            full = re.sub(r"\(.*", "", d).strip()
+            cur = base_name(full.split("<")[0])
             out.setdefault(cur, dict(registers=0, spill_bytes=0, stack=0, smem=0))
+            inst = full.replace(" ", "") if "<" in full else None  # an instantiation apart too: "k<64>"
+            if inst:
+                out.setdefault(inst, dict(registers=0, spill_bytes=0, stack=0, smem=0))
             continue
         if cur is None:
             continue
-        e = out[cur]
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m:
-            e["stack"] = max(e["stack"], int(m.group(1)))
-            e["spill_bytes"] = max(e["spill_bytes"], int(m.group(2)) + int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m:
-            e["registers"] = max(e["registers"], int(m.group(1)))
-        m = re.search(r"(\d+) bytes smem", line)
-        if m:
-            e["smem"] = max(e["smem"], int(m.group(1)))
+        for e in [out[cur]] + ([out[inst]] if inst else []):
+            m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            if m:
+                e["stack"] = max(e["stack"], int(m.group(1)))
+                e["spill_bytes"] = max(e["spill_bytes"], int(m.group(2)) + int(m.group(3)))
+            m = re.search(r"Used (\d+) registers", line)
+            if m:
+                e["registers"] = max(e["registers"], int(m.group(1)))
+            m = re.search(r"(\d+) bytes smem", line)
+            if m:
+                e["smem"] = max(e["smem"], int(m.group(1)))
     return out
 
 
@@ -329,10 +339,12 @@ def main():
         lf = tg["L"] / L if per_layer else 1.0
         k = {x: c[x] * f for x in c if x not in ("launches", "blocks", "threads_per_block", "dynamic_smem")}
         k["launches"] = c["launches"] * lf
-        r = res90[name]
+        inst = f"{name}<{INSTANCE[name]}>" if name in INSTANCE else name  # the instantiation the target runs
+        r = res90.get(inst, res90[name])
         smem = r["smem"] + c["dynamic_smem"]
         bps, warps = occupancy(H200, r["registers"], c["threads_per_block"], smem)
-        bps80 = occupancy(A100, res80[name]["registers"], c["threads_per_block"], smem)[0] if name in res80 else -1
+        r80 = res80.get(inst, res80.get(name))
+        bps80 = occupancy(A100, r80["registers"], c["threads_per_block"], smem)[0] if r80 else -1
         blocks_per_launch = c["blocks"] / c["launches"] * size[kind]
         t, bound = estimate(k, bps, warps, blocks_per_launch)
         total += t

@@ -604,6 +604,244 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_for
     }
 }
 
+/* ---- the backward at FlashAttention-2 class (variant 3, production) -------
+ * FlashAttention-2's Alg. 2 split in two deterministic kernels as variant 2
+ * is (no atomics), everything a warp computes in registers:
+ *   dK/dV: a block per key tile (64 keys, warp w keys 16w..16w+15, K and V
+ *     loaded once), walking the query tiles kt..last, Q, dO, lse and D
+ *     double-buffered by cp.async (plain loads for the rows' lse and D), in
+ *     halves of 32 queries: S^T = K Q^T (A: K's rows by ldmatrix, B: Q's rows
+ *     as B fragments of Q^T), P^T = exp2(S^T log2(e)/sqrt(hs) - lse
+ *     log2(e)) masked (query >= key, query < T), dP^T = V dO^T the same way,
+ *     dS^T = P^T (dP^T - D), dV += P^T dO and dK += dS^T Q (the accumulators
+ *     repacked as A fragments, dO and Q by ldmatrix.trans as B); at the end
+ *     dK / sqrt(hs), both stored as bf16 pairs into dqkv;
+ *   dQ: a block per query tile (warp w queries 16w..), walking the key tiles
+ *     0..its own, K and V double-buffered, in halves of 32 keys: S = Q K^T,
+ *     P = exp2(S - lse) masked, dP = dO V^T, dS = P (dP - D), dQ += dS K
+ *     (K by ldmatrix.trans); at the end dQ / sqrt(hs) into dqkv.
+ * Registers: the dK and dV (or dQ) accumulators, HSP/2 fp32 each, and S, dP
+ * for 16 x 32 (16 fp32 each). Shared memory: 6 tiles of 64 x (HSP + 8) bf16
+ * and 4 x 64 fp32 (dK/dV), 56,320 bytes at HSP = 64. At HSP = 64 the dQ
+ * kernel fits 128 registers (4 blocks an SM, 25% occupancy); the dK/dV
+ * kernel holds two accumulators and is left at 3 blocks (164 registers,
+ * 18.75%): capped at 128, ptxas spills 16 bytes. Same preconditions as the
+ * forward (hs a multiple of 8). */
+static size_t attn3_smem_bwd(int hsp) {
+    return (size_t)6 * ATTN_TILE * ATTN3_LD(hsp) * sizeof(floatX) + 4 * ATTN_TILE * sizeof(float);
+}
+
+/* lse and D of rows [r0, r0 + 64) into shared memory, in log2 units for lse:
+ * rows >= T get lse = +inf (P = 0) and D = 0 */
+__device__ void attn3_rows(float* slse, float* sD, const float* lse, const float* D, int r0, int T) {
+    for (int r = threadIdx.x; r < ATTN_TILE; r += ATTN_THREADS) {
+        int i = r0 + r;
+        slse[r] = i < T ? lse[i] * 1.4426950408889634f : INFINITY;
+        sD[r] = i < T ? D[i] : 0.0f;
+    }
+}
+
+template <int HSP>
+__global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 3 : 2) attention_backward_dkv_mma_kernel(
+    floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* D, int T, int NH, int hs) {
+    constexpr int LD = ATTN3_LD(HSP), KC = HSP / 16, DB = HSP / 8;
+    extern __shared__ __align__(128) unsigned char attn_smem[];
+    floatX* Ks = (floatX*)attn_smem;
+    floatX* Vs = Ks + ATTN_TILE * LD;
+    floatX* Qs = Vs + ATTN_TILE * LD;      /* 2 x (64, LD) */
+    floatX* dOs = Qs + 2 * ATTN_TILE * LD; /* 2 x (64, LD) */
+    float* Ls = (float*)(dOs + 2 * ATTN_TILE * LD); /* 2 x 64: lse, log2 units */
+    float* Ds = Ls + 2 * ATTN_TILE;                 /* 2 x 64 */
+    int kt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, k0 = kt * ATTN_TILE, nqt = (T + ATTN_TILE - 1) / ATTN_TILE;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float sl2 = 1.4426950408889634f / sqrtf((float)hs);
+    const floatX* q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    const floatX* dy = dout + (size_t)b * T * C + (size_t)h * hs;
+    const float* lrow = lse + (size_t)bh * T;
+    const float* drow = D + (size_t)bh * T;
+    attn3_load<HSP>(Ks, q + C, 3 * C, k0, T, hs);
+    attn3_load<HSP>(Vs, q + 2 * C, 3 * C, k0, T, hs);
+    attn3_load<HSP>(Qs, q, 3 * C, k0, T, hs);
+    attn3_load<HSP>(dOs, dy, C, k0, T, hs);
+    attn3_rows(Ls, Ds, lrow, drow, k0, T);
+    cp_async_commit();
+    int lr = lane % 8 + 8 * (lane / 8 % 2), lc = 8 * (lane / 16); /* an A fragment's ldmatrix row */
+    int key0 = k0 + warp * 16 + g, key1 = key0 + 8;               /* the lane's two keys */
+    float dk[DB][4], dv[DB][4];
+    for (int i = 0; i < DB; i++)
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
+    for (int qt = kt, it = 0; qt < nqt; qt++, it++) {
+        int buf = it % 2, q0 = qt * ATTN_TILE;
+        cp_async_wait<0>();
+        __syncthreads(); /* query tile qt is in buffer buf; the other buffer is free */
+        if (qt + 1 < nqt) {
+            int o = (1 - buf) * ATTN_TILE * LD;
+            attn3_load<HSP>(Qs + o, q, 3 * C, q0 + ATTN_TILE, T, hs);
+            attn3_load<HSP>(dOs + o, dy, C, q0 + ATTN_TILE, T, hs);
+            attn3_rows(Ls + (1 - buf) * ATTN_TILE, Ds + (1 - buf) * ATTN_TILE, lrow, drow, q0 + ATTN_TILE, T);
+        }
+        cp_async_commit();
+        const floatX* Qb = Qs + buf * ATTN_TILE * LD;
+        const floatX* dOb = dOs + buf * ATTN_TILE * LD;
+        const float* Lb = Ls + buf * ATTN_TILE;
+        const float* Db = Ds + buf * ATTN_TILE;
+        for (int half = 0; half < 2; half++) { /* queries q0 + 32 half .. + 31 */
+            int qh = half * 32;
+            float st[4][4], dpt[4][4]; /* S^T and dP^T: 16 keys x 4 blocks of 8 queries */
+            for (int n = 0; n < 4; n++)
+                for (int e = 0; e < 4; e++) st[n][e] = dpt[n][e] = 0.0f;
+            for (int kc = 0; kc < KC; kc++) {
+                uint32_t ka[4], va[4];
+                ldsm_x4(ka, Ks + (warp * 16 + lr) * LD + kc * 16 + lc);
+                ldsm_x4(va, Vs + (warp * 16 + lr) * LD + kc * 16 + lc);
+                for (int n = 0; n < 4; n += 2) {
+                    uint32_t qb[4], ob[4]; /* rows: queries qh + 8n.. (x dims 16kc.., 16kc+8..), then + 8 */
+                    int row = qh + n * 8 + lane % 8 + 8 * (lane / 16), col = kc * 16 + 8 * (lane / 8 % 2);
+                    ldsm_x4(qb, Qb + row * LD + col);
+                    ldsm_x4(ob, dOb + row * LD + col);
+                    mma_bf16_16816(st[n], ka, qb);
+                    mma_bf16_16816(st[n + 1], ka, qb + 2);
+                    mma_bf16_16816(dpt[n], va, ob);
+                    mma_bf16_16816(dpt[n + 1], va, ob + 2);
+                }
+            }
+            /* P^T and dS^T in place; then dV += P^T dO, dK += dS^T Q over these 32 queries */
+            for (int n = 0; n < 4; n++)
+                for (int e = 0; e < 4; e++) {
+                    int c = qh + n * 8 + 2 * t + (e & 1), qi = q0 + c, key = e < 2 ? key0 : key1;
+                    float p = qi >= key && qi < T ? exp2f(st[n][e] * sl2 - Lb[c]) : 0.0f;
+                    st[n][e] = p;
+                    dpt[n][e] = p * (dpt[n][e] - Db[c]);
+                }
+            for (int kc = 0; kc < 2; kc++) { /* 16 queries at a time */
+                uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
+                                  pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                                  pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+                uint32_t sa[4] = {pack_bf16(dpt[2 * kc][0], dpt[2 * kc][1]), pack_bf16(dpt[2 * kc][2], dpt[2 * kc][3]),
+                                  pack_bf16(dpt[2 * kc + 1][0], dpt[2 * kc + 1][1]),
+                                  pack_bf16(dpt[2 * kc + 1][2], dpt[2 * kc + 1][3])};
+                int row = qh + kc * 16 + lane % 8 + 8 * (lane / 8 % 2);
+                for (int d = 0; d < DB; d += 2) {
+                    uint32_t ob[4], qb[4]; /* by ldmatrix.trans: queries x dims 8d.., then 8d+8.. */
+                    ldsm_x4_t(ob, dOb + row * LD + (d + lane / 16) * 8);
+                    ldsm_x4_t(qb, Qb + row * LD + (d + lane / 16) * 8);
+                    mma_bf16_16816(dv[d], pa, ob);
+                    mma_bf16_16816(dv[d + 1], pa, ob + 2);
+                    mma_bf16_16816(dk[d], sa, qb);
+                    mma_bf16_16816(dk[d + 1], sa, qb + 2);
+                }
+            }
+        }
+    }
+    float scale = 1.0f / sqrtf((float)hs);
+    floatX* dk_out = dqkv + (size_t)b * T * 3 * C + C + (size_t)h * hs; /* row r at + r 3C; dv at + C more */
+    for (int r = 0; r < 2; r++) {
+        int key = r ? key1 : key0;
+        if (key >= T) continue;
+        for (int d = 0; d < DB; d++) {
+            int col = d * 8 + 2 * t;
+            if (col >= hs) continue;
+            floatX* at = dk_out + (size_t)key * 3 * C + col;
+            *(__nv_bfloat162*)at = __floats2bfloat162_rn(dk[d][2 * r] * scale, dk[d][2 * r + 1] * scale);
+            *(__nv_bfloat162*)(at + C) = __floats2bfloat162_rn(dv[d][2 * r], dv[d][2 * r + 1]);
+        }
+    }
+}
+
+template <int HSP>
+__global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_backward_dq_mma_kernel(
+    floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* D, int T, int NH, int hs) {
+    constexpr int LD = ATTN3_LD(HSP), KC = HSP / 16, DB = HSP / 8;
+    extern __shared__ __align__(128) unsigned char attn_smem[];
+    floatX* Qs = (floatX*)attn_smem;
+    floatX* dOs = Qs + ATTN_TILE * LD;
+    floatX* Ks = dOs + ATTN_TILE * LD;     /* 2 x (64, LD) */
+    floatX* Vs = Ks + 2 * ATTN_TILE * LD;  /* 2 x (64, LD) */
+    float* Ls = (float*)(Vs + 2 * ATTN_TILE * LD);
+    float* Ds = Ls + ATTN_TILE;
+    int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int C = NH * hs, q0 = qt * ATTN_TILE, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float sl2 = 1.4426950408889634f / sqrtf((float)hs);
+    const floatX* q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    const floatX* dy = dout + (size_t)b * T * C + (size_t)h * hs;
+    attn3_load<HSP>(Qs, q, 3 * C, q0, T, hs);
+    attn3_load<HSP>(dOs, dy, C, q0, T, hs);
+    attn3_load<HSP>(Ks, q + C, 3 * C, 0, T, hs);
+    attn3_load<HSP>(Vs, q + 2 * C, 3 * C, 0, T, hs);
+    attn3_rows(Ls, Ds, lse + (size_t)bh * T, D + (size_t)bh * T, q0, T);
+    cp_async_commit();
+    int lr = lane % 8 + 8 * (lane / 8 % 2), lc = 8 * (lane / 16);
+    int r0 = warp * 16 + g, r1 = r0 + 8; /* the lane's two query rows, in the tile */
+    float dq[DB][4];
+    for (int i = 0; i < DB; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        int buf = kt % 2, k0 = kt * ATTN_TILE;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (kt < qt) {
+            int o = (1 - buf) * ATTN_TILE * LD;
+            attn3_load<HSP>(Ks + o, q + C, 3 * C, k0 + ATTN_TILE, T, hs);
+            attn3_load<HSP>(Vs + o, q + 2 * C, 3 * C, k0 + ATTN_TILE, T, hs);
+        }
+        cp_async_commit();
+        const floatX* Kb = Ks + buf * ATTN_TILE * LD;
+        const floatX* Vb = Vs + buf * ATTN_TILE * LD;
+        float l0 = Ls[r0], l1 = Ls[r1], d0 = Ds[r0], d1 = Ds[r1];
+        for (int half = 0; half < 2; half++) { /* keys k0 + 32 half .. + 31 */
+            int kh = half * 32;
+            float s[4][4], dp[4][4];
+            for (int n = 0; n < 4; n++)
+                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+            for (int kc = 0; kc < KC; kc++) {
+                uint32_t qa[4], oa[4];
+                ldsm_x4(qa, Qs + (warp * 16 + lr) * LD + kc * 16 + lc);
+                ldsm_x4(oa, dOs + (warp * 16 + lr) * LD + kc * 16 + lc);
+                for (int n = 0; n < 4; n += 2) {
+                    uint32_t kb[4], vb[4];
+                    int row = kh + n * 8 + lane % 8 + 8 * (lane / 16), col = kc * 16 + 8 * (lane / 8 % 2);
+                    ldsm_x4(kb, Kb + row * LD + col);
+                    ldsm_x4(vb, Vb + row * LD + col);
+                    mma_bf16_16816(s[n], qa, kb);
+                    mma_bf16_16816(s[n + 1], qa, kb + 2);
+                    mma_bf16_16816(dp[n], oa, vb);
+                    mma_bf16_16816(dp[n + 1], oa, vb + 2);
+                }
+            }
+            for (int n = 0; n < 4; n++)
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + kh + n * 8 + 2 * t + (e & 1), row = q0 + (e < 2 ? r0 : r1);
+                    float p = key <= row && row < T ? exp2f(s[n][e] * sl2 - (e < 2 ? l0 : l1)) : 0.0f;
+                    s[n][e] = p * (dp[n][e] - (e < 2 ? d0 : d1)); /* dS */
+                }
+            for (int kc = 0; kc < 2; kc++) {
+                uint32_t sa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                int row = kh + kc * 16 + lane % 8 + 8 * (lane / 8 % 2);
+                for (int d = 0; d < DB; d += 2) {
+                    uint32_t kb[4];
+                    ldsm_x4_t(kb, Kb + row * LD + (d + lane / 16) * 8);
+                    mma_bf16_16816(dq[d], sa, kb);
+                    mma_bf16_16816(dq[d + 1], sa, kb + 2);
+                }
+            }
+        }
+    }
+    float scale = 1.0f / sqrtf((float)hs);
+    floatX* dq_out = dqkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    for (int r = 0; r < 2; r++) {
+        int row = q0 + (r ? r1 : r0);
+        if (row >= T) continue;
+        for (int d = 0; d < DB; d++) {
+            int col = d * 8 + 2 * t;
+            if (col >= hs) continue;
+            *(__nv_bfloat162*)(dq_out + (size_t)row * 3 * C + col) =
+                __floats2bfloat162_rn(dq[d][2 * r] * scale, dq[d][2 * r + 1] * scale);
+        }
+    }
+}
+
 /* Dynamic shared memory over the 48 KB default must be granted per kernel
  * (cudaFuncSetAttribute); `granted` remembers the most granted so far. */
 static void attn_smem_grant(const void* kernel, size_t bytes, size_t* granted) {
@@ -662,9 +900,24 @@ static void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, in
     }
 }
 
-/* dqkv (B, T, 3C, written) from dout (B, T, C), the forward's qkv, out and
- * lse; D is (B, NH, T) fp32 scratch. */
-static void attention_backward_gpu(floatX* dqkv, float* D, const floatX* dout, const floatX* qkv, const floatX* out,
+/* Variant 3's backward at HSP (D computed already). */
+template <int HSP>
+static void attention_backward_mma_launch(floatX* dqkv, const float* D, const floatX* dout, const floatX* qkv,
+                                          const float* lse, int B, int T, int NH, int hs, cudaStream_t s) {
+    static size_t granted_dkv, granted_dq;
+    attn_smem_grant((const void*)attention_backward_dkv_mma_kernel<HSP>, attn3_smem_bwd(HSP), &granted_dkv);
+    attn_smem_grant((const void*)attention_backward_dq_mma_kernel<HSP>, attn3_smem_bwd(HSP), &granted_dq);
+    dim3 grid(ceil_div(T, ATTN_TILE), B * NH);
+    attention_backward_dkv_mma_kernel<HSP><<<grid, ATTN_THREADS, attn3_smem_bwd(HSP), s>>>(dqkv, dout, qkv, lse, D, T,
+                                                                                            NH, hs);
+    KERNEL_CHECK();
+    attention_backward_dq_mma_kernel<HSP><<<grid, ATTN_THREADS, attn3_smem_bwd(HSP), s>>>(dqkv, dout, qkv, lse, D, T,
+                                                                                           NH, hs);
+    KERNEL_CHECK();
+}
+
+/* Variant 2's backward (the WMMA kernels): any head size up to 128. */
+static void attention_backward_wmma_gpu(floatX* dqkv, float* D, const floatX* dout, const floatX* qkv, const floatX* out,
                                    const float* lse, int B, int T, int NH, int hs, cudaStream_t s) {
     static size_t granted_dkv, granted_dq;
     int hsp = attn_hsp(hs);
@@ -680,6 +933,29 @@ static void attention_backward_gpu(floatX* dqkv, float* D, const floatX* dout, c
     attention_backward_dq_kernel<<<grid, ATTN_THREADS, attn_smem_dq(hsp), s>>>(dqkv, dout, qkv, lse, D, T, NH, hs,
                                                                                 hsp);
     KERNEL_CHECK();
+}
+
+/* dqkv (B, T, 3C, written) from dout (B, T, C), the forward's qkv, out and
+ * lse; D is (B, NH, T) fp32 scratch. Variant 3 where it applies, else 2. */
+static void attention_backward_gpu(floatX* dqkv, float* D, const floatX* dout, const floatX* qkv, const floatX* out,
+                                   const float* lse, int B, int T, int NH, int hs, cudaStream_t s) {
+    if (!attn_mma_ok(NH, hs)) {
+        attention_backward_wmma_gpu(dqkv, D, dout, qkv, out, lse, B, T, NH, hs, s);
+        return;
+    }
+    long long rows = (long long)B * T * NH;
+    attention_backward_d_kernel<<<ceil_div(rows, 8), 256, 0, s>>>(D, dout, out, B, T, NH, hs);
+    KERNEL_CHECK();
+    switch (attn_hsp(hs)) {
+        case 16: attention_backward_mma_launch<16>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        case 32: attention_backward_mma_launch<32>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        case 48: attention_backward_mma_launch<48>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        case 64: attention_backward_mma_launch<64>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        case 80: attention_backward_mma_launch<80>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        case 96: attention_backward_mma_launch<96>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        case 112: attention_backward_mma_launch<112>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+        default: attention_backward_mma_launch<128>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
+    }
 }
 
 #endif /* GPTC_CUDA_ATTENTION_CUH */
