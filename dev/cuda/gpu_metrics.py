@@ -72,7 +72,8 @@ SCALE = {
     "norm_squares_partial_kernel": ("params", False), "norm_finish_kernel": ("one", False),
     "mean_kernel": ("one", False), "update_gate_kernel": ("one", False),
     "attention_forward_kernel": ("attn", True), "attention_forward_mma_kernel": ("attn", True),
-    "attention_backward_dkv_kernel": ("attn", True),
+    "attention_backward_dkv_kernel": ("attn", True), "attention_backward_dkv_mma_kernel": ("attn", True),
+    "attention_backward_dq_mma_kernel": ("attn", True),
     "attention_backward_dq_kernel": ("attn", True), "attention_backward_d_kernel": ("tokens", True),
     "classifier_kernel": ("logits", False), "classifier_scalar_kernel": ("logits", False),
     "encoder_forward_kernel": ("tokens", False), "encoder_backward_wpe_kernel": ("tokens", False),
@@ -90,7 +91,8 @@ SCALE = {
 
 # Template kernels whose instantiations differ in resources: the one the
 # target (GPT-2 124M: hs 64) runs, by its template argument.
-INSTANCE = {"attention_forward_mma_kernel": 64}
+INSTANCE = {"attention_forward_mma_kernel": 64, "attention_backward_dkv_mma_kernel": 64,
+            "attention_backward_dq_mma_kernel": 64}
 
 
 def base_name(name):
@@ -314,7 +316,7 @@ def main():
     cols = ["kernel", "launches", "shared_requests", "shared_wavefronts", "global_load_requests", "global_load_sectors",
             "global_store_requests", "global_store_sectors", "atomic_requests", "tensor_flops", "registers", "spill_bytes",
             "smem_bytes", "blocks_per_sm", "warps_per_sm", "blocks_per_sm_a100", "sectors_per_request",
-            "wavefronts_per_request", "dram_round_trips", "cache_round_trips", "round_trips_per_warp", "sfu_ops",
+            "wavefronts_per_request", "bank_conflict", "dram_round_trips", "cache_round_trips", "round_trips_per_warp", "sfu_ops",
             "bound", "est_us_h200"]
     rows, total = [], 0.0
     if a.classifier:
@@ -359,7 +361,9 @@ def main():
                      round(k["global_load_sectors"]), round(k["global_store_requests"]), round(k["global_store_sectors"]),
                      round(k["atomic_requests"]), round(k["tensor_flops"]), r["registers"], r["spill_bytes"], smem, bps,
                      bps * warps, bps80, f"{g_sec / g_req:.2f}" if g_req else "-",
-                     f"{sh_wav / sh_req:.2f}" if sh_req else "-", round(k["dram_round_trips"]),
+                     f"{sh_wav / sh_req:.2f}" if sh_req else "-",
+                     f"{sh_wav / c['shared_ideal_wavefronts']:.2f}" if c.get("shared_ideal_wavefronts") else "-",
+                     round(k["dram_round_trips"]),
                      round(k["cache_round_trips"]), f"{rt_warp:.1f}", round(k["sfu_ops"]), bound, f"{t * 1e6:.1f}"])
     # cuBLASLt's GEMMs: not our kernels; FLOPs over the stated rate
     BT = tg["B"] * tg["T"]
@@ -367,10 +371,10 @@ def main():
     t_gemm = gemm_flops / RATE["gemm"]
     total += t_gemm
     rows.append(["cublaslt_gemms (estimated from FLOPs)", tg["L"] * 4 * 3 + 3, "-", "-", "-", "-", "-", "-", "-",
-                 round(gemm_flops), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "tensor (cuBLASLt, 600 TFLOP/s)",
+                 round(gemm_flops), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "tensor (cuBLASLt, 600 TFLOP/s)",
                  f"{t_gemm * 1e6:.1f}"])
     w = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
-    show = [0, 1, 3, 5, 7, 9, 10, 11, 12, 13, 14, 16, 17, 20, 21, 22, 23]
+    show = [0, 1, 3, 5, 7, 9, 10, 11, 12, 13, 14, 16, 17, 18, 21, 22, 23, 24]
     print("ESTIMATES for GPT-2 124M, B=64 T=1024, on an H200 (counts measured on the CPU layer at "
           f"B={B} T={T} L={L} Vp={Vp}, scaled; registers from ptxas sm_90):")
     print("  ".join(cols[i].ljust(w[i]) for i in show))

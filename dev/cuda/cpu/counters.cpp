@@ -130,11 +130,13 @@ void count_round_trips(kernel_counts& k) {
     }
 }
 
-// Wavefronts of one phase: the most distinct words any bank is asked for.
-uint64_t phase_wavefronts(std::vector<uintptr_t>& w) {  // sorts w
+// Wavefronts of one phase: the most distinct words any bank is asked for;
+// *ideal the least any layout of them would need (32 words a wavefront).
+uint64_t phase_wavefronts(std::vector<uintptr_t>& w, unsigned long long* ideal) {  // sorts w
     if (w.empty()) return 0;
     std::sort(w.begin(), w.end());
     w.erase(std::unique(w.begin(), w.end()), w.end());
+    *ideal += (w.size() + 31) / 32;
     unsigned per_bank[32] = {0};
     unsigned most = 0;
     for (uintptr_t x : w) most = std::max(most, ++per_bank[x % 32]);
@@ -167,7 +169,7 @@ void count_group(kernel_counts& k, const record* b, const record* e) {
         for (const record* r = b; r != e; r++)
             if (r->lane / lanes_per_phase == p)
                 for (uintptr_t w = r->addr / 4; w <= (r->addr + r->bytes - 1) / 4; w++) words.push_back(w);
-        wavefronts += phase_wavefronts(words);
+        wavefronts += phase_wavefronts(words, &k.shared_ideal_wavefronts);
     }
     if (kind == K_SHARED_LOAD) { k.shared_load_requests++; k.shared_load_wavefronts += wavefronts; }
     else { k.shared_store_requests++; k.shared_store_wavefronts += wavefronts; }
@@ -192,11 +194,11 @@ const char* count_header() {
     return "kernel\tlaunches\tblocks\tthreads_per_block\tdynamic_smem\tglobal_load_requests\tglobal_load_sectors"
            "\tglobal_store_requests\tglobal_store_sectors\tshared_load_requests\tshared_load_wavefronts"
            "\tshared_store_requests\tshared_store_wavefronts\tatomic_requests\tbarriers\tmma_instructions\ttensor_flops\tdistinct_sectors"
-           "\tdram_round_trips\tcache_round_trips\tsfu_ops";
+           "\tdram_round_trips\tcache_round_trips\tsfu_ops\tshared_ideal_wavefronts";
 }
 std::string count_row(const char* name, const kernel_counts& k) {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
+    snprintf(buf, sizeof buf, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu",
              name, (unsigned long long)k.launches, (unsigned long long)k.blocks, (unsigned long long)k.threads_per_block,
              (unsigned long long)k.dynamic_smem, (unsigned long long)k.global_load_requests,
              (unsigned long long)k.global_load_sectors, (unsigned long long)k.global_store_requests,
@@ -205,7 +207,8 @@ std::string count_row(const char* name, const kernel_counts& k) {
              (unsigned long long)k.shared_store_wavefronts, (unsigned long long)k.atomic_requests,
              (unsigned long long)k.barriers, (unsigned long long)k.mma_instructions, (unsigned long long)k.tensor_flops,
              (unsigned long long)k.distinct_sectors, (unsigned long long)k.dram_round_trips,
-             (unsigned long long)k.cache_round_trips, (unsigned long long)k.sfu_ops);
+             (unsigned long long)k.cache_round_trips, (unsigned long long)k.sfu_ops,
+             (unsigned long long)k.shared_ideal_wavefronts);
     return buf;
 }
 
@@ -360,14 +363,16 @@ std::string count_summary_since_mark() {
         const unsigned long long gs = a.global_load_sectors + a.global_store_sectors - b.global_load_sectors - b.global_store_sectors;
         const unsigned long long sh = a.shared_load_requests + a.shared_store_requests - b.shared_load_requests - b.shared_store_requests;
         const unsigned long long sw = a.shared_load_wavefronts + a.shared_store_wavefronts - b.shared_load_wavefronts - b.shared_store_wavefronts;
+        const unsigned long long si = a.shared_ideal_wavefronts - b.shared_ideal_wavefronts;
         const unsigned long long warps = (a.blocks - b.blocks) * ((a.threads_per_block + 31) / 32);
-        char buf[640];
+        char buf[700];
         snprintf(buf, sizeof buf,
                  "%s%s x%llu: global %llu requests, %.2f sectors each, %.2f MB distinct; shared %llu requests, %.2f "
-                 "wavefronts each; per warp %.1f DRAM + %.1f cache round trips; %llu atomics; %.3g tensor FLOPs; "
+                 "wavefronts each (%.2f x the conflict-free); per warp %.1f DRAM + %.1f cache round trips; %llu atomics; %.3g tensor FLOPs; "
                  "%llu SFU operations",
                  out.empty() ? "" : "\n", kv.first.c_str(), a.launches - b.launches, g, g ? (double)gs / g : 0.0,
                  (a.distinct_sectors - b.distinct_sectors) * 32 / 1e6, sh, sh ? (double)sw / sh : 0.0,
+                 si ? (double)sw / si : 0.0,
                  warps ? (double)(a.dram_round_trips - b.dram_round_trips) / warps : 0.0,
                  warps ? (double)(a.cache_round_trips - b.cache_round_trips) / warps : 0.0,
                  a.atomic_requests - b.atomic_requests, (double)(a.tensor_flops - b.tensor_flops), a.sfu_ops - b.sfu_ops);

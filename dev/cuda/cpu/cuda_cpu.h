@@ -382,6 +382,8 @@ struct kernel_counts {
     unsigned long long distinct_sectors;  // per launch, summed: the global 32-byte sectors it touches at least once
     unsigned long long dram_round_trips, cache_round_trips;  // per warp, summed: batches of loads waited for in turn
     unsigned long long sfu_ops;  // per thread: exp, log, tanh, sqrt, sin, cos, pow calls (the SFU's work)
+    unsigned long long shared_ideal_wavefronts;  // loads and stores: the wavefronts without bank conflicts (each
+                                                 // phase's distinct bytes / 128, at least 1)
 };
 extern bool count_on;
 void count_launch(const char* name, unsigned long long blocks, unsigned long long threads, size_t dynamic_smem);

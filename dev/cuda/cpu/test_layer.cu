@@ -811,6 +811,7 @@ static int counts_case(bool wrong_expectation) {
         count_expect(what, "shared_load_wavefronts", k.shared_load_wavefronts, wavefronts[i]);
         count_expect(what, "shared_store_requests", k.shared_store_requests, 32);
         count_expect(what, "shared_store_wavefronts", k.shared_store_wavefronts, 32);
+        count_expect(what, "shared_ideal_wavefronts", k.shared_ideal_wavefronts, 33);  // 32 stores + the read: 1 each
         count_expect(what, "barriers", k.barriers, 1);
         count_expect(what, "global_store_requests", k.global_store_requests, 1);
         count_expect(what, "global_store_sectors", k.global_store_sectors, 4);  // 128 bytes
@@ -824,6 +825,7 @@ static int counts_case(bool wrong_expectation) {
         count_expect("shared 8+16-byte", "shared_load_wavefronts", k.shared_load_wavefronts, 6);
         count_expect("shared 8+16-byte", "shared_store_requests", k.shared_store_requests, 2);
         count_expect("shared 8+16-byte", "shared_store_wavefronts", k.shared_store_wavefronts, 6);
+        count_expect("shared 8+16-byte", "shared_ideal_wavefronts", k.shared_ideal_wavefronts, 12);  // conflict-free
         // global stores: 256 bytes (8 sectors) and 512 bytes (16)
         count_expect("shared 8+16-byte", "global_store_sectors", k.global_store_sectors, 24);
     }
