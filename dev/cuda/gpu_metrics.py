@@ -208,7 +208,7 @@ SPILL_KNOWN = {"layernorm_backward_kernel"}
 def check_spills(paths):
     bad = 0
     for path in paths:
-        res = read_ptxas(path)
+        res = {n: r for n, r in read_ptxas(path).items() if "<" not in n}  # (instantiations: in their kernel's maximum)
         for name, r in sorted(res.items()):
             if r["spill_bytes"] and name not in SPILL_KNOWN:
                 print(f"{path}: kernel {name} spills {r['spill_bytes']} bytes ({r['registers']} registers): "
@@ -220,7 +220,8 @@ def check_spills(paths):
                 bad += 1
             elif name in res:
                 print(f"{path}: kernel {name} spills {res[name]['spill_bytes']} bytes (known, SPILL_KNOWN)")
-    print(f"spill check: {sum(len(read_ptxas(p)) for p in paths)} kernel builds, {bad} problems")
+    print(f"spill check: {sum(len([n for n in read_ptxas(p) if '<' not in n]) for p in paths)} kernel builds, "
+          f"{bad} problems")
     return 1 if bad else 0
 
 

@@ -107,10 +107,14 @@ mutant off_by_one_float_to_bf16 0 's|^    if (i < n) out\[i\] = __float2bfloat16
     "float_to_bf16_kernel writes one element past the end"
 mutant grid_too_small 0 's|^    encoder_forward_kernel<<<ceil_div(n, 256), 256, 0, s>>>|    encoder_forward_kernel<<<n / 256, 256, 0, s>>>|' \
     "the encoder's grid rounds down: the last positions are never written"
-mutant no_barrier_flash_dkv 0 's|^        __syncthreads(); /\* all of P and dS: the products below read them by columns (keys) \*/|        /* mutant */|' \
-    "flash attention's dK/dV products read other warps' P and dS rows before they are written"
-mutant flash_mask_off_by_one 0 's|^            float p = k0 + c <= i \&\& k0 + c < T ? expf|            float p = k0 + c <= i + 1 \&\& k0 + c < T ? expf|' \
+mutant flash_no_cp_async_wait 0 's|^        cp_async_wait<0>();|        /* mutant */|' \
+    "flash attention's kernels read their tiles without waiting for the cp.async copies"
+mutant flash_ldmatrix_layout 0 's|^                ldsm_x4(kb, K + (n \* 8 + lane % 8 + 8 \* (lane / 16)) \* LD + kc \* 16 + 8 \* (lane / 8 % 2));|                ldsm_x4(kb, K + (n * 8 + lane % 8 + 8 * (lane / 8 % 2)) * LD + kc * 16 + 8 * (lane / 16));|' \
+    "flash attention's forward loads K's B fragments with the two matrices' roles swapped (a wrong ldmatrix layout)"
+mutant flash_mask_off_by_one 0 's|(key <= (e < 2 ? row0 : row1) \&\& key < T)|(key <= (e < 2 ? row0 : row1) + 1 \&\& key < T)|' \
     "flash attention's forward lets each query see the next key"
+mutant flash_dkv_mask_off_by_one 0 's|float p = qi >= key \&\& qi < T ? exp2f|float p = qi + 1 >= key \&\& qi < T ? exp2f|' \
+    "flash attention's dK/dV kernel lets each key see the query before it"
 mutant loss_slot_ignored 0 's|^    if (threadIdx.x == 0) out\[slot\[0\]\] = acc / N;|    if (threadIdx.x == 0) out[0] = acc / N;|' \
     "every micro-batch's mean loss lands in slot 0 (the slot read from device memory, as graphs need, ignored)"
 mutant chunk_count_off_by_one 0 's|^    int n = e.num_chunks\[0\];|    int n = e.num_chunks[0] + 1; /* mutant */|' \
