@@ -28,8 +28,20 @@
 # (dev/cuda/RESULTS.md); not yet run on a machine with two or more GPUs.
 
 summary=()
-# A line for the summary table, said now too.
-note() { summary+=("$1"); echo "== $1"; }
+# A line for the summary table, said now too, and (under the device tool)
+# appended to $OUT/summary.txt at once: a check cut short still leaves what
+# it measured.
+note() {
+    summary+=("$1")
+    echo "== $1"
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then printf '%s\n' "$1" >> "$OUT/summary.txt"; fi
+}
+# The GPU's clocks, power and temperature now, as a summary line (a throttled GPU explains a slow step).
+gpu_clocks() {
+    local q
+    q=$(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | head -n 1)
+    note "GPU now ($1): sm, memory clocks, power, temperature: ${q:-nvidia-smi said nothing}"
+}
 # The table: every line printed as data (an MFU of 41.3% stays "41.3%").
 summary_print() { [ ${#summary[@]} -eq 0 ] || printf '%s\n' "${summary[@]}"; }
 elapsed() { echo $(( $(date +%s) - START ))s; }
@@ -53,7 +65,7 @@ dp_mode() {
 }
 
 # The steps, in order, for a machine with NGPU GPUs: gpu_check_steps NGPU HAVE_NCCL.
-gpu_check_steps() { echo build tests kernel_lab bench planner profile "dp_$(dp_mode "$1" "$2")" torch sanitizer; }
+gpu_check_steps() { echo build bench planner torch attention profile kernel_lab tests "dp_$(dp_mode "$1" "$2")" sanitizer; }
 
 # What each step does, for --plan.
 step_describe() {
@@ -66,6 +78,8 @@ step_describe() {
         "CUDA graphs and plain launches" ;;
     planner) echo "planner: train_gpt_cu --plan's predicted step (its GPU calibration) against the benchmark's" \
         "measured one (124M), and a 350M candidate trained 8 steps against its prediction" ;;
+    attention) echo "attention alone: dev/cuda/attention (B=16 T=1024 NH=12 hs=64, our variants) beside" \
+        "torch's scaled_dot_product_attention with each backend at the same shape (scripts/bench/bench_sdpa.py)" ;;
     profile) echo "profile: ncu's time of every kernel in one step (B=16), grouped (scripts/ncu_breakdown.py)" ;;
     torch) echo "PyTorch, same model and batch (when torch with CUDA imports)" ;;
     dp_one) echo "data parallel, one GPU: scripts/gpu_check_dp.sh (--zero 1 and 2 as one rank of a one-rank NCCL" \
@@ -88,15 +102,17 @@ skipped() { note "$1: SKIPPED, not enough of the ${BUDGET}s budget left ($(elaps
 # wheel; or builds without it, one GPU only, and says so); the CPU trainer
 # too (the tests resume a GPU training state with it)
 step_build() {
-    make -B -j4 --no-print-directory train_gpt_cu test_gpt_cu train_gpt NVCC="$NVCC" CUDA_ARCH="$ARCH" \
+    local t
+    t=$(step_limit 240 60)
+    timeout "$t" make -B -j4 --no-print-directory train_gpt_cu test_gpt_cu train_gpt NVCC="$NVCC" CUDA_ARCH="$ARCH" \
         > "$LOG/build.log" 2>&1
     local rc=$?
+    [ $rc -eq 124 ] && echo "build: out of time (${t}s)" >> "$LOG/build.log"
     grep -E 'nvcc|NCCL' "$LOG/build.log"
     if [ $rc -ne 0 ]; then
         cat "$LOG/build.log"
-        note "build: FAILED"
-        gpu_check_finish
-        exit 1
+        note "build: FAILED$([ $rc -eq 124 ] && echo " (out of time: ${t}s)")"
+        exit 1 # (the EXIT trap writes the summary)
     fi
     note "build: ok ($ARCH, NCCL ${NCCL_LIB:-not found: one GPU only}, $(elapsed))"
 }
@@ -159,6 +175,7 @@ step_bench() {
         note "train_gpt_cu: GPT-2 124M B=$BENCH_B T=1024: $GPU_TPS tok/s, MFU $GPU_MFU (median; $(elapsed))"
         grep -E 'memory|device|GELU|cuBLASLt' "$LOG/bench_B$BENCH_B.log"
         tail -n 2 "$LOG/bench_B$BENCH_B.log"
+        gpu_clocks "after the benchmark"
         # defaults decided by measurement: the same run with our GELU kernel (against the
         # cuBLASLt epilogue), and with plain launches (against CUDA graphs; not yet run on a GPU)
         bench_rerun gelu0 "our GELU kernel" "the epilogue" --gelu-fusion 0
@@ -193,6 +210,21 @@ step_planner() {
         --val-every 0 --sample-every 0 --lr 3e-4 > "$LOG/train_350M.log" 2>&1
     pred=$(plan_ms "$LOG/plan_350M.log" 8) meas=$(step_ms "$LOG/train_350M.log")
     note "planner, 350M B=8: predicted ${pred:-?} ms per step, measured ${meas:-?} ms (median of steps 4-8) ($(elapsed))"
+}
+
+# 4c. the attention alone: our lab's variants (2: WMMA, 3: production) and
+# torch's SDPA backends at the same shape
+step_attention() {
+    local t l
+    t=$(step_limit 90 30)
+    [ "$t" -gt 0 ] || { skipped "attention alone"; return; }
+    timeout "$t" make -B --no-print-directory dev/cuda/attention NVCC="$NVCC" CUDA_ARCH="$ARCH" > "$LOG/attention_build.log" 2>&1 &&
+        timeout "$t" ./dev/cuda/attention 0 16 1024 12 64 > "$LOG/attention.log" 2>&1
+    while IFS= read -r l; do note "attention (ours): $l"; done < <(grep -E 'variant [0-9] +[0-9.]+ ms|FAIL|valid' "$LOG/attention.log" 2>/dev/null | sed 's/^ *//')
+    t=$(step_limit 60 20)
+    [ "$t" -gt 0 ] || { skipped "torch SDPA"; return; }
+    timeout "$t" $PY scripts/bench/bench_sdpa.py --B 16 --T 1024 --NH 12 --hs 64 > "$LOG/sdpa.log" 2>&1
+    while IFS= read -r l; do note "attention (torch): $l"; done < <(grep -E '^sdpa' "$LOG/sdpa.log")
 }
 
 # 5. profile: every kernel of one step timed by Nsight Compute (one metric,
@@ -267,8 +299,12 @@ step_sanitizer() {
 
 # ---- main -----------------------------------------------------------------------
 
-# The summary, printed and, under the device tool, packed with the logs into $OUT.
+# The summary, printed and, under the device tool, packed with the logs into
+# $OUT: once, at any exit (the EXIT trap), a step's failure or a timeout included.
 gpu_check_finish() {
+    [ -z "${FINISHED:-}" ] || return 0
+    FINISHED=1
+    gpu_clocks "at the end"
     echo
     echo "==== gpu_check summary ($(elapsed), logs in $LOG)"
     summary_print
@@ -304,6 +340,11 @@ gpu_check_main() {
     BENCH_B=""
     GPU_TPS=""
     GIT_REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo "+changes")
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        echo "gpu_check $(date -u '+%Y-%m-%d %H:%M UTC'), commit $GIT_REV (lines as measured; the whole table at the end)" \
+            > "$OUT/summary.txt"
+    fi
+    trap gpu_check_finish EXIT
 
     { nvidia-smi -L; nvidia-smi --query-gpu=driver_version,memory.total,clocks.max.sm --format=csv,noheader
       "$NVCC" --version | tail -n 2; } 2>&1 | tee "$LOG/gpu.txt"
@@ -319,6 +360,7 @@ gpu_check_main() {
     [ -n "$NCCL_LIB" ] && have=1
     for s in $(gpu_check_steps "$NGPU" "$have"); do "step_$s"; done
     gpu_check_finish
+    trap - EXIT
 }
 
 # run, unless sourced (the tests source this file for its functions)

@@ -39,8 +39,8 @@ check "$(echo "$plan1n" | grep -q 'data parallel: SKIPPED, this build has no NCC
 plan0=$(scripts/gpu_check.sh --plan 0 2>&1)
 check "$(echo "$plan0" | grep -q 'data parallel: SKIPPED, no GPU' && echo ok)" "... and so without a GPU" \
     "$(echo "$plan0" | tail -n 1)"
-check "$(echo "$plan1" | grep -c '^[0-9]*\. ' | grep -qx 9 && ! echo "$plan1" | grep -q 'unknown step' && echo ok)" \
-    "every planned step has a description (9 steps)"
+check "$(echo "$plan1" | grep -c '^[0-9]*\. ' | grep -qx 10 && ! echo "$plan1" | grep -q 'unknown step' && echo ok)" \
+    "every planned step has a description (10 steps)"
 
 # ---- gpu_check.sh's summary: data as data ------------------------------------
 lines=('train_gpt_cu: GPT-2 124M B=16 T=1024: 412000 tok/s, MFU 41.3% (median; 301s)'
