@@ -1,17 +1,24 @@
 /*
  * gptc/cuda/attention.cuh — causal self-attention on the GPU, flash-style:
- * tiles of Q against K and V in shared memory, an online softmax, tensor
- * cores through WMMA (or plain fp32 FMAs with -DATTN_MMA_SCALAR), and only
- * the log-sum-exp per row kept for backward, which recomputes the
- * probabilities.
+ * an online softmax, only the log-sum-exp per row kept for backward, which
+ * recomputes the probabilities. Two implementations: variant 3 (production
+ * where hs is a multiple of 8), FlashAttention-2 class with mma.sync,
+ * ldmatrix and cp.async and everything a warp computes in registers; and
+ * variant 2 (any hs up to 128), tiles and accumulators in shared memory,
+ * tensor cores through WMMA (or plain fp32 FMAs with -DATTN_MMA_SCALAR).
  *
  * Included by train_gpt.cu and dev/cuda/attention.cu, after train_gpt.c
  * and gptc/cuda/common.cuh.
  * Defines: ATTN_TILE, ATTN_THREADS, ATTN_MAX_HS, attn_smem_forward,
  * attn_smem_dkv, attn_smem_dq, attn_mma_strip, attention_forward_kernel,
  * attention_backward_d_kernel, attention_backward_dkv_kernel,
- * attention_backward_dq_kernel, attn_hsp, attention_forward_gpu,
- * attention_backward_gpu.
+ * attention_backward_dq_kernel, attn_hsp, attention_forward_wmma_gpu,
+ * attention_backward_wmma_gpu (variant 2); attn3_smem, attn3_smem_bwd,
+ * attn3_load, attn3_rows, attn3_acc_as_a, attn3_mma_rows,
+ * attn3_rows_by_rows, attention_forward_mma_kernel,
+ * attention_backward_dkv_mma_kernel, attention_backward_dq_mma_kernel,
+ * ATTN3_DISPATCH, attn_mma_ok (variant 3); attention_forward_gpu,
+ * attention_backward_gpu (either, by the shape).
  */
 #ifndef GPTC_CUDA_ATTENTION_CUH
 #define GPTC_CUDA_ATTENTION_CUH
@@ -500,6 +507,59 @@ __device__ void attn3_load(floatX* tile, const floatX* src, int ld, int r0, int 
     }
 }
 
+/* Two 16 x 8 accumulator blocks (columns 0-7 and 8-15 of a 16-wide step)
+ * as that step's A fragment, rounded to bf16: the C layout's (g, 2t..) and
+ * (g + 8, 2t..) of each block are the A layout's a[0], a[1], then a[2],
+ * a[3] (gptc/cuda/ptx.cuh). P and dS go from one product into the next so. */
+__device__ __forceinline__ void attn3_acc_as_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]);
+    a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]);
+    a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+/* acc (16 x HSP: HSP/8 blocks of 8 columns) += a (16 x 16) times rows
+ * [r0, r0 + 16) of tile (the product's k) by its HSP columns: the B
+ * fragments by ldmatrix.trans of the tile's rows, two blocks a call. */
+template <int HSP>
+__device__ __forceinline__ void attn3_mma_rows(float acc[][4], const uint32_t a[4], const floatX* tile, int r0) {
+    int lane = threadIdx.x % 32;
+    const floatX* row = tile + (r0 + lane % 8 + 8 * (lane / 8 % 2)) * ATTN3_LD(HSP);
+    for (int d = 0; d < HSP / 8; d += 2) {
+        uint32_t b[4]; /* matrices: rows r0.. | r0+8.. x columns 8d.., then x columns 8d+8.. */
+        ldsm_x4_t(b, row + (d + lane / 16) * 8);
+        mma_bf16_16816(acc[d], a, b);
+        mma_bf16_16816(acc[d + 1], a, b + 2);
+    }
+}
+
+/* x1 (16 x 32: 4 blocks of 8) += rows [a0, a0 + 16) of A1 times rows
+ * [b0, b0 + 32) of B1, transposed (x1 = A1 B1^T over the HSP columns), and
+ * x2 the same of A2 and B2, in one pass over the columns: A1, A2 by
+ * ldmatrix, B1, B2's rows by ldmatrix as the B fragments of their
+ * transposes. (S^T = K Q^T with dP^T = V dO^T; S = Q K^T with dP = dO V^T.) */
+template <int HSP>
+__device__ __forceinline__ void attn3_rows_by_rows(float x1[4][4], float x2[4][4], const floatX* A1, const floatX* A2,
+                                                   int a0, const floatX* B1, const floatX* B2, int b0) {
+    constexpr int LD = ATTN3_LD(HSP);
+    int lane = threadIdx.x % 32, lr = lane % 8 + 8 * (lane / 8 % 2), lc = 8 * (lane / 16);
+    for (int kc = 0; kc < HSP / 16; kc++) {
+        uint32_t a1[4], a2[4];
+        ldsm_x4(a1, A1 + (a0 + lr) * LD + kc * 16 + lc);
+        ldsm_x4(a2, A2 + (a0 + lr) * LD + kc * 16 + lc);
+        for (int n = 0; n < 4; n += 2) {
+            uint32_t b1[4], b2[4]; /* rows b0 + 8n.. (x columns 16kc.., 16kc+8..), then + 8 */
+            int row = b0 + n * 8 + lane % 8 + 8 * (lane / 16), col = kc * 16 + 8 * (lane / 8 % 2);
+            ldsm_x4(b1, B1 + row * LD + col);
+            ldsm_x4(b2, B2 + row * LD + col);
+            mma_bf16_16816(x1[n], a1, b1);
+            mma_bf16_16816(x1[n + 1], a1, b1 + 2);
+            mma_bf16_16816(x2[n], a2, b2);
+            mma_bf16_16816(x2[n + 1], a2, b2 + 2);
+        }
+    }
+}
+
 template <int HSP>
 __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_forward_mma_kernel(floatX* out, float* lse, const floatX* qkv,
                                                                              int T, int NH, int hs) {
@@ -575,14 +635,9 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_for
                     p[j][e] = exp2f(s[2 * kc + j][e] - m[e / 2]);
                     l[e / 2] += p[j][e];
                 }
-            uint32_t pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
-                              pack_bf16(p[1][2], p[1][3])};
-            for (int d = 0; d < DB; d += 2) {
-                uint32_t vb[4]; /* matrices: keys 16kc.. | 16kc+8.. x dims 8d.., then x dims 8d+8.. */
-                ldsm_x4_t(vb, V + (kc * 16 + lane % 8 + 8 * (lane / 8 % 2)) * LD + (d + lane / 16) * 8);
-                mma_bf16_16816(o[d], pa, vb);
-                mma_bf16_16816(o[d + 1], pa, vb + 2);
-            }
+            uint32_t pa[4];
+            attn3_acc_as_a(pa, p[0], p[1]);
+            attn3_mma_rows<HSP>(o, pa, V, kc * 16); /* keys 16kc.. of V */
         }
     }
     for (int r = 0; r < 2; r++) { /* the quad's partial sums */
@@ -644,7 +699,7 @@ __device__ void attn3_rows(float* slse, float* sD, const float* lse, const float
 template <int HSP>
 __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 3 : 2) attention_backward_dkv_mma_kernel(
     floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* D, int T, int NH, int hs) {
-    constexpr int LD = ATTN3_LD(HSP), KC = HSP / 16, DB = HSP / 8;
+    constexpr int LD = ATTN3_LD(HSP), DB = HSP / 8;
     extern __shared__ __align__(128) unsigned char attn_smem[];
     floatX* Ks = (floatX*)attn_smem;
     floatX* Vs = Ks + ATTN_TILE * LD;
@@ -666,7 +721,6 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 3 : 2) attention_bac
     attn3_load<HSP>(dOs, dy, C, k0, T, hs);
     attn3_rows(Ls, Ds, lrow, drow, k0, T);
     cp_async_commit();
-    int lr = lane % 8 + 8 * (lane / 8 % 2), lc = 8 * (lane / 16); /* an A fragment's ldmatrix row */
     int key0 = k0 + warp * 16 + g, key1 = key0 + 8;               /* the lane's two keys */
     float dk[DB][4], dv[DB][4];
     for (int i = 0; i < DB; i++)
@@ -691,21 +745,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 3 : 2) attention_bac
             float st[4][4], dpt[4][4]; /* S^T and dP^T: 16 keys x 4 blocks of 8 queries */
             for (int n = 0; n < 4; n++)
                 for (int e = 0; e < 4; e++) st[n][e] = dpt[n][e] = 0.0f;
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t ka[4], va[4];
-                ldsm_x4(ka, Ks + (warp * 16 + lr) * LD + kc * 16 + lc);
-                ldsm_x4(va, Vs + (warp * 16 + lr) * LD + kc * 16 + lc);
-                for (int n = 0; n < 4; n += 2) {
-                    uint32_t qb[4], ob[4]; /* rows: queries qh + 8n.. (x dims 16kc.., 16kc+8..), then + 8 */
-                    int row = qh + n * 8 + lane % 8 + 8 * (lane / 16), col = kc * 16 + 8 * (lane / 8 % 2);
-                    ldsm_x4(qb, Qb + row * LD + col);
-                    ldsm_x4(ob, dOb + row * LD + col);
-                    mma_bf16_16816(st[n], ka, qb);
-                    mma_bf16_16816(st[n + 1], ka, qb + 2);
-                    mma_bf16_16816(dpt[n], va, ob);
-                    mma_bf16_16816(dpt[n + 1], va, ob + 2);
-                }
-            }
+            attn3_rows_by_rows<HSP>(st, dpt, Ks, Vs, warp * 16, Qb, dOb, qh); /* K Q^T, V dO^T */
             /* P^T and dS^T in place; then dV += P^T dO, dK += dS^T Q over these 32 queries */
             for (int n = 0; n < 4; n++)
                 for (int e = 0; e < 4; e++) {
@@ -715,22 +755,11 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 3 : 2) attention_bac
                     dpt[n][e] = p * (dpt[n][e] - Db[c]);
                 }
             for (int kc = 0; kc < 2; kc++) { /* 16 queries at a time */
-                uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
-                                  pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                                  pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
-                uint32_t sa[4] = {pack_bf16(dpt[2 * kc][0], dpt[2 * kc][1]), pack_bf16(dpt[2 * kc][2], dpt[2 * kc][3]),
-                                  pack_bf16(dpt[2 * kc + 1][0], dpt[2 * kc + 1][1]),
-                                  pack_bf16(dpt[2 * kc + 1][2], dpt[2 * kc + 1][3])};
-                int row = qh + kc * 16 + lane % 8 + 8 * (lane / 8 % 2);
-                for (int d = 0; d < DB; d += 2) {
-                    uint32_t ob[4], qb[4]; /* by ldmatrix.trans: queries x dims 8d.., then 8d+8.. */
-                    ldsm_x4_t(ob, dOb + row * LD + (d + lane / 16) * 8);
-                    ldsm_x4_t(qb, Qb + row * LD + (d + lane / 16) * 8);
-                    mma_bf16_16816(dv[d], pa, ob);
-                    mma_bf16_16816(dv[d + 1], pa, ob + 2);
-                    mma_bf16_16816(dk[d], sa, qb);
-                    mma_bf16_16816(dk[d + 1], sa, qb + 2);
-                }
+                uint32_t pa[4], sa[4];
+                attn3_acc_as_a(pa, st[2 * kc], st[2 * kc + 1]);
+                attn3_acc_as_a(sa, dpt[2 * kc], dpt[2 * kc + 1]);
+                attn3_mma_rows<HSP>(dv, pa, dOb, qh + kc * 16);
+                attn3_mma_rows<HSP>(dk, sa, Qb, qh + kc * 16);
             }
         }
     }
@@ -752,7 +781,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 3 : 2) attention_bac
 template <int HSP>
 __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_backward_dq_mma_kernel(
     floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* D, int T, int NH, int hs) {
-    constexpr int LD = ATTN3_LD(HSP), KC = HSP / 16, DB = HSP / 8;
+    constexpr int LD = ATTN3_LD(HSP), DB = HSP / 8;
     extern __shared__ __align__(128) unsigned char attn_smem[];
     floatX* Qs = (floatX*)attn_smem;
     floatX* dOs = Qs + ATTN_TILE * LD;
@@ -771,7 +800,6 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_bac
     attn3_load<HSP>(Vs, q + 2 * C, 3 * C, 0, T, hs);
     attn3_rows(Ls, Ds, lse + (size_t)bh * T, D + (size_t)bh * T, q0, T);
     cp_async_commit();
-    int lr = lane % 8 + 8 * (lane / 8 % 2), lc = 8 * (lane / 16);
     int r0 = warp * 16 + g, r1 = r0 + 8; /* the lane's two query rows, in the tile */
     float dq[DB][4];
     for (int i = 0; i < DB; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
@@ -793,38 +821,17 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_bac
             float s[4][4], dp[4][4];
             for (int n = 0; n < 4; n++)
                 for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t qa[4], oa[4];
-                ldsm_x4(qa, Qs + (warp * 16 + lr) * LD + kc * 16 + lc);
-                ldsm_x4(oa, dOs + (warp * 16 + lr) * LD + kc * 16 + lc);
-                for (int n = 0; n < 4; n += 2) {
-                    uint32_t kb[4], vb[4];
-                    int row = kh + n * 8 + lane % 8 + 8 * (lane / 16), col = kc * 16 + 8 * (lane / 8 % 2);
-                    ldsm_x4(kb, Kb + row * LD + col);
-                    ldsm_x4(vb, Vb + row * LD + col);
-                    mma_bf16_16816(s[n], qa, kb);
-                    mma_bf16_16816(s[n + 1], qa, kb + 2);
-                    mma_bf16_16816(dp[n], oa, vb);
-                    mma_bf16_16816(dp[n + 1], oa, vb + 2);
-                }
-            }
+            attn3_rows_by_rows<HSP>(s, dp, Qs, dOs, warp * 16, Kb, Vb, kh); /* Q K^T, dO V^T */
             for (int n = 0; n < 4; n++)
                 for (int e = 0; e < 4; e++) {
                     int key = k0 + kh + n * 8 + 2 * t + (e & 1), row = q0 + (e < 2 ? r0 : r1);
                     float p = key <= row && row < T ? exp2f(s[n][e] * sl2 - (e < 2 ? l0 : l1)) : 0.0f;
                     s[n][e] = p * (dp[n][e] - (e < 2 ? d0 : d1)); /* dS */
                 }
-            for (int kc = 0; kc < 2; kc++) {
-                uint32_t sa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                int row = kh + kc * 16 + lane % 8 + 8 * (lane / 8 % 2);
-                for (int d = 0; d < DB; d += 2) {
-                    uint32_t kb[4];
-                    ldsm_x4_t(kb, Kb + row * LD + (d + lane / 16) * 8);
-                    mma_bf16_16816(dq[d], sa, kb);
-                    mma_bf16_16816(dq[d + 1], sa, kb + 2);
-                }
+            for (int kc = 0; kc < 2; kc++) { /* 16 keys at a time */
+                uint32_t sa[4];
+                attn3_acc_as_a(sa, s[2 * kc], s[2 * kc + 1]);
+                attn3_mma_rows<HSP>(dq, sa, Kb, kh + kc * 16);
             }
         }
     }
@@ -877,6 +884,19 @@ static void attention_forward_mma_launch(floatX* out, float* lse, const floatX* 
     KERNEL_CHECK();
 }
 
+/* Calls F(HSP) with HSP the compile-time constant of attn_hsp(hs): 16..128. */
+#define ATTN3_DISPATCH(HSP_RUNTIME, F)                                       \
+    switch (HSP_RUNTIME) {                                                   \
+        case 16: F(16); break;                                               \
+        case 32: F(32); break;                                               \
+        case 48: F(48); break;                                               \
+        case 64: F(64); break;                                               \
+        case 80: F(80); break;                                               \
+        case 96: F(96); break;                                               \
+        case 112: F(112); break;                                             \
+        default: F(128); break;                                              \
+    }
+
 /* Whether variant 3 takes this shape: 16-byte rows of each head in qkv. */
 static int attn_mma_ok(int NH, int hs) { return hs % 8 == 0 && (NH * hs) % 8 == 0 && hs <= ATTN_MAX_HS; }
 
@@ -888,16 +908,9 @@ static void attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, in
         attention_forward_wmma_gpu(out, lse, qkv, B, T, NH, hs, s);
         return;
     }
-    switch (attn_hsp(hs)) {
-        case 16: attention_forward_mma_launch<16>(out, lse, qkv, B, T, NH, hs, s); break;
-        case 32: attention_forward_mma_launch<32>(out, lse, qkv, B, T, NH, hs, s); break;
-        case 48: attention_forward_mma_launch<48>(out, lse, qkv, B, T, NH, hs, s); break;
-        case 64: attention_forward_mma_launch<64>(out, lse, qkv, B, T, NH, hs, s); break;
-        case 80: attention_forward_mma_launch<80>(out, lse, qkv, B, T, NH, hs, s); break;
-        case 96: attention_forward_mma_launch<96>(out, lse, qkv, B, T, NH, hs, s); break;
-        case 112: attention_forward_mma_launch<112>(out, lse, qkv, B, T, NH, hs, s); break;
-        default: attention_forward_mma_launch<128>(out, lse, qkv, B, T, NH, hs, s); break;
-    }
+#define ATTN3_FORWARD(H) attention_forward_mma_launch<H>(out, lse, qkv, B, T, NH, hs, s)
+    ATTN3_DISPATCH(attn_hsp(hs), ATTN3_FORWARD)
+#undef ATTN3_FORWARD
 }
 
 /* Variant 3's backward at HSP (D computed already). */
@@ -946,16 +959,9 @@ static void attention_backward_gpu(floatX* dqkv, float* D, const floatX* dout, c
     long long rows = (long long)B * T * NH;
     attention_backward_d_kernel<<<ceil_div(rows, 8), 256, 0, s>>>(D, dout, out, B, T, NH, hs);
     KERNEL_CHECK();
-    switch (attn_hsp(hs)) {
-        case 16: attention_backward_mma_launch<16>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        case 32: attention_backward_mma_launch<32>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        case 48: attention_backward_mma_launch<48>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        case 64: attention_backward_mma_launch<64>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        case 80: attention_backward_mma_launch<80>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        case 96: attention_backward_mma_launch<96>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        case 112: attention_backward_mma_launch<112>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-        default: attention_backward_mma_launch<128>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s); break;
-    }
+#define ATTN3_BACKWARD(H) attention_backward_mma_launch<H>(dqkv, D, dout, qkv, lse, B, T, NH, hs, s)
+    ATTN3_DISPATCH(attn_hsp(hs), ATTN3_BACKWARD)
+#undef ATTN3_BACKWARD
 }
 
 #endif /* GPTC_CUDA_ATTENTION_CUH */
