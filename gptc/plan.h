@@ -43,7 +43,7 @@
  * Included by train_gpt.c in section 8, after gptc/saver.h and
  * gptc/runtime.h. Defines: PlanKnobs, CpuMemoryPlan, cpu_memory_plan,
  * plan_after_setup, plan_check, PlanChoice, PLAN_MODES, plan_comm_knobs,
- * plan_mode_name, plan_choose, plan_runtime,
+ * plan_mode_name, plan_choose, snapshot_auto_say, plan_runtime,
  * train_memory_print, train_comm_print.
  */
 #ifndef GPTC_PLAN_H
@@ -512,6 +512,17 @@ static int plan_choose(const Options* o, const Dist* d, const GPT2Config* cp, co
     return 0;
 }
 
+/* --snapshot-every auto's line, for both trainers: the interval `every` (in
+ * steps of step_ms), the snapshot's predicted cost snap_ms (`cost` says
+ * what it counts) and --mtbf, with the expected loss and overhead. */
+static void snapshot_auto_say(int every, double step_ms, double snap_ms, double mtbf_s, const char* cost) {
+    double period_s = every * step_ms / 1e3;
+    printf("snapshots: --snapshot-every auto = %d steps (%.1f s): Young/Daly sqrt(2 C MTBF) with a snapshot cost C "
+           "= %.3g ms (predicted: %s) and --mtbf %.0f s, at %.1f ms per step (predicted); expected loss per failure "
+           "%.1f s of work (half an interval), overhead %.3g%% (snapshots) + %.3g%% (lost work)\n", every, period_s,
+           snap_ms, cost, mtbf_s, step_ms, period_s / 2, 100.0 * snap_ms / 1e3 / period_s, 100.0 * period_s / 2 / mtbf_s);
+}
+
 /* Before anything is built: --plan (print, choose, and the caller exits),
  * --auto 1 (set B, the total and the ZeRO stage to the choice), and
  * --snapshot-every auto (the Young/Daly interval). Every rank calls it (the
@@ -559,12 +570,7 @@ static int plan_runtime(Options* o, Dist* d) {
         int every = young_daly_steps(snap, o->mtbf, st.step, &interval);
         every = (int)dist_sum(d, d->rank == 0 ? every : 0); /* rank 0's figure, for all */
         o->snapshot_every = every;
-        double period_s = every * st.step / 1e3;
-        printf("snapshots: --snapshot-every auto = %d steps (%.1f s): Young/Daly sqrt(2 C MTBF) with a snapshot cost C "
-               "= %.3g ms (predicted: the state's bytes over the calibrated bandwidth) and --mtbf %.0f s, at %.1f ms "
-               "per step (predicted); expected loss per failure %.1f s of work (half an interval), overhead %.3g%% "
-               "(snapshots) + %.3g%% (lost work)\n", every, period_s, snap, o->mtbf, st.step, period_s / 2,
-               100.0 * snap / 1e3 / period_s, 100.0 * period_s / 2 / o->mtbf);
+        snapshot_auto_say(every, st.step, snap, o->mtbf, "the state's bytes over the calibrated bandwidth");
     }
     return 0;
 }

@@ -1,21 +1,25 @@
 #!/bin/bash
 # scripts/gpu_check.sh — the one command for a machine with a GPU (about 7
-# minutes on one H100/H200, under GPU_CHECK_BUDGET seconds in all): build
-# everything through the Makefile (NCCL found where the machine keeps it),
-# run test_gpt.cu (the CUDA twin against the CPU trainer and PyTorch's
-# fixture, training states, a GPU state resumed on the CPU), validate the
-# kernel lab, time GPT-2 124M training at T=1024 with the largest
-# micro-batch that fits, set the planner's predicted step (its calibration on
-# this GPU) beside it and beside a 350M run, run the data-parallel (NCCL, ZeRO) code through
-# scripts/gpu_check_dp.sh (with one GPU its one-GPU mode: --zero 1 and 2 as
-# one rank of a one-rank communicator, bit for bit against --zero 0; with
-# two or more also 2 GPUs against 1 and the scaling), time PyTorch
-# (torch.compile + SDPA flash attention, same model and batch) when torch
-# with CUDA is importable, and last compute-sanitizer's memcheck over
-# test_gpt_cu. Most telling first: a step that would not fit in what is
-# left of the budget is skipped and says so. Prints a short table last.
-# Logs go to ./gpu_check_logs/; when OUT is set (the device tool) they are
-# packed into $OUT/gpu_check_logs.tgz, with the table in $OUT/summary.txt.
+# minutes on one H100/H200, under GPU_CHECK_BUDGET seconds in all), most
+# telling first: build everything through the Makefile (NCCL found where the
+# machine keeps it, under a timeout); time GPT-2 124M training at T=1024 with
+# the largest micro-batch that fits (and with our GELU kernel, and without
+# CUDA graphs); set the planner's predicted step (its calibration on this
+# GPU) beside it and beside a 350M run; time PyTorch (torch.compile + SDPA
+# flash attention, same model and batch) when torch with CUDA is importable;
+# time the attention alone (our lab's variants) beside torch's SDPA backends;
+# profile one step with ncu; validate the kernel lab; run test_gpt.cu (the
+# CUDA twin against the CPU trainer and PyTorch's fixture, training states,
+# a GPU state resumed on the CPU); run the data-parallel (NCCL, ZeRO) code
+# through scripts/gpu_check_dp.sh (with one GPU its one-GPU mode: --zero 1
+# and 2 as one rank of a one-rank communicator, bit for bit against --zero
+# 0; with two or more also 2 GPUs against 1 and the scaling); and last
+# compute-sanitizer's memcheck over test_gpt_cu. A step that would not fit
+# in what is left of the budget is skipped and says so. Prints a short table
+# last. Logs go to ./gpu_check_logs/; when OUT is set (the device tool) each
+# summary line is appended to $OUT/summary.txt as it is measured, and at any
+# exit (a trap) the logs are packed into $OUT/gpu_check_logs.tgz beside the
+# whole table.
 #   scripts/gpu_check.sh                         # everything
 #   GPU_CHECK_BUDGET=300 scripts/gpu_check.sh    # seconds for the whole check (default 420)
 #   BENCH_STEPS=10 scripts/gpu_check.sh          # shorter benchmark

@@ -49,24 +49,17 @@ run gelu
 run gelu 0 1001
 run matmul
 run matmul 0 13 20
-# tensor cores (WMMA): the CPU layer's own test, its correct-program cases on the GPU
-case " $LAB " in *" wmma "*)
-    echo "== build dev/cuda/cpu/test_wmma ($ARCH)"
-    if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o dev/cuda/cpu/test_wmma dev/cuda/cpu/test_wmma.cu; then
-        LAB="$LAB cpu/test_wmma"
-        run cpu/test_wmma
-    else
-        fail=$((fail + 1))
-    fi ;;
-esac
-case " $LAB " in *" ptx "*)
-    echo "== build dev/cuda/cpu/test_ptx ($ARCH)"
-    if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o dev/cuda/cpu/test_ptx dev/cuda/cpu/test_ptx.cu; then
-        LAB="$LAB cpu/test_ptx"
-        run cpu/test_ptx
-    else
-        fail=$((fail + 1))
-    fi ;;
-esac
+# tensor cores (WMMA; mma.sync, ldmatrix, cp.async): the CPU layer's own tests, their correct-program cases on the GPU
+for t in wmma ptx; do
+    case " $LAB " in *" $t "*)
+        echo "== build dev/cuda/cpu/test_$t ($ARCH)"
+        if "$NVCC" -arch="$ARCH" -O3 -std=c++17 -I. -o "dev/cuda/cpu/test_$t" "dev/cuda/cpu/test_$t.cu"; then
+            LAB="$LAB cpu/test_$t"
+            run "cpu/test_$t"
+        else
+            fail=$((fail + 1))
+        fi ;;
+    esac
+done
 echo "dev/cuda: $pass passed, $fail failed, $skip skipped (no GPU)"
 [ $fail -eq 0 ]

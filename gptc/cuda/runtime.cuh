@@ -530,7 +530,7 @@ static double calib_at(const double* B, const double* y, double x) {
     return y[lo] + (y[hi] - y[lo]) * (x - B[lo]) / (B[hi] - B[lo]);
 }
 
-static void gpu_calibration_print(const GpuCalibration* cal, const GPT2Config* c) {
+static void gpu_calibration_print(const GpuCalibration* cal) {
     int last = GPU_CALIB_POINTS - 1;
     double B = cal->B[last];
     printf("gpu calibration (%s, %.0f ms, %s): at B=%g x T=%d, a micro-batch of 1 / 2 layers: forward %.3f / %.3f "
@@ -548,7 +548,6 @@ static void gpu_calibration_print(const GpuCalibration* cal, const GPT2Config* c
         printf("gpu network (measured at this start, NCCL): latency %.6g us, allreduce %.6g GB/s, reduce-scatter %.6g "
                "GB/s, all-gather %.6g GB/s (bytes handed in)\n", cal->alpha_us, cal->allreduce_gbs,
                cal->reduce_scatter_gbs, cal->allgather_gbs);
-    (void)c;
 }
 
 /* ---- the model ---------------------------------------------------------- */
@@ -798,7 +797,7 @@ static int gpu_plan_print(const Options* o, GpuComm* comm) {
     long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * comm->world;
     GpuCalibration cal;
     gpu_calibration_get(&cal, &c, o->seq_len, total / ((long long)o->seq_len * comm->world), o, comm);
-    if (comm->rank == 0) gpu_calibration_print(&cal, &c);
+    if (comm->rank == 0) gpu_calibration_print(&cal);
     GpuPlanChoice ch;
     return gpu_plan_choose(o, comm, &c, &cal, 1, &ch);
 }
@@ -817,7 +816,7 @@ static int gpu_plan_runtime(Options* o, GpuComm* comm) {
     long long total = o->total_batch_size > 0 ? o->total_batch_size : (long long)o->batch_size * o->seq_len * W;
     GpuCalibration cal;
     gpu_calibration_get(&cal, &c, o->seq_len, total / ((long long)o->seq_len * W), o, comm);
-    if (comm->rank == 0) gpu_calibration_print(&cal, &c);
+    if (comm->rank == 0) gpu_calibration_print(&cal);
     if (o->auto_plan) {
         GpuPlanChoice ch;
         double knobs[5] = {0, 0, 0, 0, 0};
@@ -852,12 +851,7 @@ static int gpu_plan_runtime(Options* o, GpuComm* comm) {
         if (comm->rank != 0) every = 0;
         gpu_comm_sum(comm, &every, 1); /* rank 0's figure, for all */
         o->snapshot_every = (int)every;
-        double period_s = o->snapshot_every * t.step / 1e3;
-        printf("snapshots: --snapshot-every auto = %d steps (%.1f s): Young/Daly sqrt(2 C MTBF) with a snapshot cost C "
-               "= %.3g ms (predicted: the state to the host and into its slot) and --mtbf %.0f s, at %.3f ms per step "
-               "(predicted); expected loss per failure %.1f s of work (half an interval), overhead %.3g%% (snapshots) "
-               "+ %.3g%% (lost work)\n", o->snapshot_every, period_s, snap, o->mtbf, t.step, period_s / 2,
-               100.0 * snap / 1e3 / period_s, 100.0 * period_s / 2 / o->mtbf);
+        snapshot_auto_say(o->snapshot_every, t.step, snap, o->mtbf, "the state to the host and into its slot");
     }
     return 0;
 }

@@ -6,7 +6,7 @@
 # that the mechanism measures, caches, refuses a damaged cache, chooses the
 # fastest candidate that fits, and predicts the step it then runs.
 #
-#   scripts/tests/test_gpu_runtime.sh [LOG_DIR]     (~1 min; test_cuda_on_cpu.sh runs it)
+#   scripts/tests/test_gpu_runtime.sh [LOG_DIR]     (~45 s; test_cuda_on_cpu.sh runs it)
 #
 # What must hold:
 #   1. --plan 1 calibrates ("measured now"), prints every candidate (the 4
@@ -19,8 +19,9 @@
 #      predicted step is within 35% of the measured one (the mean of steps
 #      2-4); a planted fault in the model (GPTC_GPU_RUNTIME_PLANT=1: the
 #      micro-batches counted once) is outside it;
-#   4. a cache line with an implausible figure is discarded, named, and
-#      measured again; the next start reads the new line;
+#   4. a cache line with an implausible figure (nan), and one whose figures
+#      disagree (a forward longer than its forward + backward), are each
+#      discarded, named, and measured again; the next start reads the new line;
 #   5. --auto 1 trains with --plan's choice;
 #   6. 2 emulated GPUs (MPI ranks): the collectives measured, ZeRO 0-3
 #      weighed, --auto 1 and --snapshot-every auto agreed by both ranks and
@@ -104,8 +105,26 @@ ok=$([ $rc -eq 0 ] && grep -q "^note: $CACHE line 2: micro-batch measured is nan
 check $ok "a cache line with an implausible figure (nan): named with its file and line, measured again, the line replaced" \
     "$(grep -m1 '^note:' "$LOG/plan_damaged.log" | cut -c1-160)"
 
+# a line whose figures are each in range but inconsistent: point 1's forward longer than its forward + backward
+$PY - "$CACHE" <<'PYEOF'
+import sys
+path = sys.argv[1]
+lines = open(path).read().split("\n")
+key, nums = lines[1].split("|")
+v = nums.split()
+v[3] = "99999"  # (after the 3 micro-batches: point 1's 1-layer forward ms)
+lines[1] = key + "|" + " ".join(v)
+open(path, "w").write("\n".join(lines))
+PYEOF
+$CLEAN_ENV timeout 300 $BIN $BASE -b 2 --plan 1 > "$LOG/plan_damaged2.log" 2>&1
+rc=$?
+ok=$([ $rc -eq 0 ] && grep -q "^note: $CACHE line 2: at micro-batch 1 a forward + backward (.*) is not longer than its forward (99999, .*): this cached calibration is discarded and measured again" "$LOG/plan_damaged2.log" \
+     && grep -q "^gpu calibration (measured now" "$LOG/plan_damaged2.log" && ! grep -q 99999 "$CACHE" && echo ok || echo FAIL)
+check $ok "a cache line whose forward is longer than its forward + backward: named, measured again, replaced" \
+    "$(grep -m1 '^note:' "$LOG/plan_damaged2.log" | cut -c1-160)"
+
 # ---- 5. --auto 1 trains with --plan's choice ------------------------------------------------
-choice=$(grep -o "^plan: choice (the fastest that fits): -b [0-9]* --zero [0-9] --recompute [0-9] --offload [0-9]" "$LOG/plan_damaged.log" | sed 's/.*: -b /--batch-size /')
+choice=$(grep -o "^plan: choice (the fastest that fits): -b [0-9]* --zero [0-9] --recompute [0-9] --offload [0-9]" "$LOG/plan_damaged2.log" | sed 's/.*: -b /--batch-size /')
 $CLEAN_ENV timeout 300 $BIN $BASE -b 2 --auto 1 --steps 3 > "$LOG/auto1.log" 2>&1
 rc=$?
 got=$(grep -o "^auto: --batch-size [0-9]* --total-batch-size 256 --zero [0-9] --recompute [0-9] --offload [0-9]" "$LOG/auto1.log" | sed 's/^auto: //; s/ --total-batch-size 256//')
