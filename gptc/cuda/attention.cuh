@@ -679,7 +679,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, HSP <= 64 ? 4 : 2) attention_for
  * for 16 x 32 (16 fp32 each). Shared memory: 6 tiles of 64 x (HSP + 8) bf16
  * and 4 x 64 fp32 (dK/dV), 56,320 bytes at HSP = 64. At HSP = 64 the dQ
  * kernel fits 128 registers (4 blocks an SM, 25% occupancy); the dK/dV
- * kernel holds two accumulators and is left at 3 blocks (164 registers,
+ * kernel holds two accumulators and is left at 3 blocks (168 registers,
  * 18.75%): capped at 128, ptxas spills 16 bytes. Same preconditions as the
  * forward (hs a multiple of 8). */
 static size_t attn3_smem_bwd(int hsp) {
